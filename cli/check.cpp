@@ -1,0 +1,112 @@
+// cupool check: judge a config against this node (or a recorded one), every finding at once.
+#include <iostream>
+
+#include "cli/verbs.h"
+#include "core/check.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/query.h"
+#include "core/render.h"
+#include "core/sim_backend.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct CheckArgs {
+  std::string config;
+  std::string profile;
+  std::string format = "table";
+  bool deep = false;
+  bool strict = false;
+};
+
+std::string node_line(const NodeReport& node) {
+  // "8x NVIDIA H100 80GB HBM3" rather than the same name eight times.
+  std::vector<std::pair<std::string, int>> names;
+  for (const auto& d : node.devices) {
+    if (!names.empty() && names.back().first == d.info.name) ++names.back().second;
+    else names.emplace_back(d.info.name, 1);
+  }
+  std::string devices;
+  for (const auto& [name, n] : names) devices += (devices.empty() ? "" : ", ") + (n > 1 ? std::to_string(n) + "x " : "") + name;
+  std::string where = node.source.simulated ? "simulated node " + node.source.profile_path +
+                                                  (node.source.synthetic ? " (synthetic)" : "")
+                                            : "this node";
+  return where + ": CUDA " + cuda_version_string(node.driver_version) + ", " + std::to_string(node.devices.size()) +
+         (node.devices.size() == 1 ? " GPU" : " GPUs") + (devices.empty() ? "" : " (" + devices + ")");
+}
+
+}  // namespace
+
+Runner add_check(CLI::App& app) {
+  auto args = std::make_shared<CheckArgs>();
+  CLI::App* sub = app.add_subcommand("check", "Judge a config file against this node; nothing is created");
+  sub->footer(
+      "\n"
+      "Judge a config file against what this node supports (or a recorded node with --profile) and report\n"
+      "every finding at once, compiler style: path:line:col, severity, the fact behind it, and a fix.\n"
+      "Nothing is created; only device attributes are read (--deep also creates and exports test pools).\n"
+      "\nExamples:\n"
+      "  cupool check configs/single-gpu-inference.yaml\n"
+      "  cupool check pools.yaml --profile configs/profiles/h200x2.yaml   # against a recorded node\n"
+      "  cupool check pools.yaml --format json | jq '.findings[] | select(.severity == \"error\")'\n"
+      "  cat pools.yaml | cupool check -\n"
+      "\nExit codes: 0 fits (warnings allowed), 1 does not fit, 2 invalid file, 3 no driver or device.");
+  sub->add_option("config", args->config, "The config file ('-' reads standard input)")->required();
+  sub->add_option("--profile,-p", args->profile, "Judge against this recorded node profile instead of the driver")
+      ->envname("CUPOOL_PROFILE");
+  sub->add_option("--format,-o", args->format, "Output format: table, json or yaml")
+      ->check(CLI::IsMember({"table", "json", "yaml"}))
+      ->capture_default_str();
+  sub->add_flag("--deep", args->deep, "Also create and export test pools to prove fabric export works (creates a context)");
+  sub->add_flag("--strict", args->strict, "Warnings make the check fail (exit 1)");
+
+  return [args](Context& ctx) {
+    const Format format = parse_format(args->format);
+    const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
+    Diagnostics diags;
+    const Config config = parse_config(file, diags);
+
+    std::optional<NodeReport> node;
+    if (!diags.has_invalid_input()) {
+      auto backend = ctx.make_backend(args->profile);
+      QueryOptions q;
+      q.deep = args->deep;
+      node = build_report(*backend, q);
+      if (backend->simulated()) node->source = dynamic_cast<SimBackend&>(*backend).profile().source;
+      CheckOptions options;
+      options.deep = args->deep;
+      check_config(config, *node, diags, options);
+    }
+
+    ExitCode code = ExitCode::ok;
+    if (diags.has_invalid_input()) code = ExitCode::invalid_input;
+    else if (diags.has_errors() || (args->strict && diags.count(Severity::warning) > 0)) code = ExitCode::does_not_fit;
+    const char* verdict = code == ExitCode::ok ? "fits" : code == ExitCode::does_not_fit ? "does-not-fit" : "invalid";
+
+    if (format == Format::table) {
+      std::cout << render_text(diags, file);
+      std::cout << file.path() << ": ";
+      if (code == ExitCode::invalid_input) std::cout << "not a valid cupool config";
+      else std::cout << (code == ExitCode::ok ? "fits " : "does not fit ") << node_line(*node);
+      std::cout << " (" << summary_line(diags) << ")\n";
+    } else {
+      nlohmann::ordered_json j;
+      j["file"] = file.path();
+      j["verdict"] = verdict;
+      j["exit_code"] = static_cast<int>(code);
+      j["node"] = node ? to_json(*node)["source"] : nlohmann::ordered_json(nullptr);
+      j["summary"] = {{"errors", diags.count(Severity::error)},
+                      {"warnings", diags.count(Severity::warning)},
+                      {"notes", diags.count(Severity::note)}};
+      nlohmann::ordered_json findings = nlohmann::ordered_json::array();
+      for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
+      j["findings"] = findings;
+      std::cout << (format == Format::json ? j.dump(2) + "\n" : to_yaml(j));
+    }
+    return static_cast<int>(code);
+  };
+}
+
+}  // namespace cupool::cli

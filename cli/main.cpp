@@ -1,0 +1,96 @@
+// cupool: declare CUDA stream-ordered memory pools in YAML, check them against the node, make
+// them real. main() builds the real things (backend, logger) and owns every exit code.
+#include <csignal>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "cli/verbs.h"
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/node.h"
+#include "core/sim_backend.h"
+
+namespace {
+
+const char* const kExitCodes =
+    "Exit codes:\n"
+    "  0    success (warnings allowed)\n"
+    "  1    the config does not fit the node / drift found\n"
+    "  2    the input is invalid (usage, YAML, schema)\n"
+    "  3    no usable NVIDIA driver or device\n"
+    "  4    the holder is unreachable or refused\n"
+    "  130  interrupted\n";
+
+std::unique_ptr<cupool::Backend> make_backend(const std::string& profile) {
+  if (!profile.empty()) return std::make_unique<cupool::SimBackend>(cupool::load_profile(profile));
+  return cupool::make_cuda_backend();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cupool: declare CUDA stream-ordered memory pools in YAML, check them against what this node\n"
+               "supports, and make them real.",
+               "cupool"};
+  app.footer(std::string("\n") + kExitCodes +
+             "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_LOG_LEVEL (--log-level).\n"
+             "Run 'cupool VERB --help' for a verb's options and examples.");
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("cupool ") + CUPOOL_VERSION);
+  std::string log_level = "warn";
+  app.add_option("--log-level", log_level, "Diagnostics on stderr: trace, debug, info, warn, error, off")
+      ->envname("CUPOOL_LOG_LEVEL")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+
+  // All verbs, in one place.
+  std::map<CLI::App*, cupool::cli::Runner> verbs;
+  auto add = [&](cupool::cli::Runner (*adder)(CLI::App&)) {
+    const std::size_t before = app.get_subcommands({}).size();
+    cupool::cli::Runner run = adder(app);
+    verbs[app.get_subcommands({})[before]] = std::move(run);
+  };
+  add(cupool::cli::add_query);
+  add(cupool::cli::add_check);
+  add(cupool::cli::add_completion);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version exit 0; a usage error exits 2 with CLI11's message.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : static_cast<int>(cupool::ExitCode::invalid_input);
+  }
+
+  auto logger = spdlog::stderr_color_mt("cupool");
+  logger->set_pattern("cupool: %^%l%$: %v");
+  logger->set_level(spdlog::level::from_str(log_level));
+  spdlog::set_default_logger(logger);
+
+  cupool::cli::Context context{make_backend};
+  for (auto& [sub, run] : verbs) {
+    if (!sub->parsed()) continue;
+    try {
+      return run(context);
+    } catch (const cupool::NoDriverError& e) {
+      std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n"
+                << "  hint: to ask a recorded node instead, pass --profile FILE (or set CUPOOL_PROFILE), e.g.\n"
+                << "        cupool " << sub->get_name() << " --profile configs/profiles/h100.yaml ...\n";
+      return static_cast<int>(e.code());
+    } catch (const cupool::Error& e) {
+      std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n";
+      return static_cast<int>(e.code());
+    } catch (const cupool::CudaError& e) {
+      std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n";
+      return static_cast<int>(cupool::ExitCode::no_driver);
+    } catch (const std::exception& e) {
+      std::cerr << "cupool " << sub->get_name() << ": internal error: " << e.what() << "\n";
+      return static_cast<int>(cupool::ExitCode::does_not_fit);
+    }
+  }
+  return static_cast<int>(cupool::ExitCode::invalid_input);
+}

@@ -1,0 +1,85 @@
+// cupool query: what this machine supports.
+#include <fstream>
+#include <iostream>
+
+#include "cli/verbs.h"
+#include "core/error.h"
+#include "core/query.h"
+#include "core/render.h"
+#include "core/sim_backend.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct QueryArgs {
+  std::string format = "table";
+  std::vector<std::string> devices;
+  std::string profile;
+  std::string profile_out;
+  bool deep = false;
+};
+
+}  // namespace
+
+Runner add_query(CLI::App& app) {
+  auto args = std::make_shared<QueryArgs>();
+  CLI::App* sub = app.add_subcommand("query", "Report what this machine supports for CUDA memory pools");
+  sub->footer(
+      "\n"
+      "Report what this machine supports for CUDA memory pools: driver and CUDA versions; per device the\n"
+      "name, UUID, PCI bus id, memory, compute capability, pool support, pool handle types, host and\n"
+      "host-NUMA pools, managed memory, VMM and IPC events; and the peer-access matrix.\n"
+      "It reads device attributes only and creates no CUDA context (no device memory is taken);\n"
+      "--deep also creates, uses and exports a small pool per handle type and says why one fails.\n"
+      "\nExamples:\n"
+      "  cupool query\n"
+      "  cupool query --format json | jq '.devices[].pool_handle_types'\n"
+      "  cupool query --deep --devices 0\n"
+      "  cupool query --profile-out node.yaml        # record this node for checks elsewhere\n"
+      "  cupool query --profile configs/profiles/h100.yaml   # a recorded node, no GPU needed");
+  sub->add_option("--format,-o", args->format, "Output format: table, json or yaml")
+      ->check(CLI::IsMember({"table", "json", "yaml"}))
+      ->capture_default_str();
+  sub->add_option("--devices,-d", args->devices, "Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)")
+      ->delimiter(',');
+  sub->add_option("--profile,-p", args->profile, "Answer from this recorded node profile instead of the driver")
+      ->envname("CUPOOL_PROFILE");
+  sub->add_option("--profile-out", args->profile_out, "Also record the answer as a node profile in this file ('-': stdout)");
+  sub->add_flag("--deep", args->deep, "Also create, use and export a small pool per handle type (creates a context)");
+
+  return [args](Context& ctx) {
+    QueryOptions options;
+    options.deep = args->deep;
+    for (const auto& text : args->devices) {
+      std::string why;
+      auto sel = parse_device_selector(text, &why);
+      if (!sel) throw InputError("--devices: '" + text + "' is not a device: " + why);
+      options.devices.push_back(*sel);
+    }
+    if (!args->profile_out.empty() && !options.devices.empty())
+      throw InputError("--profile-out records the whole node; drop --devices");
+    auto backend = ctx.make_backend(args->profile);
+    NodeReport report = build_report(*backend, options);
+    if (backend->simulated()) {
+      // Carry the profile's own provenance into the answer.
+      report.source = dynamic_cast<SimBackend&>(*backend).profile().source;
+    }
+    if (!args->profile_out.empty()) save_profile(report, args->profile_out);
+    if (args->profile_out == "-") return 0;
+    switch (parse_format(args->format)) {
+      case Format::table:
+        std::cout << render_report_table(report);
+        break;
+      case Format::json:
+        std::cout << to_json(report).dump(2) << "\n";
+        break;
+      case Format::yaml:
+        std::cout << to_yaml(to_json(report));
+        break;
+    }
+    return 0;
+  };
+}
+
+}  // namespace cupool::cli

@@ -1,0 +1,112 @@
+// The one seam between cupool and CUDA. Everything cupool asks of the driver goes through
+// `Backend`; the real implementation (cuda_backend.cpp) is the only file that includes the CUDA
+// headers, and a simulated node (sim_backend.h) answers the same questions from a node profile.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cupool {
+
+// Pool IPC handle types, as in CUmemAllocationHandleType (bit values match the driver's).
+enum class HandleType : std::uint32_t { none = 0x0, posix_fd = 0x1, fabric = 0x8 };
+
+// "none", "posix_fd", "fabric".
+const char* handle_type_name(HandleType type);
+// The handle type names set in a CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES mask
+// (Windows bits are reported as "win32" / "win32_kmt").
+std::vector<std::string> handle_type_names(std::uint32_t mask);
+
+// A failed driver call: the API, the CUresult value and its name ("CUDA_ERROR_NOT_PERMITTED").
+class CudaError : public std::runtime_error {
+ public:
+  CudaError(std::string api, int code, std::string name, std::string description);
+  const std::string& api() const noexcept { return api_; }
+  int code() const noexcept { return code_; }
+  const std::string& name() const noexcept { return name_; }
+  const std::string& description() const noexcept { return description_; }
+
+ private:
+  std::string api_;
+  int code_;
+  std::string name_;
+  std::string description_;
+};
+
+// What one device reports through cuDeviceGet* attributes (no context needed for any of it).
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  std::string uuid;        // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string pci_bus_id;  // "0000:1b:00.0", lower case
+  std::uint64_t total_memory = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  bool memory_pools = false;                  // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+  std::uint32_t pool_handle_types = 0;        // CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
+  bool fabric_handle = false;                 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+  bool host_memory_pools = false;             // CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED
+  bool host_numa_memory_pools = false;        // CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED
+  int host_numa_id = -1;                      // CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID (-1: no NUMA)
+  bool managed_memory = false;                // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
+  bool concurrent_managed_access = false;     // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+  bool pageable_memory_access = false;        // CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS
+  bool vmm = false;                           // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  bool ipc_events = false;                    // CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED
+  bool gpu_direct_rdma = false;               // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+};
+
+// Free and total device memory, read without a CUDA context (through NVML on a real node).
+struct MemoryInfo {
+  std::uint64_t free = 0;
+  std::uint64_t total = 0;
+};
+
+// The outcome of creating (and, for an IPC handle type, exporting) a small pool.
+struct ExportProbe {
+  HandleType handle_type = HandleType::none;
+  bool ok = false;
+  std::string error;   // e.g. "CUDA_ERROR_NOT_PERMITTED" (empty when ok)
+  std::string api;     // the call that failed, e.g. "cuMemPoolExportToShareableHandle"
+  std::string reason;  // plain words: what the failure means and what would fix it
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "CUDA driver (libcuda.so.1)" or "simulated node (configs/profiles/h100.yaml)".
+  virtual std::string describe() const = 0;
+  virtual bool simulated() const = 0;
+
+  // Loads and initialises the driver. Throws NoDriverError when there is none or no device.
+  virtual void init() = 0;
+  // cuDriverGetVersion: 13000 for CUDA 13.0.
+  virtual int driver_version() = 0;
+  // The kernel module's version ("580.159.04"), "" when unknown.
+  virtual std::string kernel_driver_version() = 0;
+  virtual int device_count() = 0;
+  // All attributes of one device; creates no context. Throws CudaError.
+  virtual DeviceInfo device_info(int ordinal) = 0;
+  // Free/total memory without a context; nullopt when it can't be read that way.
+  virtual std::optional<MemoryInfo> memory_info(int ordinal) = 0;
+  // cuDeviceCanAccessPeer(device, peer).
+  virtual bool can_access_peer(int device, int peer) = 0;
+  // The host's NUMA node ids (empty when the host has no NUMA).
+  virtual std::vector<int> host_numa_nodes() = 0;
+  // Creates a small pool of `type` on `ordinal`, exports it (IPC types), destroys it.
+  // This one creates a context (the device's primary context).
+  virtual ExportProbe probe_export(int ordinal, HandleType type) = 0;
+};
+
+// CUDA_VERSION of the headers cupool was built with (13000 for 13.0).
+int built_with_cuda_version();
+
+// The real backend over the CUDA driver API, loaded at run time from libcuda.so.1.
+std::unique_ptr<Backend> make_cuda_backend();
+
+}  // namespace cupool

@@ -1,0 +1,430 @@
+// The real backend: the CUDA driver API, loaded at run time from libcuda.so.1, and NVML
+// (libnvidia-ml.so.1) for free memory without a context. The only file that includes cuda.h.
+#include <cuda.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/error.h"
+
+#include <spdlog/spdlog.h>
+
+namespace cupool {
+
+int built_with_cuda_version() { return CUDA_VERSION; }
+
+namespace {
+
+#define CUPOOL_STR2(x) #x
+#define CUPOOL_STR(x) CUPOOL_STR2(x)
+
+// The driver entry points cupool uses. Names go through cuda.h's macros, so dlsym asks for the
+// versioned symbol the header means (cuDeviceTotalMem -> cuDeviceTotalMem_v2).
+struct DriverApi {
+#define CUPOOL_DRIVER_FUNCTIONS(X)                                                                \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)          \
+  X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)           \
+  X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain)     \
+  X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuMemPoolCreate)         \
+  X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)             \
+  X(cuMemFreeAsync) X(cuStreamSynchronize)
+#define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
+  CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
+#undef CUPOOL_DECLARE
+};
+
+// NVML, declared by hand: four calls of its stable C ABI, so no NVML headers are needed.
+struct NvmlMemory {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+using NvmlDevice = void*;
+struct NvmlApi {
+  int (*init)() = nullptr;
+  int (*shutdown)() = nullptr;
+  int (*by_uuid)(const char*, NvmlDevice*) = nullptr;
+  int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
+  int (*driver_version)(char*, unsigned) = nullptr;
+};
+
+// Owns a dlopen handle.
+class Library {
+ public:
+  Library() = default;
+  explicit Library(const char* name) : handle_(dlopen(name, RTLD_NOW | RTLD_LOCAL)) {}
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+  ~Library() {
+    if (handle_) dlclose(handle_);
+  }
+  bool loaded() const noexcept { return handle_ != nullptr; }
+  void* symbol(const char* name) const noexcept { return handle_ ? dlsym(handle_, name) : nullptr; }
+
+ private:
+  void* handle_ = nullptr;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  std::string describe() const override { return "CUDA driver (libcuda.so.1)"; }
+  bool simulated() const override { return false; }
+
+  void init() override {
+    if (initialised_) return;
+    cuda_ = std::make_unique<Library>("libcuda.so.1");
+    if (!cuda_->loaded()) {
+      const char* why = dlerror();
+      throw NoDriverError(std::string("no NVIDIA driver: libcuda.so.1 could not be loaded (") +
+                          (why ? why : "not found") + ")");
+    }
+#define CUPOOL_LOAD(name)                                                                     \
+  api_.name = reinterpret_cast<decltype(api_.name)>(cuda_->symbol(CUPOOL_STR(name)));         \
+  if (!api_.name)                                                                             \
+    throw NoDriverError(std::string("the NVIDIA driver is too old: libcuda.so.1 lacks ") +  \
+                        CUPOOL_STR(name) + " (cupool needs a driver for CUDA 11.2 or newer)");
+    CUPOOL_DRIVER_FUNCTIONS(CUPOOL_LOAD)
+#undef CUPOOL_LOAD
+    const CUresult r = api_.cuInit(0);
+    if (r == CUDA_ERROR_NO_DEVICE) throw NoDriverError("the NVIDIA driver is loaded but reports no CUDA device");
+    if (r != CUDA_SUCCESS) {
+      throw NoDriverError("the NVIDIA driver could not be initialised: cuInit failed with " + error_name(r) + " (" +
+                          error_string(r) + ")");
+    }
+    load_nvml();
+    initialised_ = true;
+  }
+
+  ~CudaBackend() override {
+    if (nvml_ready_ && nvml_.shutdown) nvml_.shutdown();
+  }
+
+  int driver_version() override {
+    int v = 0;
+    check(api_.cuDriverGetVersion(&v), "cuDriverGetVersion");
+    return v;
+  }
+
+  std::string kernel_driver_version() override {
+    if (nvml_ready_ && nvml_.driver_version) {
+      char buf[96] = {0};
+      if (nvml_.driver_version(buf, sizeof buf) == 0) return buf;
+    }
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu ..."
+    std::ifstream in("/proc/driver/nvidia/version");
+    std::string line;
+    if (std::getline(in, line)) {
+      std::istringstream words(line);
+      std::string w;
+      while (words >> w)
+        if (!w.empty() && std::isdigit(static_cast<unsigned char>(w[0])) && w.find('.') != std::string::npos) return w;
+    }
+    return "";
+  }
+
+  int device_count() override {
+    int n = 0;
+    check(api_.cuDeviceGetCount(&n), "cuDeviceGetCount");
+    return n;
+  }
+
+  DeviceInfo device_info(int ordinal) override {
+    const CUdevice dev = device(ordinal);
+    DeviceInfo info;
+    info.ordinal = ordinal;
+    char name[256] = {0};
+    check(api_.cuDeviceGetName(name, sizeof name - 1, dev), "cuDeviceGetName");
+    info.name = name;
+    CUuuid uuid;
+    check(api_.cuDeviceGetUuid(&uuid, dev), "cuDeviceGetUuid");
+    info.uuid = format_uuid(uuid);
+    char bus[64] = {0};
+    check(api_.cuDeviceGetPCIBusId(bus, sizeof bus - 1, dev), "cuDeviceGetPCIBusId");
+    info.pci_bus_id = bus;
+    for (auto& c : info.pci_bus_id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    size_t total = 0;
+    check(api_.cuDeviceTotalMem(&total, dev), "cuDeviceTotalMem");
+    info.total_memory = total;
+    info.cc_major = attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    info.cc_minor = attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    info.memory_pools = attribute(dev, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) != 0;
+    info.pool_handle_types =
+        info.memory_pools ? static_cast<std::uint32_t>(attribute(dev, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES))
+                          : 0u;
+    info.fabric_handle = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) != 0;
+    info.host_memory_pools = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED) != 0;
+    info.host_numa_memory_pools = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED) != 0;
+    info.host_numa_id = attribute_or(dev, CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, -1);
+    info.managed_memory = attribute(dev, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY) != 0;
+    info.concurrent_managed_access = attribute(dev, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS) != 0;
+    info.pageable_memory_access = attribute(dev, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS) != 0;
+    info.vmm = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;
+    info.ipc_events = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED) != 0;
+    info.gpu_direct_rdma = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED) != 0;
+    return info;
+  }
+
+  std::optional<MemoryInfo> memory_info(int ordinal) override {
+    if (!nvml_ready_) return std::nullopt;
+    const std::string uuid = device_info_uuid(ordinal);
+    NvmlDevice handle = nullptr;
+    if (nvml_.by_uuid(uuid.c_str(), &handle) != 0) return std::nullopt;
+    NvmlMemory mem{};
+    if (nvml_.memory(handle, &mem) != 0) return std::nullopt;
+    return MemoryInfo{mem.free, mem.total};
+  }
+
+  bool can_access_peer(int device_ordinal, int peer_ordinal) override {
+    if (device_ordinal == peer_ordinal) return true;
+    int can = 0;
+    check(api_.cuDeviceCanAccessPeer(&can, device(device_ordinal), device(peer_ordinal)), "cuDeviceCanAccessPeer");
+    return can != 0;
+  }
+
+  std::vector<int> host_numa_nodes() override {
+    // "0-1,3" in /sys/devices/system/node/online; absent on hosts without NUMA.
+    std::ifstream in("/sys/devices/system/node/online");
+    std::string text;
+    std::vector<int> nodes;
+    if (!std::getline(in, text)) return nodes;
+    std::istringstream ranges(text);
+    std::string range;
+    while (std::getline(ranges, range, ',')) {
+      int lo = 0, hi = 0;
+      if (std::sscanf(range.c_str(), "%d-%d", &lo, &hi) == 2) {
+        for (int n = lo; n <= hi; ++n) nodes.push_back(n);
+      } else if (std::sscanf(range.c_str(), "%d", &lo) == 1) {
+        nodes.push_back(lo);
+      }
+    }
+    return nodes;
+  }
+
+  ExportProbe probe_export(int ordinal, HandleType type) override {
+    ExportProbe probe;
+    probe.handle_type = type;
+    const char* type_name = handle_type_name(type);
+    const CUdevice dev = device(ordinal);
+    spdlog::debug("probe {} on GPU {}: cuDevicePrimaryCtxRetain", type_name, ordinal);
+    PrimaryContext ctx(api_, dev);
+    CUresult r = ctx.result();
+    if (r != CUDA_SUCCESS) return failed(probe, "cuDevicePrimaryCtxRetain", r);
+
+    CUmemPoolProps props;
+    std::memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = static_cast<CUmemAllocationHandleType>(type);
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = ordinal;
+    CUmemoryPool pool = nullptr;
+    spdlog::debug("probe {} on GPU {}: cuMemPoolCreate", type_name, ordinal);
+    r = api_.cuMemPoolCreate(&pool, &props);
+    if (r != CUDA_SUCCESS) return failed(probe, "cuMemPoolCreate", r);
+    PoolGuard guard(api_, pool);
+
+    // Export first: an IPC pool that can't be exported is the finding that matters.
+    if (type == HandleType::posix_fd) {
+      int fd = -1;
+      spdlog::debug("probe {} on GPU {}: cuMemPoolExportToShareableHandle", type_name, ordinal);
+      r = api_.cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (fd >= 0 && r == CUDA_SUCCESS) ::close(fd);
+      if (r != CUDA_SUCCESS) return failed(probe, "cuMemPoolExportToShareableHandle", r);
+    } else if (type == HandleType::fabric) {
+      CUmemFabricHandle handle;
+      std::memset(&handle, 0, sizeof handle);
+      spdlog::debug("probe {} on GPU {}: cuMemPoolExportToShareableHandle", type_name, ordinal);
+      r = api_.cuMemPoolExportToShareableHandle(&handle, pool, CU_MEM_HANDLE_TYPE_FABRIC, 0);
+      if (r != CUDA_SUCCESS) {
+        // Measured on driver 580.159.04 (H100): cuMemPoolDestroy crashes inside libcuda on a fabric
+        // pool whose export failed. The empty pool is left to process exit instead.
+        guard.leak();
+        return failed(probe, "cuMemPoolExportToShareableHandle", r);
+      }
+    }
+
+    // A small allocation proves the pool serves memory, not only that it was created.
+    CUdeviceptr ptr = 0;
+    spdlog::debug("probe {} on GPU {}: cuMemAllocFromPoolAsync", type_name, ordinal);
+    r = api_.cuMemAllocFromPoolAsync(&ptr, 2u << 20, pool, nullptr);
+    if (r != CUDA_SUCCESS) return failed(probe, "cuMemAllocFromPoolAsync", r);
+    spdlog::debug("probe {} on GPU {}: cuMemFreeAsync + cuStreamSynchronize", type_name, ordinal);
+    r = api_.cuMemFreeAsync(ptr, nullptr);
+    if (r == CUDA_SUCCESS) r = api_.cuStreamSynchronize(nullptr);
+    if (r != CUDA_SUCCESS) return failed(probe, "cuMemFreeAsync", r);
+    spdlog::debug("probe {} on GPU {}: ok", type_name, ordinal);
+    probe.ok = true;
+    return probe;
+  }
+
+ private:
+  // Retains the primary context and makes it current for the probe's lifetime.
+  class PrimaryContext {
+   public:
+    PrimaryContext(const DriverApi& api, CUdevice dev) : api_(api), dev_(dev) {
+      result_ = api_.cuDevicePrimaryCtxRetain(&ctx_, dev_);
+      if (result_ == CUDA_SUCCESS) {
+        result_ = api_.cuCtxPushCurrent(ctx_);
+        pushed_ = result_ == CUDA_SUCCESS;
+      }
+    }
+    PrimaryContext(const PrimaryContext&) = delete;
+    PrimaryContext& operator=(const PrimaryContext&) = delete;
+    ~PrimaryContext() {
+      CUcontext popped = nullptr;
+      if (pushed_) api_.cuCtxPopCurrent(&popped);
+      if (ctx_) api_.cuDevicePrimaryCtxRelease(dev_);
+    }
+    CUresult result() const noexcept { return result_; }
+
+   private:
+    const DriverApi& api_;
+    CUdevice dev_;
+    CUcontext ctx_ = nullptr;
+    CUresult result_ = CUDA_SUCCESS;
+    bool pushed_ = false;
+  };
+
+  class PoolGuard {
+   public:
+    PoolGuard(const DriverApi& api, CUmemoryPool pool) : api_(api), pool_(pool) {}
+    PoolGuard(const PoolGuard&) = delete;
+    PoolGuard& operator=(const PoolGuard&) = delete;
+    ~PoolGuard() {
+      if (pool_) api_.cuMemPoolDestroy(pool_);  // non-throwing: result ignored at teardown
+    }
+    void leak() noexcept { pool_ = nullptr; }
+
+   private:
+    const DriverApi& api_;
+    CUmemoryPool pool_;
+  };
+
+  ExportProbe failed(ExportProbe probe, const char* api, CUresult r) {
+    probe.ok = false;
+    probe.api = api;
+    probe.error = error_name(r);
+    probe.reason = explain(probe.handle_type, r);
+    return probe;
+  }
+
+  std::string explain(HandleType type, CUresult r) {
+    switch (r) {
+      case CUDA_ERROR_NOT_PERMITTED:
+        if (type == HandleType::fabric) return "no IMEX channel is reachable: " + imex_state();
+        return "the driver does not permit this operation for this process";
+      case CUDA_ERROR_NOT_SUPPORTED:
+        return std::string("the driver does not support ") + handle_type_name(type) +
+               " handles for memory pools on this device";
+      case CUDA_ERROR_INVALID_VALUE:
+        return std::string("the driver rejected a pool with handle type ") + handle_type_name(type) +
+               " on this device (invalid value)";
+      case CUDA_ERROR_OUT_OF_MEMORY:
+        return "the device has no memory free for a 2 MiB test allocation";
+      default:
+        return error_string(r);
+    }
+  }
+
+  // What the host offers for fabric handles, in words.
+  static std::string imex_state() {
+    std::ifstream devices("/proc/devices");
+    std::string line;
+    bool listed = false;
+    while (std::getline(devices, line))
+      if (line.find("nvidia-caps-imex-channels") != std::string::npos) listed = true;
+    if (!listed)
+      return "the driver has no nvidia-caps-imex-channels device (not in /proc/devices), so no IMEX service "
+             "runs on this node; fabric handles need IMEX (multi-node NVLink systems)";
+    for (int i = 0; i < 8; ++i) {
+      const std::string path = "/dev/nvidia-caps-imex-channels/channel" + std::to_string(i);
+      if (::access(path.c_str(), R_OK | W_OK) == 0)
+        return "IMEX channel " + path + " is accessible, but the driver still refused the export";
+    }
+    return "no /dev/nvidia-caps-imex-channels/channelN file that this user can open; create one with mknod "
+           "(major number from /proc/devices) and grant this user access";
+  }
+
+  CUdevice device(int ordinal) {
+    CUdevice dev = 0;
+    check(api_.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
+    return dev;
+  }
+
+  std::string device_info_uuid(int ordinal) {
+    CUuuid uuid;
+    check(api_.cuDeviceGetUuid(&uuid, device(ordinal)), "cuDeviceGetUuid");
+    return format_uuid(uuid);
+  }
+
+  int attribute(CUdevice dev, CUdevice_attribute attr) {
+    int v = 0;
+    check(api_.cuDeviceGetAttribute(&v, attr, dev), "cuDeviceGetAttribute");
+    return v;
+  }
+
+  // Attributes newer than some drivers: an older driver answers INVALID_VALUE, which means "no".
+  int attribute_or(CUdevice dev, CUdevice_attribute attr, int fallback) {
+    int v = 0;
+    const CUresult r = api_.cuDeviceGetAttribute(&v, attr, dev);
+    if (r == CUDA_ERROR_INVALID_VALUE) return fallback;
+    check(r, "cuDeviceGetAttribute");
+    return v;
+  }
+  int attribute_or_zero(CUdevice dev, CUdevice_attribute attr) { return attribute_or(dev, attr, 0); }
+
+  static std::string format_uuid(const CUuuid& uuid) {
+    const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                  b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    return buf;
+  }
+
+  std::string error_name(CUresult r) const {
+    const char* name = nullptr;
+    if (api_.cuGetErrorName && api_.cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
+    return "CUresult " + std::to_string(static_cast<int>(r));
+  }
+  std::string error_string(CUresult r) const {
+    const char* text = nullptr;
+    if (api_.cuGetErrorString && api_.cuGetErrorString(r, &text) == CUDA_SUCCESS && text) return text;
+    return "";
+  }
+
+  void check(CUresult r, const char* api) const {
+    if (r != CUDA_SUCCESS) throw CudaError(api, static_cast<int>(r), error_name(r), error_string(r));
+  }
+
+  void load_nvml() {
+    nvml_lib_ = std::make_unique<Library>("libnvidia-ml.so.1");
+    if (!nvml_lib_->loaded()) return;
+    nvml_.init = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlInit_v2"));
+    nvml_.shutdown = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlShutdown"));
+    nvml_.by_uuid = reinterpret_cast<int (*)(const char*, NvmlDevice*)>(nvml_lib_->symbol("nvmlDeviceGetHandleByUUID"));
+    nvml_.memory = reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(nvml_lib_->symbol("nvmlDeviceGetMemoryInfo"));
+    nvml_.driver_version =
+        reinterpret_cast<int (*)(char*, unsigned)>(nvml_lib_->symbol("nvmlSystemGetDriverVersion"));
+    nvml_ready_ = nvml_.init && nvml_.shutdown && nvml_.by_uuid && nvml_.memory && nvml_.init() == 0;
+  }
+
+  std::unique_ptr<Library> cuda_;
+  std::unique_ptr<Library> nvml_lib_;
+  DriverApi api_;
+  NvmlApi nvml_;
+  bool nvml_ready_ = false;
+  bool initialised_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace cupool

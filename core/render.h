@@ -1,0 +1,34 @@
+// Output helpers: JSON <-> YAML, aligned tables, and the --format choice.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+namespace cupool {
+
+enum class Format { table, json, yaml };
+
+// Parses "table", "json", "yaml"; throws InputError otherwise.
+Format parse_format(const std::string& text);
+
+// Block-style YAML for a JSON value (keys in the JSON object's order).
+std::string to_yaml(const nlohmann::ordered_json& value);
+// Converts a YAML tree to JSON: plain true/false/null and numbers become typed values,
+// quoted scalars stay strings.
+nlohmann::ordered_json yaml_to_json(const YAML::Node& node);
+
+// A table with a header row; columns padded to their widest cell.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header);
+  void add(std::vector<std::string> row);
+  std::string str(const std::string& indent = "") const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace cupool

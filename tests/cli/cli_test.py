@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Runs the cupool binary and compares what it prints with the expected files.
+
+Cases:
+  - every tests/bad/schema/*.yaml: `cupool check` exits 2 and prints exactly NAME.out;
+  - every tests/bad/fit/*.yaml: `cupool check --profile P [ARGS]` exits as its header says
+    (default 1) and prints exactly NAME.out; the header names the profile:
+        # profile: configs/profiles/synthetic-8gpu-mixed-peers.yaml
+        # args: --deep            (optional)
+        # exit: 0                 (optional)
+  - every check rule in core/check.cpp and every parser code in core/config.cpp has at least
+    one bad file whose expected output names it (so a new rule cannot land untested);
+  - shipped examples fit their profiles; JSON output parses; profiles round-trip; usage errors
+    exit 2; the binary without a driver exits 3.
+
+`--update` rewrites the .out files from the current binary (review the diff before committing).
+Prints `N passed, M failed` last; exits 1 on any failure.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+PROFILE_DEFAULT = "configs/profiles/h100.yaml"
+# The first line of a finding: "path:line:col: severity: message [code]".
+FINDING = r"^\S+?(?::\d+:\d+)?: (?:error|warning|note): .* \[([a-z-]+)\]$"
+
+
+class Runner:
+    def __init__(self, cupool, root, update):
+        self.cupool = cupool
+        self.root = root
+        self.update = update
+        self.passed = 0
+        self.failed = []
+
+    def run(self, args, stdin=None, env=None):
+        full_env = dict(os.environ)
+        full_env.pop("CUPOOL_PROFILE", None)
+        full_env.pop("CUPOOL_LOG_LEVEL", None)
+        full_env["COLUMNS"] = "100"
+        if env:
+            full_env.update(env)
+        p = subprocess.run([self.cupool] + args, cwd=self.root, input=stdin, capture_output=True,
+                           text=True, env=full_env, timeout=60)
+        return p.returncode, p.stdout, p.stderr
+
+    def ok(self, name, cond, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed.append(name)
+            print(f"FAIL {name}\n{detail}", flush=True)
+
+    def golden(self, name, path, text):
+        if self.update:
+            with open(path, "w") as f:
+                f.write(text)
+            self.passed += 1
+            return
+        try:
+            with open(path) as f:
+                expected = f.read()
+        except FileNotFoundError:
+            self.ok(name, False, f"missing expected file {path} (run with --update and review it)")
+            return
+        self.ok(name, text == expected, diff(expected, text))
+
+
+def diff(expected, actual):
+    import difflib
+    return "".join(difflib.unified_diff(expected.splitlines(True), actual.splitlines(True), "expected", "actual"))
+
+
+def header(path):
+    meta = {}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"#\s*(profile|args|exit|rule):\s*(.*?)\s*$", line)
+            if m:
+                meta[m.group(1)] = m.group(2)
+            elif not line.startswith("#"):
+                break
+    return meta
+
+
+def rel(root, path):
+    return os.path.relpath(path, root)
+
+
+def bad_files(r):
+    codes_seen = set()
+    for kind, default_exit in (("schema", 2), ("fit", 1)):
+        folder = os.path.join(r.root, "tests", "bad", kind)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".yaml"):
+                continue
+            path = os.path.join(folder, name)
+            meta = header(path)
+            profile = meta.get("profile", PROFILE_DEFAULT)
+            args = ["check", rel(r.root, path), "--profile", profile] + meta.get("args", "").split()
+            code, out, err = r.run(args)
+            want = int(meta.get("exit", default_exit))
+            r.ok(f"{kind}/{name} exit", code == want, f"exit {code}, want {want}\n{out}{err}")
+            r.golden(f"{kind}/{name} text", path[:-5] + ".out", out)
+            codes = re.findall(FINDING, out, re.M)
+            codes_seen.update(codes)
+            # The JSON form carries the same findings.
+            code_j, out_j, _ = r.run(args + ["--format", "json"])
+            try:
+                doc = json.loads(out_j)
+                r.ok(f"{kind}/{name} json", code_j == want and doc["exit_code"] == want and
+                     sorted(f["code"] for f in doc["findings"]) ==
+                     sorted(codes), out_j)
+            except (ValueError, KeyError) as e:
+                r.ok(f"{kind}/{name} json", False, f"{e}\n{out_j}")
+    return codes_seen
+
+
+def rule_coverage(r, codes_seen):
+    """Every finding code the source can emit appears in some bad file's expected output."""
+    emitted = set()
+    for src, pattern in (("core/check.cpp", r'd_\.(?:error|warning|note)\(\s*"([a-z-]+)"'),
+                         ("core/config.cpp", r'(?:d_|diags)\.invalid\(\s*"([a-z-]+)"')):
+        with open(os.path.join(r.root, src)) as f:
+            emitted.update(re.findall(pattern, f.read()))
+    # Limits that need inputs too large to keep as files are tested in tests/unit/config_test.cpp.
+    exempt = {"too-many", "too-deep"}
+    missing = sorted(emitted - codes_seen - exempt)
+    r.ok("every rule has a bad file", not missing, "no bad file under tests/bad/ produces: " + ", ".join(missing))
+
+
+def examples(r):
+    pairs = {
+        "configs/single-gpu-inference.yaml": "configs/profiles/h100.yaml",
+        "configs/host-numa.yaml": "configs/profiles/h100.yaml",
+        "configs/ipc-multiprocess-server.yaml": "configs/profiles/h200x2.yaml",
+        "configs/training-8gpu.yaml": "configs/profiles/synthetic-8gpu-mixed-peers.yaml",
+    }
+    for config, profile in pairs.items():
+        if not os.path.exists(os.path.join(r.root, profile)):
+            r.ok(f"example {config}", False, f"profile {profile} is missing")
+            continue
+        code, out, err = r.run(["check", config, "--profile", profile, "--strict"])
+        r.ok(f"example {config} fits {profile}", code == 0, out + err)
+
+
+def query(r):
+    profiles_dir = os.path.join(r.root, "configs", "profiles")
+    for name in sorted(os.listdir(profiles_dir)):
+        if not name.endswith(".yaml"):
+            continue
+        profile = f"configs/profiles/{name}"
+        code, out, err = r.run(["query", "--profile", profile])
+        r.ok(f"query {name}", code == 0 and "GPU 0:" in out, out + err)
+        r.golden(f"query {name} text", os.path.join(r.root, "tests", "cli", "expected", f"query-{name[:-5]}.txt"), out)
+        code, out, err = r.run(["query", "--profile", profile, "--format", "json"])
+        try:
+            doc = json.loads(out)
+            r.ok(f"query {name} json", code == 0 and doc["source"]["simulated"] is True and
+                 len(doc["devices"]) == len(doc["peer_access"]), out)
+        except ValueError as e:
+            r.ok(f"query {name} json", False, f"{e}\n{out}{err}")
+        # A profile written from a profile describes the same node.
+        with tempfile.TemporaryDirectory() as tmp:
+            again = os.path.join(tmp, "again.yaml")
+            code, out, err = r.run(["query", "--profile", profile, "--profile-out", again, "--format", "json"])
+            code2, out2, err2 = r.run(["query", "--profile", again, "--format", "json"])
+            strip = lambda d: {k: v for k, v in json.loads(d).items() if k != "source"}
+            r.ok(f"query {name} round trip", code == 0 and code2 == 0 and strip(out) == strip(out2), err + err2)
+        code, out, err = r.run(["query", "--profile", profile, "--format", "yaml"])
+        r.ok(f"query {name} yaml", code == 0 and "devices:" in out, out + err)
+
+
+def usage(r):
+    code, out, err = r.run(["--help"])
+    r.ok("--help exits 0 and lists exit codes", code == 0 and "Exit codes:" in out and "130" in out, out + err)
+    code, out, err = r.run([])
+    r.ok("no verb exits 2", code == 2, out + err)
+    code, out, err = r.run(["query", "--format", "xml"])
+    r.ok("bad --format exits 2", code == 2, out + err)
+    code, out, err = r.run(["check"])
+    r.ok("check without a file exits 2", code == 2, out + err)
+    code, out, err = r.run(["check", "/nonexistent/pools.yaml", "--profile", PROFILE_DEFAULT])
+    r.ok("unreadable file exits 2 and names it", code == 2 and "/nonexistent/pools.yaml" in err, out + err)
+    code, out, err = r.run(["query", "--profile", "/nonexistent/node.yaml"])
+    r.ok("unreadable profile exits 2", code == 2 and "/nonexistent/node.yaml" in err, out + err)
+    code, out, err = r.run(["query", "--profile", "configs/single-gpu-inference.yaml"])
+    r.ok("a config is not a profile", code == 2 and "not a node profile" in err, out + err)
+    code, out, err = r.run(["query", "--profile", PROFILE_DEFAULT, "--devices", "7"])
+    r.ok("query --devices of a missing device exits 2", code == 2 and "no device '7'" in err, out + err)
+    code, out, err = r.run(["query", "--profile", PROFILE_DEFAULT, "--devices", "0", "--format", "json"])
+    r.ok("query --devices 0", code == 0 and len(json.loads(out)["devices"]) == 1, out + err)
+    # Standard input and the environment twin.
+    with open(os.path.join(r.root, "configs", "single-gpu-inference.yaml")) as f:
+        text = f.read()
+    code, out, err = r.run(["check", "-"], stdin=text, env={"CUPOOL_PROFILE": PROFILE_DEFAULT})
+    r.ok("check - reads stdin; CUPOOL_PROFILE is --profile", code == 0 and out.startswith("<stdin>: fits"), out + err)
+
+
+def no_driver(r):
+    """Without libcuda the binary still starts and says so, exit 3 (only where no driver is installed)."""
+    probe = subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libcuda.so.1 '"], capture_output=True)
+    if probe.returncode == 0 or os.path.exists("/usr/local/nvidia/lib64/libcuda.so.1"):
+        print("skip no-driver: this machine has libcuda.so.1")
+        return
+    code, out, err = r.run(["query"])
+    r.ok("query without a driver exits 3", code == 3 and "no NVIDIA driver" in err and "--profile" in err, out + err)
+    code, out, err = r.run(["check", "configs/single-gpu-inference.yaml"])
+    r.ok("check without a driver exits 3", code == 3, out + err)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cupool", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--update", action="store_true")
+    a = ap.parse_args()
+    r = Runner(os.path.abspath(a.cupool), os.path.abspath(a.root), a.update)
+    codes = bad_files(r)
+    rule_coverage(r, codes)
+    examples(r)
+    query(r)
+    usage(r)
+    no_driver(r)
+    print(f"{r.passed} passed, {len(r.failed)} failed")
+    return 1 if r.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+// Nodes built in code for unit tests (the CLI tests use the recorded profiles).
+#pragma once
+
+#include <stdlib.h>
+
+#include <string>
+
+#include "core/node.h"
+
+namespace cupool::test {
+
+// A fresh path in a new temporary directory.
+inline std::string temp_path(const std::string& name) {
+  char dir[] = "/tmp/cupool-test-XXXXXX";
+  if (!mkdtemp(dir)) return "/tmp/cupool-test-" + name;
+  return std::string(dir) + "/" + name;
+}
+
+inline DeviceReport device(int ordinal) {
+  DeviceReport d;
+  DeviceInfo& i = d.info;
+  i.ordinal = ordinal;
+  i.name = "Test GPU";
+  i.uuid = "GPU-00000000-0000-4000-8000-00000000000" + std::to_string(ordinal);
+  i.pci_bus_id = "0000:" + std::string(ordinal ? "2b" : "1b") + ":00.0";
+  i.total_memory = 80ULL << 30;
+  i.cc_major = 9;
+  i.memory_pools = true;
+  i.pool_handle_types = 0x1 | 0x8;
+  i.fabric_handle = true;
+  i.host_memory_pools = true;
+  i.host_numa_memory_pools = true;
+  i.host_numa_id = 0;
+  i.managed_memory = true;
+  i.concurrent_managed_access = true;
+  i.vmm = true;
+  i.ipc_events = true;
+  d.memory = MemoryInfo{70ULL << 30, 80ULL << 30};
+  return d;
+}
+
+// Two GPUs with peer access both ways, host NUMA node 0, a CUDA 13.0 driver.
+inline NodeReport two_gpu_node() {
+  NodeReport n;
+  n.driver_version = 13000;
+  n.kernel_driver_version = "580.159.04";
+  n.built_with_cuda = 13000;
+  n.host_numa_nodes = {0};
+  n.devices = {device(0), device(1)};
+  n.peer_access = {{true, true}, {true, true}};
+  return n;
+}
+
+}  // namespace cupool::test

@@ -1,0 +1,26 @@
+#include <doctest/doctest.h>
+
+#include "core/text.h"
+
+using namespace cupool;
+
+TEST_CASE("edit_distance") {
+  CHECK(edit_distance("", "") == 0);
+  CHECK(edit_distance("abc", "abc") == 0);
+  CHECK(edit_distance("relase_threshold", "release_threshold") == 1);
+  CHECK(edit_distance("kitten", "sitting") == 3);
+}
+
+TEST_CASE("did_you_mean picks a close candidate or nothing") {
+  const std::vector<std::string> keys{"name", "devices", "max_size", "release_threshold", "reserve"};
+  CHECK(did_you_mean("max_sise", keys) == "max_size");
+  CHECK(did_you_mean("relase_threshold", keys) == "release_threshold");
+  CHECK(did_you_mean("Devices", keys) == "devices");
+  CHECK(did_you_mean("colour", keys).empty());
+}
+
+TEST_CASE("list_or") {
+  CHECK(list_or({}) == "");
+  CHECK(list_or({"a"}) == "a");
+  CHECK(list_or({"a", "b", "c"}) == "a, b or c");
+}
