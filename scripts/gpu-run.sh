@@ -5,14 +5,17 @@
 #   - start-up cost: `cupool query --format json` against cupool_bare_init (dlopen + cuInit +
 #     cuDeviceGetCount, nothing else), 30 alternating runs each, min / median / p90, ratio of medians;
 #   - no device memory: while `cupool query` runs in a loop, nvidia-smi's compute-apps list never shows
-#     a cupool process; a positive control (python3 holding a CUDA context) shows that it would.
+#     a cupool process. Two controls say what that is worth: the same sampling while
+#     `cupool query --deep` (which does create contexts) loops shows whether short-lived processes
+#     are caught at all, and python3 holding a context for 3 s (torch, else ctypes) shows whether
+#     nvidia-smi sees this machine's processes at all.
 #
 # Everything goes under $OUT (default ./gpu-out), at most these files:
 #   gpu-run.log   everything, each command under a "+ command" heading and followed by its exit status
 #   ctest.log     both ctest runs
 #   query.json    `cupool query --format json`
 #   profile.yaml  `cupool query --deep --profile-out`
-#   timing.txt    the start-up figures, `query --deep` once, and the device-memory result
+#   timing.txt    the start-up figures, `query --deep` once, and the device-memory results
 # A failing step is recorded and the run goes on; the exit status is 1 if any step failed, else 0.
 #
 # Optional: CUPOOL_DEPS (default .deps): a folder of .deb files (yaml-cpp, spdlog, fmt, CLI11,
@@ -59,6 +62,33 @@ stats() {
     }'
 }
 median() { stats | sed -n 's/.*median=\([0-9.]*\).*/\1/p'; }
+
+# shellcheck disable=SC2054  # the commas belong to nvidia-smi's arguments
+SMI_APPS=(timeout 10 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader)
+# sample_apps PID FILE: appends nvidia-smi's compute apps to FILE every 0.2 s while PID lives, each
+# sample under a "# sample N" line; prints the number of samples.
+sample_apps() {
+  local n=0
+  while kill -0 "$1" 2>/dev/null; do
+    n=$((n + 1))
+    echo "# sample $n" >>"$2"
+    "${SMI_APPS[@]}" >>"$2" 2>&1
+    sleep 0.2
+  done
+  echo "$n"
+}
+# loop_for SECONDS COUNTFILE CMD...: runs CMD (output dropped) over and over for SECONDS, then writes
+# how many times it ran to COUNTFILE.
+loop_for() {
+  local secs=$1 countfile=$2 n=0 end
+  shift 2
+  end=$(($(now_ns) + secs * 1000000000))
+  while [ "$(now_ns)" -lt "$end" ]; do
+    "$@" >/dev/null 2>&1
+    n=$((n + 1))
+  done
+  echo "$n" >"$countfile"
+}
 
 main() {
   local tmp
@@ -245,38 +275,23 @@ main() {
     [ "$b_rc_bad" = 0 ] || fail "timing: cupool_bare_init failed in $b_rc_bad of $RUNS runs"
 
     # ---------------------------------------------------------------- device memory
-    local mem_result="not measured (no nvidia-smi)" control_result="not run"
+    local mem_result="not measured (no nvidia-smi)" control_result="not run" deep_control_result="not run"
     if [ "$have_smi" = 1 ]; then
       step "device memory: nvidia-smi compute apps while 'cupool query' runs in a loop (~3 s)"
-      # shellcheck disable=SC2054  # the commas belong to nvidia-smi's arguments
-      local smi_q=(timeout 10 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader)
-      echo "+ ${smi_q[*]}   (before: the baseline)"
-      "${smi_q[@]}" | tee "$tmp/baseline.csv"
-      (
-        end=$(($(now_ns) + 3000000000))
-        n=0
-        while [ "$(now_ns)" -lt "$end" ]; do
-          "$bin" query >/dev/null 2>&1
-          n=$((n + 1))
-        done
-        echo "$n" >"$tmp/loop.count"
-      ) &
-      local loop_pid=$! samples=0
-      while kill -0 "$loop_pid" 2>/dev/null; do
-        "${smi_q[@]}" >>"$tmp/during.csv" 2>&1
-        samples=$((samples + 1))
-        sleep 0.2
-      done
+      echo "+ ${SMI_APPS[*]}   (before: the baseline)"
+      "${SMI_APPS[@]}" | tee "$tmp/baseline.csv"
+      loop_for 3 "$tmp/loop.count" "$bin" query &
+      local loop_pid=$! samples loops
+      samples=$(sample_apps "$loop_pid" "$tmp/during.csv")
       wait "$loop_pid"
-      local loops
       loops=$(cat "$tmp/loop.count" 2>/dev/null || echo "?")
       echo "cupool query ran $loops times; nvidia-smi sampled $samples times; every line seen:"
-      sort -u "$tmp/during.csv" 2>/dev/null | sed 's/^/  /'
+      grep -v '^#' "$tmp/during.csv" 2>/dev/null | sort -u | sed 's/^/  /'
       # New entries: lines whose PID (first field) was not listed before the loop.
       local cupool_lines new_lines
-      cupool_lines=$(grep -i 'cupool' "$tmp/during.csv" 2>/dev/null | sort -u)
-      new_lines=$(awk -F, 'FILENAME == ARGV[1] { seen[$1] = 1; next } !($1 in seen)' "$tmp/baseline.csv" "$tmp/during.csv" \
-        2>/dev/null | sort -u)
+      cupool_lines=$(grep -v '^#' "$tmp/during.csv" 2>/dev/null | grep -i 'cupool' | sort -u)
+      new_lines=$(awk -F, 'FILENAME == ARGV[1] { seen[$1] = 1; next } !/^#/ && !($1 in seen)' "$tmp/baseline.csv" \
+        "$tmp/during.csv" 2>/dev/null | sort -u)
       if [ -n "$cupool_lines" ]; then
         mem_result="a cupool process APPEARED among compute apps ($loops queries, $samples samples): $cupool_lines"
         fail "device memory: cupool query appeared in nvidia-smi's compute apps"
@@ -287,6 +302,26 @@ main() {
         mem_result="no cupool process ever appeared ($loops queries, $samples samples)"
       fi
       echo "RESULT: $mem_result"
+
+      # Control for the sampling itself: `query --deep` does create a context, in processes as
+      # short-lived as plain queries. If these show up, short cupool processes are caught by it.
+      step "device memory, sampling control: the same while 'cupool query --deep' (which creates contexts) loops"
+      loop_for 3 "$tmp/deep.count" "$bin" query --deep &
+      loop_pid=$!
+      samples=$(sample_apps "$loop_pid" "$tmp/deep.csv")
+      wait "$loop_pid"
+      loops=$(cat "$tmp/deep.count" 2>/dev/null || echo "?")
+      echo "cupool query --deep ran $loops times; nvidia-smi sampled $samples times; every line seen:"
+      grep -v '^#' "$tmp/deep.csv" 2>/dev/null | sort -u | sed 's/^/  /'
+      local hits
+      hits=$(awk '/^#/ { s = $0; next } tolower($0) ~ /cupool/ { hit[s] = 1 } END { print length(hit) }' \
+        "$tmp/deep.csv" 2>/dev/null)
+      if [ "${hits:-0}" -gt 0 ]; then
+        deep_control_result="cupool query --deep WAS seen in $hits of $samples samples ($loops runs): the sampling catches short-lived cupool processes that hold a context"
+      else
+        deep_control_result="cupool query --deep was NOT seen in any of $samples samples ($loops runs): short-lived processes slip between samples, so the 'no cupool process' result only rules out contexts that outlive a sampling interval"
+      fi
+      echo "RESULT: $deep_control_result"
 
       step "device memory, positive control: python3 holding a CUDA context for 3 s"
       cat >"$tmp/control.py" <<'PY'
@@ -311,18 +346,14 @@ time.sleep(3)
 PY
       echo "+ python3 control.py &   (torch.zeros(1, device='cuda'); time.sleep(3))"
       python3 "$tmp/control.py" &
-      local control_pid=$! csamples=0
-      while kill -0 "$control_pid" 2>/dev/null; do
-        "${smi_q[@]}" >>"$tmp/control.csv" 2>&1
-        csamples=$((csamples + 1))
-        sleep 0.2
-      done
+      local control_pid=$! csamples
+      csamples=$(sample_apps "$control_pid" "$tmp/control.csv")
       wait "$control_pid"
       local control_rc=$?
       echo "control exited $control_rc (PID $control_pid); nvidia-smi sampled $csamples times; every line seen:"
-      sort -u "$tmp/control.csv" 2>/dev/null | sed 's/^/  /'
+      grep -v '^#' "$tmp/control.csv" 2>/dev/null | sort -u | sed 's/^/  /'
       local control_lines
-      control_lines=$(grep -E "^ *$control_pid,|python" "$tmp/control.csv" 2>/dev/null | sort -u)
+      control_lines=$(grep -v '^#' "$tmp/control.csv" 2>/dev/null | grep -E "^ *$control_pid,|python" | sort -u)
       if [ -n "$control_lines" ]; then
         control_result="the control DID appear: $(echo "$control_lines" | tr '\n' ';')"
       else
@@ -350,6 +381,7 @@ PY
       echo "cupool query --deep, once: ${deep_ms} ms (exit $deep_rc)"
       echo
       echo "device memory while 'cupool query' loops: $mem_result"
+      echo "sampling control (query --deep loop): $deep_control_result"
       echo "positive control (python3 with a context): $control_result"
     } >"$OUT/timing.txt"
   else
