@@ -1,6 +1,7 @@
 // cupool check: judge a config against this node (or a recorded one), every finding at once.
 #include <iostream>
 
+#include "cli/options.h"
 #include "cli/verbs.h"
 #include "core/check.h"
 #include "core/config.h"
@@ -54,11 +55,8 @@ Runner add_check(CLI::App& app) {
       "  cat pools.yaml | cupool check -\n"
       "\nExit codes: 0 fits (warnings allowed), 1 does not fit, 2 invalid file, 3 no driver or device.");
   sub->add_option("config", args->config, "The config file ('-' reads standard input)")->required();
-  sub->add_option("--profile,-p", args->profile, "Judge against this recorded node profile instead of the driver")
-      ->envname("CUPOOL_PROFILE");
-  sub->add_option("--format,-o", args->format, "Output format: table, json or yaml")
-      ->check(CLI::IsMember({"table", "json", "yaml"}))
-      ->capture_default_str();
+  add_profile_option(sub, args->profile, "Judge against");
+  add_format_option(sub, args->format);
   sub->add_flag("--deep", args->deep, "Also create and export test pools to prove fabric export works (creates a context)");
   sub->add_flag("--strict", args->strict, "Warnings make the check fail (exit 1)");
 

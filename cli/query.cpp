@@ -2,6 +2,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "cli/options.h"
 #include "cli/verbs.h"
 #include "core/error.h"
 #include "core/query.h"
@@ -38,13 +39,10 @@ Runner add_query(CLI::App& app) {
       "  cupool query --deep --devices 0\n"
       "  cupool query --profile-out node.yaml        # record this node for checks elsewhere\n"
       "  cupool query --profile configs/profiles/h100.yaml   # a recorded node, no GPU needed");
-  sub->add_option("--format,-o", args->format, "Output format: table, json or yaml")
-      ->check(CLI::IsMember({"table", "json", "yaml"}))
-      ->capture_default_str();
+  add_format_option(sub, args->format);
   sub->add_option("--devices,-d", args->devices, "Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)")
       ->delimiter(',');
-  sub->add_option("--profile,-p", args->profile, "Answer from this recorded node profile instead of the driver")
-      ->envname("CUPOOL_PROFILE");
+  add_profile_option(sub, args->profile, "Answer from");
   sub->add_option("--profile-out", args->profile_out, "Also record the answer as a node profile in this file ('-': stdout)");
   sub->add_flag("--deep", args->deep, "Also create, use and export a small pool per handle type (creates a context)");
 

@@ -27,13 +27,7 @@ class Checker {
     check_process();
     std::map<std::string, const PoolSpec*> pools;
     for (const auto& p : c_.pools) {
-      if (p.name.set) {
-        auto [it, fresh] = pools.emplace(p.name.value, &p);
-        if (!fresh)
-          d_.error("duplicate-name", p.name.loc, "pool name '" + p.name.value + "' is used twice",
-                   "the first pool '" + p.name.value + "' is at line " + std::to_string(it->second->name.loc.line),
-                   "pool names must be unique");
-      }
+      unique_name(pools, "pool", p.name, &p);
       check_pool(p);
     }
     check_buffers(pools);
@@ -41,6 +35,18 @@ class Checker {
   }
 
  private:
+  // Records `item` under its name; a name taken before is a finding pointing at both places.
+  template <class T>
+  void unique_name(std::map<std::string, const T*>& seen, const std::string& kind, const At<std::string>& name,
+                   const T* item) {
+    if (!name.set) return;
+    auto [it, fresh] = seen.emplace(name.value, item);
+    if (fresh) return;
+    d_.error("duplicate-name", name.loc, kind + " name '" + name.value + "' is used twice",
+             "the first " + kind + " '" + name.value + "' is at line " + std::to_string(it->second->name.loc.line),
+             kind + " names must be unique");
+  }
+
   struct Reservation {
     std::string what;  // "pool 'kv-cache'"
     std::uint64_t bytes;
@@ -293,13 +299,7 @@ class Checker {
     std::map<std::string, std::map<int, std::uint64_t>> used;
     for (const auto& b : c_.buffers) {
       const std::string what = b.name.set ? "buffer '" + b.name.value + "'" : "this buffer";
-      if (b.name.set) {
-        auto [it, fresh] = names.emplace(b.name.value, &b);
-        if (!fresh)
-          d_.error("duplicate-name", b.name.loc, "buffer name '" + b.name.value + "' is used twice",
-                   "the first buffer '" + b.name.value + "' is at line " + std::to_string(it->second->name.loc.line),
-                   "buffer names must be unique");
-      }
+      unique_name(names, "buffer", b.name, &b);
       std::optional<int> device;
       if (b.device.set) device = resolve_one(b.device);
       if (!b.pool.set) continue;

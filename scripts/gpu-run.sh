@@ -271,6 +271,7 @@ main() {
     q_med=$(median <"$tmp/q.ms")
     b_med=$(median <"$tmp/b.ms")
     ratio=$(awk -v q="${q_med:-0}" -v b="${b_med:-0}" 'BEGIN { if (b > 0) printf "%.2f", q / b; else print "n/a" }')
+    if [ "$q_rc_bad" != 0 ] || [ "$b_rc_bad" != 0 ]; then ratio="$ratio (INVALID: some runs failed)"; fi
     [ "$q_rc_bad" = 0 ] || fail "timing: cupool query failed in $q_rc_bad of $RUNS runs"
     [ "$b_rc_bad" = 0 ] || fail "timing: cupool_bare_init failed in $b_rc_bad of $RUNS runs"
 

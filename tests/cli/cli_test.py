@@ -135,6 +135,15 @@ def rule_coverage(r, codes_seen):
     r.ok("every rule has a bad file", not missing, "no bad file under tests/bad/ produces: " + ", ".join(missing))
 
 
+def schema_good(r):
+    """Files the JSON schema accepts are valid configs for the parser too (no exit 2)."""
+    folder = os.path.join(r.root, "tests", "schema", "good")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".yaml"):
+            code, out, err = r.run(["check", f"tests/schema/good/{name}", "--profile", PROFILE_DEFAULT])
+            r.ok(f"schema-valid {name} parses", code in (0, 1) and "not a valid cupool config" not in out, out + err)
+
+
 def examples(r):
     pairs = {
         "configs/single-gpu-inference.yaml": "configs/profiles/h100.yaml",
@@ -224,6 +233,7 @@ def main():
     r = Runner(os.path.abspath(a.cupool), os.path.abspath(a.root), a.update)
     codes = bad_files(r)
     rule_coverage(r, codes)
+    schema_good(r)
     examples(r)
     query(r)
     usage(r)

@@ -203,9 +203,24 @@ std::optional<int> gpu_label(const std::string& token) {
 
 // `nvidia-smi topo -p2p r`: a header line of GPU columns, then one row per GPU, then a legend.
 // Returns cell[(row gpu, column gpu)] = "OK" / "NS" / "CNS" / "X" / ... (nvidia-smi indexes).
-std::map<std::pair<int, int>, std::string> parse_p2p_table(const std::string& text) {
+// nvidia-smi underlines the header with terminal escapes (ESC [ 4 m ... ESC [ 0 m) even into a pipe.
+std::string strip_ansi(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == '\x1b' && i + 1 < text.size() && text[i + 1] == '[') {
+      i += 2;
+      while (i < text.size() && !std::isalpha(static_cast<unsigned char>(text[i]))) ++i;
+      continue;
+    }
+    out += text[i];
+  }
+  return out;
+}
+
+std::map<std::pair<int, int>, std::string> parse_p2p_table(const std::string& raw) {
   std::map<std::pair<int, int>, std::string> cells;
   std::vector<int> columns;
+  const std::string text = strip_ansi(raw);
   for (const auto& line : lines_of(text)) {
     const auto w = words(line);
     if (w.empty()) continue;

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Quick start, step 1: install what is missing, build cupool, and run the main job: `query` and
+# `check` of a shipped example on this node, or on the bundled simulated node when no GPU is here.
+# Usage: scripts/setup.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+
+# Debian/Ubuntu packages the build and the tests need.
+PACKAGES=(cmake g++ ninja-build pkg-config libyaml-cpp-dev libcli11-dev libspdlog-dev doctest-dev
+          nlohmann-json3-dev python3 python3-jsonschema python3-yaml zsh fish)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The CUDA toolkit provides the headers; the driver is loaded at run time.
+if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ] && ! command -v nvcc >/dev/null; then
+  echo "setup: the CUDA Toolkit (12.6 or newer; headers only are needed) was not found at /usr/local/cuda." >&2
+  echo "       Install it from NVIDIA's repository, or set CUDA_HOME / CUDAToolkit_ROOT to where it is." >&2
+  exit 1
+fi
+
+cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"} >/dev/null
+cmake --build "$BUILD"
+
+[ -z "${SKIP_MAIN_JOB:-}" ] || exit 0
+
+# The main job.
+CUPOOL="$BUILD/cupool"
+EXAMPLE=configs/single-gpu-inference.yaml
+echo
+echo "\$ cupool query"
+set +e
+"$CUPOOL" query
+rc=$?
+set -e
+if [ "$rc" -eq 3 ]; then
+  PROFILE=configs/profiles/h100.yaml
+  echo
+  echo "No usable NVIDIA driver or GPU here (above). Running against the bundled simulated node"
+  echo "$PROFILE, recorded on a real H100 with 'cupool query --deep --profile-out'."
+  echo
+  echo "\$ cupool query --profile $PROFILE"
+  "$CUPOOL" query --profile "$PROFILE"
+  echo
+  echo "\$ cupool check $EXAMPLE --profile $PROFILE"
+  "$CUPOOL" check "$EXAMPLE" --profile "$PROFILE"
+elif [ "$rc" -eq 0 ]; then
+  echo
+  echo "\$ cupool check $EXAMPLE"
+  set +e
+  "$CUPOOL" check "$EXAMPLE"
+  rc=$?
+  set -e
+  [ "$rc" -le 1 ] || exit "$rc"
+  [ "$rc" -eq 0 ] || echo "(the example was written for one H100; findings above say what differs on this node)"
+else
+  exit "$rc"
+fi
+echo
+echo "setup: done. The binary is $CUPOOL; run the tests with scripts/test.sh"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Quick start, step 2: the whole test suite, twice: a normal build, and a build with
+# AddressSanitizer and UndefinedBehaviorSanitizer. GPU tests skip themselves without a GPU.
+# Usage: scripts/test.sh   (installs what is missing through scripts/setup.sh's package list)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Install missing packages (and build the normal tree) without running the main job twice.
+SKIP_MAIN_JOB=1 bash scripts/setup.sh build >/dev/null
+
+status=0
+echo "== tests: build/ (RelWithDebInfo)"
+ctest --test-dir build --output-on-failure || status=1
+
+echo "== tests: build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCUPOOL_SANITIZE=ON >/dev/null
+cmake --build build-asan
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure || status=1
+
+exit $status
