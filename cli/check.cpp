@@ -101,7 +101,7 @@ Runner add_check(CLI::App& app) {
       nlohmann::ordered_json findings = nlohmann::ordered_json::array();
       for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
       j["findings"] = findings;
-      std::cout << (format == Format::json ? j.dump(2) + "\n" : to_yaml(j));
+      std::cout << (format == Format::json ? dump_json(j) + "\n" : to_yaml(j));
     }
     return static_cast<int>(code);
   };

@@ -70,7 +70,7 @@ Runner add_query(CLI::App& app) {
         std::cout << render_report_table(report);
         break;
       case Format::json:
-        std::cout << to_json(report).dump(2) << "\n";
+        std::cout << dump_json(to_json(report)) << "\n";
         break;
       case Format::yaml:
         std::cout << to_yaml(to_json(report));

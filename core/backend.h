@@ -75,6 +75,35 @@ struct ExportProbe {
   std::string reason;  // plain words: what the failure means and what would fix it
 };
 
+// What a pool is created with (CUmemPoolProps).
+struct PoolProps {
+  enum class Location { device, host, host_numa };
+  Location location = Location::device;
+  int location_id = 0;         // device ordinal, or host NUMA node id
+  bool managed = false;        // CU_MEM_ALLOCATION_TYPE_MANAGED instead of PINNED
+  std::uint32_t handle_types = 0;  // HandleType bits
+  std::uint64_t max_size = 0;      // 0: the driver's default
+};
+
+// A pool's settable attributes (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD and the reuse policies).
+struct PoolSettings {
+  std::uint64_t release_threshold = 0;
+  bool follow_event_dependencies = true;
+  bool allow_opportunistic = true;
+  bool allow_internal_dependencies = true;
+};
+
+// A pool's usage attributes, in bytes (CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}).
+struct PoolUsage {
+  std::uint64_t reserved_current = 0;
+  std::uint64_t reserved_high = 0;
+  std::uint64_t used_current = 0;
+  std::uint64_t used_high = 0;
+};
+
+// A pool the backend created; 0 is no pool.
+using PoolHandle = std::uint64_t;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -101,6 +130,29 @@ class Backend {
   // Creates a small pool of `type` on `ordinal`, exports it (IPC types), destroys it.
   // This one creates a context (the device's primary context).
   virtual ExportProbe probe_export(int ordinal, HandleType type) = 0;
+
+  // ---- pools (these retain the primary context of the pool's device) ----
+  // Each throws CudaError naming the driver call that failed.
+
+  // Creates a pool; `device` is the ordinal whose context serves it (its own location for
+  // device pools). The backend destroys pools still alive when it is destroyed.
+  virtual PoolHandle create_pool(int device, const PoolProps& props) = 0;
+  // Destroys the pool (its allocations must have been freed).
+  virtual void destroy_pool(PoolHandle pool) = 0;
+  virtual void set_pool_settings(PoolHandle pool, const PoolSettings& settings) = 0;
+  virtual PoolSettings pool_settings(PoolHandle pool) = 0;
+  virtual PoolUsage pool_usage(PoolHandle pool) = 0;
+  // Resets reserved_high and used_high to the current values.
+  virtual void reset_pool_peaks(PoolHandle pool) = 0;
+  // Gives device `peer` read-write access to the pool's memory (cuMemPoolSetAccess).
+  virtual void set_pool_access(PoolHandle pool, int peer) = 0;
+  // Allocates `bytes` from the pool, stream-ordered on the legacy stream and synchronised;
+  // returns the device address.
+  virtual std::uint64_t allocate(PoolHandle pool, std::uint64_t bytes) = 0;
+  // Frees an allocation and synchronises: the pool then keeps at most its release threshold.
+  virtual void free(PoolHandle pool, std::uint64_t address) = 0;
+  // Releases reserved memory beyond `keep` bytes (cuMemPoolTrimTo).
+  virtual void trim_pool(PoolHandle pool, std::uint64_t keep) = 0;
 };
 
 // CUDA_VERSION of the headers cupool was built with (13000 for 13.0).

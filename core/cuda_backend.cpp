@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -35,7 +37,8 @@ struct DriverApi {
   X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain)     \
   X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuMemPoolCreate)         \
   X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)             \
-  X(cuMemFreeAsync) X(cuStreamSynchronize)
+  X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)          \
+  X(cuMemPoolSetAccess) X(cuMemPoolTrimTo)
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
 #undef CUPOOL_DECLARE
@@ -104,7 +107,133 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
+    // Pools first (their contexts must still be alive), then the contexts. Nothing may throw here.
+    for (auto& [handle, pool] : pools_) {
+      ContextScope scope(api_, context_or_null(pool.device));
+      for (CUdeviceptr ptr : pool.allocations) api_.cuMemFreeAsync(ptr, nullptr);
+      api_.cuStreamSynchronize(nullptr);
+      api_.cuMemPoolDestroy(pool.pool);
+    }
+    for (auto& [ordinal, ctx] : contexts_) api_.cuDevicePrimaryCtxRelease(device_nothrow(ordinal));
     if (nvml_ready_ && nvml_.shutdown) nvml_.shutdown();
+  }
+
+  PoolHandle create_pool(int ordinal, const PoolProps& props) override {
+    ContextScope scope(api_, context(ordinal));
+    CUmemPoolProps p;
+    std::memset(&p, 0, sizeof p);
+    p.allocType = props.managed ? CU_MEM_ALLOCATION_TYPE_MANAGED : CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.handleTypes = static_cast<CUmemAllocationHandleType>(props.handle_types);
+    switch (props.location) {
+      case PoolProps::Location::device:
+        p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        p.location.id = props.location_id;
+        break;
+      case PoolProps::Location::host:
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST;
+        break;
+      case PoolProps::Location::host_numa:
+        p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+        p.location.id = props.location_id;
+        break;
+    }
+    p.maxSize = static_cast<size_t>(props.max_size);
+    CUmemoryPool pool = nullptr;
+    check(api_.cuMemPoolCreate(&pool, &p), "cuMemPoolCreate");
+    const PoolHandle handle = ++last_handle_;
+    pools_[handle] = Pool{pool, ordinal, {}};
+    return handle;
+  }
+
+  void destroy_pool(PoolHandle handle) override {
+    Pool& pool = find(handle);
+    ContextScope scope(api_, context(pool.device));
+    check(api_.cuMemPoolDestroy(pool.pool), "cuMemPoolDestroy");
+    pools_.erase(handle);
+  }
+
+  void set_pool_settings(PoolHandle handle, const PoolSettings& s) override {
+    CUmemoryPool pool = find(handle).pool;
+    cuuint64_t threshold = s.release_threshold;
+    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolSetAttribute");
+    int flag = s.follow_event_dependencies;
+    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &flag), "cuMemPoolSetAttribute");
+    flag = s.allow_opportunistic;
+    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag), "cuMemPoolSetAttribute");
+    flag = s.allow_internal_dependencies;
+    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &flag), "cuMemPoolSetAttribute");
+  }
+
+  PoolSettings pool_settings(PoolHandle handle) override {
+    CUmemoryPool pool = find(handle).pool;
+    PoolSettings s;
+    cuuint64_t threshold = 0;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolGetAttribute");
+    s.release_threshold = threshold;
+    int flag = 0;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &flag), "cuMemPoolGetAttribute");
+    s.follow_event_dependencies = flag != 0;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag), "cuMemPoolGetAttribute");
+    s.allow_opportunistic = flag != 0;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &flag), "cuMemPoolGetAttribute");
+    s.allow_internal_dependencies = flag != 0;
+    return s;
+  }
+
+  PoolUsage pool_usage(PoolHandle handle) override {
+    CUmemoryPool pool = find(handle).pool;
+    PoolUsage u;
+    cuuint64_t v = 0;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v), "cuMemPoolGetAttribute");
+    u.reserved_current = v;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &v), "cuMemPoolGetAttribute");
+    u.reserved_high = v;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v), "cuMemPoolGetAttribute");
+    u.used_current = v;
+    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v), "cuMemPoolGetAttribute");
+    u.used_high = v;
+    return u;
+  }
+
+  void reset_pool_peaks(PoolHandle handle) override {
+    CUmemoryPool pool = find(handle).pool;
+    cuuint64_t zero = 0;  // the only value these attributes accept: "reset to current"
+    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero), "cuMemPoolSetAttribute");
+    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), "cuMemPoolSetAttribute");
+  }
+
+  void set_pool_access(PoolHandle handle, int peer) override {
+    CUmemAccessDesc desc;
+    std::memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = peer;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    check(api_.cuMemPoolSetAccess(find(handle).pool, &desc, 1), "cuMemPoolSetAccess");
+  }
+
+  std::uint64_t allocate(PoolHandle handle, std::uint64_t bytes) override {
+    Pool& pool = find(handle);
+    ContextScope scope(api_, context(pool.device));
+    CUdeviceptr ptr = 0;
+    check(api_.cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool.pool, nullptr), "cuMemAllocFromPoolAsync");
+    pool.allocations.insert(ptr);
+    check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+    return ptr;
+  }
+
+  void free(PoolHandle handle, std::uint64_t address) override {
+    Pool& pool = find(handle);
+    auto it = pool.allocations.find(static_cast<CUdeviceptr>(address));
+    if (it == pool.allocations.end())
+      throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "not an allocation of this pool");
+    ContextScope scope(api_, context(pool.device));
+    check(api_.cuMemFreeAsync(*it, nullptr), "cuMemFreeAsync");
+    pool.allocations.erase(it);
+    check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  }
+
+  void trim_pool(PoolHandle handle, std::uint64_t keep) override {
+    check(api_.cuMemPoolTrimTo(find(handle).pool, static_cast<size_t>(keep)), "cuMemPoolTrimTo");
   }
 
   int driver_version() override {
@@ -265,6 +394,54 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  struct Pool {
+    CUmemoryPool pool = nullptr;
+    int device = 0;
+    std::set<CUdeviceptr> allocations;
+  };
+
+  // Makes `ctx` current for a scope (nothing when null); never throws.
+  class ContextScope {
+   public:
+    ContextScope(const DriverApi& api, CUcontext ctx) : api_(api), pushed_(ctx && api.cuCtxPushCurrent(ctx) == CUDA_SUCCESS) {}
+    ContextScope(const ContextScope&) = delete;
+    ContextScope& operator=(const ContextScope&) = delete;
+    ~ContextScope() {
+      CUcontext popped = nullptr;
+      if (pushed_) api_.cuCtxPopCurrent(&popped);
+    }
+
+   private:
+    const DriverApi& api_;
+    bool pushed_;
+  };
+
+  // The device's primary context, retained once for the backend's lifetime.
+  CUcontext context(int ordinal) {
+    auto it = contexts_.find(ordinal);
+    if (it != contexts_.end()) return it->second;
+    CUcontext ctx = nullptr;
+    check(api_.cuDevicePrimaryCtxRetain(&ctx, device(ordinal)), "cuDevicePrimaryCtxRetain");
+    contexts_[ordinal] = ctx;
+    return ctx;
+  }
+  CUcontext context_or_null(int ordinal) const {
+    auto it = contexts_.find(ordinal);
+    return it == contexts_.end() ? nullptr : it->second;
+  }
+  CUdevice device_nothrow(int ordinal) const {
+    CUdevice dev = 0;
+    api_.cuDeviceGet(&dev, ordinal);
+    return dev;
+  }
+
+  Pool& find(PoolHandle handle) {
+    auto it = pools_.find(handle);
+    if (it == pools_.end())
+      throw CudaError("cupool pool lookup", CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "no such pool");
+    return it->second;
+  }
+
   // Retains the primary context and makes it current for the probe's lifetime.
   class PrimaryContext {
    public:
@@ -419,6 +596,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Library> nvml_lib_;
   DriverApi api_;
   NvmlApi nvml_;
+  std::map<int, CUcontext> contexts_;
+  std::map<PoolHandle, Pool> pools_;
+  PoolHandle last_handle_ = 0;
   bool nvml_ready_ = false;
   bool initialised_ = false;
 };

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text.h"
 
 namespace cupool {
 
@@ -64,7 +65,13 @@ std::string SourceFile::line(int n) const {
   return lines_[static_cast<std::size_t>(n - 1)];
 }
 
-void Diagnostics::add(Diagnostic d) { items_.push_back(std::move(d)); }
+void Diagnostics::add(Diagnostic d) {
+  // Messages quote the file, which may hold anything: keep them printable as JSON and YAML.
+  d.message = valid_utf8(d.message);
+  d.fact = valid_utf8(d.fact);
+  d.help = valid_utf8(d.help);
+  items_.push_back(std::move(d));
+}
 
 void Diagnostics::invalid(const std::string& code, Loc loc, std::string message, std::string help) {
   Diagnostic d;

@@ -81,6 +81,8 @@ bool plain_integer(const std::string& s) {
 
 }  // namespace
 
+std::string dump_json(const json& value) { return value.dump(2, ' ', false, json::error_handler_t::replace); }
+
 std::string to_yaml(const json& value) {
   YAML::Emitter out;
   out.SetIndent(2);

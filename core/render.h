@@ -14,6 +14,9 @@ enum class Format { table, json, yaml };
 // Parses "table", "json", "yaml"; throws InputError otherwise.
 Format parse_format(const std::string& text);
 
+// Indented JSON; bytes that are not UTF-8 become U+FFFD instead of throwing.
+std::string dump_json(const nlohmann::ordered_json& value);
+
 // Block-style YAML for a JSON value (keys in the JSON object's order).
 std::string to_yaml(const nlohmann::ordered_json& value);
 // Converts a YAML tree to JSON: plain true/false/null and numbers become typed values,

@@ -1,5 +1,6 @@
 #include "core/sim_backend.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "core/error.h"
@@ -112,6 +113,127 @@ ExportProbe SimBackend::probe_export(int ordinal, HandleType type) {
     probe.ok = true;
   }
   return probe;
+}
+
+// ---- pools ----
+
+namespace {
+std::uint64_t round_up(std::uint64_t bytes, std::uint64_t granule) { return (bytes + granule - 1) / granule * granule; }
+}  // namespace
+
+SimBackend::Pool& SimBackend::pool(PoolHandle handle, const char* api) {
+  auto it = pools_.find(handle);
+  if (it == pools_.end()) throw CudaError(api, 400, "CUDA_ERROR_INVALID_HANDLE", "no such pool");
+  return it->second;
+}
+
+std::uint64_t SimBackend::reserved_on(int dev) const {
+  std::uint64_t total = 0;
+  for (const auto& [h, p] : pools_)
+    if (p.device == dev && p.props.location == PoolProps::Location::device) total += p.usage.reserved_current;
+  return total;
+}
+
+void SimBackend::settle(Pool& p) {
+  if (p.usage.reserved_current <= p.settings.release_threshold) return;
+  const std::uint64_t floor = round_up(p.usage.used_current, kGranule);
+  p.usage.reserved_current = std::max(floor, round_up(p.settings.release_threshold, kGranule));
+}
+
+PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
+  enter("create_pool", std::to_string(dev));
+  const DeviceReport& d = device(dev, "cuMemPoolCreate");
+  if (!d.info.memory_pools) throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "the device has no memory pools");
+  if ((props.handle_types & ~d.info.pool_handle_types) != 0)
+    throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "handle type not supported");
+  if (props.location == PoolProps::Location::host && props.handle_types != 0)
+    throw CudaError("cuMemPoolCreate", 1, "CUDA_ERROR_INVALID_VALUE", "host pools are not IPC capable");
+  Pool p;
+  p.device = dev;
+  p.props = props;
+  p.settings.release_threshold = 0;
+  pools_[++last_pool_] = p;
+  return last_pool_;
+}
+
+void SimBackend::destroy_pool(PoolHandle handle) {
+  enter("destroy_pool", std::to_string(handle));
+  pool(handle, "cuMemPoolDestroy");
+  pools_.erase(handle);
+}
+
+void SimBackend::set_pool_settings(PoolHandle handle, const PoolSettings& settings) {
+  enter("set_pool_settings", std::to_string(handle));
+  pool(handle, "cuMemPoolSetAttribute").settings = settings;
+}
+
+PoolSettings SimBackend::pool_settings(PoolHandle handle) {
+  enter("pool_settings", std::to_string(handle));
+  return pool(handle, "cuMemPoolGetAttribute").settings;
+}
+
+PoolUsage SimBackend::pool_usage(PoolHandle handle) {
+  enter("pool_usage", std::to_string(handle));
+  return pool(handle, "cuMemPoolGetAttribute").usage;
+}
+
+void SimBackend::reset_pool_peaks(PoolHandle handle) {
+  enter("reset_pool_peaks", std::to_string(handle));
+  PoolUsage& u = pool(handle, "cuMemPoolSetAttribute").usage;
+  u.reserved_high = u.reserved_current;
+  u.used_high = u.used_current;
+}
+
+void SimBackend::set_pool_access(PoolHandle handle, int peer) {
+  enter("set_pool_access", std::to_string(handle) + "," + std::to_string(peer));
+  Pool& p = pool(handle, "cuMemPoolSetAccess");
+  device(peer, "cuMemPoolSetAccess");
+  if (peer != p.device && !profile_.peer_access[static_cast<std::size_t>(peer)][static_cast<std::size_t>(p.device)])
+    throw CudaError("cuMemPoolSetAccess", 1, "CUDA_ERROR_INVALID_VALUE", "peer access is not possible");
+  p.peers.push_back(peer);
+}
+
+std::uint64_t SimBackend::allocate(PoolHandle handle, std::uint64_t bytes) {
+  enter("allocate", std::to_string(handle) + "," + std::to_string(bytes));
+  Pool& p = pool(handle, "cuMemAllocFromPoolAsync");
+  if (bytes == 0) throw CudaError("cuMemAllocFromPoolAsync", 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
+  PoolUsage& u = p.usage;
+  const std::uint64_t need = round_up(u.used_current + bytes, kGranule);
+  if (p.props.max_size && need > p.props.max_size)
+    throw CudaError("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
+  if (need > u.reserved_current) {
+    const std::uint64_t grow = need - u.reserved_current;
+    const DeviceReport& d = device(p.device, "cuMemAllocFromPoolAsync");
+    const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
+    if (p.props.location == PoolProps::Location::device && reserved_on(p.device) + grow > free)
+      throw CudaError("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
+    u.reserved_current = need;
+  }
+  u.used_current += bytes;
+  u.used_high = std::max(u.used_high, u.used_current);
+  u.reserved_high = std::max(u.reserved_high, u.reserved_current);
+  const std::uint64_t address = next_address_;
+  next_address_ += round_up(bytes, kGranule);
+  p.allocations[address] = bytes;
+  return address;
+}
+
+void SimBackend::free(PoolHandle handle, std::uint64_t address) {
+  enter("free", std::to_string(handle));
+  Pool& p = pool(handle, "cuMemFreeAsync");
+  auto it = p.allocations.find(address);
+  if (it == p.allocations.end())
+    throw CudaError("cuMemFreeAsync", 1, "CUDA_ERROR_INVALID_VALUE", "not an allocation of this pool");
+  p.usage.used_current -= it->second;
+  p.allocations.erase(it);
+  settle(p);
+}
+
+void SimBackend::trim_pool(PoolHandle handle, std::uint64_t keep) {
+  enter("trim_pool", std::to_string(handle) + "," + std::to_string(keep));
+  Pool& p = pool(handle, "cuMemPoolTrimTo");
+  const std::uint64_t floor = round_up(p.usage.used_current, kGranule);
+  p.usage.reserved_current = std::min(p.usage.reserved_current, std::max(floor, round_up(keep, kGranule)));
 }
 
 }  // namespace cupool

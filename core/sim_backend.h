@@ -27,6 +27,21 @@ class SimBackend final : public Backend {
   std::vector<int> host_numa_nodes() override;
   ExportProbe probe_export(int ordinal, HandleType type) override;
 
+  // Pools follow the driver's rules as measured on real GPUs: memory is reserved in 2 MiB
+  // granules, kept up to the release threshold at each synchronize, trimmed down to `keep`.
+  PoolHandle create_pool(int device, const PoolProps& props) override;
+  void destroy_pool(PoolHandle pool) override;
+  void set_pool_settings(PoolHandle pool, const PoolSettings& settings) override;
+  PoolSettings pool_settings(PoolHandle pool) override;
+  PoolUsage pool_usage(PoolHandle pool) override;
+  void reset_pool_peaks(PoolHandle pool) override;
+  void set_pool_access(PoolHandle pool, int peer) override;
+  std::uint64_t allocate(PoolHandle pool, std::uint64_t bytes) override;
+  void free(PoolHandle pool, std::uint64_t address) override;
+  void trim_pool(PoolHandle pool, std::uint64_t keep) override;
+
+  static constexpr std::uint64_t kGranule = 2ULL << 20;
+
   // Failure injection: every later call of `call` ("init", "device_info", "probe_export", ...)
   // fails with the named driver error ("CUDA_ERROR_NOT_PERMITTED").
   void fail(const std::string& call, const std::string& error_name);
@@ -38,7 +53,24 @@ class SimBackend final : public Backend {
   void enter(const std::string& call, const std::string& args = "");
   const DeviceReport& device(int ordinal, const char* api) const;
 
+  struct Pool {
+    int device = 0;
+    PoolProps props;
+    PoolSettings settings;
+    PoolUsage usage;
+    std::map<std::uint64_t, std::uint64_t> allocations;  // address -> bytes
+    std::vector<int> peers;
+  };
+  Pool& pool(PoolHandle handle, const char* api);
+  // Reserved bytes of all pools on a device.
+  std::uint64_t reserved_on(int device) const;
+  // The driver's release at a synchronize: keep at most max(used, threshold) reserved.
+  static void settle(Pool& p);
+
   NodeReport profile_;
+  std::map<PoolHandle, Pool> pools_;
+  PoolHandle last_pool_ = 0;
+  std::uint64_t next_address_ = 0x7f0000000000ULL;
   std::map<std::string, std::string> failures_;
   std::vector<std::string> calls_;
 };

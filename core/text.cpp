@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 
 namespace cupool {
 
@@ -35,6 +36,37 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
   // Allow about one typo per three characters, at least one.
   const std::size_t limit = std::max<std::size_t>(1, word.size() / 3);
   return best_distance <= limit ? best : std::string();
+}
+
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t len = 0;
+    std::uint32_t min = 0;
+    if (c < 0x80) len = 1;
+    else if ((c & 0xe0) == 0xc0) len = 2, min = 0x80;
+    else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800;
+    else if ((c & 0xf8) == 0xf0) len = 4, min = 0x10000;
+    bool ok = len > 0 && i + len <= s.size();
+    std::uint32_t cp = len == 1 ? c : (c & (0x7f >> len));
+    for (std::size_t k = 1; ok && k < len; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      ok = (cc & 0xc0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    ok = ok && (len == 1 || cp >= min) && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
+    if (ok) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out;
 }
 
 std::string to_lower(std::string_view s) {

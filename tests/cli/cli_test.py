@@ -45,7 +45,7 @@ class Runner:
         if env:
             full_env.update(env)
         p = subprocess.run([self.cupool] + args, cwd=self.root, input=stdin, capture_output=True,
-                           text=True, env=full_env, timeout=60)
+                           text=True, errors="replace", env=full_env, timeout=60)
         return p.returncode, p.stdout, p.stderr
 
     def ok(self, name, cond, detail=""):
@@ -77,7 +77,7 @@ def diff(expected, actual):
 
 def header(path):
     meta = {}
-    with open(path) as f:
+    with open(path, errors="replace") as f:
         for line in f:
             m = re.match(r"#\s*(profile|args|exit|rule):\s*(.*?)\s*$", line)
             if m:

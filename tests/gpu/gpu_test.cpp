@@ -34,6 +34,7 @@
 #include "core/error.h"
 #include "core/node.h"
 #include "core/query.h"
+#include "core/sim_backend.h"
 
 namespace {
 
@@ -523,6 +524,83 @@ TEST_CASE("deep probes: pools of each handle type are created and exported, or f
     CHECK_MESSAGE(!drv.primary_active(d), "device " << d << ": a primary context is still active after the probes");
   }
   CHECK_MESSAGE(!drv.any_current_context(), "a CUDA context is still current after the probes");
+}
+
+TEST_CASE("pools: settings, usage, release threshold, trim and peers, real driver against the simulated node") {
+  // The same steps on the real driver and on a simulated node recorded from this machine; each
+  // step's reserved bytes are compared, so the simulated node's pool model is checked on real GPUs.
+  const cupool::NodeReport node = cupool::build_report(backend(), {});
+  cupool::SimBackend sim(node);
+  const std::uint64_t mib = 1ULL << 20;
+  auto run = [&](cupool::Backend& b, std::vector<std::uint64_t>& reserved, std::vector<std::string>& notes) {
+    cupool::PoolProps props;
+    props.handle_types = static_cast<std::uint32_t>(cupool::HandleType::posix_fd);
+    const cupool::PoolHandle pool = b.create_pool(0, props);
+    // The default threshold is 0: memory goes back at every synchronize.
+    CHECK(b.pool_settings(pool).release_threshold == 0);
+    std::uint64_t p = b.allocate(pool, 64 * mib);
+    const cupool::PoolUsage during = b.pool_usage(pool);
+    CHECK(during.used_current == 64 * mib);
+    CHECK(during.reserved_current >= 64 * mib);
+    reserved.push_back(during.reserved_current);
+    b.free(pool, p);
+    reserved.push_back(b.pool_usage(pool).reserved_current);
+    // Threshold max: the memory stays reserved across the synchronize.
+    cupool::PoolSettings keep;
+    keep.release_threshold = UINT64_MAX;
+    keep.allow_internal_dependencies = false;
+    b.set_pool_settings(pool, keep);
+    const cupool::PoolSettings back = b.pool_settings(pool);
+    CHECK(back.release_threshold == UINT64_MAX);
+    CHECK_FALSE(back.allow_internal_dependencies);
+    CHECK(back.allow_opportunistic);
+    p = b.allocate(pool, 64 * mib);
+    b.free(pool, p);
+    const cupool::PoolUsage kept = b.pool_usage(pool);
+    reserved.push_back(kept.reserved_current);
+    CHECK(kept.reserved_current >= 64 * mib);
+    CHECK(kept.used_current == 0);
+    // Trim: does an IPC (posix_fd) pool give its memory back?
+    b.trim_pool(pool, 16 * mib);
+    reserved.push_back(b.pool_usage(pool).reserved_current);
+    b.trim_pool(pool, 0);
+    const cupool::PoolUsage trimmed = b.pool_usage(pool);
+    reserved.push_back(trimmed.reserved_current);
+    CHECK(trimmed.reserved_current == 0);
+    CHECK(trimmed.reserved_high >= 64 * mib);
+    b.reset_pool_peaks(pool);
+    const cupool::PoolUsage reset = b.pool_usage(pool);
+    CHECK(reset.reserved_high == reset.reserved_current);
+    CHECK(reset.used_high == reset.used_current);
+    // Peers, where the node has them.
+    for (std::size_t peer = 1; peer < node.devices.size(); ++peer)
+      if (node.peer_access[peer][0]) {
+        b.set_pool_access(pool, static_cast<int>(peer));
+        notes.push_back("gave GPU " + std::to_string(peer) + " access to a pool on GPU 0");
+      }
+    b.destroy_pool(pool);
+  };
+  std::vector<std::uint64_t> real_reserved, sim_reserved;
+  std::vector<std::string> notes, sim_notes;
+  {
+    std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+    b->init();
+    run(*b, real_reserved, notes);
+    // A pool left alive is destroyed with the backend, and its context released.
+    cupool::PoolProps plain;
+    const cupool::PoolHandle left = b->create_pool(0, plain);
+    b->allocate(left, 2 * mib);
+  }
+  run(sim, sim_reserved, sim_notes);
+  std::ostringstream shown;
+  for (std::size_t i = 0; i < real_reserved.size(); ++i)
+    shown << " step " << i << ": real " << real_reserved[i] / mib << " MiB, simulated " << sim_reserved[i] / mib << " MiB;";
+  MESSAGE("reserved bytes after allocate 64 MiB (threshold 0), free, allocate+free (threshold max), trim to 16 MiB, trim to 0:"
+          << shown.str());
+  for (const auto& n : notes) MESSAGE(n);
+  CHECK_MESSAGE(real_reserved == sim_reserved, "the simulated pool model differs from the driver:" << shown.str());
+  DirectDriver drv;
+  CHECK_MESSAGE(!drv.primary_active(0), "the pool backend's primary context is still active after it was destroyed");
 }
 
 int main(int argc, char** argv) {

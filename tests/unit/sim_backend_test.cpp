@@ -94,3 +94,75 @@ TEST_CASE("the table names a simulated node and shows the peer matrix") {
   CHECK(t.find("  GPU0  -     no\n") != std::string::npos);
   CHECK(t.find("  GPU1  yes   -\n") != std::string::npos);
 }
+
+TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
+  SimBackend sim(test::two_gpu_node());
+  const std::uint64_t mib = 1ULL << 20;
+  PoolProps props;
+  props.handle_types = 0x1;
+  props.max_size = 256 * mib;
+  const PoolHandle pool = sim.create_pool(0, props);
+  CHECK(sim.pool_settings(pool).release_threshold == 0);
+
+  std::uint64_t p = sim.allocate(pool, 3 * mib);
+  CHECK(sim.pool_usage(pool).used_current == 3 * mib);
+  CHECK(sim.pool_usage(pool).reserved_current == 4 * mib);  // 2 MiB granules
+  sim.free(pool, p);
+  CHECK(sim.pool_usage(pool).reserved_current == 0);  // threshold 0: released at the synchronize
+
+  PoolSettings keep;
+  keep.release_threshold = UINT64_MAX;
+  sim.set_pool_settings(pool, keep);
+  p = sim.allocate(pool, 64 * mib);
+  sim.free(pool, p);
+  CHECK(sim.pool_usage(pool).reserved_current == 64 * mib);
+  sim.trim_pool(pool, 16 * mib);
+  CHECK(sim.pool_usage(pool).reserved_current == 16 * mib);
+  sim.trim_pool(pool, 0);
+  CHECK(sim.pool_usage(pool).reserved_current == 0);
+  CHECK(sim.pool_usage(pool).reserved_high == 64 * mib);
+  sim.reset_pool_peaks(pool);
+  CHECK(sim.pool_usage(pool).reserved_high == 0);
+
+  // A threshold in between keeps that much.
+  keep.release_threshold = 10 * mib;
+  sim.set_pool_settings(pool, keep);
+  p = sim.allocate(pool, 64 * mib);
+  sim.free(pool, p);
+  CHECK(sim.pool_usage(pool).reserved_current == 10 * mib);
+
+  // Limits and misuse are the driver's errors.
+  CHECK_THROWS_AS(sim.allocate(pool, 512 * mib), CudaError);  // above max_size
+  CHECK_THROWS_AS(sim.free(pool, 0xdead), CudaError);
+  CHECK_THROWS_AS(sim.pool_usage(pool + 100), CudaError);
+  sim.set_pool_access(pool, 1);
+  sim.destroy_pool(pool);
+  CHECK_THROWS_AS(sim.pool_usage(pool), CudaError);
+}
+
+TEST_CASE("simulated pools follow the node: support, handle types, peers, free memory") {
+  NodeReport node = test::two_gpu_node();
+  node.devices[1].info.memory_pools = false;
+  node.devices[0].info.pool_handle_types = 0x1;
+  node.peer_access[1][0] = false;
+  node.devices[0].memory->free = 8ULL << 20;
+  SimBackend sim(node);
+  PoolProps fabric;
+  fabric.handle_types = 0x8;
+  CHECK_THROWS_AS(sim.create_pool(0, fabric), CudaError);
+  CHECK_THROWS_AS(sim.create_pool(1, PoolProps{}), CudaError);
+  PoolProps host;
+  host.location = PoolProps::Location::host;
+  host.handle_types = 0x1;
+  CHECK_THROWS_AS(sim.create_pool(0, host), CudaError);
+  const PoolHandle pool = sim.create_pool(0, PoolProps{});
+  CHECK_THROWS_AS(sim.set_pool_access(pool, 1), CudaError);
+  CHECK_THROWS_AS(sim.allocate(pool, 16ULL << 20), CudaError);  // more than the device has free
+  sim.fail("allocate", "CUDA_ERROR_OUT_OF_MEMORY");
+  try {
+    sim.allocate(pool, 1);
+    FAIL("expected the injected failure");
+  } catch (const CudaError& e) {
+    CHECK(e.name() == "CUDA_ERROR_OUT_OF_MEMORY");
+  }
+}

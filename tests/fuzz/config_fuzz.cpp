@@ -1,0 +1,33 @@
+// Fuzz target: config text -> parser -> checks -> rendered findings. Nothing may crash, hang or
+// throw. Built two ways (tests/fuzz/CMakeLists.txt): with libFuzzer when CUPOOL_FUZZ=ON (clang),
+// and always as a deterministic driver (mutate_main.cpp) that CTest runs under the sanitizers.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/check.h"
+#include "core/config.h"
+#include "core/render.h"
+#include "tests/unit/fixtures.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size > cupool::kMaxConfigBytes) return 0;  // SourceFile::read refuses these before parsing
+  static const cupool::NodeReport node = [] {
+    cupool::NodeReport n = cupool::test::two_gpu_node();
+    n.peer_access[1][0] = false;  // exercise the peer rule both ways
+    n.devices[1].info.pool_handle_types = 0x1;
+    return n;
+  }();
+  const cupool::SourceFile file("fuzz.yaml", std::string(reinterpret_cast<const char*>(data), size));
+  cupool::Diagnostics diags;
+  const cupool::Config config = cupool::parse_config(file, diags);
+  if (!diags.has_invalid_input()) {
+    cupool::CheckOptions options;
+    options.deep = (size % 2) == 0;
+    cupool::check_config(config, node, diags, options);
+  }
+  const std::string text = cupool::render_text(diags, file);
+  for (const auto& d : diags.all()) (void)cupool::dump_json(cupool::to_json(d, file.path()));
+  (void)cupool::to_yaml(cupool::to_json(diags.all().empty() ? cupool::Diagnostic{} : diags.all().front(), file.path()));
+  return text.empty() && diags.has_errors() ? 1 : 0;  // findings always render
+}

@@ -1,0 +1,114 @@
+// Deterministic driver for the fuzz targets: runs every seed file, then `--iterations` random
+// mutations of them (byte flips, YAML punctuation inserted, ranges deleted or duplicated, lines
+// swapped, truncation), through LLVMFuzzerTestOneInput. Same seed, same inputs.
+// Usage: cupool_config_fuzz_replay [--iterations N] [--seed S] FILE_OR_DIR...
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size);
+
+namespace {
+
+std::string read(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string mutate(std::string s, std::mt19937_64& rng, const std::vector<std::string>& seeds) {
+  static const std::string punct = "[]{}:,-#'\"&*!|>%@`? \n\t0123456789.~";
+  auto pick = [&](std::size_t n) { return n == 0 ? 0 : static_cast<std::size_t>(rng() % n); };
+  const int rounds = 1 + static_cast<int>(rng() % 4);
+  for (int r = 0; r < rounds; ++r) {
+    switch (rng() % 8) {
+      case 0:  // flip a byte
+        if (!s.empty()) s[pick(s.size())] = static_cast<char>(rng() & 0xff);
+        break;
+      case 1:  // insert YAML punctuation
+        s.insert(pick(s.size() + 1), 1, punct[pick(punct.size())]);
+        break;
+      case 2: {  // delete a range
+        const std::size_t at = pick(s.size() + 1);
+        s.erase(at, pick(16) + 1);
+        break;
+      }
+      case 3: {  // duplicate a range
+        const std::size_t at = pick(s.size() + 1);
+        const std::string part = s.substr(at, pick(64) + 1);
+        s.insert(pick(s.size() + 1), part);
+        break;
+      }
+      case 4: {  // splice in a line of another seed
+        const std::string& other = seeds[pick(seeds.size())];
+        const std::size_t at = pick(other.size() + 1);
+        const std::size_t end = other.find('\n', at);
+        s.insert(pick(s.size() + 1), other.substr(at, end == std::string::npos ? std::string::npos : end - at + 1));
+        break;
+      }
+      case 5:  // truncate
+        s.resize(pick(s.size() + 1));
+        break;
+      case 6: {  // change indentation of a line
+        const std::size_t nl = s.find('\n', pick(s.size() + 1));
+        if (nl != std::string::npos) s.insert(nl + 1, std::string(pick(6) + 1, ' '));
+        break;
+      }
+      default: {  // a number that is too big, or a deep flow collection
+        static const char* const nasty[] = {"99999999999999999999999GiB", "-1", "1e400", "[[[[[[[[", "{a: {b: {c:",
+                                            "\xef\xbb\xbf", "\x00", "*anchor", "&a [*a]", "!!binary aGk="};
+        const char* n = nasty[pick(sizeof nasty / sizeof nasty[0])];
+        s.insert(pick(s.size() + 1), n, std::strlen(n) ? std::strlen(n) : 1);
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long iterations = 2000;
+  unsigned long long seed = 20261121;
+  std::vector<std::string> seeds;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--iterations" && i + 1 < argc) {
+      iterations = std::atol(argv[++i]);
+    } else if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (std::filesystem::is_directory(a)) {
+      std::vector<std::filesystem::path> files;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(a))
+        if (e.is_regular_file() && e.path().extension() == ".yaml") files.push_back(e.path());
+      std::sort(files.begin(), files.end());
+      for (const auto& f : files) seeds.push_back(read(f));
+    } else {
+      seeds.push_back(read(a));
+    }
+  }
+  if (seeds.empty()) {
+    std::fprintf(stderr, "no seed files\n");
+    return 2;
+  }
+  long failures = 0;
+  for (const auto& s : seeds)
+    failures += LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()) != 0;
+  std::mt19937_64 rng(seed);
+  for (long i = 0; i < iterations; ++i) {
+    const std::string input = mutate(seeds[static_cast<std::size_t>(rng() % seeds.size())], rng, seeds);
+    failures += LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(input.data()), input.size()) != 0;
+  }
+  std::printf("%zu seeds and %ld mutations (seed %llu): %ld failed\n", seeds.size(), iterations, seed, failures);
+  std::printf("%ld passed, %ld failed\n", static_cast<long>(seeds.size()) + iterations - failures, failures);
+  return failures ? 1 : 0;
+}
