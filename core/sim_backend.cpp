@@ -233,7 +233,7 @@ void SimBackend::trim_pool(PoolHandle handle, std::uint64_t keep) {
   enter("trim_pool", std::to_string(handle) + "," + std::to_string(keep));
   Pool& p = pool(handle, "cuMemPoolTrimTo");
   const std::uint64_t floor = round_up(p.usage.used_current, kGranule);
-  p.usage.reserved_current = std::min(p.usage.reserved_current, std::max(floor, round_up(keep, kGranule)));
+  p.usage.reserved_current = std::min(p.usage.reserved_current, std::max(floor, round_up(keep, kTrimChunk)));
 }
 
 }  // namespace cupool

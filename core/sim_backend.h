@@ -27,8 +27,10 @@ class SimBackend final : public Backend {
   std::vector<int> host_numa_nodes() override;
   ExportProbe probe_export(int ordinal, HandleType type) override;
 
-  // Pools follow the driver's rules as measured on real GPUs: memory is reserved in 2 MiB
-  // granules, kept up to the release threshold at each synchronize, trimmed down to `keep`.
+  // Pools follow the driver's rules as measured on real GPUs (tests/gpu/RESULTS.md): memory is
+  // reserved in 2 MiB granules and kept up to the release threshold at each synchronize (measured
+  // for thresholds 0 and max); a trim releases whole 32 MiB chunks and keeps at least `keep`
+  // (measured on an H100, driver 580: 64 MiB reserved, trim to 16 MiB keeps 32 MiB).
   PoolHandle create_pool(int device, const PoolProps& props) override;
   void destroy_pool(PoolHandle pool) override;
   void set_pool_settings(PoolHandle pool, const PoolSettings& settings) override;
@@ -41,6 +43,7 @@ class SimBackend final : public Backend {
   void trim_pool(PoolHandle pool, std::uint64_t keep) override;
 
   static constexpr std::uint64_t kGranule = 2ULL << 20;
+  static constexpr std::uint64_t kTrimChunk = 32ULL << 20;
 
   // Failure injection: every later call of `call` ("init", "device_info", "probe_export", ...)
   // fails with the named driver error ("CUDA_ERROR_NOT_PERMITTED").
