@@ -154,52 +154,37 @@ class CudaBackend final : public Backend {
 
   void set_pool_settings(PoolHandle handle, const PoolSettings& s) override {
     CUmemoryPool pool = find(handle).pool;
-    cuuint64_t threshold = s.release_threshold;
-    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolSetAttribute");
-    int flag = s.follow_event_dependencies;
-    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &flag), "cuMemPoolSetAttribute");
-    flag = s.allow_opportunistic;
-    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag), "cuMemPoolSetAttribute");
-    flag = s.allow_internal_dependencies;
-    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &flag), "cuMemPoolSetAttribute");
+    set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, s.release_threshold);
+    set_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, s.follow_event_dependencies);
+    set_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, s.allow_opportunistic);
+    set_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, s.allow_internal_dependencies);
   }
 
   PoolSettings pool_settings(PoolHandle handle) override {
     CUmemoryPool pool = find(handle).pool;
     PoolSettings s;
-    cuuint64_t threshold = 0;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold), "cuMemPoolGetAttribute");
-    s.release_threshold = threshold;
-    int flag = 0;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &flag), "cuMemPoolGetAttribute");
-    s.follow_event_dependencies = flag != 0;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &flag), "cuMemPoolGetAttribute");
-    s.allow_opportunistic = flag != 0;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &flag), "cuMemPoolGetAttribute");
-    s.allow_internal_dependencies = flag != 0;
+    s.release_threshold = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+    s.follow_event_dependencies = get_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES) != 0;
+    s.allow_opportunistic = get_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC) != 0;
+    s.allow_internal_dependencies = get_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) != 0;
     return s;
   }
 
   PoolUsage pool_usage(PoolHandle handle) override {
     CUmemoryPool pool = find(handle).pool;
     PoolUsage u;
-    cuuint64_t v = 0;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v), "cuMemPoolGetAttribute");
-    u.reserved_current = v;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &v), "cuMemPoolGetAttribute");
-    u.reserved_high = v;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v), "cuMemPoolGetAttribute");
-    u.used_current = v;
-    check(api_.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &v), "cuMemPoolGetAttribute");
-    u.used_high = v;
+    u.reserved_current = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    u.reserved_high = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+    u.used_current = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    u.used_high = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
     return u;
   }
 
   void reset_pool_peaks(PoolHandle handle) override {
     CUmemoryPool pool = find(handle).pool;
-    cuuint64_t zero = 0;  // the only value these attributes accept: "reset to current"
-    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, &zero), "cuMemPoolSetAttribute");
-    check(api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), "cuMemPoolSetAttribute");
+    // 0 is the only value these accept: "reset to the current value".
+    set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0);
+    set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
   }
 
   void set_pool_access(PoolHandle handle, int peer) override {
@@ -433,6 +418,18 @@ class CudaBackend final : public Backend {
     CUdevice dev = 0;
     api_.cuDeviceGet(&dev, ordinal);
     return dev;
+  }
+
+  // Pool attributes are int (reuse flags) or cuuint64_t (threshold, usage) by the driver's table.
+  template <class T>
+  T get_attribute(CUmemoryPool pool, CUmemPool_attribute attr) {
+    T value{};
+    check(api_.cuMemPoolGetAttribute(pool, attr, &value), "cuMemPoolGetAttribute");
+    return value;
+  }
+  template <class T>
+  void set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, T value) {
+    check(api_.cuMemPoolSetAttribute(pool, attr, &value), "cuMemPoolSetAttribute");
   }
 
   Pool& find(PoolHandle handle) {
