@@ -24,3 +24,13 @@ TEST_CASE("list_or") {
   CHECK(list_or({"a"}) == "a");
   CHECK(list_or({"a", "b", "c"}) == "a, b or c");
 }
+
+TEST_CASE("valid_utf8 keeps UTF-8 and replaces everything else") {
+  CHECK(valid_utf8("plain") == "plain");
+  CHECK(valid_utf8("caf\xc3\xa9") == "caf\xc3\xa9");
+  CHECK(valid_utf8("so\x94" "cket") == "so\xef\xbf\xbd" "cket");
+  CHECK(valid_utf8("\xc0\xaf") == "\xef\xbf\xbd\xef\xbf\xbd");      // overlong
+  CHECK(valid_utf8("\xed\xa0\x80") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+  CHECK(valid_utf8("\xe2\x82") == "\xef\xbf\xbd\xef\xbf\xbd");      // truncated
+  CHECK(valid_utf8("\xf0\x9f\x98\x80") == "\xf0\x9f\x98\x80");
+}
