@@ -118,7 +118,12 @@ ExportProbe SimBackend::probe_export(int ordinal, HandleType type) {
 // ---- pools ----
 
 namespace {
-std::uint64_t round_up(std::uint64_t bytes, std::uint64_t granule) { return (bytes + granule - 1) / granule * granule; }
+// Rounds up to a multiple of `granule`, saturating instead of wrapping near 2^64.
+std::uint64_t round_up(std::uint64_t bytes, std::uint64_t granule) {
+  const std::uint64_t rest = bytes % granule;
+  if (rest == 0) return bytes;
+  return bytes > UINT64_MAX - (granule - rest) ? UINT64_MAX : bytes + (granule - rest);
+}
 }  // namespace
 
 SimBackend::Pool& SimBackend::pool(PoolHandle handle, const char* api) {
@@ -198,7 +203,7 @@ std::uint64_t SimBackend::allocate(PoolHandle handle, std::uint64_t bytes) {
   Pool& p = pool(handle, "cuMemAllocFromPoolAsync");
   if (bytes == 0) throw CudaError("cuMemAllocFromPoolAsync", 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
   PoolUsage& u = p.usage;
-  const std::uint64_t need = round_up(u.used_current + bytes, kGranule);
+  const std::uint64_t need = bytes > UINT64_MAX - u.used_current ? UINT64_MAX : round_up(u.used_current + bytes, kGranule);
   if (p.props.max_size && need > p.props.max_size)
     throw CudaError("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
   if (need > u.reserved_current) {

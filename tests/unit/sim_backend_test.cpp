@@ -131,6 +131,13 @@ TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
   sim.free(pool, p);
   CHECK(sim.pool_usage(pool).reserved_current == 10 * mib);
 
+  // Sizes near 2^64 saturate instead of wrapping around.
+  CHECK_THROWS_AS(sim.allocate(pool, UINT64_MAX), CudaError);
+  CHECK_THROWS_AS(sim.allocate(pool, UINT64_MAX - mib), CudaError);
+  const std::uint64_t before = sim.pool_usage(pool).reserved_current;
+  sim.trim_pool(pool, UINT64_MAX);
+  CHECK(sim.pool_usage(pool).reserved_current == before);
+
   // Limits and misuse are the driver's errors.
   CHECK_THROWS_AS(sim.allocate(pool, 512 * mib), CudaError);  // above max_size
   CHECK_THROWS_AS(sim.free(pool, 0xdead), CudaError);
