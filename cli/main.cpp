@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
                "supports, and make them real.",
                "cupool"};
   app.footer(std::string("\n") + kExitCodes +
-             "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_LOG_LEVEL (--log-level).\n"
+             "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_SOCKET (--socket), CUPOOL_LOG_LEVEL (--log-level).\n"
              "Run 'cupool VERB --help' for a verb's options and examples.");
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("cupool ") + CUPOOL_VERSION);
@@ -56,6 +56,14 @@ int main(int argc, char** argv) {
   };
   add(cupool::cli::add_query);
   add(cupool::cli::add_check);
+  add(cupool::cli::add_hold);
+  add(cupool::cli::add_status);
+  add(cupool::cli::add_stats);
+  add(cupool::cli::add_trim);
+  add(cupool::cli::add_plan);
+  add(cupool::cli::add_apply);
+  add(cupool::cli::add_export);
+  add(cupool::cli::add_buffer);
   add(cupool::cli::add_completion);
 
   try {
@@ -66,6 +74,9 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : static_cast<int>(cupool::ExitCode::invalid_input);
   }
 
+  // The holder is a daemon: what it creates, reloads and frees belongs in its log by default.
+  if (app.get_option("--log-level")->count() == 0 && !std::getenv("CUPOOL_LOG_LEVEL") && app.got_subcommand("hold"))
+    log_level = "info";
   auto logger = spdlog::stderr_color_mt("cupool");
   logger->set_pattern("cupool: %^%l%$: %v");
   logger->set_level(spdlog::level::from_str(log_level));

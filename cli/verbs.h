@@ -23,6 +23,15 @@ using Runner = std::function<int(Context&)>;
 
 Runner add_query(CLI::App& app);
 Runner add_check(CLI::App& app);
+Runner add_hold(CLI::App& app);
 Runner add_completion(CLI::App& app);
+// The verbs that talk to a running holder (through include/cupool/client.h).
+Runner add_status(CLI::App& app);
+Runner add_stats(CLI::App& app);
+Runner add_trim(CLI::App& app);
+Runner add_plan(CLI::App& app);
+Runner add_apply(CLI::App& app);
+Runner add_export(CLI::App& app);
+Runner add_buffer(CLI::App& app);
 
 }  // namespace cupool::cli

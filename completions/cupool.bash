@@ -5,7 +5,8 @@
 # The subcommands of command path $1.
 __cupool_commands() {
   case $1 in
-    '') echo 'query check completion' ;;
+    '') echo 'query check hold status stats trim plan apply export buffer completion' ;;
+    'buffer') echo 'create ls list rm remove' ;;
   esac
 }
 
@@ -14,7 +15,18 @@ __cupool_subcommand() {
   case "$1|$2" in
     '|query') echo 'query' ;;
     '|check') echo 'check' ;;
+    '|hold') echo 'hold' ;;
+    '|status') echo 'status' ;;
+    '|stats') echo 'stats' ;;
+    '|trim') echo 'trim' ;;
+    '|plan') echo 'plan' ;;
+    '|apply') echo 'apply' ;;
+    '|export') echo 'export' ;;
+    '|buffer') echo 'buffer' ;;
     '|completion') echo 'completion' ;;
+    'buffer|create') echo 'create' ;;
+    'buffer|ls' | 'buffer|list') echo 'ls' ;;
+    'buffer|rm' | 'buffer|remove') echo 'rm' ;;
   esac
 }
 
@@ -24,6 +36,17 @@ __cupool_options() {
     '') echo '--help -h --version --log-level' ;;
     'query') echo '--help -h --format -o --devices -d --profile -p --profile-out --deep' ;;
     'check') echo '--help -h --profile -p --format -o --deep --strict' ;;
+    'hold') echo '--help -h --socket -s --profile -p --drain-timeout' ;;
+    'status') echo '--help -h --socket -s --format -o' ;;
+    'stats') echo '--help -h --socket -s --format -o --reset-peaks --watch -w' ;;
+    'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph' ;;
+    'plan') echo '--help -h --socket -s --format -o' ;;
+    'apply') echo '--help -h --socket -s --format -o' ;;
+    'export') echo '--help -h --socket -s --output' ;;
+    'buffer') echo '--help -h' ;;
+    'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o' ;;
+    'buffer ls') echo '--help -h --socket -s --format -o' ;;
+    'buffer rm') echo '--help -h --force --socket -s --format -o' ;;
     'completion') echo '--help -h' ;;
   esac
 }
@@ -39,6 +62,33 @@ __cupool_option_value() {
     'query|--profile-out') echo 'file' ;;
     'check|--profile' | 'check|-p') echo 'yaml' ;;
     'check|--format' | 'check|-o') echo 'choices table json yaml' ;;
+    'hold|--socket' | 'hold|-s') echo 'file' ;;
+    'hold|--profile' | 'hold|-p') echo 'yaml' ;;
+    'hold|--drain-timeout') echo 'any' ;;
+    'status|--socket' | 'status|-s') echo 'file' ;;
+    'status|--format' | 'status|-o') echo 'choices table json yaml' ;;
+    'stats|--socket' | 'stats|-s') echo 'file' ;;
+    'stats|--format' | 'stats|-o') echo 'choices table json yaml prometheus' ;;
+    'stats|--watch' | 'stats|-w') echo 'any' ;;
+    'trim|--socket' | 'trim|-s') echo 'file' ;;
+    'trim|--format' | 'trim|-o') echo 'choices table json yaml' ;;
+    'trim|--keep') echo 'any' ;;
+    'trim|--pool') echo 'any' ;;
+    'plan|--socket' | 'plan|-s') echo 'file' ;;
+    'plan|--format' | 'plan|-o') echo 'choices table json yaml' ;;
+    'apply|--socket' | 'apply|-s') echo 'file' ;;
+    'apply|--format' | 'apply|-o') echo 'choices table json yaml' ;;
+    'export|--socket' | 'export|-s') echo 'file' ;;
+    'export|--output') echo 'file' ;;
+    'buffer create|--pool') echo 'any' ;;
+    'buffer create|--device' | 'buffer create|-d') echo 'any' ;;
+    'buffer create|--size') echo 'any' ;;
+    'buffer create|--socket' | 'buffer create|-s') echo 'file' ;;
+    'buffer create|--format' | 'buffer create|-o') echo 'choices table json yaml' ;;
+    'buffer ls|--socket' | 'buffer ls|-s') echo 'file' ;;
+    'buffer ls|--format' | 'buffer ls|-o') echo 'choices table json yaml' ;;
+    'buffer rm|--socket' | 'buffer rm|-s') echo 'file' ;;
+    'buffer rm|--format' | 'buffer rm|-o') echo 'choices table json yaml' ;;
   esac
 }
 
@@ -46,6 +96,11 @@ __cupool_option_value() {
 __cupool_positional_value() {
   case "$1|$2" in
     'check|0') echo 'yaml' ;;  # config
+    'hold|0') echo 'yaml' ;;  # config
+    'plan|0') echo 'yaml' ;;  # config
+    'apply|0') echo 'yaml' ;;  # config
+    'buffer create|0') echo 'any' ;;  # name
+    'buffer rm|0') echo 'any' ;;  # name
     'completion|0') echo 'choices bash zsh fish' ;;  # shell
   esac
 }

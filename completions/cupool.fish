@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -12,8 +12,30 @@ function __cupool_subcommand
             echo 'query'
         case '|check'
             echo 'check'
+        case '|hold'
+            echo 'hold'
+        case '|status'
+            echo 'status'
+        case '|stats'
+            echo 'stats'
+        case '|trim'
+            echo 'trim'
+        case '|plan'
+            echo 'plan'
+        case '|apply'
+            echo 'apply'
+        case '|export'
+            echo 'export'
+        case '|buffer'
+            echo 'buffer'
         case '|completion'
             echo 'completion'
+        case 'buffer|create'
+            echo 'create'
+        case 'buffer|ls' 'buffer|list'
+            echo 'ls'
+        case 'buffer|rm' 'buffer|remove'
+            echo 'rm'
         case '*'
             return 1
     end
@@ -71,6 +93,14 @@ complete -c cupool -f
 # cupool
 complete -c cupool -n '__cupool_at ""' -a 'query' -d 'Report what this machine supports for CUDA memory pools'
 complete -c cupool -n '__cupool_at ""' -a 'check' -d 'Judge a config file against this node; nothing is created'
+complete -c cupool -n '__cupool_at ""' -a 'hold' -d 'Run the holder: keep the config\'s pools and serve them to other processes'
+complete -c cupool -n '__cupool_at ""' -a 'status' -d 'Show what the running holder holds: pools, buffers, clients'
+complete -c cupool -n '__cupool_at ""' -a 'stats' -d 'Show pool and graph memory usage in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'trim' -d 'Release reserved pool and graph memory in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'plan' -d 'Show what \'apply\' would change in the running holder, as a diff'
+complete -c cupool -n '__cupool_at ""' -a 'apply' -d 'Make the running holder match a config file'
+complete -c cupool -n '__cupool_at ""' -a 'export' -d 'Write the running holder\'s live state as a config file'
+complete -c cupool -n '__cupool_at ""' -a 'buffer' -d 'Create, list and remove named buffers in the running holder'
 complete -c cupool -n '__cupool_at ""' -a 'completion' -d 'Print a completion script for SHELL on stdout'
 complete -c cupool -n '__cupool_at ""' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at ""' -l 'version' -d 'Display program version information and exit'
@@ -91,6 +121,77 @@ complete -c cupool -n '__cupool_at "check"' -l 'format' -s 'o' -x -a 'table json
 complete -c cupool -n '__cupool_at "check"' -l 'deep' -d 'Also create and export test pools to prove fabric export works (creates a context)'
 complete -c cupool -n '__cupool_at "check"' -l 'strict' -d 'Warnings make the check fail (exit 1)'
 complete -c cupool -n '__cupool_at "check" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
+
+# cupool hold
+complete -c cupool -n '__cupool_at "hold"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "hold"' -l 'socket' -s 's' -r -F -d 'Listen here instead of the config\'s holder.socket'
+complete -c cupool -n '__cupool_at "hold"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Hold pools on this recorded node profile instead of the driver'
+complete -c cupool -n '__cupool_at "hold"' -l 'drain-timeout' -x -d 'Seconds SIGTERM waits for clients to leave'
+complete -c cupool -n '__cupool_at "hold" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file to hold'
+
+# cupool status
+complete -c cupool -n '__cupool_at "status"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "status"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "status"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+
+# cupool stats
+complete -c cupool -n '__cupool_at "stats"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "stats"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "stats"' -l 'format' -s 'o' -x -a 'table json yaml prometheus' -d 'Output format: table, json, yaml or prometheus'
+complete -c cupool -n '__cupool_at "stats"' -l 'reset-peaks' -d 'Reset the high-water marks after reading them (admin)'
+complete -c cupool -n '__cupool_at "stats"' -l 'watch' -s 'w' -x -d 'Poll again every SECONDS (default 2) until Ctrl-C'
+
+# cupool trim
+complete -c cupool -n '__cupool_at "trim"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "trim"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "trim"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "trim"' -l 'keep' -x -d 'What each pool may keep reserved, with a unit (e.g. 4GiB; default 0 B)'
+complete -c cupool -n '__cupool_at "trim"' -l 'pool' -x -d 'Trim only the pools of this name (default: every pool)'
+complete -c cupool -n '__cupool_at "trim"' -l 'no-graph' -d 'Leave the devices\' graph memory alone'
+
+# cupool plan
+complete -c cupool -n '__cupool_at "plan"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "plan"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "plan"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "plan" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
+
+# cupool apply
+complete -c cupool -n '__cupool_at "apply"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "apply"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "apply"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "apply" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
+
+# cupool export
+complete -c cupool -n '__cupool_at "export"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "export"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "export"' -l 'output' -r -F -d 'Write the config to this file (\'-\': standard output)'
+
+# cupool buffer
+complete -c cupool -n '__cupool_at "buffer"' -a 'create' -d 'Allocate a named buffer in a held pool'
+complete -c cupool -n '__cupool_at "buffer"' -a 'ls' -d 'List the named buffers, who may open them and how often they are open'
+complete -c cupool -n '__cupool_at "buffer"' -a 'list' -d 'List the named buffers, who may open them and how often they are open'
+complete -c cupool -n '__cupool_at "buffer"' -a 'rm' -d 'Remove a named buffer and free its memory'
+complete -c cupool -n '__cupool_at "buffer"' -a 'remove' -d 'Remove a named buffer and free its memory'
+complete -c cupool -n '__cupool_at "buffer"' -l 'help' -s 'h' -d 'Print this help message and exit'
+
+# cupool buffer create
+complete -c cupool -n '__cupool_at "buffer create"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'pool' -x -d 'The pool to allocate it from'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'size' -x -d 'How many bytes, with a unit (e.g. 10GiB)'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+
+# cupool buffer ls
+complete -c cupool -n '__cupool_at "buffer ls"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "buffer ls"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "buffer ls"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+
+# cupool buffer rm
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'force' -d 'Remove it even if it is open somewhere'
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 
 # cupool completion
 complete -c cupool -n '__cupool_at "completion"' -l 'help' -s 'h' -d 'Print this help message and exit'

@@ -3,6 +3,7 @@
 // headers, and a simulated node (sim_backend.h) answers the same questions from a node profile.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -101,8 +102,26 @@ struct PoolUsage {
   std::uint64_t used_high = 0;
 };
 
-// A pool the backend created; 0 is no pool.
+// A pool the backend created or imported; 0 is no pool.
 using PoolHandle = std::uint64_t;
+
+// 64 opaque bytes that travel between processes: CUmemPoolPtrExportData (a pointer exported
+// from a pool) or CUipcEventHandle (an IPC event). Both are 64 bytes in the driver API.
+using Blob64 = std::array<std::uint8_t, 64>;
+
+// An allocation made for another process: the address in this process and its export data.
+struct SharedAllocation {
+  std::uint64_t address = 0;
+  Blob64 export_data{};
+};
+
+// Graph memory of one device (CU_GRAPH_MEM_ATTR_{USED,RESERVED}_MEM_{CURRENT,HIGH}), in bytes.
+struct GraphMemUsage {
+  std::uint64_t reserved_current = 0;
+  std::uint64_t reserved_high = 0;
+  std::uint64_t used_current = 0;
+  std::uint64_t used_high = 0;
+};
 
 class Backend {
  public:
@@ -153,6 +172,44 @@ class Backend {
   virtual void free(PoolHandle pool, std::uint64_t address) = 0;
   // Releases reserved memory beyond `keep` bytes (cuMemPoolTrimTo).
   virtual void trim_pool(PoolHandle pool, std::uint64_t keep) = 0;
+
+  // ---- sharing: the exporting side (the holder) ----
+
+  // A new file descriptor for the pool's posix_fd shareable handle (the caller owns and closes
+  // it). The pool must have been created with HandleType::posix_fd.
+  virtual int export_pool_fd(PoolHandle pool) = 0;
+  // Allocates `bytes` from an exportable pool on the backend's own stream for the pool's device,
+  // without synchronising; records the device's ready event after it; exports the pointer.
+  virtual SharedAllocation allocate_shared(PoolHandle pool, std::uint64_t bytes) = 0;
+  // The IPC handle of the device's ready event (created on first use, one per device), which
+  // allocate_shared records after each allocation. An importer waits on it before first use.
+  virtual Blob64 ready_event(int device) = 0;
+  // Frees an allocation made by allocate_shared, stream-ordered on the device's stream, without
+  // synchronising. Every importer must have freed its mapping first.
+  virtual void free_shared(PoolHandle pool, std::uint64_t address) = 0;
+  // Waits until the device's stream is idle (before measuring usage).
+  virtual void synchronize(int device) = 0;
+  // Graph memory of a device, and releasing its unused part (cuDeviceGraphMemTrim).
+  virtual GraphMemUsage graph_mem_usage(int device) = 0;
+  virtual void trim_graph_mem(int device) = 0;
+  virtual void reset_graph_mem_peaks(int device) = 0;
+
+  // ---- sharing: the importing side (a client) ----
+
+  // Imports a pool from a posix_fd handle; `device` is this process's ordinal of the pool's
+  // device (whose primary context is retained). Does not take ownership of `fd`.
+  // Release with destroy_pool once every imported pointer is freed.
+  virtual PoolHandle import_pool_fd(int device, int fd) = 0;
+  // Maps an exported allocation into this process; returns its address here.
+  virtual std::uint64_t import_pointer(PoolHandle imported, const Blob64& export_data) = 0;
+  // Blocks until the work recorded on an exporter's ready event has finished (the event is
+  // opened once per handle and kept).
+  virtual void wait_ready(int device, const Blob64& event) = 0;
+  // Frees an imported mapping (synchronously: the exporter may free right after).
+  virtual void free_imported(PoolHandle imported, std::uint64_t address) = 0;
+  // Copies between host memory and memory this process can address (allocated or imported).
+  virtual void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) = 0;
+  virtual void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) = 0;
 };
 
 // CUDA_VERSION of the headers cupool was built with (13000 for 13.0).

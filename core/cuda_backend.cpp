@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -31,14 +33,18 @@ namespace {
 // The driver entry points cupool uses. Names go through cuda.h's macros, so dlsym asks for the
 // versioned symbol the header means (cuDeviceTotalMem -> cuDeviceTotalMem_v2).
 struct DriverApi {
-#define CUPOOL_DRIVER_FUNCTIONS(X)                                                                \
-  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)          \
-  X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)           \
-  X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain)     \
-  X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuMemPoolCreate)         \
-  X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)             \
+#define CUPOOL_DRIVER_FUNCTIONS(X)                                                                    \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)               \
+  X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)               \
+  X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain)          \
+  X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuMemPoolCreate)              \
+  X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)                  \
   X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)          \
-  X(cuMemPoolSetAccess) X(cuMemPoolTrimTo)
+  X(cuMemPoolSetAccess) X(cuMemPoolTrimTo) X(cuMemPoolImportFromShareableHandle)                      \
+  X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy)            \
+  X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)      \
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                      \
+  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
 #undef CUPOOL_DECLARE
@@ -107,12 +113,39 @@ class CudaBackend final : public Backend {
   }
 
   ~CudaBackend() override {
-    // Pools first (their contexts must still be alive), then the contexts. Nothing may throw here.
+    // Nothing may throw here, and every call's result is ignored. Imported pointers first (an
+    // exporter may free its allocations only after every importer has), then this process's own
+    // allocations, a synchronize, the pools (their contexts must still be alive), the events, the
+    // streams, and last the contexts.
+    for (auto& [handle, pool] : pools_) {
+      if (pool.imported_pointers.empty()) continue;
+      ContextScope scope(api_, context_or_null(pool.device));
+      CUstream stream = stream_or_null(pool.device);
+      for (CUdeviceptr ptr : pool.imported_pointers) api_.cuMemFreeAsync(ptr, stream);
+      api_.cuStreamSynchronize(stream);
+    }
     for (auto& [handle, pool] : pools_) {
       ContextScope scope(api_, context_or_null(pool.device));
+      for (CUdeviceptr ptr : pool.shared) api_.cuMemFreeAsync(ptr, stream_or_null(pool.device));
       for (CUdeviceptr ptr : pool.allocations) api_.cuMemFreeAsync(ptr, nullptr);
+    }
+    for (auto& [ordinal, ctx] : contexts_) {
+      ContextScope scope(api_, ctx);
+      if (CUstream stream = stream_or_null(ordinal)) api_.cuStreamSynchronize(stream);
       api_.cuStreamSynchronize(nullptr);
+    }
+    for (auto& [handle, pool] : pools_) {
+      ContextScope scope(api_, context_or_null(pool.device));
       api_.cuMemPoolDestroy(pool.pool);
+    }
+    for (auto& [event, opened] : opened_events_) {
+      ContextScope scope(api_, context_or_null(opened.device));
+      api_.cuEventDestroy(opened.event);
+    }
+    for (auto& [ordinal, state] : device_states_) {
+      ContextScope scope(api_, context_or_null(ordinal));
+      if (state.event) api_.cuEventDestroy(state.event);
+      if (state.stream) api_.cuStreamDestroy(state.stream);
     }
     for (auto& [ordinal, ctx] : contexts_) api_.cuDevicePrimaryCtxRelease(device_nothrow(ordinal));
     if (nvml_ready_ && nvml_.shutdown) nvml_.shutdown();
@@ -140,14 +173,21 @@ class CudaBackend final : public Backend {
     p.maxSize = static_cast<size_t>(props.max_size);
     CUmemoryPool pool = nullptr;
     check(api_.cuMemPoolCreate(&pool, &p), "cuMemPoolCreate");
-    const PoolHandle handle = ++last_handle_;
-    pools_[handle] = Pool{pool, ordinal, {}};
-    return handle;
+    return add_pool(pool, ordinal, false);
   }
 
   void destroy_pool(PoolHandle handle) override {
     Pool& pool = find(handle);
     ContextScope scope(api_, context(pool.device));
+    // An imported pool's pointers are unmapped first, so none outlives the record of it.
+    if (!pool.imported_pointers.empty()) {
+      CUstream stream = device_stream(pool.device);
+      while (!pool.imported_pointers.empty()) {
+        check(api_.cuMemFreeAsync(*pool.imported_pointers.begin(), stream), "cuMemFreeAsync");
+        pool.imported_pointers.erase(pool.imported_pointers.begin());
+      }
+      check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    }
     check(api_.cuMemPoolDestroy(pool.pool), "cuMemPoolDestroy");
     pools_.erase(handle);
   }
@@ -219,6 +259,174 @@ class CudaBackend final : public Backend {
 
   void trim_pool(PoolHandle handle, std::uint64_t keep) override {
     check(api_.cuMemPoolTrimTo(find(handle).pool, static_cast<size_t>(keep)), "cuMemPoolTrimTo");
+  }
+
+  // ---- sharing: the exporting side ----
+
+  int export_pool_fd(PoolHandle handle) override {
+    Pool& pool = find(handle);
+    ContextScope scope(api_, context(pool.device));
+    int fd = -1;
+    check(api_.cuMemPoolExportToShareableHandle(&fd, pool.pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemPoolExportToShareableHandle");
+    return fd;
+  }
+
+  SharedAllocation allocate_shared(PoolHandle handle, std::uint64_t bytes) override {
+    Pool& pool = find(handle);
+    ContextScope scope(api_, context(pool.device));
+    CUstream stream = device_stream(pool.device);
+    CUevent event = ready(pool.device);
+    CUdeviceptr ptr = 0;
+    check(api_.cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool.pool, stream), "cuMemAllocFromPoolAsync");
+    // From here on a failure gives the allocation back (stream-ordered) before it throws.
+    CUresult r = api_.cuEventRecord(event, stream);
+    const char* failed_api = "cuEventRecord";
+    CUmemPoolPtrExportData data;
+    std::memset(&data, 0, sizeof data);
+    if (r == CUDA_SUCCESS) {
+      r = api_.cuMemPoolExportPointer(&data, ptr);
+      failed_api = "cuMemPoolExportPointer";
+    }
+    if (r != CUDA_SUCCESS) {
+      api_.cuMemFreeAsync(ptr, stream);
+      check(r, failed_api);
+    }
+    pool.shared.insert(ptr);
+    SharedAllocation shared;
+    shared.address = ptr;
+    static_assert(sizeof data == std::tuple_size<Blob64>::value, "CUmemPoolPtrExportData is 64 bytes");
+    std::memcpy(shared.export_data.data(), &data, sizeof data);
+    return shared;
+  }
+
+  Blob64 ready_event(int ordinal) override {
+    ContextScope scope(api_, context(ordinal));
+    CUevent event = ready(ordinal);
+    DeviceState& state = device_states_[ordinal];
+    if (!state.event_handle) {
+      CUipcEventHandle handle;
+      std::memset(&handle, 0, sizeof handle);
+      check(api_.cuIpcGetEventHandle(&handle, event), "cuIpcGetEventHandle");
+      static_assert(sizeof handle == std::tuple_size<Blob64>::value, "CUipcEventHandle is 64 bytes");
+      Blob64 bytes{};
+      std::memcpy(bytes.data(), &handle, sizeof handle);
+      state.event_handle = bytes;
+    }
+    return *state.event_handle;
+  }
+
+  void free_shared(PoolHandle handle, std::uint64_t address) override {
+    Pool& pool = find(handle);
+    auto it = pool.shared.find(static_cast<CUdeviceptr>(address));
+    if (it == pool.shared.end())
+      throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "not a shared allocation of this pool");
+    ContextScope scope(api_, context(pool.device));
+    check(api_.cuMemFreeAsync(*it, device_stream(pool.device)), "cuMemFreeAsync");
+    pool.shared.erase(it);
+  }
+
+  void synchronize(int ordinal) override {
+    CUstream stream = stream_or_null(ordinal);
+    if (!stream) return;  // nothing was ever ordered on it
+    ContextScope scope(api_, context(ordinal));
+    check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  }
+
+  GraphMemUsage graph_mem_usage(int ordinal) override {
+    const CUdevice dev = device(ordinal);
+    ContextScope scope(api_, context(ordinal));
+    GraphMemUsage u;
+    u.reserved_current = graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
+    u.reserved_high = graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH);
+    u.used_current = graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+    u.used_high = graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH);
+    return u;
+  }
+
+  void trim_graph_mem(int ordinal) override {
+    const CUdevice dev = device(ordinal);
+    ContextScope scope(api_, context(ordinal));
+    check(api_.cuDeviceGraphMemTrim(dev), "cuDeviceGraphMemTrim");
+  }
+
+  void reset_graph_mem_peaks(int ordinal) override {
+    const CUdevice dev = device(ordinal);
+    ContextScope scope(api_, context(ordinal));
+    // 0 is the only value these accept: "reset to the current value".
+    cuuint64_t zero = 0;
+    check(api_.cuDeviceSetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero),
+          "cuDeviceSetGraphMemAttribute");
+    zero = 0;
+    check(api_.cuDeviceSetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero),
+          "cuDeviceSetGraphMemAttribute");
+  }
+
+  // ---- sharing: the importing side ----
+
+  PoolHandle import_pool_fd(int ordinal, int fd) override {
+    ContextScope scope(api_, context(ordinal));
+    CUmemoryPool pool = nullptr;
+    // The posix_fd handle is the fd itself, passed by value in the pointer argument.
+    void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
+    check(api_.cuMemPoolImportFromShareableHandle(&pool, shareable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemPoolImportFromShareableHandle");
+    return add_pool(pool, ordinal, true);
+  }
+
+  std::uint64_t import_pointer(PoolHandle handle, const Blob64& export_data) override {
+    Pool& pool = find(handle);
+    ContextScope scope(api_, context(pool.device));
+    CUmemPoolPtrExportData data;
+    static_assert(sizeof data == std::tuple_size<Blob64>::value, "CUmemPoolPtrExportData is 64 bytes");
+    std::memcpy(&data, export_data.data(), sizeof data);
+    CUdeviceptr ptr = 0;
+    check(api_.cuMemPoolImportPointer(&ptr, pool.pool, &data), "cuMemPoolImportPointer");
+    pool.imported_pointers.insert(ptr);
+    return ptr;
+  }
+
+  void wait_ready(int ordinal, const Blob64& event) override {
+    ContextScope scope(api_, context(ordinal));
+    auto it = opened_events_.find(event);
+    if (it == opened_events_.end()) {
+      CUipcEventHandle handle;
+      static_assert(sizeof handle == std::tuple_size<Blob64>::value, "CUipcEventHandle is 64 bytes");
+      std::memcpy(&handle, event.data(), sizeof handle);
+      CUevent opened = nullptr;
+      check(api_.cuIpcOpenEventHandle(&opened, handle), "cuIpcOpenEventHandle");
+      it = opened_events_.emplace(event, OpenedEvent{opened, ordinal}).first;
+    }
+    check(api_.cuEventSynchronize(it->second.event), "cuEventSynchronize");
+  }
+
+  void free_imported(PoolHandle handle, std::uint64_t address) override {
+    Pool& pool = find(handle);
+    auto it = pool.imported_pointers.find(static_cast<CUdeviceptr>(address));
+    if (it == pool.imported_pointers.end())
+      throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "not an imported pointer of this pool");
+    ContextScope scope(api_, context(pool.device));
+    CUstream stream = device_stream(pool.device);
+    check(api_.cuMemFreeAsync(*it, stream), "cuMemFreeAsync");
+    pool.imported_pointers.erase(it);
+    check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+  }
+
+  void write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) override {
+    ContextScope scope(api_, context(ordinal));
+    after_shared_allocations(ordinal);
+    check(api_.cuMemcpyHtoD(static_cast<CUdeviceptr>(address), source, static_cast<size_t>(bytes)), "cuMemcpyHtoD");
+    // From pageable memory the copy may return before its DMA has finished; another process may
+    // read right after this returns.
+    check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  }
+
+  void read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) override {
+    ContextScope scope(api_, context(ordinal));
+    after_shared_allocations(ordinal);
+    check(api_.cuMemcpyDtoH(target, static_cast<CUdeviceptr>(address), static_cast<size_t>(bytes)), "cuMemcpyDtoH");
   }
 
   int driver_version() override {
@@ -382,8 +590,64 @@ class CudaBackend final : public Backend {
   struct Pool {
     CUmemoryPool pool = nullptr;
     int device = 0;
-    std::set<CUdeviceptr> allocations;
+    bool imported = false;                    // from import_pool_fd
+    std::set<CUdeviceptr> allocations;        // allocate (legacy stream)
+    std::set<CUdeviceptr> shared;             // allocate_shared (the device's stream)
+    std::set<CUdeviceptr> imported_pointers;  // import_pointer
   };
+
+  // What the backend orders work on, per device; each created on first use.
+  struct DeviceState {
+    CUstream stream = nullptr;           // non-blocking
+    CUevent event = nullptr;             // interprocess, recorded after each allocate_shared
+    std::optional<Blob64> event_handle;  // its cuIpcGetEventHandle bytes
+  };
+
+  // An exporter's event opened through its IPC handle, and the device whose context opened it.
+  struct OpenedEvent {
+    CUevent event = nullptr;
+    int device = 0;
+  };
+
+  PoolHandle add_pool(CUmemoryPool pool, int ordinal, bool imported) {
+    const PoolHandle handle = ++last_handle_;
+    Pool& record = pools_[handle];
+    record.pool = pool;
+    record.device = ordinal;
+    record.imported = imported;
+    return handle;
+  }
+
+  // The device's stream; its context must be current.
+  CUstream device_stream(int ordinal) {
+    DeviceState& state = device_states_[ordinal];
+    if (!state.stream) check(api_.cuStreamCreate(&state.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    return state.stream;
+  }
+  CUstream stream_or_null(int ordinal) const {
+    auto it = device_states_.find(ordinal);
+    return it == device_states_.end() ? nullptr : it->second.stream;
+  }
+  // The device's ready event; its context must be current.
+  CUevent ready(int ordinal) {
+    DeviceState& state = device_states_[ordinal];
+    if (!state.event)
+      check(api_.cuEventCreate(&state.event, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    return state.event;
+  }
+  // Orders the current context's legacy stream (where cuMemcpyHtoD/DtoH run) after the last
+  // allocate_shared of the device, so a copy never races the stream-ordered allocation.
+  void after_shared_allocations(int ordinal) {
+    auto it = device_states_.find(ordinal);
+    if (it != device_states_.end() && it->second.event)
+      check(api_.cuStreamWaitEvent(nullptr, it->second.event, 0), "cuStreamWaitEvent");
+  }
+
+  cuuint64_t graph_attribute(CUdevice dev, CUgraphMem_attribute attr) {
+    cuuint64_t value = 0;
+    check(api_.cuDeviceGetGraphMemAttribute(dev, attr, &value), "cuDeviceGetGraphMemAttribute");
+    return value;
+  }
 
   // Makes `ctx` current for a scope (nothing when null); never throws.
   class ContextScope {
@@ -595,6 +859,8 @@ class CudaBackend final : public Backend {
   NvmlApi nvml_;
   std::map<int, CUcontext> contexts_;
   std::map<PoolHandle, Pool> pools_;
+  std::map<int, DeviceState> device_states_;
+  std::map<Blob64, OpenedEvent> opened_events_;
   PoolHandle last_handle_ = 0;
   bool nvml_ready_ = false;
   bool initialised_ = false;

@@ -1,6 +1,14 @@
 #include "core/sim_backend.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "core/error.h"
@@ -24,6 +32,10 @@ int cuda_error_code(const std::string& name) {
 }
 
 SimBackend::SimBackend(NodeReport profile) : profile_(std::move(profile)) {}
+
+SimBackend::~SimBackend() {
+  for (auto& [handle, p] : pools_) unmap(p);
+}
 
 std::string SimBackend::describe() const {
   return "simulated node (" + (profile_.source.profile_path.empty() ? std::string("in memory") : profile_.source.profile_path) +
@@ -124,7 +136,61 @@ std::uint64_t round_up(std::uint64_t bytes, std::uint64_t granule) {
   if (rest == 0) return bytes;
   return bytes > UINT64_MAX - (granule - rest) ? UINT64_MAX : bytes + (granule - rest);
 }
+
+constexpr std::uint8_t kExportMagic[10] = {'C', 'U', 'P', 'O', 'O', 'L', 'S', 'I', 'M', '1'};
+constexpr std::uint8_t kEventMagic[10] = {'C', 'U', 'P', 'O', 'O', 'L', 'E', 'V', 'T', '1'};
+
+void put_u64(Blob64& blob, std::size_t at, std::uint64_t value) {
+  for (std::size_t i = 0; i < 8; ++i) blob[at + i] = static_cast<std::uint8_t>(value >> (8 * i));
+}
+std::uint64_t get_u64(const Blob64& blob, std::size_t at) {
+  std::uint64_t value = 0;
+  for (std::size_t i = 0; i < 8; ++i) value |= static_cast<std::uint64_t>(blob[at + i]) << (8 * i);
+  return value;
+}
+bool has_magic(const Blob64& blob, const std::uint8_t (&magic)[10]) {
+  return std::equal(std::begin(magic), std::end(magic), blob.begin());
+}
+
+CudaError invalid_value(const char* api, const std::string& why) {
+  return CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE", why);
+}
+CudaError system_error(const char* api, const char* call, int code, const char* error_name) {
+  return CudaError(api, cuda_error_code(error_name), error_name, std::string(call) + ": " + std::strerror(code));
+}
 }  // namespace
+
+SimBackend::Arena::Arena(std::uint64_t bytes) : size(bytes) {
+  if (size) free_ranges[0] = size;
+}
+
+std::optional<std::uint64_t> SimBackend::Arena::take(std::uint64_t span) {
+  for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
+    if (it->second < span) continue;
+    const std::uint64_t offset = it->first;
+    const std::uint64_t rest = it->second - span;
+    free_ranges.erase(it);
+    if (rest) free_ranges[offset + span] = rest;
+    return offset;
+  }
+  return std::nullopt;
+}
+
+void SimBackend::Arena::give_back(std::uint64_t offset, std::uint64_t span) {
+  auto next = free_ranges.lower_bound(offset);
+  if (next != free_ranges.end() && offset + span == next->first) {
+    span += next->second;
+    next = free_ranges.erase(next);
+  }
+  if (next != free_ranges.begin()) {
+    auto before = std::prev(next);
+    if (before->first + before->second == offset) {
+      before->second += span;
+      return;
+    }
+  }
+  free_ranges[offset] = span;
+}
 
 SimBackend::Pool& SimBackend::pool(PoolHandle handle, const char* api) {
   auto it = pools_.find(handle);
@@ -132,10 +198,30 @@ SimBackend::Pool& SimBackend::pool(PoolHandle handle, const char* api) {
   return it->second;
 }
 
+SimBackend::Pool& SimBackend::own_pool(PoolHandle handle, const char* api) {
+  Pool& p = pool(handle, api);
+  if (p.imported) throw invalid_value(api, "the pool is imported from another process");
+  return p;
+}
+
+SimBackend::Pool& SimBackend::imported_pool(PoolHandle handle, const char* api) {
+  Pool& p = pool(handle, api);
+  if (!p.imported) throw invalid_value(api, "the pool was not imported");
+  return p;
+}
+
+void SimBackend::unmap(Pool& p) noexcept {
+  if (p.mapping) ::munmap(p.mapping, static_cast<std::size_t>(p.arena.size));
+  if (p.memfd >= 0) ::close(p.memfd);
+  p.mapping = nullptr;
+  p.memfd = -1;
+}
+
 std::uint64_t SimBackend::reserved_on(int dev) const {
   std::uint64_t total = 0;
   for (const auto& [h, p] : pools_)
-    if (p.device == dev && p.props.location == PoolProps::Location::device) total += p.usage.reserved_current;
+    if (!p.imported && p.device == dev && p.props.location == PoolProps::Location::device)
+      total += p.usage.reserved_current;
   return total;
 }
 
@@ -153,17 +239,30 @@ PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
     throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "handle type not supported");
   if (props.location == PoolProps::Location::host && props.handle_types != 0)
     throw CudaError("cuMemPoolCreate", 1, "CUDA_ERROR_INVALID_VALUE", "host pools are not IPC capable");
+  std::uint64_t arena = props.max_size;
+  if (arena == 0 && props.location == PoolProps::Location::device) arena = d.info.total_memory;
+  if (arena == 0) arena = kDefaultArena;
   Pool p;
   p.device = dev;
   p.props = props;
   p.settings.release_threshold = 0;
-  pools_[++last_pool_] = p;
+  p.arena = Arena(std::min(round_up(arena, kGranule), kMaxArena));
+  if (props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) {
+    p.memfd = ::memfd_create("cupool-sim-pool", MFD_CLOEXEC);
+    if (p.memfd < 0) throw system_error("cuMemPoolCreate", "memfd_create", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+    if (::ftruncate(p.memfd, static_cast<off_t>(p.arena.size)) != 0) {
+      const int code = errno;
+      ::close(p.memfd);
+      throw system_error("cuMemPoolCreate", "ftruncate of the pool's memfd", code, "CUDA_ERROR_OUT_OF_MEMORY");
+    }
+  }
+  pools_[++last_pool_] = std::move(p);
   return last_pool_;
 }
 
 void SimBackend::destroy_pool(PoolHandle handle) {
   enter("destroy_pool", std::to_string(handle));
-  pool(handle, "cuMemPoolDestroy");
+  unmap(pool(handle, "cuMemPoolDestroy"));
   pools_.erase(handle);
 }
 
@@ -192,45 +291,66 @@ void SimBackend::reset_pool_peaks(PoolHandle handle) {
 void SimBackend::set_pool_access(PoolHandle handle, int peer) {
   enter("set_pool_access", std::to_string(handle) + "," + std::to_string(peer));
   Pool& p = pool(handle, "cuMemPoolSetAccess");
-  device(peer, "cuMemPoolSetAccess");
-  if (peer != p.device && !profile_.peer_access[static_cast<std::size_t>(peer)][static_cast<std::size_t>(p.device)])
-    throw CudaError("cuMemPoolSetAccess", 1, "CUDA_ERROR_INVALID_VALUE", "peer access is not possible");
+  // An importer's profile may know nothing of the devices (import paths don't need one); it is
+  // only consulted where it does.
+  const bool known = profile_.device(peer) && profile_.device(p.device);
+  if (p.imported && !known) {
+    if (peer < 0) throw CudaError("cuMemPoolSetAccess", 101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal");
+  } else {
+    device(peer, "cuMemPoolSetAccess");
+    if (peer != p.device && !profile_.peer_access[static_cast<std::size_t>(peer)][static_cast<std::size_t>(p.device)])
+      throw CudaError("cuMemPoolSetAccess", 1, "CUDA_ERROR_INVALID_VALUE", "peer access is not possible");
+  }
   p.peers.push_back(peer);
+}
+
+std::uint64_t SimBackend::take(PoolHandle handle, Pool& p, std::uint64_t bytes, bool shared, const char* api) {
+  if (bytes == 0) throw CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
+  PoolUsage& u = p.usage;
+  const std::uint64_t need = bytes > UINT64_MAX - u.used_current ? UINT64_MAX : round_up(u.used_current + bytes, kGranule);
+  if (p.props.max_size && need > p.props.max_size)
+    throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
+  if (need > u.reserved_current) {
+    const std::uint64_t grow = need - u.reserved_current;
+    const DeviceReport& d = device(p.device, api);
+    const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
+    if (p.props.location == PoolProps::Location::device && reserved_on(p.device) + grow > free)
+      throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
+  }
+  const std::uint64_t span = round_up(bytes, kGranule);
+  const std::optional<std::uint64_t> offset = p.arena.take(span);
+  if (!offset)
+    throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "no free range this large in the pool's address range");
+  u.reserved_current = std::max(u.reserved_current, need);
+  u.used_current += bytes;
+  u.used_high = std::max(u.used_high, u.used_current);
+  u.reserved_high = std::max(u.reserved_high, u.reserved_current);
+  const std::uint64_t address = (handle << kAddressBits) | *offset;
+  p.allocations[address] = Allocation{bytes, span, shared};
+  return address;
+}
+
+std::uint64_t SimBackend::release(Pool& p, std::uint64_t address, bool shared, const char* api) {
+  auto it = p.allocations.find(address);
+  if (it == p.allocations.end() || it->second.shared != shared)
+    throw CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE",
+                    shared ? "not a shared allocation of this pool" : "not an allocation of this pool");
+  const Allocation a = it->second;
+  p.allocations.erase(it);
+  p.arena.give_back(address & (kMaxArena - 1), a.span);
+  p.usage.used_current -= a.bytes;
+  return a.bytes;
 }
 
 std::uint64_t SimBackend::allocate(PoolHandle handle, std::uint64_t bytes) {
   enter("allocate", std::to_string(handle) + "," + std::to_string(bytes));
-  Pool& p = pool(handle, "cuMemAllocFromPoolAsync");
-  if (bytes == 0) throw CudaError("cuMemAllocFromPoolAsync", 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
-  PoolUsage& u = p.usage;
-  const std::uint64_t need = bytes > UINT64_MAX - u.used_current ? UINT64_MAX : round_up(u.used_current + bytes, kGranule);
-  if (p.props.max_size && need > p.props.max_size)
-    throw CudaError("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
-  if (need > u.reserved_current) {
-    const std::uint64_t grow = need - u.reserved_current;
-    const DeviceReport& d = device(p.device, "cuMemAllocFromPoolAsync");
-    const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
-    if (p.props.location == PoolProps::Location::device && reserved_on(p.device) + grow > free)
-      throw CudaError("cuMemAllocFromPoolAsync", 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
-    u.reserved_current = need;
-  }
-  u.used_current += bytes;
-  u.used_high = std::max(u.used_high, u.used_current);
-  u.reserved_high = std::max(u.reserved_high, u.reserved_current);
-  const std::uint64_t address = next_address_;
-  next_address_ += round_up(bytes, kGranule);
-  p.allocations[address] = bytes;
-  return address;
+  return take(handle, own_pool(handle, "cuMemAllocFromPoolAsync"), bytes, false, "cuMemAllocFromPoolAsync");
 }
 
 void SimBackend::free(PoolHandle handle, std::uint64_t address) {
   enter("free", std::to_string(handle));
   Pool& p = pool(handle, "cuMemFreeAsync");
-  auto it = p.allocations.find(address);
-  if (it == p.allocations.end())
-    throw CudaError("cuMemFreeAsync", 1, "CUDA_ERROR_INVALID_VALUE", "not an allocation of this pool");
-  p.usage.used_current -= it->second;
-  p.allocations.erase(it);
+  release(p, address, false, "cuMemFreeAsync");
   settle(p);
 }
 
@@ -239,6 +359,171 @@ void SimBackend::trim_pool(PoolHandle handle, std::uint64_t keep) {
   Pool& p = pool(handle, "cuMemPoolTrimTo");
   const std::uint64_t floor = round_up(p.usage.used_current, kGranule);
   p.usage.reserved_current = std::min(p.usage.reserved_current, std::max(floor, round_up(keep, kTrimChunk)));
+}
+
+// ---- sharing: the exporting side ----
+
+int SimBackend::export_pool_fd(PoolHandle handle) {
+  enter("export_pool_fd", std::to_string(handle));
+  const char* api = "cuMemPoolExportToShareableHandle";
+  Pool& p = own_pool(handle, api);
+  if (p.memfd < 0) throw invalid_value(api, "the pool was not created with the posix_fd handle type");
+  const int fd = ::fcntl(p.memfd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) throw system_error(api, "dup of the pool's memfd", errno, "CUDA_ERROR_UNKNOWN");
+  return fd;
+}
+
+SharedAllocation SimBackend::allocate_shared(PoolHandle handle, std::uint64_t bytes) {
+  enter("allocate_shared", std::to_string(handle) + "," + std::to_string(bytes));
+  const char* api = "cuMemAllocFromPoolAsync";
+  Pool& p = own_pool(handle, api);
+  if (p.memfd < 0)
+    throw invalid_value("cuMemPoolExportPointer", "the pool was not created with the posix_fd handle type");
+  SharedAllocation shared;
+  shared.address = take(handle, p, bytes, true, api);
+  std::copy(std::begin(kExportMagic), std::end(kExportMagic), shared.export_data.begin());
+  put_u64(shared.export_data, 16, p.arena.size);
+  put_u64(shared.export_data, 24, shared.address & (kMaxArena - 1));
+  put_u64(shared.export_data, 32, bytes);
+  return shared;
+}
+
+Blob64 SimBackend::ready_event(int dev) {
+  enter("ready_event", std::to_string(dev));
+  device(dev, "cuEventCreate");
+  Blob64 event{};
+  std::copy(std::begin(kEventMagic), std::end(kEventMagic), event.begin());
+  put_u64(event, 16, static_cast<std::uint64_t>(dev));
+  return event;
+}
+
+void SimBackend::free_shared(PoolHandle handle, std::uint64_t address) {
+  enter("free_shared", std::to_string(handle));
+  // Stream-ordered: the memory stays reserved until the next synchronize.
+  release(own_pool(handle, "cuMemFreeAsync"), address, true, "cuMemFreeAsync");
+}
+
+void SimBackend::synchronize(int dev) {
+  enter("synchronize", std::to_string(dev));
+  for (auto& [handle, p] : pools_)
+    if (!p.imported && p.device == dev) settle(p);
+}
+
+GraphMemUsage SimBackend::graph_mem_usage(int dev) {
+  enter("graph_mem_usage", std::to_string(dev));
+  device(dev, "cuDeviceGetGraphMemAttribute");
+  return GraphMemUsage{};
+}
+
+void SimBackend::trim_graph_mem(int dev) {
+  enter("trim_graph_mem", std::to_string(dev));
+  device(dev, "cuDeviceGraphMemTrim");
+}
+
+void SimBackend::reset_graph_mem_peaks(int dev) {
+  enter("reset_graph_mem_peaks", std::to_string(dev));
+  device(dev, "cuDeviceSetGraphMemAttribute");
+}
+
+// ---- sharing: the importing side (never consults the profile) ----
+
+PoolHandle SimBackend::import_pool_fd(int dev, int fd) {
+  enter("import_pool_fd", std::to_string(dev));
+  const char* api = "cuMemPoolImportFromShareableHandle";
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw system_error(api, "fstat of the pool's fd", errno, "CUDA_ERROR_INVALID_VALUE");
+  if (!S_ISREG(st.st_mode) || st.st_size <= 0)
+    throw invalid_value(api, "the fd is not a simulated pool's handle (a memfd)");
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  void* base =
+      ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (base == MAP_FAILED) throw system_error(api, "mmap of the pool's memfd", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+  Pool p;
+  p.device = dev;
+  p.props.location_id = dev;
+  p.props.handle_types = static_cast<std::uint32_t>(HandleType::posix_fd);
+  p.arena.size = size;
+  p.mapping = base;
+  p.imported = true;
+  pools_[++last_pool_] = std::move(p);
+  return last_pool_;
+}
+
+std::uint64_t SimBackend::import_pointer(PoolHandle handle, const Blob64& export_data) {
+  enter("import_pointer", std::to_string(handle));
+  const char* api = "cuMemPoolImportPointer";
+  Pool& p = imported_pool(handle, api);
+  if (!has_magic(export_data, kExportMagic)) throw invalid_value(api, "not a simulated pool's export data");
+  const std::uint64_t arena = get_u64(export_data, 16);
+  const std::uint64_t offset = get_u64(export_data, 24);
+  const std::uint64_t bytes = get_u64(export_data, 32);
+  if (arena != p.arena.size) throw invalid_value(api, "the export data is from another pool (arena size differs)");
+  if (bytes == 0 || offset > arena || bytes > arena - offset)
+    throw invalid_value(api, "the exported range lies outside the pool");
+  const std::uint64_t address = reinterpret_cast<std::uintptr_t>(p.mapping) + offset;
+  p.imported_pointers[address] = bytes;
+  return address;
+}
+
+void SimBackend::wait_ready(int dev, const Blob64& event) {
+  enter("wait_ready", std::to_string(dev));
+  if (!has_magic(event, kEventMagic)) throw invalid_value("cuIpcOpenEventHandle", "not a simulated ready event");
+}
+
+void SimBackend::free_imported(PoolHandle handle, std::uint64_t address) {
+  enter("free_imported", std::to_string(handle));
+  Pool& p = imported_pool(handle, "cuMemFreeAsync");
+  if (p.imported_pointers.erase(address) == 0)
+    throw invalid_value("cuMemFreeAsync", "not an imported pointer of this pool");
+}
+
+std::uint8_t* SimBackend::host_view(std::uint64_t address, std::uint64_t bytes, const char* api) {
+  if (bytes > UINT64_MAX - address) throw invalid_value(api, "the range wraps around");
+  // An imported pointer: a host address inside an imported arena.
+  for (auto& [handle, p] : pools_) {
+    if (!p.imported) continue;
+    auto it = p.imported_pointers.upper_bound(address);
+    if (it == p.imported_pointers.begin()) continue;
+    --it;
+    if (address - it->first <= it->second && bytes <= it->second - (address - it->first))
+      return reinterpret_cast<std::uint8_t*>(static_cast<std::uintptr_t>(address));
+  }
+  // An allocation of an own pool: (pool << kAddressBits) | offset.
+  auto found = pools_.find(address >> kAddressBits);
+  if (found != pools_.end() && !found->second.imported) {
+    Pool& p = found->second;
+    auto it = p.allocations.upper_bound(address);
+    if (it != p.allocations.begin()) {
+      --it;
+      const std::uint64_t bytes_in = it->second.bytes;
+      if (address - it->first <= bytes_in && bytes <= bytes_in - (address - it->first)) {
+        if (!p.mapping) {
+          const auto size = static_cast<std::size_t>(p.arena.size);
+          void* base =
+              p.memfd >= 0
+                  ? ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, p.memfd, 0)
+                  : ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+          if (base == MAP_FAILED)
+            throw system_error(api, "mmap of the pool's arena", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+          p.mapping = base;
+        }
+        return static_cast<std::uint8_t*>(p.mapping) + (address & (kMaxArena - 1));
+      }
+    }
+  }
+  throw invalid_value(api, "the address is not in memory this process can address");
+}
+
+void SimBackend::write(int dev, std::uint64_t address, const void* source, std::uint64_t bytes) {
+  enter("write", std::to_string(dev) + "," + std::to_string(bytes));
+  std::uint8_t* target = host_view(address, bytes, "cuMemcpyHtoD");
+  if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
+}
+
+void SimBackend::read(int dev, std::uint64_t address, void* target, std::uint64_t bytes) {
+  enter("read", std::to_string(dev) + "," + std::to_string(bytes));
+  const std::uint8_t* source = host_view(address, bytes, "cuMemcpyDtoH");
+  if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
 }
 
 }  // namespace cupool

@@ -1,8 +1,14 @@
 // A simulated node: answers every Backend question from a node profile (recorded on a real
 // machine with `query --profile-out`), records the calls made, and fails on request.
+//
+// Sharing is real: a posix_fd pool is backed by a memfd the size of its address range, its
+// exported "handle" is a dup of that memfd, and an importer (another process, with a SimBackend of
+// its own made from any profile) maps it, so what one process writes another reads.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +20,10 @@ namespace cupool {
 class SimBackend final : public Backend {
  public:
   explicit SimBackend(NodeReport profile);
+  // Unmaps every arena and closes every memfd.
+  ~SimBackend() override;
+  SimBackend(const SimBackend&) = delete;
+  SimBackend& operator=(const SimBackend&) = delete;
 
   std::string describe() const override;
   bool simulated() const override { return true; }
@@ -42,8 +52,50 @@ class SimBackend final : public Backend {
   void free(PoolHandle pool, std::uint64_t address) override;
   void trim_pool(PoolHandle pool, std::uint64_t keep) override;
 
+  // Each pool has an address range (its arena) of max_size bytes, or the device's total memory
+  // when max_size is 0 (capped at kMaxArena; kDefaultArena for host pools), handed out first-fit
+  // in 2 MiB granules; when it has no free range large enough, allocating fails with
+  // OUT_OF_MEMORY even if the accounting above would allow it. A holder-side address is
+  // (pool << kAddressBits) | offset; write/read map the arena into this process when first used
+  // (a memfd for posix_fd pools, anonymous memory for the others).
+  //
+  // Sharing follows the stream-ordered rules: allocate_shared accounts like allocate; free_shared
+  // lowers `used` but releases nothing until synchronize(device) settles the device's pools. The
+  // ready event is a token (there is no asynchronous work to wait for; wait_ready only checks that
+  // it is one) and graph memory is zero.
+  //
+  // Export data (Blob64), little-endian:
+  //   bytes  0..9   "CUPOOLSIM1"
+  //   bytes 16..23  the pool's arena size (the size of its memfd)
+  //   bytes 24..31  the allocation's offset in the arena
+  //   bytes 32..39  the allocation's size in bytes
+  //   other bytes   zero
+  // Ready event (Blob64): bytes 0..9 "CUPOOLEVT1", bytes 16..23 the device ordinal.
+  //
+  // The importing side never consults the profile: import_pool_fd maps the whole memfd
+  // (MAP_SHARED), import_pointer checks the export data against it and returns the host address,
+  // write/read copy within an imported pointer's range; destroy_pool unmaps.
+  int export_pool_fd(PoolHandle pool) override;
+  SharedAllocation allocate_shared(PoolHandle pool, std::uint64_t bytes) override;
+  Blob64 ready_event(int device) override;
+  void free_shared(PoolHandle pool, std::uint64_t address) override;
+  void synchronize(int device) override;
+  GraphMemUsage graph_mem_usage(int device) override;
+  void trim_graph_mem(int device) override;
+  void reset_graph_mem_peaks(int device) override;
+  PoolHandle import_pool_fd(int device, int fd) override;
+  std::uint64_t import_pointer(PoolHandle imported, const Blob64& export_data) override;
+  void wait_ready(int device, const Blob64& event) override;
+  void free_imported(PoolHandle imported, std::uint64_t address) override;
+  void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) override;
+  void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) override;
+
   static constexpr std::uint64_t kGranule = 2ULL << 20;
   static constexpr std::uint64_t kTrimChunk = 32ULL << 20;
+  static constexpr unsigned kAddressBits = 44;
+  static constexpr std::uint64_t kMaxArena = 1ULL << kAddressBits;
+  // The arena of a pool with no max_size and no device size to go by (host pools).
+  static constexpr std::uint64_t kDefaultArena = 1ULL << 40;
 
   // Failure injection: every later call of `call` ("init", "device_info", "probe_export", ...)
   // fails with the named driver error ("CUDA_ERROR_NOT_PERMITTED").
@@ -56,15 +108,44 @@ class SimBackend final : public Backend {
   void enter(const std::string& call, const std::string& args = "");
   const DeviceReport& device(int ordinal, const char* api) const;
 
+  struct Allocation {
+    std::uint64_t bytes = 0;  // as asked
+    std::uint64_t span = 0;   // taken from the arena (whole granules)
+    bool shared = false;      // made by allocate_shared
+  };
+  // First-fit offsets within [0, size).
+  struct Arena {
+    std::uint64_t size = 0;
+    std::map<std::uint64_t, std::uint64_t> free_ranges;  // offset -> length, never adjacent
+    explicit Arena(std::uint64_t bytes = 0);
+    // The offset of `span` free bytes, or nullopt.
+    std::optional<std::uint64_t> take(std::uint64_t span);
+    void give_back(std::uint64_t offset, std::uint64_t span);
+  };
   struct Pool {
     int device = 0;
     PoolProps props;
     PoolSettings settings;
     PoolUsage usage;
-    std::map<std::uint64_t, std::uint64_t> allocations;  // address -> bytes
+    std::map<std::uint64_t, Allocation> allocations;  // address -> allocation
     std::vector<int> peers;
+    Arena arena;
+    int memfd = -1;           // posix_fd pools (owned); for imported ones, not kept
+    void* mapping = nullptr;  // the arena in this process: lazy for own pools, the import itself
+    bool imported = false;
+    std::map<std::uint64_t, std::uint64_t> imported_pointers;  // host address -> bytes
   };
   Pool& pool(PoolHandle handle, const char* api);
+  Pool& imported_pool(PoolHandle handle, const char* api);
+  Pool& own_pool(PoolHandle handle, const char* api);
+  // Allocation shared by allocate and allocate_shared: the accounting, then the arena.
+  std::uint64_t take(PoolHandle handle, Pool& p, std::uint64_t bytes, bool shared, const char* api);
+  // Forgets an allocation and gives its range back; returns its size. Doesn't settle.
+  std::uint64_t release(Pool& p, std::uint64_t address, bool shared, const char* api);
+  // `bytes` at `address` in this process's memory: an imported pointer, or an allocation of an
+  // own pool (whose arena is mapped on first use).
+  std::uint8_t* host_view(std::uint64_t address, std::uint64_t bytes, const char* api);
+  static void unmap(Pool& p) noexcept;
   // Reserved bytes of all pools on a device.
   std::uint64_t reserved_on(int device) const;
   // The driver's release at a synchronize: keep at most max(used, threshold) reserved.
@@ -73,7 +154,6 @@ class SimBackend final : public Backend {
   NodeReport profile_;
   std::map<PoolHandle, Pool> pools_;
   PoolHandle last_pool_ = 0;
-  std::uint64_t next_address_ = 0x7f0000000000ULL;
   std::map<std::string, std::string> failures_;
   std::vector<std::string> calls_;
 };

@@ -6,20 +6,33 @@
 // 77 (CTest's SKIP_RETURN_CODE) when there is no driver or no device; only then are tests run.
 // The test cases run in file order (main sets --order-by=file): the no-context test must run
 // before the deep probes, which create (and release) primary contexts.
+//
+// The sharing tests need a second process that has not inherited this one's CUDA state (a fork
+// after cuInit may not use CUDA), so they start a fresh copy of this binary with
+// `--importer FD` (handled first thing in main) and talk to it over a socketpair: the pool's fd
+// travels as SCM_RIGHTS, the export data and the ready event as bytes.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -35,6 +48,8 @@
 #include "core/node.h"
 #include "core/query.h"
 #include "core/sim_backend.h"
+
+extern char** environ;
 
 namespace {
 
@@ -315,6 +330,253 @@ std::string describe(const cupool::ExportProbe& p) {
 }
 
 bool cuda_visible_devices_set() { return std::getenv("CUDA_VISIBLE_DEVICES") != nullptr; }
+
+// ---------------------------------------------------------------- a second process (sharing)
+
+// What the exporter sends the importer, with the pool's fd alongside (SCM_RIGHTS), and what the
+// importer answers. Both ends are this same binary, so the raw bytes of these structs are the
+// message (SOCK_SEQPACKET keeps each one whole).
+struct ImportRequest {
+  std::array<char, 8> magic{{'c', 'u', 'p', 'o', 'o', 'l', 'g', '1'}};
+  int device = 0;  // the pool's device
+  int peer = -1;   // >= 0: also give this device access and read through its context
+  std::uint64_t bytes = 0;
+  std::uint8_t exporter_seed = 0;  // the pattern the exporter wrote before sending
+  std::uint8_t importer_seed = 0;  // the pattern the importer is to write
+  cupool::Blob64 export_data{};
+  cupool::Blob64 ready_event{};
+};
+
+struct ImportReport {
+  int ok = 0;
+  std::array<char, 2048> message{};  // the failed step (which call, which process), or notes
+};
+
+void set_message(ImportReport& report, const std::string& text) {
+  const std::size_t n = std::min(text.size(), report.message.size() - 1);
+  std::memcpy(report.message.data(), text.data(), n);
+  report.message[n] = '\0';
+}
+
+// Sends `size` bytes with `fd` attached (no fd when fd < 0). Returns "" or what failed.
+std::string send_message(int sock, const void* data, std::size_t size, int fd) {
+  iovec io{const_cast<void*>(data), size};
+  msghdr msg{};
+  msg.msg_iov = &io;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  const ssize_t sent = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+  if (sent < 0) return std::string("sendmsg failed: ") + std::strerror(errno);
+  if (static_cast<std::size_t>(sent) != size)
+    return "sendmsg sent " + std::to_string(sent) + " of " + std::to_string(size) + " bytes";
+  return "";
+}
+
+// Receives one message of exactly `size` bytes, and the fd attached to it if `fd` is given
+// (-1 when none came). Waits at most `timeout_ms`. Returns "" or what failed.
+std::string receive_message(int sock, void* data, std::size_t size, int* fd, int timeout_ms) {
+  if (fd) *fd = -1;
+  pollfd p{sock, POLLIN, 0};
+  const int ready = ::poll(&p, 1, timeout_ms);
+  if (ready < 0) return std::string("poll failed: ") + std::strerror(errno);
+  if (ready == 0) return "no message within " + std::to_string(timeout_ms / 1000) + " s";
+  iovec io{data, size};
+  msghdr msg{};
+  msg.msg_iov = &io;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  if (got < 0) return std::string("recvmsg failed: ") + std::strerror(errno);
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+      int received = -1;
+      std::memcpy(&received, CMSG_DATA(c), sizeof received);
+      if (fd)
+        *fd = received;
+      else
+        ::close(received);
+    }
+  if (got == 0) return "the other end closed the socket (exited?) without a message";
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) return "the message or its fd was truncated";
+  if (static_cast<std::size_t>(got) != size)
+    return "got " + std::to_string(got) + " bytes, expected " + std::to_string(size);
+  return "";
+}
+
+std::vector<std::uint8_t> pattern(std::uint64_t bytes, std::uint8_t seed) {
+  std::vector<std::uint8_t> data(static_cast<std::size_t>(bytes));
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::uint8_t>((i * 131 + seed) & 0xff);
+  return data;
+}
+
+// "" when equal, else where they first differ.
+std::string compare(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want) {
+  if (got.size() != want.size())
+    return "sizes differ: " + std::to_string(got.size()) + " vs " + std::to_string(want.size());
+  const auto diff = std::mismatch(got.begin(), got.end(), want.begin());
+  if (diff.first == got.end()) return "";
+  std::ostringstream out;
+  out << "first difference at byte " << (diff.first - got.begin()) << ": got " << static_cast<int>(*diff.first)
+      << ", expected " << static_cast<int>(*diff.second);
+  return out.str();
+}
+
+// The importer: `cupool_gpu_tests --importer FD`, started by the sharing test. It never uses
+// doctest; every failure goes back to the exporter as the report's message (and to stderr).
+int importer_main(int argc, char** argv) {
+  const std::string who = "importer (pid " + std::to_string(getpid()) + ")";
+  if (argc < 3) {
+    std::cerr << who << ": usage: --importer SOCKET_FD\n";
+    return 2;
+  }
+  const int sock = std::atoi(argv[2]);
+  ImportRequest request;
+  int pool_fd = -1;
+  const std::string received = receive_message(sock, &request, sizeof request, &pool_fd, 120000);
+  if (!received.empty() || request.magic != ImportRequest{}.magic || pool_fd < 0) {
+    std::cerr << who << ": no valid request from the exporter: "
+              << (received.empty() ? (pool_fd < 0 ? std::string("no fd attached") : "bad magic") : received) << "\n";
+    return 2;
+  }
+  ImportReport report;
+  std::string step = "make_cuda_backend()->init()";
+  std::string notes;
+  try {
+    std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+    b->init();
+    const int d = request.device;
+    step = "import_pool_fd(" + std::to_string(d) + ", fd " + std::to_string(pool_fd) + ")";
+    const cupool::PoolHandle imported = b->import_pool_fd(d, pool_fd);
+    ::close(pool_fd);  // import_pool_fd does not take the fd
+    pool_fd = -1;
+    step = "import_pointer(the exporter's export data)";
+    const std::uint64_t address = b->import_pointer(imported, request.export_data);
+    step = "wait_ready(" + std::to_string(d) + ", the exporter's ready event)";
+    b->wait_ready(d, request.ready_event);
+
+    std::vector<std::uint8_t> seen(static_cast<std::size_t>(request.bytes));
+    step = "read(" + std::to_string(d) + ", imported address) of the exporter's pattern";
+    b->read(d, address, seen.data(), request.bytes);
+    std::string diff = compare(seen, pattern(request.bytes, request.exporter_seed));
+    if (!diff.empty()) throw std::runtime_error("the imported memory does not hold the exporter's pattern: " + diff);
+
+    const auto mine = pattern(request.bytes, request.importer_seed);
+    step = "write(" + std::to_string(d) + ", imported address) of the importer's pattern";
+    b->write(d, address, mine.data(), request.bytes);
+    step = "read(" + std::to_string(d) + ", imported address) of the importer's own pattern";
+    b->read(d, address, seen.data(), request.bytes);
+    diff = compare(seen, mine);
+    if (!diff.empty()) throw std::runtime_error("the importer's own write did not read back: " + diff);
+
+    if (request.peer >= 0) {
+      // An imported pool is accessible only from its resident device until access is set.
+      step = "set_pool_access(imported pool, " + std::to_string(request.peer) + ")";
+      b->set_pool_access(imported, request.peer);
+      step = "read(" + std::to_string(request.peer) + ", imported address) through the peer's context";
+      std::fill(seen.begin(), seen.end(), std::uint8_t{0});
+      b->read(request.peer, address, seen.data(), request.bytes);
+      diff = compare(seen, mine);
+      if (!diff.empty()) throw std::runtime_error("the read through the peer's context differs: " + diff);
+      notes += "read through device " + std::to_string(request.peer) + "'s context after set_pool_access: ok; ";
+    }
+
+    step = "free_imported(imported pool, imported address)";
+    b->free_imported(imported, address);
+    step = "destroy_pool(imported pool)";
+    b->destroy_pool(imported);
+    step = "the backend's destructor";
+  } catch (const std::exception& e) {
+    if (pool_fd >= 0) ::close(pool_fd);
+    const std::string message = who + ": " + step + " failed: " + e.what();
+    std::cerr << message << "\n";
+    set_message(report, message);
+    const std::string sent = send_message(sock, &report, sizeof report, -1);
+    if (!sent.empty()) std::cerr << who << ": could not report to the exporter: " << sent << "\n";
+    return 1;
+  }
+  report.ok = 1;
+  set_message(report, who + ": ok; " + notes);
+  const std::string sent = send_message(sock, &report, sizeof report, -1);
+  if (!sent.empty()) {
+    std::cerr << who << ": could not report to the exporter: " << sent << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+// A running importer, started with posix_spawn (not fork: this process has initialised CUDA).
+class Importer {
+ public:
+  Importer() {
+    int fds[2] = {-1, -1};
+    const int made = ::socketpair(AF_UNIX, SOCK_SEQPACKET, 0, fds);
+    REQUIRE_MESSAGE(made == 0, "exporter: socketpair failed: " << as_string(std::strerror(errno)));
+    sock_ = fds[0];
+    const bool cloexec = ::fcntl(sock_, F_SETFD, FD_CLOEXEC) == 0;  // the importer gets only its own end
+    if (!cloexec) close_both(fds[1]);
+    REQUIRE_MESSAGE(cloexec, "exporter: fcntl(FD_CLOEXEC) failed: " << as_string(std::strerror(errno)));
+    const std::string fd_arg = std::to_string(fds[1]);
+    std::string exe = "/proc/self/exe";
+    std::string mode = "--importer";
+    std::vector<char*> args{exe.data(), mode.data(), const_cast<char*>(fd_arg.c_str()), nullptr};
+    std::cout.flush();
+    std::cerr.flush();
+    std::fflush(nullptr);
+    const int r = ::posix_spawn(&pid_, "/proc/self/exe", nullptr, nullptr, args.data(), environ);
+    ::close(fds[1]);
+    if (r != 0) {
+      pid_ = -1;
+      close_both(-1);
+    }
+    REQUIRE_MESSAGE(r == 0, "exporter: posix_spawn(/proc/self/exe --importer) failed: " << as_string(std::strerror(r)));
+  }
+  Importer(const Importer&) = delete;
+  Importer& operator=(const Importer&) = delete;
+  ~Importer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);  // only when a test step failed before wait()
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (sock_ >= 0) ::close(sock_);
+  }
+
+  int socket() const { return sock_; }
+  pid_t pid() const { return pid_; }
+
+  // The importer's exit status, in words ("exit 0"); waits for it (after SIGKILL if `kill_first`).
+  std::string wait(bool kill_first = false) {
+    if (kill_first) ::kill(pid_, SIGKILL);
+    int status = 0;
+    const pid_t r = ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    if (r < 0) return std::string("waitpid failed: ") + std::strerror(errno);
+    if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+    return "status " + std::to_string(status);
+  }
+
+ private:
+  // Before a failed constructor's REQUIRE (the destructor won't run).
+  void close_both(int other) {
+    if (other >= 0) ::close(other);
+    ::close(sock_);
+    sock_ = -1;
+  }
+
+  int sock_ = -1;
+  pid_t pid_ = -1;
+};
 
 }  // namespace
 
@@ -603,7 +865,151 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
   CHECK_MESSAGE(!drv.primary_active(0), "the pool backend's primary context is still active after it was destroyed");
 }
 
+TEST_CASE("sharing: a pool allocation is written by another process, read back, freed and released") {
+  constexpr std::uint64_t bytes = 4 * kMiB;
+  constexpr std::uint8_t exporter_seed = 11;
+  constexpr std::uint8_t importer_seed = 97;
+  {
+    std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+    b->init();
+    const cupool::DeviceInfo info = b->device_info(0);
+    const auto posix_bit = static_cast<std::uint32_t>(cupool::HandleType::posix_fd);
+    if ((info.pool_handle_types & posix_bit) == 0) {
+      MESSAGE("device 0 (" << info.name << ") has no posix_fd pool handles: sharing test skipped");
+      return;
+    }
+    CHECK_MESSAGE(info.ipc_events, "device 0 reports no IPC event support; the importer's wait_ready will fail");
+
+    cupool::PoolProps props;
+    props.handle_types = posix_bit;
+    const cupool::PoolHandle pool = b->create_pool(0, props);
+    const cupool::SharedAllocation shared = b->allocate_shared(pool, bytes);
+    REQUIRE_MESSAGE(shared.address != 0, "exporter: allocate_shared returned address 0");
+    const cupool::Blob64 event = b->ready_event(0);
+    CHECK_MESSAGE(event == b->ready_event(0), "exporter: ready_event(0) changed between two calls");
+    const auto exporter_pattern = pattern(bytes, exporter_seed);
+    b->write(0, shared.address, exporter_pattern.data(), bytes);
+    b->synchronize(0);
+    const cupool::PoolUsage during = b->pool_usage(pool);
+    CHECK_MESSAGE(during.used_current == bytes,
+                  "exporter: used_current " << mib(during.used_current) << " with one 4 MiB shared allocation");
+    CHECK(during.reserved_current >= bytes);
+
+    int peer = -1;
+    if (b->device_count() >= 2 && b->can_access_peer(1, 0)) {
+      peer = 1;
+    } else {
+      MESSAGE("peer part skipped: " << (b->device_count() < 2 ? "one device" : "device 1 cannot access device 0"));
+    }
+
+    const int fd = b->export_pool_fd(pool);
+    REQUIRE_MESSAGE(fd >= 0, "exporter: export_pool_fd returned " << fd);
+    Importer importer;
+    ImportRequest request;
+    request.device = 0;
+    request.peer = peer;
+    request.bytes = bytes;
+    request.exporter_seed = exporter_seed;
+    request.importer_seed = importer_seed;
+    request.export_data = shared.export_data;
+    request.ready_event = event;
+    const std::string sent = send_message(importer.socket(), &request, sizeof request, fd);
+    ::close(fd);  // the message carries its own copy
+    REQUIRE_MESSAGE(sent.empty(), "exporter: sending the request to importer pid " << importer.pid() << ": " << sent);
+
+    ImportReport report;
+    const pid_t importer_pid = importer.pid();
+    const std::string received = receive_message(importer.socket(), &report, sizeof report, nullptr, 90000);
+    // No report: an importer that is still running (hung) is killed first; one that closed the
+    // socket has exited or crashed, and its status says how.
+    const bool hung = received.rfind("no message within", 0) == 0;
+    const std::string status = importer.wait(hung);
+    REQUIRE_MESSAGE(received.empty(), "exporter: no report from importer pid " << importer_pid << ": " << received
+                                                                               << " (importer " << status << ")");
+    report.message.back() = '\0';
+    MESSAGE(as_string(report.message.data()) << " (" << status << ")");
+    REQUIRE_MESSAGE(report.ok == 1,
+                    "the importer failed: " << as_string(report.message.data()) << " (" << status << ")");
+    CHECK_MESSAGE(status == "exit 0", "importer pid " << importer_pid << " reported success but ended with " << status);
+
+    std::vector<std::uint8_t> seen(static_cast<std::size_t>(bytes));
+    b->read(0, shared.address, seen.data(), bytes);
+    const std::string diff = compare(seen, pattern(bytes, importer_seed));
+    CHECK_MESSAGE(diff.empty(), "exporter: read() of its own address after the importer's write: " << diff);
+
+    b->free_shared(pool, shared.address);
+    b->synchronize(0);
+    const cupool::PoolUsage after = b->pool_usage(pool);
+    MESSAGE("pool usage after free_shared + synchronize: reserved " << mib(after.reserved_current) << " (high "
+                                                                    << mib(after.reserved_high) << "), used "
+                                                                    << mib(after.used_current));
+    CHECK_MESSAGE(after.used_current == 0,
+                  "exporter: used_current " << mib(after.used_current) << " after free_shared");
+    CHECK_MESSAGE(after.reserved_current == 0,
+                  "exporter: threshold 0, but " << mib(after.reserved_current) << " still reserved after synchronize");
+    CHECK(after.used_high >= bytes);
+    CHECK(after.reserved_high >= bytes);
+
+    // Misuse is the driver's error, named.
+    try {
+      b->free_shared(pool, shared.address);
+      FAIL("exporter: a second free_shared of the same address did not throw");
+    } catch (const cupool::CudaError& e) {
+      CHECK(e.api() == "cuMemFreeAsync");
+    }
+
+    // Left alive on purpose: the backend's destructor frees it, synchronizes, destroys the pool.
+    b->allocate_shared(pool, bytes);
+  }
+  DirectDriver drv;
+  CHECK_MESSAGE(!drv.primary_active(0),
+                "the sharing backend's primary context is still active after it was destroyed (stream, event or pool "
+                "left behind?)");
+}
+
+TEST_CASE("sharing: a non-IPC pool cannot be exported") {
+  std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+  b->init();
+  const cupool::PoolHandle pool = b->create_pool(0, cupool::PoolProps{});
+  try {
+    const int fd = b->export_pool_fd(pool);
+    ::close(fd);
+    FAIL("export_pool_fd of a pool without handle types returned fd " << fd);
+  } catch (const cupool::CudaError& e) {
+    MESSAGE("export_pool_fd of a plain pool: " << e.api() << " " << e.name());
+    CHECK(e.api() == "cuMemPoolExportToShareableHandle");
+  }
+  b->destroy_pool(pool);
+}
+
+TEST_CASE("graph memory: an idle device reports consistent usage; trim and peak reset work") {
+  std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+  b->init();
+  const int count = b->device_count();
+  for (int d = 0; d < count; ++d) {
+    INFO("device " << d);
+    const cupool::GraphMemUsage g = b->graph_mem_usage(d);
+    MESSAGE("device " << d << " graph memory: reserved " << mib(g.reserved_current) << " (high " << mib(g.reserved_high)
+                      << "), used " << mib(g.used_current) << " (high " << mib(g.used_high) << ")");
+    CHECK_MESSAGE(g.reserved_current >= g.used_current, "graph memory: reserved < used");
+    CHECK_MESSAGE(g.reserved_high >= g.reserved_current, "graph memory: reserved high < current");
+    CHECK_MESSAGE(g.used_high >= g.used_current, "graph memory: used high < current");
+    WARN_MESSAGE((g.reserved_current == 0 && g.used_current == 0),
+                 "graph memory is not zero although this process launched no graph");
+    b->trim_graph_mem(d);
+    b->reset_graph_mem_peaks(d);
+    const cupool::GraphMemUsage after = b->graph_mem_usage(d);
+    CHECK_MESSAGE(after.reserved_current <= g.reserved_current, "graph memory grew across a trim");
+    CHECK_MESSAGE(after.reserved_high == after.reserved_current,
+                  "reserved high is not the current value after a reset");
+    CHECK_MESSAGE(after.used_high == after.used_current, "used high is not the current value after a reset");
+  }
+}
+
 int main(int argc, char** argv) {
+  // The sharing tests' second process: before anything else, so it inherits no CUDA state.
+  if (argc >= 2 && std::string(argv[1]) == "--importer") return importer_main(argc, argv);
+
   std::unique_ptr<cupool::Backend> real = cupool::make_cuda_backend();
   try {
     real->init();

@@ -1,0 +1,163 @@
+// cupool buffer create / ls / rm: named long-lived allocations in the running holder's pools
+// (e.g. model weights that several processes share).
+#include <iostream>
+
+#include "cli/holder_client.h"
+#include "cli/options.h"
+#include "cli/verbs.h"
+#include "core/holder_render.h"
+#include "core/units.h"
+
+namespace cupool::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct BufferArgs {
+  std::string socket = kDefaultSocket;
+  std::string format = "table";
+  std::string name;
+  std::string pool;
+  int device = -1;
+  std::string size;
+  bool force = false;
+  CLI::App* create = nullptr;
+  CLI::App* ls = nullptr;
+  CLI::App* rm = nullptr;
+};
+
+// The config's naming rule: [a-z0-9][a-z0-9._-]*, at most 64 characters.
+bool valid_name(const std::string& name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (!alnum && (i == 0 || (c != '.' && c != '_' && c != '-'))) return false;
+  }
+  return true;
+}
+
+void check_name(const std::string& name) {
+  if (!valid_name(name))
+    throw InputError("'" + name +
+                     "' is not a buffer name: use lower-case letters, digits, '.', '_' and '-', starting with a "
+                     "letter or digit, at most 64 characters");
+}
+
+int run_create(const BufferArgs& args) {
+  const Format format = parse_format(args.format);
+  check_name(args.name);
+  std::string why;
+  const auto size = parse_size(args.size, &why);
+  if (!size) throw InputError("--size: '" + args.size + "' is not a size: " + why);
+  if (*size == 0) throw InputError("--size: a buffer needs at least 1 byte");
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  const json reply = holder.request(
+      {{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"device", args.device}, {"size", *size}});
+  print_reply(format, reply, render_buffer_created);
+  return static_cast<int>(ExitCode::ok);
+}
+
+int run_ls(const BufferArgs& args) {
+  const Format format = parse_format(args.format);
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  const json listed = holder.request({{"op", "list"}});
+  const json status = holder.request({{"op", "status"}});
+  // `list` says what this user may open; `status` how often each buffer is open.
+  json buffers = json::array();
+  if (listed.contains("buffers") && listed["buffers"].is_array()) buffers = listed["buffers"];
+  const json& opened = status.contains("buffers") && status["buffers"].is_array() ? status["buffers"] : json::array();
+  for (auto& b : buffers) {
+    if (!b.is_object() || !b.contains("name")) continue;
+    for (const auto& s : opened)
+      if (s.is_object() && s.contains("name") && s["name"] == b["name"] && s.contains("opens")) b["opens"] = s["opens"];
+  }
+  const json reply = {{"buffers", buffers}};
+  print_reply(format, reply, [](const json& r) { return render_buffers(r.at("buffers")); });
+  return static_cast<int>(ExitCode::ok);
+}
+
+int run_rm(const BufferArgs& args) {
+  const Format format = parse_format(args.format);
+  check_name(args.name);
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  const json reply = holder.request_raw({{"op", "buffer_remove"}, {"name", args.name}, {"force", args.force}});
+  if (!reply.at("ok").get<bool>()) {
+    const json& error = reply.contains("error") && reply["error"].is_object() ? reply["error"] : json::object();
+    if (error.contains("code") && error["code"] == "busy" && error.contains("message") && error["message"].is_string())
+      throw Error(exit_code_for("busy"),
+                  error["message"].get<std::string>() +
+                      " (--force removes it anyway: use it only when the processes that opened it are gone)");
+    throw_reply_error(reply);
+  }
+  print_reply(format, reply, render_buffer_removed);
+  return static_cast<int>(ExitCode::ok);
+}
+
+}  // namespace
+
+Runner add_buffer(CLI::App& app) {
+  auto args = std::make_shared<BufferArgs>();
+  CLI::App* sub = app.add_subcommand("buffer", "Create, list and remove named buffers in the running holder");
+  sub->require_subcommand(1);
+  sub->footer(
+      "\n"
+      "Named buffers are long-lived allocations in the holder's pools that outlive the processes using\n"
+      "them, e.g. model weights loaded once and opened by several servers (cupool_open_buffer in the C\n"
+      "API). Creating and removing needs an admin (root or the holder's own user); listing does not.\n"
+      "\nExamples:\n"
+      "  sudo cupool buffer create weights --pool kv-cache --device 0 --size 10GiB\n"
+      "  cupool buffer ls\n"
+      "  sudo cupool buffer rm weights\n"
+      "\nExit codes: 0 done, 1 the holder could not (no such pool or buffer, it exists, it is open, no\n"
+      "room), 2 bad arguments, 4 no holder is listening or it refused.");
+
+  args->create = sub->add_subcommand("create", "Allocate a named buffer in a held pool");
+  args->create->footer(
+      "\nExamples:\n"
+      "  sudo cupool buffer create weights --pool kv-cache --device 0 --size 10GiB\n"
+      "\nExit codes: 0 created, 1 it exists / no such pool or device / no room, 2 bad arguments,\n"
+      "4 no holder is listening or it refused (creating needs an admin).");
+  args->create->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
+      ->required();
+  args->create->add_option("--pool", args->pool, "The pool to allocate it from")->required();
+  args->create->add_option("--device,-d", args->device, "The holder's CUDA ordinal of the pool's device")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  args->create->add_option("--size", args->size, "How many bytes, with a unit (e.g. 10GiB)")->required();
+
+  args->ls = sub->add_subcommand("ls", "List the named buffers, who may open them and how often they are open");
+  args->ls->alias("list");
+  args->ls->footer(
+      "\nExamples:\n"
+      "  cupool buffer ls\n"
+      "  cupool buffer ls --format json | jq -r '.buffers[] | select(.permitted) | .name'\n"
+      "\nExit codes: 0 listed, 4 no holder is listening or it refused.");
+
+  args->rm = sub->add_subcommand("rm", "Remove a named buffer and free its memory");
+  args->rm->alias("remove");
+  args->rm->footer(
+      "\n"
+      "A buffer that some process still has open is not removed unless --force; with --force the holder\n"
+      "frees it without telling those processes, so use it only when they are gone.\n"
+      "\nExamples:\n"
+      "  sudo cupool buffer rm weights\n"
+      "\nExit codes: 0 removed, 1 no such buffer / it is open, 2 bad arguments, 4 no holder is listening\n"
+      "or it refused (removing needs an admin).");
+  args->rm->add_option("name", args->name, "The buffer's name")->required();
+  args->rm->add_flag("--force", args->force, "Remove it even if it is open somewhere");
+
+  for (CLI::App* leaf : {args->create, args->ls, args->rm}) {
+    add_socket_option(leaf, args->socket);
+    add_format_option(leaf, args->format);
+  }
+
+  return [args](Context&) {
+    if (args->create->parsed()) return run_create(*args);
+    if (args->rm->parsed()) return run_rm(*args);
+    return run_ls(*args);
+  };
+}
+
+}  // namespace cupool::cli

@@ -1,0 +1,68 @@
+// cupool export: the running holder's live state as a config file.
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/holder_client.h"
+#include "cli/verbs.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct ExportArgs {
+  std::string socket = kDefaultSocket;
+  std::string output = "-";
+};
+
+// Written only once the holder has answered, so a failed request never truncates `path`.
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw InputError("cannot write '" + path + "': " + std::strerror(errno));
+  out << text;
+  out.flush();
+  if (!out) throw InputError("cannot write '" + path + "': " + std::strerror(errno));
+}
+
+}  // namespace
+
+Runner add_export(CLI::App& app) {
+  auto args = std::make_shared<ExportArgs>();
+  CLI::App* sub = app.add_subcommand("export", "Write the running holder's live state as a config file");
+  sub->footer(
+      "\n"
+      "Ask the running holder for its live state (holder settings, pools, buffers) written as a version 1\n"
+      "config, which 'cupool check' and 'cupool apply' accept: applying it to the same holder changes\n"
+      "nothing. Devices are written as UUIDs, so the file means the same GPUs on another boot.\n"
+      "Anyone who can open the holder's socket may ask.\n"
+      "\nExamples:\n"
+      "  cupool export\n"
+      "  cupool export --output /etc/cupool/cupool.yaml\n"
+      "  cupool export | cupool check -\n"
+      "\nExit codes: 0 written, 2 the output file can't be written, 4 no holder is listening or it refused.");
+  add_socket_option(sub, args->socket);
+  sub->add_option("--output", args->output, "Write the config to this file ('-': standard output)")
+      ->capture_default_str();
+
+  return [args](Context&) {
+    HolderClient holder = HolderClient::connect(args->socket, "cupool export");
+    const nlohmann::ordered_json reply = holder.request({{"op", "export"}});
+    const auto config = reply.find("config");
+    if (config == reply.end() || !config->is_string())
+      throw Error(ExitCode::holder_unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");
+    std::string text = config->get<std::string>();
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    if (args->output == "-") {
+      std::cout << text << std::flush;
+    } else {
+      write_file(args->output, text);
+      spdlog::info("wrote {} bytes to {}", text.size(), args->output);
+    }
+    return static_cast<int>(ExitCode::ok);
+  };
+}
+
+}  // namespace cupool::cli

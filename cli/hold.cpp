@@ -1,0 +1,58 @@
+// cupool hold: run the holder in the foreground (systemd Type=notify).
+#include <string>
+
+#include "cli/options.h"
+#include "cli/verbs.h"
+#include "core/server.h"
+
+namespace cupool::cli {
+
+namespace {
+struct HoldArgs {
+  std::string config;
+  std::string socket;
+  std::string profile;
+  double drain_timeout = 30;
+};
+}  // namespace
+
+Runner add_hold(CLI::App& app) {
+  auto args = std::make_shared<HoldArgs>();
+  CLI::App* sub = app.add_subcommand("hold", "Run the holder: keep the config's pools and serve them to other processes");
+  sub->footer(
+      "\n"
+      "Runs in the foreground until SIGTERM. Checks the file like 'cupool check' (and refuses to start if it\n"
+      "does not fit), creates every pool (settings, peer access, reserve, verified through the pool's\n"
+      "reserved-memory attribute) and buffer, and listens on the socket (holder.socket; mode and group from\n"
+      "the file). Clients get pools and memory through the C API (include/cupool/client.h) or the protocol\n"
+      "(docs/protocol.md); 'cupool status', 'stats', 'trim', 'plan', 'apply', 'export' and 'buffer' talk to it.\n"
+      "\n"
+      "Signals: SIGHUP reloads the file (a file with errors is reported and the old state kept; a pool with\n"
+      "leases is never removed); SIGTERM stops taking new work, asks clients to leave, waits up to\n"
+      "--drain-timeout, then frees leases, buffers and pools in that order (SIGINT does the same, exit 130;\n"
+      "a second signal stops at once). Only one holder serves a socket (a lock file beside it); a socket left\n"
+      "by a holder that crashed is replaced. Under systemd (Type=notify) it reports READY, RELOADING and\n"
+      "STOPPING: see configs/systemd/cupool.service.\n"
+      "\nExamples:\n"
+      "  cupool hold /etc/cupool/cupool.yaml\n"
+      "  cupool hold configs/ipc-multiprocess-server.yaml --socket /tmp/cupool.sock --profile configs/profiles/h200x2.yaml\n"
+      "\nExit codes: 0 stopped by SIGTERM, 130 by SIGINT, 1 the config does not fit, 2 invalid config,\n"
+      "3 no driver or device, 4 the socket is taken by another holder or can't be made.");
+  sub->add_option("config", args->config, "The config file to hold")->required()->check(CLI::ExistingFile);
+  sub->add_option("--socket,-s", args->socket, "Listen here instead of the config's holder.socket")->envname("CUPOOL_SOCKET");
+  add_profile_option(sub, args->profile, "Hold pools on");
+  sub->add_option("--drain-timeout", args->drain_timeout, "Seconds SIGTERM waits for clients to leave")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+
+  return [args](Context& ctx) {
+    auto backend = ctx.make_backend(args->profile);
+    ServerOptions options;
+    options.config_path = args->config;
+    options.socket = args->socket;
+    options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
+    return run_holder(*backend, options);
+  };
+}
+
+}  // namespace cupool::cli

@@ -1,0 +1,176 @@
+#include "cli/holder_client.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "core/holder_render.h"
+#include "cupool/client.h"
+
+namespace cupool::cli {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+const char* const kHint = "(is 'cupool hold' running? set --socket or CUPOOL_SOCKET)";
+
+// Why cupool_connect failed, in words that say what to do.
+std::string connect_failure(const std::string& socket, int status, const std::string& detail) {
+  const std::string said = detail.empty() ? std::string(cupool_status_name(status)) : detail;
+  switch (status) {
+    case CUPOOL_E_UNREACHABLE: {
+      struct stat st {};
+      if (::stat(socket.c_str(), &st) != 0) {
+        if (errno == EACCES)
+          return "may not reach the holder's socket " + socket + ": permission denied on its directory";
+        return "no holder is listening on " + socket + " " + kHint;
+      }
+      if (!S_ISSOCK(st.st_mode)) return socket + " is not a socket " + kHint;
+      if (::access(socket.c_str(), R_OK | W_OK) != 0)
+        return "may not connect to the holder at " + socket +
+               ": permission denied (the config's holder.mode and holder.group decide who may; ask an admin to add "
+               "you to that group)";
+      // The file is there but nobody answers: a holder that died and left its socket behind.
+      return "no holder is listening on " + socket + " " + kHint;
+    }
+    case CUPOOL_E_REFUSED:
+      // The library's message names the socket and the reason (e.g. its mode and group).
+      return detail.empty() ? "the holder at " + socket + " refused the connection" : detail;
+    case CUPOOL_E_PROTOCOL:
+      return "could not talk to the holder at " + socket + " (not a cupool holder, or another protocol version): " + said;
+    case CUPOOL_E_BUSY:
+      return "the holder at " + socket + " takes no new connections: " + said;
+    default:
+      return "could not connect to the holder at " + socket + ": " + said;
+  }
+}
+
+}  // namespace
+
+CLI::Option* add_socket_option(CLI::App* sub, std::string& socket) {
+  return sub->add_option("--socket,-s", socket, "The holder's Unix socket")
+      ->envname("CUPOOL_SOCKET")
+      ->capture_default_str();
+}
+
+ExitCode exit_code_for(const std::string& error_code) {
+  if (error_code == "bad_request" || error_code == "invalid_config") return ExitCode::invalid_input;
+  if (error_code == "not_permitted" || error_code == "draining" || error_code == "limit_exceeded" ||
+      error_code == "bad_frame" || error_code == "unknown_op" || error_code == "unsupported_protocol" ||
+      error_code == "hello_required")
+    return ExitCode::holder_unreachable;
+  // not_found, exists, busy, quota_exceeded, out_of_memory, cuda_error, internal, and anything new.
+  return ExitCode::does_not_fit;
+}
+
+void throw_reply_error(const json& reply) {
+  const json empty = json::object();
+  const auto it = reply.is_object() ? reply.find("error") : reply.end();
+  const json& error = (reply.is_object() && it != reply.end() && it->is_object()) ? *it : empty;
+  const auto code_it = error.find("code");
+  const std::string code = code_it != error.end() && code_it->is_string() ? code_it->get<std::string>() : "";
+  const auto message_it = error.find("message");
+  std::string message = message_it != error.end() && message_it->is_string() ? message_it->get<std::string>() : "";
+  if (message.empty()) message = "the holder refused the request" + (code.empty() ? "" : " (" + code + ")");
+
+  if (code == "invalid_config") {
+    const auto rendered = error.find("rendered");
+    if (rendered != error.end() && rendered->is_string() && !rendered->get<std::string>().empty()) {
+      const std::string text = rendered->get<std::string>();
+      std::cerr << text << (text.back() == '\n' ? "" : "\n");
+    }
+  }
+  throw Error(exit_code_for(code), message);
+}
+
+HolderClient HolderClient::connect(const std::string& socket_arg, const std::string& client_name) {
+  std::string socket = socket_arg;
+  if (socket.empty()) {
+    const char* env = std::getenv("CUPOOL_SOCKET");
+    socket = env && *env ? env : kDefaultSocket;
+  }
+  cupool_conn* conn = nullptr;
+  const int status = cupool_connect(socket.c_str(), client_name.c_str(), &conn);
+  if (status == CUPOOL_OK && conn) return HolderClient(conn, socket);
+  const char* detail = cupool_last_error(nullptr);
+  spdlog::debug("cupool_connect({}): {}: {}", socket, cupool_status_name(status), detail ? detail : "");
+  if (conn) cupool_disconnect(conn);
+  throw Error(ExitCode::holder_unreachable, connect_failure(socket, status == CUPOOL_OK ? CUPOOL_E_INTERNAL : status,
+                                                            detail ? detail : ""));
+}
+
+HolderClient::HolderClient(HolderClient&& other) noexcept
+    : conn_(std::exchange(other.conn_, nullptr)), socket_(std::move(other.socket_)) {}
+
+HolderClient& HolderClient::operator=(HolderClient&& other) noexcept {
+  if (this != &other) {
+    cupool_disconnect(conn_);
+    conn_ = std::exchange(other.conn_, nullptr);
+    socket_ = std::move(other.socket_);
+  }
+  return *this;
+}
+
+HolderClient::~HolderClient() { cupool_disconnect(conn_); }
+
+json HolderClient::request_raw(const json& req) {
+  const std::string text = req.dump(-1, ' ', false, json::error_handler_t::replace);
+  char* raw = nullptr;
+  const int status = cupool_request(conn_, text.c_str(), &raw);
+  std::unique_ptr<char, void (*)(char*)> reply(raw, cupool_free_string);
+  if (status != CUPOOL_OK) {
+    const char* last = cupool_last_error(conn_);
+    const std::string detail = last && *last ? last : cupool_status_name(status);
+    switch (status) {
+      case CUPOOL_E_UNREACHABLE:
+        throw Error(ExitCode::holder_unreachable, "lost the connection to the holder at " + socket_ + ": " + detail);
+      case CUPOOL_E_REFUSED:
+      case CUPOOL_E_PROTOCOL:
+      case CUPOOL_E_BUSY:
+        throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " did not answer: " + detail);
+      case CUPOOL_E_INVALID:
+        throw Error(ExitCode::invalid_input, detail);
+      default:
+        throw Error(ExitCode::does_not_fit, "the request to the holder at " + socket_ + " failed: " + detail);
+    }
+  }
+  if (!reply) throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " sent no reply");
+  json parsed = json::parse(reply.get(), nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded() || !parsed.is_object())
+    throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " sent a reply that is not a JSON object");
+  const auto ok = parsed.find("ok");
+  if (ok == parsed.end() || !ok->is_boolean())
+    throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " sent a reply without \"ok\"");
+  return parsed;
+}
+
+json HolderClient::request(const json& req) {
+  json reply = request_raw(req);
+  if (!reply.at("ok").get<bool>()) throw_reply_error(reply);
+  return reply;
+}
+
+void print_reply(Format format, const json& reply, const std::function<std::string(const json&)>& table) {
+  switch (format) {
+    case Format::table:
+      std::cout << table(reply);
+      break;
+    case Format::json:
+      std::cout << dump_json(reply_body(reply)) << "\n";
+      break;
+    case Format::yaml:
+      std::cout << to_yaml(reply_body(reply));
+      break;
+  }
+  std::cout.flush();
+}
+
+}  // namespace cupool::cli

@@ -1,0 +1,126 @@
+// cupool plan / cupool apply: what the running holder would change to match a config file, and
+// making those changes. The holder parses and checks the text; this side only reads the file.
+#include <iostream>
+
+#include "cli/holder_client.h"
+#include "cli/options.h"
+#include "cli/verbs.h"
+#include "core/config.h"
+#include "core/diagnostics.h"
+#include "core/holder_render.h"
+
+namespace cupool::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct PlanArgs {
+  std::string socket = kDefaultSocket;
+  std::string format = "table";
+  std::string config;
+};
+
+// A request carries at most this many payload bytes (docs/protocol.md, "Limits").
+constexpr std::size_t kMaxPayload = 65536;
+// Room left in a frame for the "id" the library adds.
+constexpr std::size_t kIdRoom = 32;
+// The longest "path" the holder takes.
+constexpr std::size_t kMaxPath = 4096;
+
+int run_plan(const PlanArgs& args, bool apply) {
+  const Format format = parse_format(args.format);
+  const char* op = apply ? "apply" : "plan";
+  const SourceFile file = SourceFile::read(args.config, kMaxConfigBytes);
+
+  json request = {{"op", op}, {"config", file.text()}};
+  if (file.path().size() <= kMaxPath) request["path"] = file.path();
+  const std::size_t size = request.dump(-1, ' ', false, json::error_handler_t::replace).size();
+  if (size + kIdRoom > kMaxPayload)
+    throw InputError(file.path() + ": too large to send to the holder: the request would be " + std::to_string(size) +
+                     " bytes, and a request is at most 64 KiB (the config's text, JSON escapes included)");
+
+  HolderClient holder = HolderClient::connect(args.socket, std::string("cupool ") + op);
+  const json reply = holder.request_raw(request);
+  if (!reply.at("ok").get<bool>()) {
+    // For scripts an invalid file's findings are data: print them as the reply has them.
+    const json& error = reply.contains("error") ? reply["error"] : json::object();
+    const std::string code = error.is_object() && error.contains("code") && error["code"].is_string()
+                                 ? error["code"].get<std::string>()
+                                 : "";
+    if (format != Format::table && code == "invalid_config") {
+      print_reply(format, reply, render_plan);
+      const std::string message = error.contains("message") && error["message"].is_string()
+                                      ? error["message"].get<std::string>()
+                                      : file.path() + ": not a valid cupool config";
+      throw Error(exit_code_for(code), message);
+    }
+    throw_reply_error(reply);
+  }
+
+  // Warnings and notes about the file, quoted against it like `cupool check` does.
+  if (format == Format::table) {
+    if (reply.contains("findings")) std::cerr << render_findings(reply["findings"], file);
+    // A holder that sends its findings already rendered.
+    if (reply.contains("warnings") && reply["warnings"].is_string()) {
+      const std::string warnings = reply["warnings"].get<std::string>();
+      if (!warnings.empty()) std::cerr << warnings << (warnings.back() == '\n' ? "" : "\n");
+    }
+  }
+  print_reply(format, reply, render_plan);
+  if (apply) return static_cast<int>(blocked_changes(reply) > 0 ? ExitCode::does_not_fit : ExitCode::ok);
+  return static_cast<int>(change_count(reply) > 0 ? ExitCode::does_not_fit : ExitCode::ok);
+}
+
+Runner add_plan_like(CLI::App& app, bool apply) {
+  auto args = std::make_shared<PlanArgs>();
+  CLI::App* sub = apply ? app.add_subcommand("apply", "Make the running holder match a config file")
+                        : app.add_subcommand("plan", "Show what 'apply' would change in the running holder, as a diff");
+  if (apply) {
+    sub->footer(
+        "\n"
+        "Send the config file to the running holder, which checks it against its node like 'cupool check'\n"
+        "and makes every change that can be made: creates pools and buffers, updates pool attributes and\n"
+        "access, replaces pools whose location, alloc_type, handle_types or max_size changed, removes what\n"
+        "the file no longer has. A pool that still has leases or buffers is neither removed nor replaced,\n"
+        "and a buffer that is open is not removed: such a change is blocked, and the answer says why.\n"
+        "Applying the same file twice changes nothing the second time. Needs an admin (root or the\n"
+        "holder's own user). The lines read like 'cupool plan' (+ create, ~ update, -/+ replace, - remove).\n"
+        "\nExamples:\n"
+        "  cupool plan pools.yaml && echo 'nothing to do'\n"
+        "  sudo cupool apply pools.yaml\n"
+        "  cupool export | sudo cupool apply -     # changes nothing\n"
+        "\nExit codes: 0 every change was made (or there was none), 1 some change was blocked,\n"
+        "2 the file is invalid or does not fit the holder's node (findings on stderr), 4 no holder is\n"
+        "listening or it refused.");
+  } else {
+    sub->footer(
+        "\n"
+        "Send the config file to the running holder, which checks it against its node like 'cupool check'\n"
+        "and answers what 'cupool apply' would change, one line per change; nothing is changed:\n"
+        "  + pool scratch on device 1\n"
+        "  ~ pool kv-cache on device 0: release_threshold 0 B -> max\n"
+        "  -/+ pool kv-cache on device 1: max_size 32 GiB -> 64 GiB    (replaced: can't change on a live pool)\n"
+        "  - pool old on device 0 (kept: 2 leases held by 1 client)   (blocked: apply will not make it)\n"
+        "Like 'git diff --exit-code', the exit code says whether the holder has drifted from the file.\n"
+        "Anyone who can open the holder's socket may ask.\n"
+        "\nExamples:\n"
+        "  cupool plan /etc/cupool/cupool.yaml\n"
+        "  cupool plan pools.yaml --format json | jq '.changes[] | select(.blocked)'\n"
+        "  cupool plan pools.yaml || sudo cupool apply pools.yaml\n"
+        "\nExit codes: 0 no changes (the holder matches the file), 1 there are changes (drift),\n"
+        "2 the file is invalid or does not fit the holder's node (findings on stderr), 4 no holder is\n"
+        "listening or it refused.");
+  }
+  sub->add_option("config", args->config, "The config file ('-' reads standard input)")->required();
+  add_socket_option(sub, args->socket);
+  add_format_option(sub, args->format);
+  return [args, apply](Context&) { return run_plan(*args, apply); };
+}
+
+}  // namespace
+
+Runner add_plan(CLI::App& app) { return add_plan_like(app, false); }
+Runner add_apply(CLI::App& app) { return add_plan_like(app, true); }
+
+}  // namespace cupool::cli

@@ -1,0 +1,147 @@
+// cupool stats: per pool reserved and used bytes (current and high), per device graph memory;
+// once, or again every N seconds with --watch.
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <ctime>
+#include <iostream>
+
+#include "cli/holder_client.h"
+#include "cli/options.h"
+#include "cli/verbs.h"
+#include "core/holder_render.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct StatsArgs {
+  std::string socket = kDefaultSocket;
+  std::string format = "table";
+  bool reset_peaks = false;
+  double watch = 0;  // seconds between polls; 0: once
+};
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_interrupt(int) { g_interrupted = 1; }
+
+// SIGINT and SIGTERM end --watch cleanly while installed; the old handlers come back after.
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    g_interrupted = 0;
+    struct sigaction action {};
+    action.sa_handler = on_interrupt;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = 0;  // no SA_RESTART: a sleep or a blocked read returns at once
+    sigaction(SIGINT, &action, &old_int_);
+    sigaction(SIGTERM, &action, &old_term_);
+  }
+  ~InterruptGuard() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+// Sleeps `seconds`; false when a signal asked to stop first.
+bool pause_for(double seconds) {
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+  while (!g_interrupted) {
+    const auto left = deadline - clock::now();
+    if (left <= clock::duration::zero()) return true;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{};
+    ts.tv_sec = static_cast<std::time_t>(ns / 1000000000);
+    ts.tv_nsec = static_cast<long>(ns % 1000000000);
+    nanosleep(&ts, nullptr);  // EINTR: the loop looks at the flag
+  }
+  return false;
+}
+
+std::string render(const std::string& format, const nlohmann::ordered_json& reply, bool watching) {
+  if (format == "prometheus") return render_stats_prometheus(reply);
+  if (format == "table") return render_stats(reply);
+  if (format == "json") return watching ? reply_body(reply).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n"
+                                        : dump_json(reply_body(reply)) + "\n";
+  return (watching ? "---\n" : "") + to_yaml(reply_body(reply));
+}
+
+}  // namespace
+
+Runner add_stats(CLI::App& app) {
+  auto args = std::make_shared<StatsArgs>();
+  CLI::App* sub = app.add_subcommand("stats", "Show pool and graph memory usage in the running holder");
+  sub->footer(
+      "\n"
+      "Ask the running holder for every pool's reserved and used bytes, current and high-water mark, its\n"
+      "release threshold and leases, and every device's graph memory. The holder synchronises its\n"
+      "streams first, so freed memory is accounted. --reset-peaks (admin) resets the high-water marks\n"
+      "after reading them: the values shown are those before the reset (with --watch, every poll resets,\n"
+      "so the highs are per interval).\n"
+      "--watch polls again every SECONDS (default 2) until Ctrl-C, which ends it with exit 0: a table is\n"
+      "redrawn on a terminal, json prints one document per line, yaml one document per poll.\n"
+      "--format prometheus writes the Prometheus text format (cupool_pool_reserved_bytes{pool,device,uuid},\n"
+      "cupool_pool_used_high_bytes, cupool_graph_reserved_bytes{device,uuid}, ...), e.g. for the node\n"
+      "exporter's textfile collector.\n"
+      "\nExamples:\n"
+      "  cupool stats\n"
+      "  cupool stats --watch                  # every 2 s; --watch=0.5 for twice a second\n"
+      "  cupool stats --format json --watch=10 | jq -c '.pools[] | {name, used_current}'\n"
+      "  cupool stats --format prometheus > /var/lib/node_exporter/cupool.prom\n"
+      "  sudo cupool stats --reset-peaks\n"
+      "\nExit codes: 0 answered, 4 no holder is listening or it refused (--reset-peaks needs an admin).");
+  add_socket_option(sub, args->socket);
+  sub->add_option("--format,-o", args->format, "Output format: table, json, yaml or prometheus")
+      ->check(CLI::IsMember({"table", "json", "yaml", "prometheus"}))
+      ->capture_default_str();
+  sub->add_flag("--reset-peaks", args->reset_peaks, "Reset the high-water marks after reading them (admin)");
+  sub->add_option("--watch,-w", args->watch, "Poll again every SECONDS (default 2) until Ctrl-C")
+      ->expected(0, 1)
+      ->default_str("2")
+      ->type_name("[SECONDS]")
+      ->check(CLI::Range(0.1, 86400.0));
+
+  return [args](Context&) {
+    const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
+    HolderClient holder = HolderClient::connect(args->socket, "cupool stats");
+    if (args->watch <= 0) {
+      std::cout << render(args->format, holder.request(request), false) << std::flush;
+      if (args->reset_peaks && args->format == "table")
+        std::cerr << "cupool stats: peaks reset (the high values above are from before the reset)\n";
+      return static_cast<int>(ExitCode::ok);
+    }
+
+    InterruptGuard guard;
+    const bool redraw = (args->format == "table" || args->format == "prometheus") && ::isatty(STDOUT_FILENO) == 1;
+    bool first = true;
+    while (!g_interrupted) {
+      nlohmann::ordered_json reply;
+      try {
+        reply = holder.request(request);
+      } catch (const Error&) {
+        if (g_interrupted) break;  // Ctrl-C during the request: not a failure
+        throw;
+      }
+      if (g_interrupted) break;
+      std::string text = render(args->format, reply, true);
+      if (redraw) text = "\033[H\033[2J" + text;
+      else if (!first && (args->format == "table" || args->format == "prometheus")) text = "\n" + text;
+      std::cout << text << std::flush;
+      first = false;
+      if (!pause_for(args->watch)) break;
+    }
+    return static_cast<int>(ExitCode::ok);
+  };
+}
+
+}  // namespace cupool::cli

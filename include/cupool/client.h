@@ -1,0 +1,101 @@
+/* cupool client API: talk to a running `cupool hold` from C, C++, Python (ctypes) or anything
+ * that can call C. Stable ABI: only opaque handles, fixed-width integers and C strings cross it;
+ * new functions are added, none is changed or removed within ABI version 1 (libcupool-client.so.1).
+ *
+ * The memory model: the holder owns the pools. cupool_alloc asks the holder to allocate from a
+ * pool; the library imports the pool once (its file descriptor arrives over the socket), imports
+ * the allocation and waits until it is ready, so the returned pointer can be used at once from
+ * the pool's device. cupool_release frees the mapping here first, then the holder frees. When the
+ * connection closes (cupool_disconnect, or the process dies) the holder frees every lease left.
+ *
+ * Every function that can fail returns CUPOOL_OK (0) or a negative cupool_status; the message
+ * of the last failure on a connection is cupool_last_error(conn). A connection may be used from
+ * several threads (calls are serialised); leases belong to the connection that made them. */
+#ifndef CUPOOL_CLIENT_H
+#define CUPOOL_CLIENT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define CUPOOL_API __attribute__((visibility("default")))
+#else
+#define CUPOOL_API
+#endif
+
+#define CUPOOL_CLIENT_ABI_VERSION 1
+#define CUPOOL_PROTOCOL_VERSION 1
+
+typedef enum cupool_status {
+  CUPOOL_OK = 0,
+  CUPOOL_E_UNREACHABLE = -1,   /* no holder at the socket, or the connection was lost */
+  CUPOOL_E_REFUSED = -2,       /* the holder refused: this user is not in the pool's share list */
+  CUPOOL_E_NOT_FOUND = -3,     /* no such pool, device, buffer or lease */
+  CUPOOL_E_QUOTA = -4,         /* the pool's quota_per_client would be exceeded */
+  CUPOOL_E_OUT_OF_MEMORY = -5, /* the pool or the device has no room */
+  CUPOOL_E_INVALID = -6,       /* a bad argument (the message says which) */
+  CUPOOL_E_PROTOCOL = -7,      /* the holder answered something this library does not understand */
+  CUPOOL_E_CUDA = -8,          /* a CUDA driver call in this process failed */
+  CUPOOL_E_BUSY = -9,          /* the holder is draining, or the object is in use */
+  CUPOOL_E_EXISTS = -10,       /* a buffer of that name exists */
+  CUPOOL_E_INTERNAL = -11
+} cupool_status;
+
+typedef struct cupool_conn cupool_conn;   /* a connection to the holder */
+typedef struct cupool_lease cupool_lease; /* an allocation or an opened buffer */
+
+/* CUPOOL_CLIENT_ABI_VERSION of the loaded library. */
+CUPOOL_API int cupool_abi_version(void);
+/* A static, readable name for a status ("CUPOOL_E_REFUSED"). */
+CUPOOL_API const char* cupool_status_name(int status);
+
+/* Connects and says hello. `socket_path` NULL means $CUPOOL_SOCKET, else /run/cupool/cupool.sock.
+ * `client_name` (may be NULL) shows in `cupool status`. On failure *out is NULL and the message
+ * is in cupool_last_error(NULL). */
+CUPOOL_API int cupool_connect(const char* socket_path, const char* client_name, cupool_conn** out);
+/* Frees every lease of the connection (here first, then in the holder), closes it, frees `conn`.
+ * NULL is ignored. */
+CUPOOL_API void cupool_disconnect(cupool_conn* conn);
+/* The last failure's message on `conn` (or of the last failed cupool_connect in this thread when
+ * `conn` is NULL); "" when none. Valid until the next call on the connection. */
+CUPOOL_API const char* cupool_last_error(const cupool_conn* conn);
+/* "cuda" or "simulated": what the holder runs on. */
+CUPOOL_API const char* cupool_backend(const cupool_conn* conn);
+
+/* Allocates `size` bytes from pool `pool` on the holder's device `device` (-1: the pool's first
+ * device). The lease's pointer is usable from the pool's device in this process on return. */
+CUPOOL_API int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size, cupool_lease** out);
+/* Opens the named buffer (created with `cupool buffer create` or the config's buffers:). */
+CUPOOL_API int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_lease** out);
+/* Frees an allocation (or closes a buffer): unmapped here, then released in the holder. The
+ * lease is freed even when the holder can't be told. NULL is ignored (returns CUPOOL_OK). */
+CUPOOL_API int cupool_release(cupool_conn* conn, cupool_lease* lease);
+
+/* The lease's address in this process (a CUdeviceptr on a real node; a host address on a
+ * simulated node), its size in bytes, its id in the holder, and the CUDA ordinal in this process
+ * of the device it lives on (CUDA_VISIBLE_DEVICES is taken into account). */
+CUPOOL_API uint64_t cupool_lease_address(const cupool_lease* lease);
+CUPOOL_API uint64_t cupool_lease_size(const cupool_lease* lease);
+CUPOOL_API uint64_t cupool_lease_id(const cupool_lease* lease);
+CUPOOL_API int cupool_lease_device(const cupool_lease* lease);
+
+/* Copies between host memory and a lease (offset and bytes must lie inside it); convenient for
+ * callers without their own CUDA code. */
+CUPOOL_API int cupool_write(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, const void* source, uint64_t bytes);
+CUPOOL_API int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, void* target, uint64_t bytes);
+
+/* Sends one protocol request (a JSON object without "id"; see docs/protocol.md) and returns the
+ * holder's JSON reply in *reply (free it with cupool_free_string). A reply with "ok": false is
+ * still CUPOOL_OK here; the caller reads its "error". This is how `cupool status`, `stats`,
+ * `trim`, `plan`, `apply`, `export` and `buffer` talk to the holder. */
+CUPOOL_API int cupool_request(cupool_conn* conn, const char* request_json, char** reply);
+CUPOOL_API void cupool_free_string(char* text);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUPOOL_CLIENT_H */
