@@ -37,6 +37,12 @@ struct Failure {
   std::string message;
 };
 
+// The holder's ready event can't be opened in this process (measured: cuIpcOpenEventHandle
+// answers CUDA_ERROR_MAP_FAILED when the client runs as another user than the holder).
+struct EventUnusable {
+  std::string message;
+};
+
 int status_of(const std::string& code) {
   static const std::map<std::string, int> table = {
       {"bad_frame", CUPOOL_E_PROTOCOL},      {"bad_request", CUPOOL_E_INVALID},
@@ -73,6 +79,7 @@ struct cupool_conn {
   std::string backend_kind;
   std::uint64_t next_id = 1;
   bool draining = false;
+  bool holder_waits = false;  // alloc with "synchronize": the ready event is unusable here
   std::unique_ptr<cupool::Backend> importer;
   struct Imported {
     cupool::PoolHandle handle = 0;
@@ -198,11 +205,43 @@ struct cupool_conn {
     lease.local_device = imp.local_device;
     lease.imported = imp.handle;
     lease.address = backend().import_pointer(imp.handle, *data);
+    if (reply.value("ready", false)) return;  // the holder waited for it
     try {
       backend().wait_ready(imp.local_device, *event);
+    } catch (const cupool::CudaError& e) {
+      backend().free_imported(imp.handle, lease.address);
+      if (e.api() == "cuIpcOpenEventHandle") throw EventUnusable{e.what()};
+      throw;
     } catch (...) {
       backend().free_imported(imp.handle, lease.address);
       throw;
+    }
+  }
+
+  // Allocates and maps a lease; when the ready event can't be used here, asks the holder to
+  // wait for its allocations instead (from then on, for this connection).
+  std::unique_ptr<cupool_lease> alloc(const std::string& pool, int device, std::uint64_t size) {
+    for (int attempt = 0;; ++attempt) {
+      Json reply = call({{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size", size}, {"synchronize", holder_waits}});
+      auto lease = std::make_unique<cupool_lease>();
+      lease->id = reply.value("lease", std::uint64_t{0});
+      lease->pool = reply.value("pool", pool);
+      lease->holder_device = reply.value("device", 0);
+      lease->size = reply.value("size", size);
+      try {
+        map(*lease, reply);
+        return lease;
+      } catch (const EventUnusable& e) {
+        call({{"op", "free"}, {"lease", lease->id}});
+        if (attempt > 0) throw Failure{CUPOOL_E_CUDA, e.message};
+        holder_waits = true;
+      } catch (...) {
+        try {
+          call({{"op", "free"}, {"lease", lease->id}});
+        } catch (...) {
+        }
+        throw;
+      }
     }
   }
 
@@ -363,23 +402,8 @@ int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size,
     if (!pool || !out) throw Failure{CUPOOL_E_INVALID, "pool and out must not be NULL"};
     if (size == 0) throw Failure{CUPOOL_E_INVALID, "size must be at least 1 byte"};
     // Import the pool before asking for memory, so a refusal costs the holder nothing.
-    const cupool_conn::Imported& imp = conn->import_pool(pool, device);
-    (void)imp;
-    Json reply = conn->call({{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size", size}});
-    auto lease = std::make_unique<cupool_lease>();
-    lease->id = reply.value("lease", std::uint64_t{0});
-    lease->pool = reply.value("pool", std::string(pool));
-    lease->holder_device = reply.value("device", 0);
-    lease->size = reply.value("size", size);
-    try {
-      conn->map(*lease, reply);
-    } catch (...) {
-      try {
-        conn->call({{"op", "free"}, {"lease", lease->id}});
-      } catch (...) {
-      }
-      throw;
-    }
+    conn->import_pool(pool, device);
+    std::unique_ptr<cupool_lease> lease = conn->alloc(pool, device, size);
     conn->leases.insert(lease.get());
     *out = lease.release();
   });

@@ -269,12 +269,22 @@ class CudaBackend final : public Backend {
     int fd = -1;
     check(api_.cuMemPoolExportToShareableHandle(&fd, pool.pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
           "cuMemPoolExportToShareableHandle");
+    pool.exported = true;
     return fd;
   }
 
   SharedAllocation allocate_shared(PoolHandle handle, std::uint64_t bytes) override {
     Pool& pool = find(handle);
     ContextScope scope(api_, context(pool.device));
+    // cuMemPoolExportPointer works only on a pool that has been shared (measured on driver 580:
+    // CUDA_ERROR_INVALID_VALUE before the pool's first cuMemPoolExportToShareableHandle).
+    if (!pool.exported) {
+      int fd = -1;
+      check(api_.cuMemPoolExportToShareableHandle(&fd, pool.pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            "cuMemPoolExportToShareableHandle");
+      ::close(fd);
+      pool.exported = true;
+    }
     CUstream stream = device_stream(pool.device);
     CUevent event = ready(pool.device);
     CUdeviceptr ptr = 0;
@@ -591,6 +601,7 @@ class CudaBackend final : public Backend {
     CUmemoryPool pool = nullptr;
     int device = 0;
     bool imported = false;                    // from import_pool_fd
+    bool exported = false;                    // its shareable handle was made at least once
     std::set<CUdeviceptr> allocations;        // allocate (legacy stream)
     std::set<CUdeviceptr> shared;             // allocate_shared (the device's stream)
     std::set<CUdeviceptr> imported_pointers;  // import_pointer

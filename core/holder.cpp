@@ -423,8 +423,13 @@ void Holder::create_buffer(const BufferWant& w) {
   b.want = w;
   // A buffer in a pool without an IPC handle type is only kept (check warns about it).
   b.shared = (it->second.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
-  if (b.shared) b.allocation = backend_.allocate_shared(it->second.handle, w.size);
-  else b.allocation.address = backend_.allocate(it->second.handle, w.size);
+  if (b.shared) {
+    b.allocation = backend_.allocate_shared(it->second.handle, w.size);
+    // Buffers are opened long after: make them ready now, so opening one needs no event.
+    backend_.synchronize(w.device);
+  } else {
+    b.allocation.address = backend_.allocate(it->second.handle, w.size);
+  }
   buffers_[w.name] = b;
   spdlog::info("created buffer {} ({}) in pool {} on device {}", w.name, format_bytes(w.size), w.pool, w.device);
 }
@@ -673,6 +678,7 @@ Json Holder::op_alloc(std::uint64_t id, Client& c, proto::Args& a) {
   const std::string name = a.string("pool", kMaxName);
   const int device = a.device("device", -1);
   const std::uint64_t size = a.u64("size", 1, kMaxAllocation);
+  const bool synchronize = a.boolean("synchronize", false);
   a.finish();
   require_not_draining("alloc");
   HeldPool& p = pool_for(c, name, device, true);
@@ -694,6 +700,17 @@ Json Holder::op_alloc(std::uint64_t id, Client& c, proto::Args& a) {
                                 format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
+  if (synchronize) {
+    try {
+      backend_.synchronize(p.want.device);
+    } catch (...) {
+      try {
+        backend_.free_shared(p.handle, s.address);
+      } catch (...) {
+      }
+      throw;
+    }
+  }
   const std::uint64_t lease = ++next_lease_;
   leases_[lease] = Lease{id, p.want.name, p.want.device, size, s.address};
   c.leases.insert(lease);
@@ -707,6 +724,7 @@ Json Holder::op_alloc(std::uint64_t id, Client& c, proto::Args& a) {
   out["device"] = p.want.device;
   out["uuid"] = device_uuid(p.want.device);
   out["export_data"] = proto::to_hex(s.export_data);
+  out["ready"] = synchronize;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
   return out;
 }
@@ -742,6 +760,7 @@ Json Holder::op_buffer_open(Client& c, proto::Args& a) {
   out["uuid"] = device_uuid(b.want.device);
   out["size"] = b.want.size;
   out["export_data"] = proto::to_hex(b.allocation.export_data);
+  out["ready"] = true;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
   return out;
 }

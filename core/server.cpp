@@ -501,6 +501,19 @@ void Server::start_drain(const char* why) {
 
 int Server::run() {
   started_ = iso_now();
+  // Signals arrive through a descriptor, so the loop sees them between requests. They are blocked
+  // before the driver starts its threads (at cuInit): a thread that doesn't block SIGTERM would
+  // take it and the process would die without draining (measured on a real driver).
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  if (sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) throw std::runtime_error("sigprocmask: " + errno_text());
+  Fd signals(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signals) throw std::runtime_error("signalfd: " + errno_text());
+  ::signal(SIGPIPE, SIG_IGN);
+
   const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
   const NodeReport node = build_report(backend_);
   std::string warnings;
@@ -514,17 +527,6 @@ int Server::run() {
   }
   if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
   if (!options_.socket.empty()) want.holder.socket = options_.socket;
-
-  // Signals arrive through a descriptor, so the loop sees them between requests.
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGHUP);
-  if (sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) throw std::runtime_error("sigprocmask: " + errno_text());
-  Fd signals(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
-  if (!signals) throw std::runtime_error("signalfd: " + errno_text());
-  ::signal(SIGPIPE, SIG_IGN);
 
   open_lock(want.holder.socket);
   holder_ = std::make_unique<Holder>(backend_, node, ::geteuid());

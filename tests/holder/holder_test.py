@@ -206,7 +206,7 @@ def test_buffer_shared_between_processes(tmp):
         check(w.returncode == 0, f"writer failed: {w.stdout}{w.stderr}")
         r = client(h, "read", "shared", 7)
         check(r.returncode == 0, f"reader did not see the writer's bytes: {r.stdout}{r.stderr}")
-        check("backend simulated" in r.stdout, r.stdout)
+        check(("backend simulated" if PROFILE else "backend cuda") in r.stdout, r.stdout)
         # The check can fail: another pattern is a mismatch.
         bad = client(h, "read", "shared", 8)
         check(bad.returncode == 1 and "mismatch" in bad.stdout, f"a wrong pattern was not caught: {bad.stdout}{bad.stderr}")
@@ -392,7 +392,7 @@ def test_verbs(tmp):
     sock = h.socket
     try:
         s = status(h)
-        check(len(s["pools"]) == 2 and s["holder"]["backend"] == "simulated", s)
+        check(len(s["pools"]) == 2 and s["holder"]["backend"] == ("simulated" if PROFILE else "cuda"), s)
         prom = cupool("stats", "--format", "prometheus", socket_path=sock, check_rc=0).stdout
         check('cupool_pool_reserved_bytes{pool="kv"' in prom, prom)
         table = cupool("stats", socket_path=sock, check_rc=0).stdout
@@ -489,6 +489,34 @@ def test_trim_matches_device_memory(tmp):
               f"the device got back {used_before - used_after} MiB, trim reported {released_mib:.0f} MiB")
     finally:
         h.stop()
+
+
+def test_peer_access(tmp):
+    """Two GPUs: a pool on device 0 that the config opens to device 1. The holder gives access in
+    its process; the C library gives it again on the imported pool (it does not carry over)."""
+    global PROFILE
+    saved = PROFILE
+    if PROFILE:
+        PROFILE = os.path.join(ARGS.root, "configs", "profiles", "h200x2.yaml")
+    else:
+        q = json.loads(subprocess.run([ARGS.cupool, "query", "--format", "json"], capture_output=True, text=True,
+                                      timeout=120).stdout)
+        if len(q["devices"]) < 2 or not q["peer_access"][1][0]:
+            print("    skipped: needs two devices with peer access")
+            return
+    text = CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="x").replace(
+        "buffers:", "  - name: peer\n    devices: [0]\n    handle_types: [posix_fd]\n    max_size: 1GiB\n"
+                    "    release_threshold: max\n    access: [1]\nbuffers:")
+    try:
+        h = Holder(tmp, text)
+        try:
+            check(any(p["name"] == "peer" for p in status(h)["pools"]), status(h))
+            r = client(h, "cycle", "peer", 0, 4 << 20, 5)
+            check(r.returncode == 0, f"cycle on a pool with peer access failed: {r.stdout}{r.stderr}")
+        finally:
+            h.stop()
+    finally:
+        PROFILE = saved
 
 
 def test_unreachable(tmp):
