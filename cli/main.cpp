@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
   add(cupool::cli::add_apply);
   add(cupool::cli::add_export);
   add(cupool::cli::add_buffer);
+  add(cupool::cli::add_exec);
+  add(cupool::cli::add_bench);
   add(cupool::cli::add_completion);
 
   try {

@@ -24,6 +24,8 @@ using Runner = std::function<int(Context&)>;
 Runner add_query(CLI::App& app);
 Runner add_check(CLI::App& app);
 Runner add_hold(CLI::App& app);
+Runner add_exec(CLI::App& app);
+Runner add_bench(CLI::App& app);
 Runner add_completion(CLI::App& app);
 // The verbs that talk to a running holder (through include/cupool/client.h).
 Runner add_status(CLI::App& app);

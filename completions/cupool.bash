@@ -5,7 +5,7 @@
 # The subcommands of command path $1.
 __cupool_commands() {
   case $1 in
-    '') echo 'query check hold status stats trim plan apply export buffer completion' ;;
+    '') echo 'query check hold status stats trim plan apply export buffer exec bench completion' ;;
     'buffer') echo 'create ls list rm remove' ;;
   esac
 }
@@ -23,6 +23,8 @@ __cupool_subcommand() {
     '|apply') echo 'apply' ;;
     '|export') echo 'export' ;;
     '|buffer') echo 'buffer' ;;
+    '|exec') echo 'exec' ;;
+    '|bench') echo 'bench' ;;
     '|completion') echo 'completion' ;;
     'buffer|create') echo 'create' ;;
     'buffer|ls' | 'buffer|list') echo 'ls' ;;
@@ -47,6 +49,8 @@ __cupool_options() {
     'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o' ;;
     'buffer ls') echo '--help -h --socket -s --format -o' ;;
     'buffer rm') echo '--help -h --force --socket -s --format -o' ;;
+    'exec') echo '--help -h --profile -p --strict --report --quiet -q' ;;
+    'bench') echo '--help -h --profile -p --format -o --device -d --sizes --iterations -n --seed' ;;
     'completion') echo '--help -h' ;;
   esac
 }
@@ -89,6 +93,14 @@ __cupool_option_value() {
     'buffer ls|--format' | 'buffer ls|-o') echo 'choices table json yaml' ;;
     'buffer rm|--socket' | 'buffer rm|-s') echo 'file' ;;
     'buffer rm|--format' | 'buffer rm|-o') echo 'choices table json yaml' ;;
+    'exec|--profile' | 'exec|-p') echo 'yaml' ;;
+    'exec|--report') echo 'any' ;;
+    'bench|--profile' | 'bench|-p') echo 'yaml' ;;
+    'bench|--format' | 'bench|-o') echo 'choices table json yaml' ;;
+    'bench|--device' | 'bench|-d') echo 'any' ;;
+    'bench|--sizes') echo 'any' ;;
+    'bench|--iterations' | 'bench|-n') echo 'any' ;;
+    'bench|--seed') echo 'any' ;;
   esac
 }
 
@@ -101,6 +113,9 @@ __cupool_positional_value() {
     'apply|0') echo 'yaml' ;;  # config
     'buffer create|0') echo 'any' ;;  # name
     'buffer rm|0') echo 'any' ;;  # name
+    'exec|0') echo 'yaml' ;;  # config
+    'exec|'*) echo 'any' ;;  # command...
+    'bench|0') echo 'yaml' ;;  # config
     'completion|0') echo 'choices bash zsh fish' ;;  # shell
   esac
 }

@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'exec|--profile' 'exec|-p' 'exec|--report' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -28,6 +28,10 @@ function __cupool_subcommand
             echo 'export'
         case '|buffer'
             echo 'buffer'
+        case '|exec'
+            echo 'exec'
+        case '|bench'
+            echo 'bench'
         case '|completion'
             echo 'completion'
         case 'buffer|create'
@@ -101,6 +105,8 @@ complete -c cupool -n '__cupool_at ""' -a 'plan' -d 'Show what \'apply\' would c
 complete -c cupool -n '__cupool_at ""' -a 'apply' -d 'Make the running holder match a config file'
 complete -c cupool -n '__cupool_at ""' -a 'export' -d 'Write the running holder\'s live state as a config file'
 complete -c cupool -n '__cupool_at ""' -a 'buffer' -d 'Create, list and remove named buffers in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'exec' -d 'Run a command with the config\'s process: section applied inside it'
+complete -c cupool -n '__cupool_at ""' -a 'bench' -d 'Measure what allocation costs on this node, against cudaMalloc and the defaults'
 complete -c cupool -n '__cupool_at ""' -a 'completion' -d 'Print a completion script for SHELL on stdout'
 complete -c cupool -n '__cupool_at ""' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at ""' -l 'version' -d 'Display program version information and exit'
@@ -192,6 +198,24 @@ complete -c cupool -n '__cupool_at "buffer rm"' -l 'help' -s 'h' -d 'Print this 
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'force' -d 'Remove it even if it is open somewhere'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+
+# cupool exec
+complete -c cupool -n '__cupool_at "exec"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "exec"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Apply to (a simulated node: for trying it without a GPU) this recorded node profile instead of the driver'
+complete -c cupool -n '__cupool_at "exec"' -l 'strict' -d 'A failure to apply inside CMD stops CMD before it starts (exit 3)'
+complete -c cupool -n '__cupool_at "exec"' -l 'report' -x -d 'At each process\'s exit, write its pool figures (JSON, one line per process) to FILE, or stderr with \'-\''
+complete -c cupool -n '__cupool_at "exec"' -l 'quiet' -s 'q' -d 'No line on stderr when the section was applied'
+complete -c cupool -n '__cupool_at "exec" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file whose process: section is applied'
+
+# cupool bench
+complete -c cupool -n '__cupool_at "bench"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "bench"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Run on this recorded node profile instead of the driver'
+complete -c cupool -n '__cupool_at "bench"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "bench"' -l 'device' -s 'd' -x -d 'The device: an index, a GPU UUID or a PCI bus id'
+complete -c cupool -n '__cupool_at "bench"' -l 'sizes' -x -d 'Comma-separated sizes with units'
+complete -c cupool -n '__cupool_at "bench"' -l 'iterations' -s 'n' -x -d 'Iterations per case and size'
+complete -c cupool -n '__cupool_at "bench"' -l 'seed' -x -d 'Seed of the order the cases run in'
+complete -c cupool -n '__cupool_at "bench" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'A config whose process.default_pool.release_threshold is put under test'
 
 # cupool completion
 complete -c cupool -n '__cupool_at "completion"' -l 'help' -s 'h' -d 'Print this help message and exit'

@@ -123,6 +123,21 @@ struct GraphMemUsage {
   std::uint64_t used_high = 0;
 };
 
+// One measured loop of `cupool bench` (see Backend::bench).
+struct BenchCase {
+  enum class Kind {
+    malloc_free,       // cuMemAlloc + cuMemFree (cudaMalloc/cudaFree)
+    async_alloc_free,  // cuMemAllocAsync + cuMemFreeAsync on the default pool, no synchronize
+    alloc_free_sync,   // the same followed by a stream synchronize, at release threshold `threshold`
+    trim,              // cuMemPoolTrimTo(0) after `bytes` were allocated, freed and kept (timed: the trim)
+    graph_alloc_free,  // a captured graph of cuMemAllocAsync + cuMemFreeAsync, launched and synchronized
+  };
+  Kind kind = Kind::malloc_free;
+  std::uint64_t bytes = 0;
+  std::uint64_t threshold = 0;  // the default pool's release threshold during the loop
+  int iterations = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -210,6 +225,25 @@ class Backend {
   // Copies between host memory and memory this process can address (allocated or imported).
   virtual void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) = 0;
   virtual void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) = 0;
+
+  // ---- this process's own pools (cupool_configure, cupool_stats) ----
+
+  // The device's default pool (cuDeviceGetDefaultMemPool). Creates no context. Works with the pool
+  // calls that need none (settings, usage, peaks, access); never destroyed by the backend.
+  virtual PoolHandle default_pool(int device) = 0;
+  // The device's current pool (cuDeviceGetMemPool): the default pool unless the process set another.
+  virtual PoolHandle current_pool(int device) = 0;
+  // Whether `peer` may read and write the pool's memory (cuMemPoolGetAccess).
+  virtual bool pool_access(PoolHandle pool, int peer) = 0;
+  // Whether this process has an active primary context on the device (cuDevicePrimaryCtxGetState).
+  virtual bool context_active(int device) = 0;
+
+  // ---- measuring (cupool bench) ----
+
+  // Runs one measured loop on the device (its primary context) and returns each iteration's time
+  // in nanoseconds. The default pool's settings are restored afterwards. A simulated node returns
+  // figures from a model of measurements on a real H100 (see sim_backend.h), not measurements.
+  virtual std::vector<double> bench(int device, const BenchCase& c) = 0;
 };
 
 // CUDA_VERSION of the headers cupool was built with (13000 for 13.0).

@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +21,9 @@
 #include "core/backend.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/holder.h"
 #include "core/node.h"
+#include "core/process.h"
 #include "core/protocol.h"
 #include "core/sim_backend.h"
 
@@ -30,6 +33,18 @@ using cupool::proto::ProtocolError;
 namespace {
 
 thread_local std::string g_connect_error;
+
+// The message of the last call this thread made on a connection. A connection may be used from
+// several threads at once: the message one thread reads with cupool_last_error must be its own
+// call's, not cleared or replaced by another thread's call in between (and not read while another
+// thread writes it). `serial` tells a connection from a later one at the same address.
+struct LastError {
+  const cupool_conn* conn = nullptr;
+  std::uint64_t serial = 0;
+  std::string message;
+};
+thread_local LastError t_last_error;
+std::atomic<std::uint64_t> g_next_serial{1};
 
 // A failure with its C status.
 struct Failure {
@@ -74,7 +89,8 @@ struct cupool_lease {
 
 struct cupool_conn {
   int fd = -1;
-  std::mutex mu;
+  mutable std::mutex mu;
+  const std::uint64_t serial = g_next_serial++;
   std::string last_error;
   std::string backend_kind;
   std::uint64_t next_id = 1;
@@ -266,9 +282,7 @@ struct cupool_conn {
 namespace {
 
 template <class F>
-int guarded(cupool_conn* conn, F&& body) {
-  if (!conn) return CUPOOL_E_INVALID;
-  std::lock_guard<std::mutex> lock(conn->mu);
+int guarded_locked(cupool_conn* conn, F&& body) {
   conn->last_error.clear();
   try {
     body();
@@ -289,6 +303,18 @@ int guarded(cupool_conn* conn, F&& body) {
     conn->last_error = e.what();
     return CUPOOL_E_INTERNAL;
   }
+}
+
+// Serialises calls on a connection and keeps the call's message for this thread.
+template <class F>
+int guarded(cupool_conn* conn, F&& body) {
+  if (!conn) return CUPOOL_E_INVALID;
+  std::lock_guard<std::mutex> lock(conn->mu);
+  const int status = guarded_locked(conn, body);
+  t_last_error.conn = conn;
+  t_last_error.serial = conn->serial;
+  t_last_error.message = conn->last_error;
+  return status;
 }
 
 }  // namespace
@@ -391,7 +417,15 @@ void cupool_disconnect(cupool_conn* conn) {
 }
 
 const char* cupool_last_error(const cupool_conn* conn) {
-  return conn ? conn->last_error.c_str() : g_connect_error.c_str();
+  if (!conn) return g_connect_error.c_str();
+  // This thread's last call on `conn`; a thread that made none gets the connection's latest.
+  if (t_last_error.conn != conn || t_last_error.serial != conn->serial) {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    t_last_error.conn = conn;
+    t_last_error.serial = conn->serial;
+    t_last_error.message = conn->last_error;
+  }
+  return t_last_error.message.c_str();
 }
 
 const char* cupool_backend(const cupool_conn* conn) { return conn ? conn->backend_kind.c_str() : ""; }
@@ -483,5 +517,81 @@ int cupool_request(cupool_conn* conn, const char* request_json, char** reply) {
 }
 
 void cupool_free_string(char* text) { std::free(text); }
+
+}  // extern "C"
+
+namespace {
+
+// The process's own backend for cupool_configure and cupool_stats, made once and never destroyed:
+// an application's exit must not race a destructor that talks to the driver.
+std::mutex g_process_mutex;
+cupool::Backend* g_process_backend = nullptr;
+
+cupool::Backend& process_backend() {
+  if (!g_process_backend) {
+    const char* profile = std::getenv("CUPOOL_PROFILE");
+    std::unique_ptr<cupool::Backend> b;
+    if (profile && *profile) b = std::make_unique<cupool::SimBackend>(cupool::load_profile(profile));
+    else b = cupool::make_cuda_backend();
+    b->init();
+    g_process_backend = b.release();
+  }
+  return *g_process_backend;
+}
+
+char* copy_string(const std::string& text) {
+  char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+  if (!copy) throw std::bad_alloc();
+  std::memcpy(copy, text.c_str(), text.size() + 1);
+  return copy;
+}
+
+// Runs `body` for the process-level calls: failures become a status and g_connect_error.
+template <class F>
+int process_guarded(F&& body) {
+  std::lock_guard<std::mutex> lock(g_process_mutex);
+  g_connect_error.clear();
+  try {
+    body();
+    return CUPOOL_OK;
+  } catch (const cupool::ConfigRejected& e) {
+    g_connect_error = e.rendered() + e.what();
+    return CUPOOL_E_INVALID;
+  } catch (const cupool::NoDriverError& e) {
+    g_connect_error = e.what();
+    return CUPOOL_E_CUDA;
+  } catch (const cupool::CudaError& e) {
+    g_connect_error = e.what();
+    return CUPOOL_E_CUDA;
+  } catch (const cupool::Error& e) {
+    g_connect_error = e.what();
+    return CUPOOL_E_INVALID;
+  } catch (const std::exception& e) {
+    g_connect_error = e.what();
+    return CUPOOL_E_INTERNAL;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int cupool_configure(const char* path, char** report) {
+  if (report) *report = nullptr;
+  return process_guarded([&] {
+    if (!path || !*path) throw cupool::InputError("cupool_configure: no config file given");
+    const cupool::SourceFile file = cupool::SourceFile::read(path, cupool::kMaxConfigBytes);
+    const cupool::ConfigureResult r = cupool::configure_process(process_backend(), file.text(), file.path());
+    if (report) *report = copy_string(r.to_json().dump(-1, ' ', false, Json::error_handler_t::replace));
+  });
+}
+
+int cupool_stats(char** json) {
+  if (json) *json = nullptr;
+  return process_guarded([&] {
+    if (!json) throw cupool::InputError("cupool_stats: json must not be NULL");
+    *json = copy_string(cupool::process_stats(process_backend()).dump(-1, ' ', false, Json::error_handler_t::replace));
+  });
+}
 
 }  // extern "C"

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -44,7 +45,10 @@ struct DriverApi {
   X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy)            \
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)      \
   X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                      \
-  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)
+  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)             \
+  X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolGetAccess) X(cuDevicePrimaryCtxGetState)    \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)                 \
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
 #undef CUPOOL_DECLARE
@@ -135,6 +139,7 @@ class CudaBackend final : public Backend {
       api_.cuStreamSynchronize(nullptr);
     }
     for (auto& [handle, pool] : pools_) {
+      if (pool.borrowed) continue;  // the device's default or current pool: not ours to destroy
       ContextScope scope(api_, context_or_null(pool.device));
       api_.cuMemPoolDestroy(pool.pool);
     }
@@ -178,6 +183,9 @@ class CudaBackend final : public Backend {
 
   void destroy_pool(PoolHandle handle) override {
     Pool& pool = find(handle);
+    if (pool.borrowed)
+      throw CudaError("cuMemPoolDestroy", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "a device's default or current pool is not destroyed by cupool");
     ContextScope scope(api_, context(pool.device));
     // An imported pool's pointers are unmapped first, so none outlives the record of it.
     if (!pool.imported_pointers.empty()) {
@@ -259,6 +267,138 @@ class CudaBackend final : public Backend {
 
   void trim_pool(PoolHandle handle, std::uint64_t keep) override {
     check(api_.cuMemPoolTrimTo(find(handle).pool, static_cast<size_t>(keep)), "cuMemPoolTrimTo");
+  }
+
+  // ---- this process's own pools ----
+
+  PoolHandle default_pool(int ordinal) override {
+    CUmemoryPool pool = nullptr;
+    check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
+    return borrow(pool, ordinal);
+  }
+
+  PoolHandle current_pool(int ordinal) override {
+    CUmemoryPool pool = nullptr;
+    check(api_.cuDeviceGetMemPool(&pool, device(ordinal)), "cuDeviceGetMemPool");
+    for (const auto& [handle, p] : pools_)
+      if (p.pool == pool) return handle;  // one of ours, or already borrowed
+    return borrow(pool, ordinal);
+  }
+
+  bool pool_access(PoolHandle handle, int peer) override {
+    CUmemLocation location;
+    std::memset(&location, 0, sizeof location);
+    location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    location.id = peer;
+    CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    check(api_.cuMemPoolGetAccess(&flags, find(handle).pool, &location), "cuMemPoolGetAccess");
+    return flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+
+  bool context_active(int ordinal) override {
+    unsigned int flags = 0;
+    int active = 0;
+    check(api_.cuDevicePrimaryCtxGetState(device(ordinal), &flags, &active), "cuDevicePrimaryCtxGetState");
+    return active != 0;
+  }
+
+  // ---- measuring ----
+
+  std::vector<double> bench(int ordinal, const BenchCase& c) override {
+    using Clock = std::chrono::steady_clock;
+    ContextScope scope(api_, context(ordinal));
+    CUstream stream = device_stream(ordinal);
+    CUmemoryPool pool = nullptr;
+    check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
+    const auto saved = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+    struct Restore {
+      CudaBackend& b;
+      CUmemoryPool pool;
+      cuuint64_t value;
+      ~Restore() {
+        cuuint64_t v = value;
+        b.api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+      }
+    } restore{*this, pool, saved};
+    set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, c.threshold);
+    const auto bytes = static_cast<size_t>(c.bytes);
+    std::vector<double> ns;
+    ns.reserve(static_cast<std::size_t>(c.iterations));
+    auto since = [](Clock::time_point t0) {
+      return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    };
+    switch (c.kind) {
+      case BenchCase::Kind::malloc_free:
+        for (int i = 0; i < c.iterations; ++i) {
+          CUdeviceptr p = 0;
+          const auto t0 = Clock::now();
+          check(api_.cuMemAlloc(&p, bytes), "cuMemAlloc");
+          check(api_.cuMemFree(p), "cuMemFree");
+          ns.push_back(since(t0));
+        }
+        break;
+      case BenchCase::Kind::async_alloc_free:
+        for (int i = 0; i < c.iterations; ++i) {
+          CUdeviceptr p = 0;
+          const auto t0 = Clock::now();
+          check(api_.cuMemAllocAsync(&p, bytes, stream), "cuMemAllocAsync");
+          check(api_.cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+          ns.push_back(since(t0));
+          if (i % 256 == 255) check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");  // untimed drain
+        }
+        check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+        break;
+      case BenchCase::Kind::alloc_free_sync:
+        for (int i = 0; i < c.iterations; ++i) {
+          CUdeviceptr p = 0;
+          const auto t0 = Clock::now();
+          check(api_.cuMemAllocAsync(&p, bytes, stream), "cuMemAllocAsync");
+          check(api_.cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+          check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+          ns.push_back(since(t0));
+        }
+        break;
+      case BenchCase::Kind::trim:
+        for (int i = 0; i < c.iterations; ++i) {
+          CUdeviceptr p = 0;
+          check(api_.cuMemAllocAsync(&p, bytes, stream), "cuMemAllocAsync");
+          check(api_.cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+          check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+          const auto t0 = Clock::now();
+          check(api_.cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+          ns.push_back(since(t0));
+        }
+        break;
+      case BenchCase::Kind::graph_alloc_free: {
+        CUgraph graph = nullptr;
+        CUgraphExec exec = nullptr;
+        check(api_.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+        CUdeviceptr p = 0;
+        CUresult r = api_.cuMemAllocAsync(&p, bytes, stream);
+        if (r == CUDA_SUCCESS) r = api_.cuMemFreeAsync(p, stream);
+        const CUresult end = api_.cuStreamEndCapture(stream, &graph);
+        check(r, "cuMemAllocAsync/cuMemFreeAsync (captured)");
+        check(end, "cuStreamEndCapture");
+        struct Graph {
+          const DriverApi& api;
+          CUgraph g;
+          CUgraphExec& e;
+          ~Graph() {
+            if (e) api.cuGraphExecDestroy(e);
+            if (g) api.cuGraphDestroy(g);
+          }
+        } owner{api_, graph, exec};
+        check(api_.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+        for (int i = 0; i < c.iterations; ++i) {
+          const auto t0 = Clock::now();
+          check(api_.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+          check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+          ns.push_back(since(t0));
+        }
+        break;
+      }
+    }
+    return ns;
   }
 
   // ---- sharing: the exporting side ----
@@ -602,6 +742,7 @@ class CudaBackend final : public Backend {
     int device = 0;
     bool imported = false;                    // from import_pool_fd
     bool exported = false;                    // its shareable handle was made at least once
+    bool borrowed = false;                    // a device's default/current pool: never destroyed
     std::set<CUdeviceptr> allocations;        // allocate (legacy stream)
     std::set<CUdeviceptr> shared;             // allocate_shared (the device's stream)
     std::set<CUdeviceptr> imported_pointers;  // import_pointer
@@ -619,6 +760,15 @@ class CudaBackend final : public Backend {
     CUevent event = nullptr;
     int device = 0;
   };
+
+  // A pool the driver owns (a device's default or current pool), recorded once.
+  PoolHandle borrow(CUmemoryPool pool, int ordinal) {
+    for (const auto& [handle, p] : pools_)
+      if (p.pool == pool) return handle;
+    const PoolHandle handle = add_pool(pool, ordinal, false);
+    pools_[handle].borrowed = true;
+    return handle;
+  }
 
   PoolHandle add_pool(CUmemoryPool pool, int ordinal, bool imported) {
     const PoolHandle handle = ++last_handle_;

@@ -20,6 +20,7 @@ namespace {
 
 constexpr std::size_t kMaxName = 64;
 constexpr std::uint64_t kMaxAllocation = 1ULL << 48;
+constexpr std::size_t kStatusClients = 256;  // clients listed in a status reply
 
 std::int64_t now_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -252,7 +253,11 @@ std::vector<Change> Holder::plan(const Desired& want) const {
     }
   }
 
-  for (const auto& [key, h] : pools_) {
+  for (const auto& entry : pools_) {
+    // Named references, not a structured binding: the lambdas below capture them (C++17 doesn't
+    // allow capturing structured bindings; clang refuses it).
+    const PoolKey& key = entry.first;
+    const HeldPool& h = entry.second;
     const PoolWant* w = nullptr;
     for (const auto& pw : want.pools)
       if (pw.name == key.first && pw.device == key.second) w = &pw;
@@ -296,6 +301,17 @@ std::vector<Change> Holder::plan(const Desired& want) const {
       if (h.want.reserve != w->reserve)
         update("reserve", format_bytes(h.want.reserve), format_bytes(w->reserve));
     }
+  }
+  // A pool name is one unit: if its replacement is blocked on one device, it is kept on all of
+  // them, so the pool's devices never end up with different properties (export writes one entry).
+  for (Change& c : changes) {
+    if (c.object != "pool" || c.action != "replace" || !c.blocked.empty()) continue;
+    for (const Change& other : changes)
+      if (other.object == "pool" && other.action == "replace" && other.name == c.name && !other.blocked.empty()) {
+        c.blocked = "pool " + c.name + " is replaced on all its devices or on none; on device " +
+                    std::to_string(other.device) + ": " + other.blocked;
+        break;
+      }
   }
   for (const auto& w : want.pools)
     if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", "", "", ""});
@@ -877,8 +893,12 @@ Json Holder::status() const {
         {{"name", name}, {"pool", b.want.pool}, {"device", b.want.device}, {"uuid", device_uuid(b.want.device)},
          {"size", b.want.size}, {"opens", b.opens}});
   out["clients"] = Json::array();
+  out["clients_total"] = clients_.size();
   const std::int64_t now = now_s();
+  std::size_t shown = 0;
   for (const auto& [id, c] : clients_) {
+    // A reply must fit in one frame: the first kStatusClients clients are listed, all are counted.
+    if (++shown > kStatusClients) break;
     std::uint64_t bytes = 0;
     for (const auto& [k, v] : c.bytes_in_pool) bytes += v;
     std::uint64_t opens = 0;

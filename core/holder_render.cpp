@@ -276,6 +276,8 @@ std::string render_status(const json& reply) {
             connected ? format_duration(*connected) : kNone});
   }
   out << "\n" << section("Clients", ct, clients.size());
+  if (const auto total = u64(reply, "clients_total"); total && *total > clients.size())
+    out << "(" << clients.size() << " of " << *total << " clients shown)\n";
   return out.str();
 }
 

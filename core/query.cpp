@@ -1,4 +1,5 @@
 #include "core/query.h"
+#include "core/sim_backend.h"
 
 #include <algorithm>
 #include <sstream>
@@ -15,6 +16,12 @@ NodeReport build_report(Backend& backend, const QueryOptions& options) {
   NodeReport report;
   report.source.simulated = backend.simulated();
   report.source.description = backend.describe();
+  // A simulated node says which profile it answers from (findings name it).
+  if (const auto* sim = dynamic_cast<const SimBackend*>(&backend)) {
+    report.source = sim->profile().source;
+    report.source.simulated = true;
+    report.source.description = backend.describe();
+  }
   report.driver_version = backend.driver_version();
   report.kernel_driver_version = backend.kernel_driver_version();
   report.built_with_cuda = built_with_cuda_version();

@@ -6,6 +6,7 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -28,6 +29,7 @@
 #include "core/holder.h"
 #include "core/protocol.h"
 #include "core/query.h"
+#include "core/text.h"
 #include "core/units.h"
 
 namespace cupool {
@@ -35,6 +37,8 @@ namespace cupool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Open files the holder asks for (RLIMIT_NOFILE): 1024 connections and room for the rest.
+constexpr rlim_t kWantedFiles = 4096;
 using proto::Json;
 
 std::string errno_text() { return std::strerror(errno); }
@@ -179,6 +183,10 @@ class Server {
   std::map<int, Connection> connections_;  // by fd
   bool draining_ = false;
   Clock::time_point drain_deadline_{};
+  // accept() failing for want of descriptors (EMFILE, ENFILE): the listener stays readable, so it
+  // is left out of poll() for a moment instead of being retried (and logged) in a busy loop.
+  Clock::time_point accept_paused_until_{};
+  bool accept_failing_ = false;
   int exit_code_ = 0;
   int reloads_ = 0;
   std::string started_;
@@ -196,7 +204,9 @@ void Server::open_lock(const std::string& socket) {
                         " (create it, run as a user who may, or choose another path with --socket)");
     }
   }
-  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  // O_NOFOLLOW: the holder (often root) truncates and writes this file; a symbolic link planted
+  // in its place must not point that at another file.
+  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!lock_)
     throw Error(ExitCode::holder_unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
                                                   " (is the socket directory writable?)");
@@ -336,8 +346,19 @@ void Server::accept_clients() {
   for (int i = 0; i < 64; ++i) {
     Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) spdlog::warn("accept: {}", errno_text());
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        // Said once per episode; new connections wait in the backlog until a descriptor is free.
+        if (!accept_failing_)
+          spdlog::warn("accept: {} ({} clients connected); new connections wait until some leave", errno_text(),
+                       connections_.size());
+        accept_failing_ = true;
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      }
       return;
+    }
+    if (accept_failing_) {
+      spdlog::info("accepting connections again ({} clients connected)", connections_.size());
+      accept_failing_ = false;
     }
     Connection c;
     try {
@@ -437,9 +458,22 @@ void Server::handle_frame(Connection& c, const std::string& payload) {
   } catch (const proto::ProtocolError& e) {
     queue(c, error_body(id, e.code(), e.what()));
   } catch (const ConfigRejected& e) {
+    // A reply must fit in one frame: at most 100 findings, and the text cut at 32 KiB.
     Json body = error_body(id, "invalid_config", e.what());
-    body["error"]["findings"] = e.findings();
-    body["error"]["rendered"] = e.rendered();
+    Json findings = Json::array();
+    for (const auto& f : e.findings()) {
+      if (findings.size() == 100) break;
+      findings.push_back(f);
+    }
+    body["error"]["findings_total"] = e.findings().size();
+    body["error"]["findings"] = findings;
+    std::string rendered = e.rendered();
+    if (rendered.size() > 32768) rendered = valid_utf8(rendered.substr(0, 32768)) + "\n... (cut: the full list is in 'cupool check')\n";
+    body["error"]["rendered"] = rendered;
+    if (body.dump(-1, ' ', false, Json::error_handler_t::replace).size() > proto::kMaxPayload) {
+      body["error"]["findings"] = Json::array();
+      body["error"]["rendered"] = "(too long for one reply: run 'cupool check' on the file)\n";
+    }
     queue(c, body);
   } catch (const CudaError& e) {
     queue(c, error_body(id, "cuda_error", e.what()));
@@ -513,6 +547,15 @@ int Server::run() {
   Fd signals(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!signals) throw std::runtime_error("signalfd: " + errno_text());
   ::signal(SIGPIPE, SIG_IGN);
+  // Every connection is a descriptor: the usual soft limit (1024) is below what the holder serves
+  // (1024 connections, plus its pools' descriptors). Raise it as far as the hard limit allows.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < kWantedFiles) {
+    const rlim_t before = files.rlim_cur;
+    files.rlim_cur = files.rlim_max == RLIM_INFINITY ? kWantedFiles : std::min<rlim_t>(kWantedFiles, files.rlim_max);
+    if (files.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &files) != 0)
+      spdlog::warn("can't raise the open-files limit from {}: {}", before, errno_text());
+  }
 
   const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
   const NodeReport node = build_report(backend_);
@@ -544,7 +587,7 @@ int Server::run() {
     if (draining_ && (connections_.empty() || Clock::now() >= drain_deadline_)) break;
     fds.clear();
     fds.push_back({signals.get(), POLLIN, 0});
-    if (listener_) fds.push_back({listener_.get(), POLLIN, 0});
+    if (listener_ && Clock::now() >= accept_paused_until_) fds.push_back({listener_.get(), POLLIN, 0});
     for (auto& [fd, c] : connections_)
       fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
     const int n = ::poll(fds.data(), fds.size(), 250);

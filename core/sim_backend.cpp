@@ -262,6 +262,8 @@ PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
 
 void SimBackend::destroy_pool(PoolHandle handle) {
   enter("destroy_pool", std::to_string(handle));
+  if (pool(handle, "cuMemPoolDestroy").borrowed)
+    throw invalid_value("cuMemPoolDestroy", "a device's default pool is not destroyed");
   unmap(pool(handle, "cuMemPoolDestroy"));
   pools_.erase(handle);
 }
@@ -524,6 +526,72 @@ void SimBackend::read(int dev, std::uint64_t address, void* target, std::uint64_
   enter("read", std::to_string(dev) + "," + std::to_string(bytes));
   const std::uint8_t* source = host_view(address, bytes, "cuMemcpyDtoH");
   if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
+}
+
+// ---- this process's own pools ----
+
+PoolHandle SimBackend::default_pool(int dev) {
+  enter("default_pool", std::to_string(dev));
+  device(dev, "cuDeviceGetDefaultMemPool");
+  auto it = default_pools_.find(dev);
+  if (it != default_pools_.end()) return it->second;
+  Pool p;
+  p.device = dev;
+  p.props.location_id = dev;
+  p.borrowed = true;
+  p.settings.release_threshold = 0;
+  pools_[++last_pool_] = std::move(p);
+  default_pools_[dev] = last_pool_;
+  return last_pool_;
+}
+
+PoolHandle SimBackend::current_pool(int dev) {
+  enter("current_pool", std::to_string(dev));
+  auto it = default_pools_.find(dev);
+  if (it != default_pools_.end()) return it->second;
+  const std::size_t before = calls_.size();
+  const PoolHandle h = default_pool(dev);
+  calls_.resize(before);  // one call, as the driver's
+  return h;
+}
+
+bool SimBackend::pool_access(PoolHandle handle, int peer) {
+  enter("pool_access", std::to_string(handle) + "," + std::to_string(peer));
+  const Pool& p = pool(handle, "cuMemPoolGetAccess");
+  if (peer == p.device) return true;
+  return std::find(p.peers.begin(), p.peers.end(), peer) != p.peers.end();
+}
+
+bool SimBackend::context_active(int dev) {
+  enter("context_active", std::to_string(dev));
+  device(dev, "cuDevicePrimaryCtxGetState");
+  for (const auto& [h, p] : pools_)
+    if (p.device == dev) return true;
+  return false;
+}
+
+// ---- measuring (a model, see the header) ----
+
+std::vector<double> SimBackend::bench(int dev, const BenchCase& c) {
+  enter("bench", std::to_string(dev) + "," + std::to_string(static_cast<int>(c.kind)) + "," + std::to_string(c.bytes));
+  device(dev, "cuDevicePrimaryCtxRetain");
+  const double mib = static_cast<double>(c.bytes) / double(1 << 20);
+  double us = 0;
+  switch (c.kind) {
+    case BenchCase::Kind::malloc_free: us = 70.0 + 0.65 * mib; break;
+    case BenchCase::Kind::async_alloc_free: us = 0.7; break;
+    case BenchCase::Kind::alloc_free_sync: us = c.threshold >= c.bytes ? 1.75 : 144.0 + 2.26 * std::max(0.0, mib - 64.0); break;
+    case BenchCase::Kind::trim: us = 38.0 + 1.67 * mib; break;
+    case BenchCase::Kind::graph_alloc_free: us = 1.0 + 0.0023 * mib; break;
+  }
+  std::vector<double> ns;
+  std::uint64_t state = 0x9e3779b97f4a7c15ULL ^ (c.bytes * 31 + static_cast<std::uint64_t>(c.kind));
+  for (int i = 0; i < c.iterations; ++i) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    const double jitter = 1.0 + 0.1 * static_cast<double>(state >> 40) / double(1ULL << 24);
+    ns.push_back(us * 1000.0 * jitter);
+  }
+  return ns;
 }
 
 }  // namespace cupool

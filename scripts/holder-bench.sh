@@ -11,13 +11,20 @@
 # `BUILD/tests/gpu/cupool_holder_bench --socket ... --json OUT/holder-bench.json`, records the
 # holder's status and stats afterwards, then stops the holder with SIGTERM and waits for it.
 #
+# Nothing may leak: before the bench (after one warm-up round trip through the holder, so the
+# driver has opened whatever it opens on first use) and after it, the script records the holder's
+# open descriptors (/proc/PID/fd) and the pool's used bytes (`cupool stats --format json`,
+# used_current). They must be the same afterwards (the descriptors within 10 s, as the holder
+# notices the clients leave); the lists of descriptors go into holder-bench.txt.
+#
 # Files under $OUT (default ./gpu-out):
 #   holder-bench.txt         the date, the GPU, the bench's whole output (stdout and stderr), and the
 #                            holder's status and stats after the run
 #   holder-bench.json        the bench's results as JSON
 #   holder-bench-holder.log  the holder's own output
 # Exit status: the bench's (0 all paths ran, 1 a path failed, 77 no driver or device), or 1 when the
-# holder could not be started or stopped, 2 when the build is missing.
+# holder could not be started or stopped or when its descriptors or the pool's used bytes differ
+# before and after the run, 2 when the build is missing.
 #
 # Optional, for testing the script itself: HOLDER_ARGS (extra arguments of `cupool hold`, e.g.
 # "--profile configs/profiles/h100.yaml") and HOLDER_BENCH_ARGS (extra arguments of the bench, e.g.
@@ -150,6 +157,60 @@ if [ "$ready" != 1 ]; then
 fi
 say "holder ready after ~$((i * 2 / 10)) s"
 
+# What the holder holds: its open descriptors and the bench pool's used bytes.
+holder_fds() { find "/proc/$HOLDER_PID/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l; }
+holder_fd_list() {
+  local f
+  for f in "/proc/$HOLDER_PID/fd"/*; do
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    echo "  ${f##*/} -> $(readlink "$f" 2>/dev/null || echo '?')"
+  done
+}
+pool_used() {
+  # The config has one pool, so the first used_current is the bench pool's.
+  "$CUPOOL" stats --socket "$SOCK" --format json 2>/dev/null | sed -n 's/.*"used_current": *\([0-9][0-9]*\).*/\1/p' | head -n 1
+}
+# Waits (up to 10 s) until the holder has $1 descriptors open, or until the count stays the same
+# for 1 s when $1 is empty; prints the count.
+settled_fds() {
+  local want=${1:-} n last="" same=0 _
+  for _ in $(seq 1 50); do
+    n=$(holder_fds)
+    if [ -n "$want" ] && [ "$n" = "$want" ]; then break; fi
+    if [ -z "$want" ]; then
+      if [ "$n" = "$last" ]; then same=$((same + 1)); else same=0; fi
+      [ "$same" -ge 5 ] && break
+    fi
+    last=$n
+    sleep 0.2
+  done
+  echo "$n"
+}
+
+TIMEOUT_WARM=()
+if command -v timeout >/dev/null 2>&1; then TIMEOUT_WARM=(timeout --signal=TERM 300); fi
+# Warm-up: one round trip through the holder, so what the driver opens on first use (in the
+# holder's process) is open before the baseline is taken.
+WARM_EXTRA=()
+for a in ${BENCH_EXTRA[@]+"${BENCH_EXTRA[@]}"}; do
+  if [ "$a" = "--allow-simulated" ]; then WARM_EXTRA+=("$a"); fi
+done
+echo "+ warm-up: $BENCH --socket $SOCK --paths holder --sizes 1MiB --iterations 1 --warmup 1 ${WARM_EXTRA[*]+${WARM_EXTRA[*]}}" | tee -a "$TXT"
+set +e
+${TIMEOUT_WARM[@]+"${TIMEOUT_WARM[@]}"} "$BENCH" --socket "$SOCK" --paths holder --sizes 1MiB --iterations 1 --warmup 1 \
+  ${WARM_EXTRA[@]+"${WARM_EXTRA[@]}"} >"$TMP/warm-up.txt" 2>&1
+warm_rc=$?
+set -e
+echo "[warm-up exit status $warm_rc]" | tee -a "$TXT"
+if [ "$warm_rc" != 0 ]; then sed 's/^/  | /' "$TMP/warm-up.txt" | tee -a "$TXT"; fi
+
+FDS_BEFORE=$(settled_fds)
+USED_BEFORE=$(pool_used)
+{
+  echo "before the run: holder (pid $HOLDER_PID) has $FDS_BEFORE descriptors open; pool bench used_current ${USED_BEFORE:-?} B"
+  holder_fd_list
+} | tee -a "$TXT"
+
 TIMEOUT=()
 if command -v timeout >/dev/null 2>&1; then TIMEOUT=(timeout --signal=TERM 1800); fi
 echo "+ $BENCH --socket $SOCK --json $JSON ${BENCH_EXTRA[*]+${BENCH_EXTRA[*]}}" | tee -a "$TXT"
@@ -159,6 +220,24 @@ bench_rc=${PIPESTATUS[0]}
 set -e
 echo "[bench exit status $bench_rc]" | tee -a "$TXT"
 [ "$bench_rc" = 124 ] && echo "the bench ran past 30 minutes and was stopped" | tee -a "$TXT"
+
+FDS_AFTER=$(settled_fds "$FDS_BEFORE")
+USED_AFTER=$(pool_used)
+leak=""
+if [ "$FDS_AFTER" != "$FDS_BEFORE" ]; then
+  leak="the holder has $FDS_AFTER descriptors open after the run, $FDS_BEFORE before"
+fi
+if [ -z "$USED_BEFORE" ] || [ "$USED_AFTER" != "$USED_BEFORE" ]; then
+  leak="${leak:+$leak; }pool bench used_current is ${USED_AFTER:-?} B after the run, ${USED_BEFORE:-?} B before"
+fi
+{
+  echo
+  echo "after the run: holder has $FDS_AFTER descriptors open ($FDS_BEFORE before); pool bench used_current ${USED_AFTER:-?} B (${USED_BEFORE:-?} B before)"
+  if [ -n "$leak" ]; then
+    echo "descriptors after the run:"
+    holder_fd_list
+  fi
+} | tee -a "$TXT"
 
 {
   echo
@@ -173,6 +252,12 @@ stop_holder
 holder_rc=$HOLDER_RC
 echo "holder stopped with SIGTERM: exit status $holder_rc (0 expected)" | tee -a "$TXT"
 say "results: $TXT, $JSON; holder log: $HOLDER_LOG"
+if [ -n "$leak" ]; then
+  echo "RESULT: LEAK: $leak" | tee -a "$TXT"
+  if [ "$bench_rc" = 0 ] || [ "$bench_rc" = 77 ]; then exit 1; fi
+  exit "$bench_rc"
+fi
+echo "RESULT: no leak: $FDS_AFTER descriptors and ${USED_AFTER} B used, as before the run" | tee -a "$TXT"
 if [ "$bench_rc" = 0 ] && [ "$holder_rc" != 0 ]; then
   say "the bench passed but the holder exited with $holder_rc"
   exit 1

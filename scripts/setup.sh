@@ -8,7 +8,7 @@ BUILD=${1:-build}
 
 # Debian/Ubuntu packages the build and the tests need.
 PACKAGES=(cmake g++ ninja-build pkg-config libyaml-cpp-dev libcli11-dev libspdlog-dev doctest-dev
-          nlohmann-json3-dev python3 python3-jsonschema python3-yaml zsh fish)
+          nlohmann-json3-dev python3 python3-jsonschema python3-yaml zsh fish clang libclang-rt-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Quick start, step 2: the whole test suite, twice: a normal build, and a build with
-# AddressSanitizer and UndefinedBehaviorSanitizer. GPU tests skip themselves without a GPU.
+# Quick start, step 2: the whole test suite: a normal build; a build with AddressSanitizer and
+# UndefinedBehaviorSanitizer; the unit and holder tests under ThreadSanitizer; and each fuzzer for a
+# bounded time (scripts/fuzz.sh). GPU tests skip themselves without a GPU.
 # Usage: scripts/test.sh   (installs what is missing through scripts/setup.sh's package list)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,5 +19,14 @@ cmake --build build-asan
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure || status=1
+
+echo "== tests: build-tsan/ (ThreadSanitizer: the unit tests and the holder across processes)"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUPOOL_TSAN=ON >/dev/null
+cmake --build build-tsan --target cupool cupool_unit_tests cupool_testclient
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --test-dir build-tsan --output-on-failure -R '^(unit|holder)$' || status=1
+
+echo "== fuzz: the config and protocol fuzzers, ${FUZZ_SECONDS:-30} s each (libFuzzer, ASan, UBSan)"
+bash scripts/fuzz.sh || status=1
 
 exit $status

@@ -59,8 +59,9 @@ CUPOOL_API int cupool_connect(const char* socket_path, const char* client_name, 
 /* Frees every lease of the connection (here first, then in the holder), closes it, frees `conn`.
  * NULL is ignored. */
 CUPOOL_API void cupool_disconnect(cupool_conn* conn);
-/* The last failure's message on `conn` (or of the last failed cupool_connect in this thread when
- * `conn` is NULL); "" when none. Valid until the next call on the connection. */
+/* The message of this thread's last failed call on `conn` (or, with `conn` NULL, of this thread's
+ * last failed cupool_connect, cupool_configure or cupool_stats); "" when none. Valid until this
+ * thread's next call on it. */
 CUPOOL_API const char* cupool_last_error(const cupool_conn* conn);
 /* "cuda" or "simulated": what the holder runs on. */
 CUPOOL_API const char* cupool_backend(const cupool_conn* conn);
@@ -93,6 +94,22 @@ CUPOOL_API int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_
  * `trim`, `plan`, `apply`, `export` and `buffer` talk to the holder. */
 CUPOOL_API int cupool_request(cupool_conn* conn, const char* request_json, char** reply);
 CUPOOL_API void cupool_free_string(char* text);
+
+/* ---- in this process (no holder involved) ---- */
+
+/* Applies the config file's `process:` section to the calling process: on each selected device,
+ * the default pool's release threshold, reuse policies and peer access. Changes only what differs
+ * (a second call changes nothing), touches no device that is not selected and creates no CUDA
+ * context. Safe to call before the application's first CUDA call. Never aborts the caller: a bad
+ * file or a driver refusal is a status and a message (cupool_last_error(NULL)). `report` (may be
+ * NULL) receives JSON: {"devices": [...], "changes": [{"device", "field", "from", "to"}], "warnings"}
+ * (free it with cupool_free_string). $CUPOOL_PROFILE selects a simulated node instead of the driver. */
+CUPOOL_API int cupool_configure(const char* path, char** report);
+/* This process's pool figures as JSON (free with cupool_free_string): per device with an active
+ * context, the default pool (and the current pool when it is another one) with release threshold,
+ * reuse policies, reserved and used bytes (current and high), and the device's graph memory.
+ * Pool statistics die with the process: call it before exit (cupool exec --report does). */
+CUPOOL_API int cupool_stats(char** json);
 
 #ifdef __cplusplus
 }

@@ -46,6 +46,7 @@
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/node.h"
+#include "core/process.h"
 #include "core/query.h"
 #include "core/sim_backend.h"
 
@@ -1006,9 +1007,109 @@ TEST_CASE("graph memory: an idle device reports consistent usage; trim and peak 
   }
 }
 
+// cupool_configure's claims, in a fresh process (the test process holds contexts by now): the
+// default pool of the selected device gets the settings, no context is created anywhere, a second
+// call changes nothing, and the settings are still there once a primary context exists (what the
+// runtime makes at an application's first CUDA call). Prints what it saw; exit 0 when all held.
+int configure_check_main() {
+  const char* who = "configure-check";
+  int failures = 0;
+  auto fail = [&](const std::string& what) {
+    std::cout << who << ": FAILED: " << what << "\n";
+    ++failures;
+  };
+  try {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) throw std::runtime_error(std::string("dlopen: ") + dlerror());
+    auto sym = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      if (!f) throw std::runtime_error(std::string("dlsym ") + name);
+      return f;
+    };
+    auto get_state = reinterpret_cast<decltype(&::cuDevicePrimaryCtxGetState)>(sym(GPU_TEST_STR(cuDevicePrimaryCtxGetState)));
+    auto get_dev = reinterpret_cast<decltype(&::cuDeviceGet)>(sym(GPU_TEST_STR(cuDeviceGet)));
+    auto default_pool = reinterpret_cast<decltype(&::cuDeviceGetDefaultMemPool)>(sym(GPU_TEST_STR(cuDeviceGetDefaultMemPool)));
+    auto get_attr = reinterpret_cast<decltype(&::cuMemPoolGetAttribute)>(sym(GPU_TEST_STR(cuMemPoolGetAttribute)));
+    auto retain = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRetain)>(sym(GPU_TEST_STR(cuDevicePrimaryCtxRetain)));
+    auto release = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRelease)>(sym(GPU_TEST_STR(cuDevicePrimaryCtxRelease)));
+
+    std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+    b->init();
+    const int count = b->device_count();
+    const std::string text =
+        "version: 1\nprocess:\n  devices: [0]\n  default_pool:\n    release_threshold: max\n"
+        "    reuse: {allow_internal_dependencies: false}\n";
+    const cupool::ConfigureResult first = cupool::configure_process(*b, text, "configure-check.yaml");
+    std::cout << who << ": first call: " << first.to_json().dump() << "\n";
+    if (first.changes.empty()) fail("the first call changed nothing (was the default pool already set?)");
+    auto active = [&](int ordinal) {
+      CUdevice dev = 0;
+      unsigned flags = 0;
+      int on = 0;
+      get_dev(&dev, ordinal);
+      get_state(dev, &flags, &on);
+      return on != 0;
+    };
+    for (int d = 0; d < count; ++d)
+      if (active(d)) fail("device " + std::to_string(d) + " has an active primary context after cupool_configure");
+    auto read = [&](const char* when) {
+      CUdevice dev = 0;
+      get_dev(&dev, 0);
+      CUmemoryPool pool = nullptr;
+      if (default_pool(&pool, dev) != CUDA_SUCCESS) throw std::runtime_error("cuDeviceGetDefaultMemPool");
+      cuuint64_t threshold = 0;
+      int internal = -1;
+      get_attr(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+      get_attr(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &internal);
+      std::cout << who << ": " << when << ": release threshold " << threshold << ", allow_internal_dependencies "
+                << internal << "\n";
+      if (threshold != UINT64_MAX) fail(std::string(when) + ": the release threshold is not max");
+      if (internal != 0) fail(std::string(when) + ": allow_internal_dependencies is not false");
+    };
+    read("read back without a context");
+    const cupool::ConfigureResult second = cupool::configure_process(*b, text, "configure-check.yaml");
+    if (!second.changes.empty()) fail("the second call changed something: " + second.to_json().dump());
+    CUdevice dev0 = 0;
+    get_dev(&dev0, 0);
+    CUcontext ctx = nullptr;
+    if (retain(&ctx, dev0) != CUDA_SUCCESS) throw std::runtime_error("cuDevicePrimaryCtxRetain");
+    read("after a primary context was created");
+    release(dev0);
+  } catch (const std::exception& e) {
+    fail(std::string("threw: ") + e.what());
+  }
+  std::cout << who << ": " << (failures ? "FAILED" : "ok") << "\n";
+  return failures ? 1 : 0;
+}
+
+TEST_CASE("cupool_configure: default pool set without a context, idempotent, kept once a context exists") {
+  std::vector<char*> args{const_cast<char*>("/proc/self/exe"), const_cast<char*>("--configure-check"), nullptr};
+  int pipefd[2];
+  REQUIRE(::pipe(pipefd) == 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipefd[1], 1);
+  posix_spawn_file_actions_addclose(&actions, pipefd[0]);
+  pid_t pid = 0;
+  const int r = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipefd[1]);
+  REQUIRE_MESSAGE(r == 0, "posix_spawn(--configure-check) failed: " << as_string(std::strerror(r)));
+  std::string output;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) output.append(buf, static_cast<std::size_t>(n));
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  MESSAGE(output);
+  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the configure check failed:\n" << output);
+}
+
 int main(int argc, char** argv) {
   // The sharing tests' second process: before anything else, so it inherits no CUDA state.
   if (argc >= 2 && std::string(argv[1]) == "--importer") return importer_main(argc, argv);
+  if (argc >= 2 && std::string(argv[1]) == "--configure-check") return configure_check_main();
 
   std::unique_ptr<cupool::Backend> real = cupool::make_cuda_backend();
   try {

@@ -9,12 +9,30 @@
  *   testclient SOCKET expect POOL DEVICE SIZE STATUS
  *       try one allocation; exit 0 when the result is STATUS (e.g. CUPOOL_E_REFUSED)
  *   testclient SOCKET cycle POOL DEVICE SIZE N  allocate, write, read back and release N times
+ *   testclient SOCKET load POOL DEVICE SIZE N [GO]
+ *       one untimed cycle (it imports the pool), then, when GO (a FIFO) is given, open it for reading
+ *       (that blocks until the test opens it for writing: every client starts at once), then N
+ *       timed cycles as `cycle` does, each with its own pattern; prints
+ *       "load ok N START_NS END_NS LAT_NS,LAT_NS,..." (CLOCK_MONOTONIC, shared by all processes)
+ *   testclient SOCKET threads POOL DEVICE SIZE THREADS N
+ *       one connection used by THREADS threads at once, each doing N cycles (allocate, write, read
+ *       back, release) with its own pattern, a status request every fourth cycle and, every fourth,
+ *       an allocation from a missing pool whose message (cupool_last_error) must be its own
+ *   testclient SOCKET next POOL DEVICE SIZE
+ *       allocate one lease, print "ready", wait for a line on standard input, then make one more
+ *       request and release the lease, printing "next STATUS: MESSAGE" and "release STATUS: MESSAGE"
+ *       (the holder-restart test kills the holder while it waits)
  *
  * Every line it prints starts with "testclient:" so a driver can find it among other output. */
+#define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cupool/client.h"
 
@@ -55,6 +73,82 @@ static int fill_or_check(cupool_conn* conn, cupool_lease* lease, uint64_t seed, 
   }
   free(buf);
   return 0;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One cycle: allocate, fill with the pattern of `seed`, read it back, release. */
+static int one_cycle(cupool_conn* conn, const char* pool, int device, uint64_t size, uint64_t seed) {
+  cupool_lease* lease = NULL;
+  int rc = cupool_alloc(conn, pool, device, size, &lease);
+  if (rc != CUPOOL_OK) return fail(conn, "alloc", rc);
+  int result = fill_or_check(conn, lease, seed, 0);
+  if (result == 0) result = fill_or_check(conn, lease, seed, 1);
+  rc = cupool_release(conn, lease);
+  if (rc != CUPOOL_OK && result == 0) result = fail(conn, "release", rc);
+  return result;
+}
+
+struct worker {
+  pthread_t thread;
+  cupool_conn* conn;
+  const char* pool;
+  int device;
+  uint64_t size;
+  int index;
+  int cycles;
+  int result;
+};
+
+/* A thread of the `threads` action: cycles on the shared connection; every fourth cycle a status
+ * request (cupool_request's reply is the thread's own), and every fourth a failing allocation
+ * whose message (cupool_last_error) must be this thread's, not another's. */
+static void* worker_main(void* arg) {
+  struct worker* w = arg;
+  for (int i = 0; i < w->cycles && w->result == 0; ++i) {
+    cupool_lease* lease = NULL;
+    int rc = cupool_alloc(w->conn, w->pool, w->device, w->size, &lease);
+    if (rc != CUPOOL_OK) {
+      fprintf(stderr, "testclient: thread %d: alloc: %s: %s\n", w->index, cupool_status_name(rc), cupool_last_error(w->conn));
+      w->result = 2;
+      break;
+    }
+    const uint64_t seed = (uint64_t)w->index * 1000u + (uint64_t)i;
+    w->result = fill_or_check(w->conn, lease, seed, 0);
+    if (w->result == 0) w->result = fill_or_check(w->conn, lease, seed, 1);
+    if (w->result == 0 && i % 4 == 1) {
+      /* A failure, and its message read back while the other threads go on calling. */
+      char missing[32];
+      snprintf(missing, sizeof missing, "missing-pool-%d", w->index);
+      cupool_lease* none = NULL;
+      rc = cupool_alloc(w->conn, missing, w->device, w->size, &none);
+      const char* message = cupool_last_error(w->conn);
+      if (rc != CUPOOL_E_NOT_FOUND || !strstr(message, missing)) {
+        fprintf(stderr, "testclient: thread %d: alloc from %s: %s, message \"%s\" (expected CUPOOL_E_NOT_FOUND naming it)\n",
+                w->index, missing, cupool_status_name(rc), message);
+        w->result = 2;
+      }
+    }
+    if (w->result == 0 && i % 4 == 0) {
+      char* reply = NULL;
+      rc = cupool_request(w->conn, "{\"op\": \"status\"}", &reply);
+      if (rc != CUPOOL_OK || !reply || !strstr(reply, "\"ok\":true")) {
+        fprintf(stderr, "testclient: thread %d: status: %s: %s\n", w->index, cupool_status_name(rc), reply ? reply : "");
+        w->result = 2;
+      }
+      cupool_free_string(reply);
+    }
+    rc = cupool_release(w->conn, lease);
+    if (rc != CUPOOL_OK && w->result == 0) {
+      fprintf(stderr, "testclient: thread %d: release: %s\n", w->index, cupool_status_name(rc));
+      w->result = 2;
+    }
+  }
+  return NULL;
 }
 
 int main(int argc, char** argv) {
@@ -130,6 +224,74 @@ int main(int argc, char** argv) {
       if (rc != CUPOOL_OK && result == 0) result = fail(conn, "release", rc);
     }
     if (result == 0) printf("testclient: cycle ok (%d)\n", n);
+  } else if (!strcmp(action, "load") && (argc == 7 || argc == 8)) {
+    const int device = atoi(argv[4]);
+    const uint64_t size = strtoull(argv[5], NULL, 10);
+    const int n = atoi(argv[6]);
+    const uint64_t seed0 = (uint64_t)getpid() * 1000u;
+    uint64_t* lat = calloc((size_t)(n > 0 ? n : 1), sizeof *lat);
+    result = lat ? one_cycle(conn, argv[3], device, size, seed0) : 2;
+    if (result == 0 && argc == 8) {
+      const int go = open(argv[7], O_RDONLY); /* blocks until the driver opens it for writing */
+      if (go < 0) {
+        perror("testclient: open GO");
+        result = 2;
+      } else {
+        close(go);
+      }
+    }
+    const uint64_t start = now_ns();
+    for (int i = 0; i < n && result == 0; ++i) {
+      const uint64_t t0 = now_ns();
+      result = one_cycle(conn, argv[3], device, size, seed0 + (uint64_t)i + 1u);
+      lat[i] = now_ns() - t0;
+    }
+    const uint64_t end = now_ns();
+    if (result == 0) {
+      printf("testclient: load ok %d %llu %llu ", n, (unsigned long long)start, (unsigned long long)end);
+      for (int i = 0; i < n; ++i) printf("%s%llu", i ? "," : "", (unsigned long long)lat[i]);
+      printf("\n");
+    }
+    free(lat);
+  } else if (!strcmp(action, "threads") && argc == 8) {
+    const int count = atoi(argv[6]);
+    struct worker* workers = calloc((size_t)(count > 0 ? count : 1), sizeof *workers);
+    result = workers && count > 0 ? 0 : 2;
+    int started = 0;
+    for (int i = 0; i < count && result == 0; ++i) {
+      workers[i] = (struct worker){.conn = conn, .pool = argv[3], .device = atoi(argv[4]),
+                                   .size = strtoull(argv[5], NULL, 10), .index = i, .cycles = atoi(argv[7])};
+      if (pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]) != 0) {
+        fprintf(stderr, "testclient: pthread_create failed\n");
+        result = 2;
+      } else {
+        ++started;
+      }
+    }
+    for (int i = 0; i < started; ++i) {
+      pthread_join(workers[i].thread, NULL);
+      if (workers[i].result && !result) result = workers[i].result;
+    }
+    if (result == 0) printf("testclient: threads ok (%d x %s)\n", count, argv[7]);
+    free(workers);
+  } else if (!strcmp(action, "next") && argc == 6) {
+    cupool_lease* lease = NULL;
+    rc = cupool_alloc(conn, argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 10), &lease);
+    if (rc != CUPOOL_OK) {
+      result = fail(conn, "alloc", rc);
+    } else {
+      printf("testclient: ready %llu\n", (unsigned long long)cupool_lease_id(lease));
+      fflush(stdout);
+      char line[16];
+      if (!fgets(line, sizeof line, stdin)) line[0] = 0;
+      char* reply = NULL;
+      rc = cupool_request(conn, "{\"op\": \"status\"}", &reply);
+      printf("testclient: next %s: %s\n", cupool_status_name(rc), rc == CUPOOL_OK ? "" : cupool_last_error(conn));
+      cupool_free_string(reply);
+      rc = cupool_release(conn, lease);
+      printf("testclient: release %s: %s\n", cupool_status_name(rc), rc == CUPOOL_OK ? "" : cupool_last_error(conn));
+      result = 0;
+    }
   } else {
     fprintf(stderr, "testclient: unknown action or wrong arguments: %s\n", action);
   }

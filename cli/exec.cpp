@@ -1,0 +1,117 @@
+// cupool exec: run a command with the config's process: section applied inside it.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli/options.h"
+#include "cli/verbs.h"
+#include "core/diagnostics.h"
+#include "core/error.h"
+#include "core/holder.h"
+#include "core/process.h"
+#include "core/sim_backend.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct ExecArgs {
+  std::string config;
+  std::string profile;
+  std::string report;
+  bool strict = false;
+  bool quiet = false;
+  std::vector<std::string> command;
+};
+
+// The preload library: $CUPOOL_PRELOAD, else beside this binary (a build tree), else in the
+// installed lib directories next to bin/.
+std::string find_preload() {
+  if (const char* env = std::getenv("CUPOOL_PRELOAD"); env && *env) return env;
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n > 0) {
+    buf[n] = '\0';
+    std::string dir(buf);
+    dir = dir.substr(0, dir.rfind('/'));
+    for (const std::string& candidate : {dir + "/libcupool-preload.so", dir + "/../lib/libcupool-preload.so",
+                                         dir + "/../lib64/libcupool-preload.so",
+                                         dir + "/../lib/x86_64-linux-gnu/libcupool-preload.so"})
+      if (::access(candidate.c_str(), R_OK) == 0) return candidate;
+  }
+  throw Error(ExitCode::does_not_fit, "can't find libcupool-preload.so beside the cupool binary; set CUPOOL_PRELOAD");
+}
+
+std::string absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/' || path == "-") return path;
+  char cwd[4096];
+  if (!::getcwd(cwd, sizeof cwd)) return path;
+  return std::string(cwd) + "/" + path;
+}
+
+}  // namespace
+
+Runner add_exec(CLI::App& app) {
+  auto args = std::make_shared<ExecArgs>();
+  CLI::App* sub = app.add_subcommand("exec", "Run a command with the config's process: section applied inside it");
+  sub->footer(
+      "\n"
+      "Pools and their settings are per process, so an operator can't change another program's default\n"
+      "pool from outside. 'cupool exec' runs CMD with a small library preloaded (LD_PRELOAD) that applies\n"
+      "the file's process: section (per selected device: the default pool's release threshold, reuse\n"
+      "policies and peer access) before CMD's main runs, so before its first allocation. CMD is not\n"
+      "modified; child processes it starts get the same treatment. The file is checked first (an invalid\n"
+      "file stops here, exit 2; one that does not fit, exit 1). A failure to apply inside CMD is reported\n"
+      "on stderr and CMD runs anyway, unless --strict (then CMD does not start, exit 3).\n"
+      "\nExamples:\n"
+      "  cupool exec configs/single-gpu-inference.yaml -- python serve.py --port 8000\n"
+      "  cupool exec pools.yaml --report=usage.jsonl -- ./train   # per-process pool figures at exit\n"
+      "  cupool exec pools.yaml --strict -- ./batch-job\n"
+      "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts.");
+  sub->add_option("config", args->config, "The config file whose process: section is applied")->required()->check(CLI::ExistingFile);
+  add_profile_option(sub, args->profile, "Apply to (a simulated node: for trying it without a GPU)");
+  sub->add_flag("--strict", args->strict, "A failure to apply inside CMD stops CMD before it starts (exit 3)");
+  sub->add_option("--report", args->report,
+                  "At each process's exit, write its pool figures (JSON, one line per process) to FILE, or stderr with '-'")
+      ->expected(0, 1)
+      ->default_str("-");
+  sub->add_flag("--quiet,-q", args->quiet, "No line on stderr when the section was applied");
+  sub->add_option("command", args->command, "CMD and its arguments, after --")->required();
+
+  return [args, sub](Context& ctx) -> int {
+    // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
+    const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
+    {
+      auto backend = ctx.make_backend(args->profile);
+      try {
+        configure_process_check(*backend, file.text(), file.path());
+      } catch (const ConfigRejected& e) {
+        std::cerr << e.rendered();
+        throw Error(e.invalid_input() ? ExitCode::invalid_input : ExitCode::does_not_fit,
+                    file.path() + ": the process: section can't be applied (" + e.what() + ")");
+      }
+    }
+    const std::string preload = find_preload();
+    const char* old = std::getenv("LD_PRELOAD");
+    const std::string ld = old && *old ? preload + ":" + old : preload;
+    ::setenv("LD_PRELOAD", ld.c_str(), 1);
+    ::setenv("CUPOOL_EXEC_CONFIG", absolute(args->config).c_str(), 1);
+    if (args->strict) ::setenv("CUPOOL_EXEC_STRICT", "1", 1);
+    if (args->quiet) ::setenv("CUPOOL_EXEC_QUIET", "1", 1);
+    if (sub->get_option("--report")->count() > 0)
+      ::setenv("CUPOOL_EXEC_REPORT", (args->report.empty() ? std::string("-") : absolute(args->report)).c_str(), 1);
+    if (!args->profile.empty()) ::setenv("CUPOOL_PROFILE", absolute(args->profile).c_str(), 1);
+    std::vector<char*> argv;
+    for (auto& a : args->command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    throw Error(ExitCode::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
+  };
+}
+
+}  // namespace cupool::cli

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Fuzzing: builds build-fuzz/ with clang, libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer,
+# then runs each fuzz target (tests/fuzz/) for $FUZZ_SECONDS seconds over a scratch copy of its
+# seed corpus and its regression inputs. Fails when a fuzzer finds anything (crash, sanitizer
+# report, leak, timeout, out of memory), printing the input; the inputs are kept in
+# build-fuzz/fuzz-findings/. Without clang or the libFuzzer runtime it says so and exits 0.
+# Usage: [FUZZ_SECONDS=30] [FUZZ_TARGETS="config protocol"] [FUZZ_CC=clang FUZZ_CXX=clang++] scripts/fuzz.sh
+# Debian 12 packages: clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes), besides
+# what scripts/setup.sh installs (cmake, ninja-build, the libraries). With only clang-14 installed:
+# FUZZ_CC=clang-14 FUZZ_CXX=clang++-14.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_TARGETS=${FUZZ_TARGETS:-config protocol}
+FUZZ_CC=${FUZZ_CC:-clang}
+FUZZ_CXX=${FUZZ_CXX:-clang++}
+
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/cupool-fuzz.XXXXXX")
+trap 'rm -rf "$scratch"' EXIT
+
+if ! command -v "$FUZZ_CC" >/dev/null || ! command -v "$FUZZ_CXX" >/dev/null; then
+  echo "fuzz: skipped: clang/libFuzzer not installed ($FUZZ_CXX not found; install clang and its compiler-rt runtime)"
+  exit 0
+fi
+printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' >"$scratch/probe.cpp"
+if ! "$FUZZ_CXX" -fsanitize=fuzzer,address,undefined "$scratch/probe.cpp" -o "$scratch/probe" 2>"$scratch/probe.log"; then
+  echo "fuzz: skipped: clang/libFuzzer not installed ($FUZZ_CXX -fsanitize=fuzzer does not link:"
+  sed 's/^/  /' "$scratch/probe.log" | head -5
+  echo "  install the compiler-rt runtime, e.g. libclang-rt-14-dev)"
+  exit 0
+fi
+
+echo "== fuzz: building build-fuzz/ (clang, libFuzzer, ASan, UBSan)"
+cmake -S . -B build-fuzz -G Ninja -DCUPOOL_FUZZ=ON -DCMAKE_C_COMPILER="$FUZZ_CC" -DCMAKE_CXX_COMPILER="$FUZZ_CXX" >/dev/null
+targets=()
+for t in $FUZZ_TARGETS; do targets+=("cupool_${t}_fuzz"); done
+cmake --build build-fuzz --target "${targets[@]}"
+
+# Copies the files ending in $2 under the directories $3... into $1, named by content.
+collect() {
+  local into=$1 ext=$2
+  shift 2
+  mkdir -p "$into"
+  find "$@" -type f -name "*$ext" -print0 2>/dev/null | while IFS= read -r -d '' f; do
+    cp "$f" "$into/$(sha1sum "$f" | cut -c1-40)"
+  done
+}
+
+status=0
+mkdir -p build-fuzz/fuzz-findings
+for t in $FUZZ_TARGETS; do
+  work="$scratch/$t"
+  mkdir -p "$work/artifacts"
+  extra=()
+  case $t in
+    config)
+      collect "$work/corpus" .yaml configs tests/bad tests/schema/good tests/fuzz/regressions/config
+      extra+=(-dict=tests/fuzz/config.dict) ;;
+    protocol)
+      collect "$work/corpus" .bin tests/fuzz/protocol-corpus tests/fuzz/regressions/protocol
+      extra+=(-dict=tests/fuzz/protocol.dict -max_len=16384) ;;
+    *)
+      echo "fuzz: unknown target $t" >&2
+      exit 2 ;;
+  esac
+  echo "== fuzz: cupool_${t}_fuzz for ${FUZZ_SECONDS} s over $(find "$work/corpus" -type f | wc -l) seeds"
+  rc=0
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "build-fuzz/tests/fuzz/cupool_${t}_fuzz" -max_total_time="$FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
+      -print_final_stats=1 -artifact_prefix="$work/artifacts/" "${extra[@]}" "$work/corpus" >"$work/log" 2>&1 || rc=$?
+  grep -E '^(#[0-9]+[[:space:]]+DONE|Done [0-9]+ runs|stat::number_of_executed_units|stat::peak_rss_mb)' "$work/log" || true
+  if [ "$rc" -ne 0 ] || [ -n "$(ls -A "$work/artifacts")" ]; then
+    status=1
+    echo "fuzz: cupool_${t}_fuzz FOUND A BUG (exit $rc); the end of its log:"
+    tail -60 "$work/log" | sed 's/^/  /'
+    for f in "$work"/artifacts/*; do
+      [ -e "$f" ] || continue
+      mkdir -p "build-fuzz/fuzz-findings/$t"
+      cp "$f" "build-fuzz/fuzz-findings/$t/"
+      echo "fuzz: input: build-fuzz/fuzz-findings/$t/$(basename "$f") ($(stat -c %s "$f") bytes, base64 below)"
+      base64 -w 76 "$f" | head -40 | sed 's/^/  /'
+      echo "  reproduce: build-fuzz/tests/fuzz/cupool_${t}_fuzz build-fuzz/fuzz-findings/$t/$(basename "$f")"
+    done
+  else
+    echo "fuzz: cupool_${t}_fuzz: nothing found"
+  fi
+done
+exit $status

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""`cupool exec` on a simulated node: the process: section is applied inside an unmodified
+program (here python3 and echo) before its main, and --report writes its pool figures at exit.
+
+  exec_test.py --cupool build/cupool --root .
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SECTION = """version: 1
+process:
+  devices: all
+  default_pool:
+    release_threshold: max
+    reuse: {allow_opportunistic: false}
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cupool", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--sanitized", action="store_true", help="the build is sanitized: skip (exit 77)")
+    args = ap.parse_args()
+    if args.sanitized:
+        print("skipped: a sanitized preload library can't be loaded into an unsanitized python3")
+        return 77
+    profile = os.path.join(args.root, "configs", "profiles", "h100.yaml")
+    tmp = tempfile.mkdtemp(prefix="cupool-exec-")
+    config = os.path.join(tmp, "p.yaml")
+    with open(config, "w") as f:
+        f.write(SECTION)
+    failures = []
+
+    def check(ok, what):
+        print(("ok    " if ok else "FAIL  ") + what)
+        if not ok:
+            failures.append(what)
+
+    # Applied before main, reported at exit (an unmodified python3 here).
+    report = os.path.join(tmp, "report.jsonl")
+    r = subprocess.run([args.cupool, "exec", config, "--profile", profile, "--report=" + report, "--",
+                        sys.executable, "-c", "import sys; print('inside'); sys.exit(7)"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 7, f"the command's exit status comes through (got {r.returncode})")
+    check(r.stdout == "inside\n", f"the command ran unmodified: {r.stdout!r}")
+    check('"field":"release_threshold","from":"0 B","to":"max"' in r.stderr, f"the change is reported: {r.stderr}")
+    lines = [json.loads(line) for line in open(report)]
+    check(len(lines) >= 1, f"one report line per process: {len(lines)}")
+    pool = lines[0]["stats"]["devices"][0]["pools"][0]
+    check(pool["release_threshold"] == 2**64 - 1 and pool["reuse"]["allow_opportunistic"] is False,
+          f"the report shows the settings seen inside the program: {pool}")
+
+    # A broken file stops before the command (exit 2), with the finding.
+    bad = os.path.join(tmp, "bad.yaml")
+    with open(bad, "w") as f:
+        f.write("version: 1\nprocess:\n  default_pool: {release_threshold: 12}\n")
+    r = subprocess.run([args.cupool, "exec", bad, "--profile", profile, "--", "/bin/echo", "never"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 2 and "never" not in r.stdout and "bad.yaml:3:" in r.stderr,
+          f"an invalid file stops before the command: {r.returncode} {r.stderr}")
+
+    # A section that does not fit this node: exit 1.
+    far = os.path.join(tmp, "far.yaml")
+    with open(far, "w") as f:
+        f.write("version: 1\nprocess:\n  devices: [3]\n  default_pool: {release_threshold: max}\n")
+    r = subprocess.run([args.cupool, "exec", far, "--profile", profile, "--", "/bin/true"],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "no device '3'" in r.stderr, f"a missing device: {r.returncode} {r.stderr}")
+
+    # Inside the program the failure is a line on stderr and the program still runs, unless
+    # --strict: simulate it by breaking the file after the check (CUPOOL_EXEC_CONFIG points to it).
+    env = dict(os.environ, CUPOOL_EXEC_CONFIG=bad, CUPOOL_PROFILE=profile,
+               LD_PRELOAD=os.path.join(os.path.dirname(os.path.abspath(args.cupool)), "libcupool-preload.so"))
+    r = subprocess.run(["/bin/echo", "ran"], capture_output=True, text=True, env=env, timeout=60)
+    check(r.returncode == 0 and r.stdout == "ran\n" and "was not applied" in r.stderr,
+          f"a failure inside the program is reported and the program runs: {r.returncode} {r.stderr}")
+    r = subprocess.run(["/bin/echo", "ran"], capture_output=True, text=True, env=dict(env, CUPOOL_EXEC_STRICT="1"), timeout=60)
+    check(r.returncode == 3 and r.stdout == "" and "--strict" in r.stderr,
+          f"--strict stops the program before main: {r.returncode} {r.stderr}")
+
+    print(f"{'all' if not failures else len(failures)} {'passed' if not failures else 'failed'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

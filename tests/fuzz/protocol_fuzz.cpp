@@ -1,0 +1,234 @@
+// Fuzz target: bytes from a client -> frame decoder -> payload parser -> Holder::handle, on a
+// simulated two-GPU node holding a small config. The holder may refuse anything, but only in
+// the documented ways (ProtocolError with a code, ConfigRejected, CudaError, cupool::Error);
+// any other exception, a crash, a leak, a reply that can't be encoded, leases and opens left
+// behind after the client is gone, or (after a change) an export that doesn't apply as a no-op
+// is a finding. Built like config_fuzz.cpp: with libFuzzer when CUPOOL_FUZZ=ON, and always as a
+// deterministic driver (mutate_main.cpp --frames) under CTest. Seeds: protocol-corpus/
+// (make_protocol_corpus.py) and regressions/protocol/.
+//
+// Input: byte 0 picks the peer (bits 0-1: root, alice in share.users, bob in share.groups, eve a
+// stranger; bit 2: another client, alice, already holds a lease and has the buffer open). The
+// rest is fed through proto::FrameDecoder exactly as core/server.cpp read_from/handle_frame do.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+#include "core/backend.h"
+#include "core/error.h"
+#include "core/holder.h"
+#include "core/protocol.h"
+#include "core/sim_backend.h"
+#include "tests/unit/fixtures.h"
+
+namespace {
+
+using cupool::Json;
+namespace proto = cupool::proto;
+
+const char* const kConfig = R"(version: 1
+holder: {socket: /tmp/cupool-fuzz.sock, mode: "0660"}
+pools:
+  - name: kv
+    devices: [0, 1]
+    handle_types: [posix_fd]
+    max_size: 1GiB
+    release_threshold: max
+    reserve: 64MiB
+    access: [all]
+    share: {users: [alice], groups: [gpu], quota_per_client: 256MiB}
+  - name: private
+    devices: [0]
+    handle_types: [posix_fd]
+    max_size: 512MiB
+  - name: local
+    devices: [1]
+    max_size: 256MiB
+buffers:
+  - {name: weights, pool: kv, device: 0, size: 128MiB}
+)";
+
+[[noreturn]] void finding(const std::string& what) {
+  std::fprintf(stderr, "protocol fuzz finding: %s\n", what.c_str());
+  std::abort();
+}
+
+cupool::Peer peer(std::uint32_t uid, const char* user, std::vector<std::string> groups) {
+  cupool::Peer p;
+  p.pid = 4242;
+  p.uid = uid;
+  p.gid = uid;
+  p.user = user;
+  p.group_names = std::move(groups);
+  return p;
+}
+
+Json error_body(const Json& id, const std::string& code, const std::string& message) {
+  Json j;
+  j["id"] = id;
+  j["ok"] = false;
+  j["error"] = {{"code", code}, {"message", message}};
+  return j;
+}
+
+// CUPOOL_FUZZ_VERBOSE=1: print every reply (to see what a seed or a finding does).
+const bool verbose = std::getenv("CUPOOL_FUZZ_VERBOSE") != nullptr;
+
+// The server queues every reply through proto::encode; one under the frame limit must encode.
+// (One over it is answered with an "internal" error instead; that must encode too.)
+void encode(const Json& body, std::uint32_t fds = 0) {
+  const std::string text = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (verbose) std::fprintf(stderr, "reply%s (%zu bytes): %.300s\n", fds ? " +fd" : "", text.size(), text.c_str());
+  try {
+    const std::string frame = proto::encode(proto::Kind::reply, body, fds);
+    if (frame.size() != proto::kHeaderSize + text.size()) finding("encoded frame has the wrong size");
+  } catch (const proto::ProtocolError& e) {
+    if (text.size() <= proto::kMaxPayload) finding(std::string("encode refused a reply under the limit: ") + e.what());
+    (void)proto::encode(proto::Kind::reply, error_body(body.value("id", Json()), "internal", e.what()));
+  }
+}
+
+// What the requests of one input did to the holder.
+struct Effects {
+  bool changed = false;  // an apply, buffer_create or buffer_remove succeeded
+  // An apply was made in part: a pool change was blocked on some device (the pool's devices
+  // can then differ, which one config entry can't say), or it failed after it began.
+  bool partial = false;
+};
+
+// handle_frame of core/server.cpp, with the holder's refusals turned into error replies.
+void handle_frame(cupool::Holder& holder, std::uint64_t client, const std::string& payload, Effects& effects) {
+  const Json request = proto::parse_payload(payload);  // bad_frame goes up
+  Json id = Json();
+  if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0)
+    id = *it;
+  int fd = -1;
+  try {
+    Json body = holder.handle(client, request, fd);
+    Json reply;
+    reply["id"] = id;
+    reply["ok"] = true;
+    for (auto& [k, v] : body.items()) reply[k] = v;
+    encode(reply, fd >= 0 ? 1 : 0);
+    if (fd >= 0) ::close(fd);
+    const std::string& op = request["op"].get_ref<const std::string&>();  // handle() insists on a string
+    effects.changed = effects.changed || op == "apply" || op == "buffer_create" || op == "buffer_remove";
+    if (op == "apply")
+      for (const auto& change : reply["changes"])
+        if (change["object"] == "pool" && change.contains("blocked")) effects.partial = true;
+    return;
+  } catch (const proto::ProtocolError& e) {
+    if (e.code() == "bad_frame" || e.code() == "internal") finding("handle answered " + e.code() + ": " + e.what());
+    encode(error_body(id, e.code(), e.what()));
+    // Refusals before anything was changed; anything else from apply may come half-way.
+    if (e.code() != "not_permitted" && e.code() != "bad_request" && e.code() != "draining" && e.code() != "hello_required" &&
+        request.value("op", Json()) == "apply")
+      effects.partial = true;
+  } catch (const cupool::ConfigRejected& e) {
+    Json body = error_body(id, "invalid_config", e.what());
+    body["error"]["findings"] = e.findings();
+    body["error"]["rendered"] = e.rendered();
+    encode(body);
+  } catch (const cupool::CudaError& e) {
+    encode(error_body(id, "cuda_error", e.what()));
+    if (request.value("op", Json()) == "apply") effects.partial = true;
+  } catch (const cupool::Error& e) {
+    encode(error_body(id, "bad_request", e.what()));
+    if (request.value("op", Json()) == "apply") effects.partial = true;
+  }
+  if (fd >= 0) ::close(fd);
+}
+
+// "The live state as a version 1 config, which cupool check and apply accept (applying it to the
+// same holder changes nothing)" (docs/protocol.md, export). After a partial apply only the first
+// half holds: a pool whose devices differ is exported as its first device's (see
+// regressions/protocol/export-divergent-pool.bin), and applying that export would change it.
+void check_export(const cupool::Holder& holder, const cupool::NodeReport& node, bool partial) {
+  const std::string text = holder.export_config();
+  cupool::Desired again;
+  try {
+    again = cupool::desired_from_config(text, "export.yaml", node);
+  } catch (const cupool::ConfigRejected& e) {
+    finding("export is not a config that apply accepts:\n" + e.rendered() + "\n" + text);
+  }
+  if (partial) return;
+  const auto changes = holder.plan(again);
+  if (!changes.empty()) finding("applying the export would change " + changes.front().to_json().dump() + ":\n" + text);
+}
+
+// Nothing a client did may outlive it.
+void check_released(const cupool::Holder& holder) {
+  if (holder.lease_count() != 0 || holder.leased_bytes() != 0) finding("leases left after every client disconnected");
+  const Json status = holder.status();
+  for (const auto& b : status["buffers"])
+    if (b["opens"] != 0) finding("buffer " + b["name"].get<std::string>() + " still open after every client left");
+  for (const auto& p : status["pools"])
+    if (p["leases"] != 0 || p["leased_bytes"] != 0) finding("pool " + p["name"].get<std::string>() + " still counts leases");
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const cupool::NodeReport node = [] {
+    spdlog::set_level(spdlog::level::off);
+    return cupool::test::two_gpu_node();
+  }();
+  static const cupool::Desired want = cupool::desired_from_config(kConfig, "fuzz.yaml", node);
+  if (size == 0) return 0;
+
+  cupool::SimBackend sim(node);
+  cupool::Holder holder(sim, node, /*self_uid=*/1000);
+  holder.adopt_holder_settings(want.holder);
+  holder.apply(want);
+
+  // A bystander holding a lease and an open buffer: what the fuzzed client does to pools and
+  // buffers (apply, buffer_remove) meets them in use.
+  std::uint64_t bystander = 0;
+  if (data[0] & 4) {
+    bystander = holder.connect(peer(1001, "alice", {"alice"}));
+    int fd = -1;
+    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 1}}, fd);
+    holder.handle(bystander, {{"id", 2}, {"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}, fd);
+    holder.handle(bystander, {{"id", 3}, {"op", "buffer_open"}, {"name", "weights"}}, fd);
+  }
+  static const cupool::Peer peers[4] = {peer(0, "root", {"root"}), peer(1001, "alice", {"alice"}),
+                                        peer(1002, "bob", {"bob", "gpu"}), peer(1003, "eve", {"eve"})};
+  const std::uint64_t client = holder.connect(peers[data[0] & 3]);
+  Effects effects;
+
+  try {
+    proto::FrameDecoder decoder(proto::Kind::request);
+    const char* bytes = reinterpret_cast<const char*>(data + 1);
+    const std::size_t n = size - 1;
+    std::size_t used = 0;
+    while (used < n) {
+      const std::size_t took = decoder.feed(bytes + used, n - used);
+      if (took == 0 && !decoder.ready()) finding("the frame decoder took no bytes");
+      used += took;
+      if (decoder.ready()) {
+        auto [header, payload] = decoder.take();
+        if (header.length != payload.size()) finding("a frame's payload differs from its header's length");
+        handle_frame(holder, client, payload, effects);
+      }
+    }
+  } catch (const proto::ProtocolError& e) {
+    // A malformed frame: the server answers bad_frame and closes the connection.
+    if (e.code() != "bad_frame") finding("the decoder threw " + e.code() + ": " + e.what());
+    encode(error_body(Json(), "bad_frame", e.what()));
+  } catch (const std::exception& e) {
+    finding(std::string("uncaught exception: ") + e.what());
+  }
+
+  holder.disconnect(client);
+  if (bystander) holder.disconnect(bystander);
+  check_released(holder);
+  if (effects.changed) check_export(holder, node, effects.partial);
+  return 0;
+}
