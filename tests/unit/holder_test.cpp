@@ -282,3 +282,25 @@ TEST_CASE("a config with errors is rejected with its findings, and nothing chang
   }
   CHECK(f.sim.calls().size() == calls);
 }
+
+TEST_CASE("a pool name is replaced on all its devices or on none") {
+  Fixture f;
+  f.holder.apply(f.want());
+  // The buffer 'weights' lives in kv on device 0, so kv can't be replaced there; device 1 must wait too.
+  std::string bigger = kConfig;
+  bigger.replace(bigger.find("max_size: 1GiB"), 14, "max_size: 2GiB");
+  const auto changes = f.holder.plan(f.want(bigger));
+  int replaces = 0;
+  for (const auto& c : changes) {
+    if (c.action != "replace" || c.name != "kv") continue;
+    ++replaces;
+    CHECK_FALSE(c.blocked.empty());
+    if (c.device == 1) CHECK(c.blocked.find("replaced on all its devices or on none") != std::string::npos);
+  }
+  CHECK(replaces == 2);
+  const std::size_t before = f.sim.calls().size();
+  f.holder.apply(f.want(bigger));
+  for (std::size_t i = before; i < f.sim.calls().size(); ++i) CHECK(f.sim.calls()[i].rfind("destroy_pool", 0) != 0);
+  // export still describes one pool that applies to itself unchanged.
+  CHECK(f.holder.plan(desired_from_config(f.holder.export_config(), "export.yaml", test::two_gpu_node())).empty());
+}
