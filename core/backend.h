@@ -233,6 +233,15 @@ class Backend {
   virtual PoolHandle default_pool(int device) = 0;
   // The device's current pool (cuDeviceGetMemPool): the default pool unless the process set another.
   virtual PoolHandle current_pool(int device) = 0;
+  // Makes `pool` the device's current pool (cuDeviceSetMemPool): cudaMallocAsync and cuMemAllocAsync
+  // on the device then allocate from it. `pool` is a device pool this backend created on `device`,
+  // or the device's default pool (to go back). The backend never destroys a pool while it is
+  // current, not even when the backend itself is destroyed: the process's own allocations live in
+  // it until the process ends.
+  virtual void set_current_pool(int device, PoolHandle pool) = 0;
+  // The properties this backend's create_pool made the pool with; nullopt for a pool it did not
+  // create (a device's default pool, a current pool someone else set, an imported pool).
+  virtual std::optional<PoolProps> created_props(PoolHandle pool) = 0;
   // Whether `peer` may read and write the pool's memory (cuMemPoolGetAccess).
   virtual bool pool_access(PoolHandle pool, int peer) = 0;
   // Whether this process has an active primary context on the device (cuDevicePrimaryCtxGetState).

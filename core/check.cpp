@@ -133,15 +133,78 @@ class Checker {
     }
   }
 
+  // The sizes of one pool (a declared pool or process.current_pool).
+  struct Sizes {
+    const At<std::uint64_t>& reserve;
+    const At<std::uint64_t>& max_size;
+    const At<Threshold>& threshold;
+  };
+
+  void check_reserve_vs_max(const Sizes& s, const std::string& what) {
+    if (s.reserve.set && s.max_size.set && s.reserve.value > s.max_size.value)
+      d_.error("reserve-above-max-size", s.reserve.loc,
+               "reserve (" + format_bytes(s.reserve.value) + ") is above max_size (" + format_bytes(s.max_size.value) + ") in " + what,
+               "", "lower reserve or raise max_size");
+  }
+
+  // The rules that depend on device `d`'s memory; each reported once per pool (the flags).
+  void check_sizes(const Sizes& s, int d, const std::string& what, bool device_located, bool& reported_threshold,
+                   bool& reported_max) {
+    const std::uint64_t memory = info(d).total_memory;
+    if (s.reserve.set && s.threshold.set && !reported_threshold) {
+      const std::uint64_t threshold = s.threshold.value.resolve(memory);
+      if (s.reserve.value > threshold) {
+        reported_threshold = true;
+        const std::string shown = s.threshold.value.kind == Threshold::Kind::percent
+                                      ? s.threshold.value.text + " of " + format_bytes(memory) + " = " + format_bytes(threshold)
+                                      : format_bytes(threshold);
+        d_.error("reserve-above-threshold", s.reserve.loc,
+                 "reserve (" + format_bytes(s.reserve.value) + ") is above release_threshold (" + shown + ") in " + what +
+                     ": the pool would give the reserved memory back at the first synchronize",
+                 "a pool keeps at most release_threshold bytes across a synchronize (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)",
+                 "raise release_threshold (e.g. max) or lower reserve");
+      }
+    } else if (s.reserve.set && !s.threshold.set && s.reserve.value > 0 && !reported_threshold) {
+      reported_threshold = true;
+      d_.error("reserve-above-threshold", s.reserve.loc,
+               "reserve (" + format_bytes(s.reserve.value) + ") is above the default release_threshold (0) in " + what +
+                   ": the pool would give the reserved memory back at the first synchronize",
+               "the release threshold defaults to 0 (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)",
+               "set release_threshold to at least the reserve, or max");
+    }
+    if (device_located && s.max_size.set && s.max_size.value > memory && !reported_max) {
+      reported_max = true;
+      d_.warning("max-size-above-memory", s.max_size.loc,
+                 "max_size (" + format_bytes(s.max_size.value) + ") is above " + label(d) + "'s memory (" + format_bytes(memory) + ") in " + what,
+                 "cuDeviceTotalMem = " + std::to_string(memory) + " on " + where_);
+    }
+  }
+
   void check_process() {
     if (!c_.process) return;
     const ProcessSpec& p = *c_.process;
     const std::vector<int> devices = resolve(p.devices);
-    if (!p.default_pool) return;
-    if (p.default_pool->access) resolve(*p.default_pool->access);
+    if (p.default_pool) {
+      if (p.default_pool->access) resolve(*p.default_pool->access);
+      for (int d : devices) {
+        if (!require_pools(d, p.devices.loc.line ? p.devices.loc : p.default_pool->loc, "process.default_pool")) continue;
+        if (p.default_pool->access) check_access(*p.default_pool->access, d, "its default pool");
+      }
+    }
+    if (!p.current_pool) return;
+    const CurrentPoolSpec& cp = *p.current_pool;
+    const std::string what = "process.current_pool";
+    const Sizes sizes{cp.reserve, cp.max_size, cp.release_threshold};
+    check_reserve_vs_max(sizes, what);
+    if (cp.access) resolve(*cp.access);
+    bool reported_threshold = false;
+    bool reported_max = false;
     for (int d : devices) {
-      if (!require_pools(d, p.devices.loc.line ? p.devices.loc : p.default_pool->loc, "process.default_pool")) continue;
-      if (p.default_pool->access) check_access(*p.default_pool->access, d, "its default pool");
+      if (!require_pools(d, p.devices.loc.line ? p.devices.loc : cp.loc, what)) continue;
+      if (cp.access) check_access(*cp.access, d, "its current pool");
+      check_sizes(sizes, d, what, true, reported_threshold, reported_max);
+      if (cp.reserve.set && cp.reserve.value > 0)
+        reservations_[d].push_back({what + " reserve", cp.reserve.value, cp.reserve.loc});
     }
   }
 
@@ -153,10 +216,8 @@ class Checker {
     const std::uint32_t ipc = p.handle_mask();
 
     // Rules that need no node.
-    if (p.reserve.set && p.max_size.set && p.reserve.value > p.max_size.value)
-      d_.error("reserve-above-max-size", p.reserve.loc,
-               "reserve (" + format_bytes(p.reserve.value) + ") is above max_size (" + format_bytes(p.max_size.value) + ") in " + what,
-               "", "lower reserve or raise max_size");
+    const Sizes sizes{p.reserve, p.max_size, p.release_threshold};
+    check_reserve_vs_max(sizes, what);
     if (p.share && ipc == 0)
       d_.error("share-without-handle-type", p.share->loc,
                what + " is shared but has no IPC handle type, so no other process can import it", "",
@@ -223,33 +284,7 @@ class Checker {
       if (p.access && location.kind == PoolLocation::Kind::device) check_access(*p.access, d, what);
 
       const std::uint64_t memory = dev.total_memory;
-      if (p.reserve.set && p.release_threshold.set && !reported_threshold) {
-        const std::uint64_t threshold = p.release_threshold.value.resolve(memory);
-        if (p.reserve.value > threshold) {
-          reported_threshold = true;
-          const std::string shown = p.release_threshold.value.kind == Threshold::Kind::percent
-                                        ? p.release_threshold.value.text + " of " + format_bytes(memory) + " = " + format_bytes(threshold)
-                                        : format_bytes(threshold);
-          d_.error("reserve-above-threshold", p.reserve.loc,
-                   "reserve (" + format_bytes(p.reserve.value) + ") is above release_threshold (" + shown + ") in " + what +
-                       ": the pool would give the reserved memory back at the first synchronize",
-                   "a pool keeps at most release_threshold bytes across a synchronize (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)",
-                   "raise release_threshold (e.g. max) or lower reserve");
-        }
-      } else if (p.reserve.set && !p.release_threshold.set && p.reserve.value > 0 && !reported_threshold) {
-        reported_threshold = true;
-        d_.error("reserve-above-threshold", p.reserve.loc,
-                 "reserve (" + format_bytes(p.reserve.value) + ") is above the default release_threshold (0) in " + what +
-                     ": the pool would give the reserved memory back at the first synchronize",
-                 "the release threshold defaults to 0 (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)",
-                 "set release_threshold to at least the reserve, or max");
-      }
-      if (location.kind == PoolLocation::Kind::device && p.max_size.set && p.max_size.value > memory && !reported_max) {
-        reported_max = true;
-        d_.warning("max-size-above-memory", p.max_size.loc,
-                   "max_size (" + format_bytes(p.max_size.value) + ") is above " + label(d) + "'s memory (" + format_bytes(memory) + ") in " + what,
-                   "cuDeviceTotalMem = " + std::to_string(memory) + " on " + where_);
-      }
+      check_sizes(sizes, d, what, location.kind == PoolLocation::Kind::device, reported_threshold, reported_max);
       if (p.share && p.share->quota_per_client.set && !reported_quota) {
         const std::uint64_t quota = p.share->quota_per_client.value;
         if (p.max_size.set && quota > p.max_size.value) {

@@ -264,7 +264,7 @@ class Parser {
       c.process = p;
       return;
     }
-    auto fs = fields(f.value, "'process'", {"devices", "default_pool"}, {}, f.value_loc);
+    auto fs = fields(f.value, "'process'", {"devices", "default_pool", "current_pool"}, {}, f.value_loc);
     if (auto* v = get(fs, "devices")) p.devices = device_list(*v, "devices");
     if (auto* v = get(fs, "default_pool")) {
       DefaultPoolSpec dp;
@@ -276,6 +276,20 @@ class Parser {
         if (auto* a = get(dfs, "access")) dp.access = device_list(*a, "access");
       }
       p.default_pool = dp;
+    }
+    if (auto* v = get(fs, "current_pool")) {
+      CurrentPoolSpec cp;
+      cp.loc = v->key_loc;
+      if (expect_map(*v, "'current_pool'", "e.g. current_pool: {release_threshold: max, max_size: 16GiB}")) {
+        auto cfs = fields(v->value, "'current_pool'", {"max_size", "release_threshold", "reserve", "reuse", "access"}, {},
+                          v->value_loc);
+        if (auto* t = get(cfs, "max_size")) cp.max_size = size(*t, "max_size");
+        if (auto* t = get(cfs, "release_threshold")) cp.release_threshold = threshold(*t);
+        if (auto* t = get(cfs, "reserve")) cp.reserve = size(*t, "reserve");
+        if (auto* r = get(cfs, "reuse")) cp.reuse = reuse(*r);
+        if (auto* a = get(cfs, "access")) cp.access = device_list(*a, "access");
+      }
+      p.current_pool = cp;
     }
     c.process = p;
   }

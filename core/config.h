@@ -102,10 +102,23 @@ struct DefaultPoolSpec {
   std::optional<DeviceList> access;
 };
 
+// A pool cupool creates inside the application on each selected device and makes the device's
+// current pool (cuDeviceSetMemPool), so that cudaMallocAsync / cuMemAllocAsync allocate from it.
+// Always device-located, never exported.
+struct CurrentPoolSpec {
+  Loc loc;
+  At<std::uint64_t> max_size;          // unset: the driver's default (device memory)
+  At<Threshold> release_threshold;     // unset: 0, the driver's default
+  At<std::uint64_t> reserve;           // allocated and freed once at creation, kept by the threshold
+  std::optional<Reuse> reuse;
+  std::optional<DeviceList> access;
+};
+
 struct ProcessSpec {
   Loc loc;
   DeviceList devices;  // default all
   std::optional<DefaultPoolSpec> default_pool;
+  std::optional<CurrentPoolSpec> current_pool;
 };
 
 struct Config {

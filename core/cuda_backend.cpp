@@ -46,7 +46,8 @@ struct DriverApi {
   X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)      \
   X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                      \
   X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)             \
-  X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuMemPoolGetAccess) X(cuDevicePrimaryCtxGetState)    \
+  X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolGetAccess)          \
+  X(cuDevicePrimaryCtxGetState)                                                                       \
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)                 \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
@@ -139,7 +140,9 @@ class CudaBackend final : public Backend {
       api_.cuStreamSynchronize(nullptr);
     }
     for (auto& [handle, pool] : pools_) {
-      if (pool.borrowed) continue;  // the device's default or current pool: not ours to destroy
+      // The device's default pool, or one that is current (the process allocates from it with
+      // cudaMallocAsync, perhaps up to its exit): not ours to destroy.
+      if (pool.borrowed || pool.current) continue;
       ContextScope scope(api_, context_or_null(pool.device));
       api_.cuMemPoolDestroy(pool.pool);
     }
@@ -178,12 +181,14 @@ class CudaBackend final : public Backend {
     p.maxSize = static_cast<size_t>(props.max_size);
     CUmemoryPool pool = nullptr;
     check(api_.cuMemPoolCreate(&pool, &p), "cuMemPoolCreate");
-    return add_pool(pool, ordinal, false);
+    const PoolHandle handle = add_pool(pool, ordinal, false);
+    pools_[handle].props = props;
+    return handle;
   }
 
   void destroy_pool(PoolHandle handle) override {
     Pool& pool = find(handle);
-    if (pool.borrowed)
+    if (pool.borrowed || pool.current)
       throw CudaError("cuMemPoolDestroy", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
                       "a device's default or current pool is not destroyed by cupool");
     ContextScope scope(api_, context(pool.device));
@@ -271,11 +276,7 @@ class CudaBackend final : public Backend {
 
   // ---- this process's own pools ----
 
-  PoolHandle default_pool(int ordinal) override {
-    CUmemoryPool pool = nullptr;
-    check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
-    return borrow(pool, ordinal);
-  }
+  PoolHandle default_pool(int ordinal) override { return borrow(driver_default_pool(ordinal), ordinal); }
 
   PoolHandle current_pool(int ordinal) override {
     CUmemoryPool pool = nullptr;
@@ -284,6 +285,23 @@ class CudaBackend final : public Backend {
       if (p.pool == pool) return handle;  // one of ours, or already borrowed
     return borrow(pool, ordinal);
   }
+
+  void set_current_pool(int ordinal, PoolHandle handle) override {
+    Pool& pool = find(handle);
+    const bool is_default = pool.borrowed && pool.pool == driver_default_pool(ordinal);
+    const bool own_here = pool.props && pool.device == ordinal && pool.props->location == PoolProps::Location::device &&
+                          pool.props->location_id == ordinal;
+    if (!is_default && !own_here)
+      throw CudaError("cuDeviceSetMemPool", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "only a device pool cupool created on device " + std::to_string(ordinal) +
+                          ", or the device's default pool, is made current there");
+    check(api_.cuDeviceSetMemPool(device(ordinal), pool.pool), "cuDeviceSetMemPool");
+    for (auto& [h, p] : pools_)
+      if (p.device == ordinal) p.current = false;
+    pool.current = !is_default;
+  }
+
+  std::optional<PoolProps> created_props(PoolHandle handle) override { return find(handle).props; }
 
   bool pool_access(PoolHandle handle, int peer) override {
     CUmemLocation location;
@@ -743,6 +761,8 @@ class CudaBackend final : public Backend {
     bool imported = false;                    // from import_pool_fd
     bool exported = false;                    // its shareable handle was made at least once
     bool borrowed = false;                    // a device's default/current pool: never destroyed
+    bool current = false;                     // made current by set_current_pool: never destroyed
+    std::optional<PoolProps> props;           // what create_pool made it with (only those)
     std::set<CUdeviceptr> allocations;        // allocate (legacy stream)
     std::set<CUdeviceptr> shared;             // allocate_shared (the device's stream)
     std::set<CUdeviceptr> imported_pointers;  // import_pointer
@@ -760,6 +780,12 @@ class CudaBackend final : public Backend {
     CUevent event = nullptr;
     int device = 0;
   };
+
+  CUmemoryPool driver_default_pool(int ordinal) {
+    CUmemoryPool pool = nullptr;
+    check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
+    return pool;
+  }
 
   // A pool the driver owns (a device's default or current pool), recorded once.
   PoolHandle borrow(CUmemoryPool pool, int ordinal) {

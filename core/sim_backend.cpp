@@ -47,6 +47,7 @@ void SimBackend::fail(const std::string& call, const std::string& error_name) { 
 void SimBackend::enter(const std::string& call, const std::string& args) {
   calls_.push_back(call + "(" + args + ")");
   auto it = failures_.find(call);
+  if (it == failures_.end()) it = failures_.find(calls_.back());
   if (it == failures_.end()) return;
   if (call == "init") {
     if (it->second == "CUDA_ERROR_NO_DEVICE") throw NoDriverError("the NVIDIA driver is loaded but reports no CUDA device");
@@ -245,6 +246,7 @@ PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
   Pool p;
   p.device = dev;
   p.props = props;
+  p.created = true;
   p.settings.release_threshold = 0;
   p.arena = Arena(std::min(round_up(arena, kGranule), kMaxArena));
   if (props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) {
@@ -264,6 +266,8 @@ void SimBackend::destroy_pool(PoolHandle handle) {
   enter("destroy_pool", std::to_string(handle));
   if (pool(handle, "cuMemPoolDestroy").borrowed)
     throw invalid_value("cuMemPoolDestroy", "a device's default pool is not destroyed");
+  for (const auto& [dev, current] : current_pools_)
+    if (current == handle) throw invalid_value("cuMemPoolDestroy", "the pool is device " + std::to_string(dev) + "'s current pool");
   unmap(pool(handle, "cuMemPoolDestroy"));
   pools_.erase(handle);
 }
@@ -547,12 +551,47 @@ PoolHandle SimBackend::default_pool(int dev) {
 
 PoolHandle SimBackend::current_pool(int dev) {
   enter("current_pool", std::to_string(dev));
+  device(dev, "cuDeviceGetMemPool");
+  if (auto c = current_pools_.find(dev); c != current_pools_.end()) return c->second;
   auto it = default_pools_.find(dev);
   if (it != default_pools_.end()) return it->second;
   const std::size_t before = calls_.size();
   const PoolHandle h = default_pool(dev);
   calls_.resize(before);  // one call, as the driver's
   return h;
+}
+
+void SimBackend::set_current_pool(int dev, PoolHandle handle) {
+  enter("set_current_pool", std::to_string(dev) + "," + std::to_string(handle));
+  device(dev, "cuDeviceSetMemPool");
+  const Pool& p = pool(handle, "cuDeviceSetMemPool");
+  auto def = default_pools_.find(dev);
+  if (def != default_pools_.end() && def->second == handle) {
+    current_pools_.erase(dev);
+    return;
+  }
+  if (!p.created || p.device != dev || p.props.location != PoolProps::Location::device || p.props.location_id != dev)
+    throw invalid_value("cuDeviceSetMemPool", "only a device pool created on device " + std::to_string(dev) +
+                                                  ", or its default pool, can be made current there");
+  current_pools_[dev] = handle;
+}
+
+PoolHandle SimBackend::application_sets_current_pool(int dev) {
+  const std::size_t before = calls_.size();
+  PoolProps props;
+  props.location_id = dev;
+  const PoolHandle handle = create_pool(dev, props);
+  pools_[handle].created = false;
+  current_pools_[dev] = handle;
+  calls_.resize(before);  // not cupool's calls
+  return handle;
+}
+
+std::optional<PoolProps> SimBackend::created_props(PoolHandle handle) {
+  enter("created_props", std::to_string(handle));
+  const Pool& p = pool(handle, "cupool pool lookup");
+  if (!p.created) return std::nullopt;
+  return p.props;
 }
 
 bool SimBackend::pool_access(PoolHandle handle, int peer) {

@@ -98,12 +98,16 @@ class SimBackend final : public Backend {
   static constexpr std::uint64_t kDefaultArena = 1ULL << 40;
 
   // Failure injection: every later call of `call` ("init", "device_info", "probe_export", ...)
-  // fails with the named driver error ("CUDA_ERROR_NOT_PERMITTED").
+  // fails with the named driver error ("CUDA_ERROR_NOT_PERMITTED"). `call` may also name one call
+  // as calls() records it ("create_pool(1)"): only that one fails.
   void fail(const std::string& call, const std::string& error_name);
 
   // The device's default pool: threshold 0 and all reuse policies on, as the driver's.
   PoolHandle default_pool(int device) override;
+  // The default pool unless set_current_pool made another current.
   PoolHandle current_pool(int device) override;
+  void set_current_pool(int device, PoolHandle pool) override;
+  std::optional<PoolProps> created_props(PoolHandle pool) override;
   bool pool_access(PoolHandle pool, int peer) override;
   bool context_active(int device) override;
 
@@ -115,6 +119,9 @@ class SimBackend final : public Backend {
   // captured graph's alloc/free launch 1 us + 0.0023 us/MiB. Each iteration varies by up to 10%,
   // deterministically.
   std::vector<double> bench(int device, const BenchCase& c) override;
+  // Test hook: the application makes a pool of its own the device's current pool, through its own
+  // runtime (cudaMemPoolCreate + cudaDeviceSetMemPool), so created_props knows nothing of it.
+  PoolHandle application_sets_current_pool(int device);
   // The calls made so far, e.g. "device_info(0)", in order.
   const std::vector<std::string>& calls() const { return calls_; }
   const NodeReport& profile() const { return profile_; }
@@ -149,6 +156,7 @@ class SimBackend final : public Backend {
     void* mapping = nullptr;  // the arena in this process: lazy for own pools, the import itself
     bool imported = false;
     bool borrowed = false;  // a device's default pool: never destroyed
+    bool created = false;   // made by create_pool
     std::map<std::uint64_t, std::uint64_t> imported_pointers;  // host address -> bytes
   };
   Pool& pool(PoolHandle handle, const char* api);
@@ -170,6 +178,7 @@ class SimBackend final : public Backend {
   NodeReport profile_;
   std::map<PoolHandle, Pool> pools_;
   std::map<int, PoolHandle> default_pools_;  // device -> its default pool, made on first use
+  std::map<int, PoolHandle> current_pools_;  // device -> the pool set_current_pool made current
   PoolHandle last_pool_ = 0;
   std::map<std::string, std::string> failures_;
   std::vector<std::string> calls_;

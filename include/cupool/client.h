@@ -98,10 +98,13 @@ CUPOOL_API void cupool_free_string(char* text);
 /* ---- in this process (no holder involved) ---- */
 
 /* Applies the config file's `process:` section to the calling process: on each selected device,
- * the default pool's release threshold, reuse policies and peer access. Changes only what differs
- * (a second call changes nothing), touches no device that is not selected and creates no CUDA
- * context. Safe to call before the application's first CUDA call. Never aborts the caller: a bad
- * file or a driver refusal is a status and a message (cupool_last_error(NULL)). `report` (may be
+ * the default pool's release threshold, reuse policies and peer access, and with `current_pool` a
+ * pool created in this process and made the device's current pool (cudaMallocAsync allocates from
+ * it). Changes only what differs (a second call changes nothing), touches no device that is not
+ * selected, and creates no CUDA context unless `current_pool` asks for a pool (that retains the
+ * device's primary context). Safe to call before the application's first CUDA call. All or nothing,
+ * and it never aborts the caller: a bad file or a driver refusal is a status and a message
+ * (cupool_last_error(NULL)), with what was changed put back. `report` (may be
  * NULL) receives JSON: {"devices": [...], "changes": [{"device", "field", "from", "to"}], "warnings"}
  * (free it with cupool_free_string). $CUPOOL_PROFILE selects a simulated node instead of the driver. */
 CUPOOL_API int cupool_configure(const char* path, char** report);

@@ -150,6 +150,7 @@ def examples(r):
         "configs/host-numa.yaml": "configs/profiles/h100.yaml",
         "configs/ipc-multiprocess-server.yaml": "configs/profiles/h200x2.yaml",
         "configs/training-8gpu.yaml": "configs/profiles/synthetic-8gpu-mixed-peers.yaml",
+        "configs/pytorch-current-pool.yaml": "configs/profiles/h100.yaml",
     }
     for config, profile in pairs.items():
         if not os.path.exists(os.path.join(r.root, profile)):

@@ -1,5 +1,6 @@
-// Fuzz target: config text -> parser -> checks -> rendered findings. Nothing may crash, hang or
-// throw. Built two ways (tests/fuzz/CMakeLists.txt): with libFuzzer when CUPOOL_FUZZ=ON (clang),
+// Fuzz target: config text -> parser -> checks -> rendered findings, and for a file that fits, its
+// process section applied twice to a simulated node (the second time must change nothing).
+// Nothing may crash, hang or throw. Built two ways (tests/fuzz/CMakeLists.txt): with libFuzzer when CUPOOL_FUZZ=ON (clang),
 // and always as a deterministic driver (mutate_main.cpp) that CTest runs under the sanitizers.
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +8,10 @@
 
 #include "core/check.h"
 #include "core/config.h"
+#include "core/holder.h"
+#include "core/process.h"
 #include "core/render.h"
+#include "core/sim_backend.h"
 #include "tests/unit/fixtures.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -25,6 +29,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     cupool::CheckOptions options;
     options.deep = (size % 2) == 0;
     cupool::check_config(config, node, diags, options);
+  }
+  if (!diags.has_invalid_input() && !diags.has_errors() && config.process) {
+    cupool::SimBackend sim(node);
+    try {
+      cupool::configure_process(sim, file.text(), file.path());
+      if (!cupool::configure_process(sim, file.text(), file.path()).changes.empty()) __builtin_trap();
+    } catch (const cupool::ConfigRejected&) {
+      // configure judges only the process section, so it can't refuse what check accepted.
+      __builtin_trap();
+    } catch (const cupool::CudaError&) {
+      // A refusal of the simulated driver (e.g. a reserve its arena can't hold) is an answer.
+    }
   }
   const std::string text = cupool::render_text(diags, file);
   for (const auto& d : diags.all()) (void)cupool::dump_json(cupool::to_json(d, file.path()));

@@ -1007,31 +1007,44 @@ TEST_CASE("graph memory: an idle device reports consistent usage; trim and peak 
   }
 }
 
+// The child checks below: their own dlopen handle of libcuda, and a tally of what failed.
+void* driver_symbol(const char* name) {
+  static void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) throw std::runtime_error(std::string("dlopen: ") + dlerror());
+  void* f = dlsym(lib, name);
+  if (!f) throw std::runtime_error(std::string("dlsym ") + name);
+  return f;
+}
+#define GPU_TEST_SYM(name) auto name = reinterpret_cast<decltype(&::name)>(driver_symbol(GPU_TEST_STR(name)))
+
+struct ChildCheck {
+  const char* who;
+  int failures = 0;
+  void fail(const std::string& what) {
+    std::cout << who << ": FAILED: " << what << "\n";
+    ++failures;
+  }
+  int finish() const {
+    std::cout << who << ": " << (failures ? "FAILED" : "ok") << "\n";
+    return failures ? 1 : 0;
+  }
+};
+
 // cupool_configure's claims, in a fresh process (the test process holds contexts by now): the
 // default pool of the selected device gets the settings, no context is created anywhere, a second
 // call changes nothing, and the settings are still there once a primary context exists (what the
 // runtime makes at an application's first CUDA call). Prints what it saw; exit 0 when all held.
 int configure_check_main() {
-  const char* who = "configure-check";
-  int failures = 0;
-  auto fail = [&](const std::string& what) {
-    std::cout << who << ": FAILED: " << what << "\n";
-    ++failures;
-  };
+  ChildCheck check{"configure-check"};
+  const char* who = check.who;
+  auto fail = [&](const std::string& what) { check.fail(what); };
   try {
-    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) throw std::runtime_error(std::string("dlopen: ") + dlerror());
-    auto sym = [&](const char* name) {
-      void* f = dlsym(lib, name);
-      if (!f) throw std::runtime_error(std::string("dlsym ") + name);
-      return f;
-    };
-    auto get_state = reinterpret_cast<decltype(&::cuDevicePrimaryCtxGetState)>(sym(GPU_TEST_STR(cuDevicePrimaryCtxGetState)));
-    auto get_dev = reinterpret_cast<decltype(&::cuDeviceGet)>(sym(GPU_TEST_STR(cuDeviceGet)));
-    auto default_pool = reinterpret_cast<decltype(&::cuDeviceGetDefaultMemPool)>(sym(GPU_TEST_STR(cuDeviceGetDefaultMemPool)));
-    auto get_attr = reinterpret_cast<decltype(&::cuMemPoolGetAttribute)>(sym(GPU_TEST_STR(cuMemPoolGetAttribute)));
-    auto retain = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRetain)>(sym(GPU_TEST_STR(cuDevicePrimaryCtxRetain)));
-    auto release = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRelease)>(sym(GPU_TEST_STR(cuDevicePrimaryCtxRelease)));
+    auto get_state = reinterpret_cast<decltype(&::cuDevicePrimaryCtxGetState)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxGetState)));
+    auto get_dev = reinterpret_cast<decltype(&::cuDeviceGet)>(driver_symbol(GPU_TEST_STR(cuDeviceGet)));
+    auto default_pool = reinterpret_cast<decltype(&::cuDeviceGetDefaultMemPool)>(driver_symbol(GPU_TEST_STR(cuDeviceGetDefaultMemPool)));
+    auto get_attr = reinterpret_cast<decltype(&::cuMemPoolGetAttribute)>(driver_symbol(GPU_TEST_STR(cuMemPoolGetAttribute)));
+    auto retain = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRetain)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxRetain)));
+    auto release = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRelease)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxRelease)));
 
     std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
     b->init();
@@ -1078,14 +1091,104 @@ int configure_check_main() {
   } catch (const std::exception& e) {
     fail(std::string("threw: ") + e.what());
   }
-  std::cout << who << ": " << (failures ? "FAILED" : "ok") << "\n";
-  return failures ? 1 : 0;
+  return check.finish();
 }
 
-TEST_CASE("cupool_configure: default pool set without a context, idempotent, kept once a context exists") {
-  std::vector<char*> args{const_cast<char*>("/proc/self/exe"), const_cast<char*>("--configure-check"), nullptr};
+// process.current_pool, in a fresh process: cupool_configure creates a pool on device 0 and makes
+// it current; stream-ordered allocations without a pool argument (what cudaMallocAsync does) then
+// come from it and not from the default pool, with the file's settings, and the reserve is mapped.
+int current_pool_check_main() {
+  ChildCheck check{"current-pool-check"};
+  const char* who = check.who;
+  auto fail = [&](const std::string& what) { check.fail(what); };
+  try {
+    GPU_TEST_SYM(cuDeviceGet);
+    GPU_TEST_SYM(cuDeviceGetDefaultMemPool);
+    GPU_TEST_SYM(cuDeviceGetMemPool);
+    GPU_TEST_SYM(cuMemPoolGetAttribute);
+    GPU_TEST_SYM(cuDevicePrimaryCtxRetain);
+    GPU_TEST_SYM(cuDevicePrimaryCtxRelease);
+    GPU_TEST_SYM(cuDevicePrimaryCtxGetState);
+    GPU_TEST_SYM(cuCtxPushCurrent);
+    GPU_TEST_SYM(cuCtxPopCurrent);
+    GPU_TEST_SYM(cuMemAllocAsync);
+    GPU_TEST_SYM(cuMemFreeAsync);
+    GPU_TEST_SYM(cuStreamSynchronize);
+    auto u64 = [&](CUmemoryPool pool, CUmemPool_attribute attr) {
+      cuuint64_t v = 0;
+      if (cuMemPoolGetAttribute(pool, attr, &v) != CUDA_SUCCESS) throw std::runtime_error("cuMemPoolGetAttribute");
+      return static_cast<std::uint64_t>(v);
+    };
+    auto flag = [&](CUmemoryPool pool, CUmemPool_attribute attr) {
+      int v = -1;
+      if (cuMemPoolGetAttribute(pool, attr, &v) != CUDA_SUCCESS) throw std::runtime_error("cuMemPoolGetAttribute");
+      return v;
+    };
+
+    std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
+    b->init();
+    const std::string text =
+        "version: 1\nprocess:\n  devices: [0]\n  current_pool:\n    max_size: 4GiB\n    release_threshold: max\n"
+        "    reserve: 256MiB\n    reuse: {allow_opportunistic: false}\n    access: all\n";
+    const cupool::ConfigureResult first = cupool::configure_process(*b, text, "current-pool-check.yaml");
+    std::cout << who << ": first call: " << first.to_json().dump() << "\n";
+    CUdevice dev = 0;
+    cuDeviceGet(&dev, 0);
+    CUmemoryPool def = nullptr, cur = nullptr;
+    cuDeviceGetDefaultMemPool(&def, dev);
+    cuDeviceGetMemPool(&cur, dev);
+    if (cur == def) throw std::runtime_error("device 0's current pool is still the default pool");
+    unsigned ctx_flags = 0;
+    int ctx_on = 0;
+    cuDevicePrimaryCtxGetState(dev, &ctx_flags, &ctx_on);
+    std::cout << who << ": primary context active after configure: " << ctx_on << "\n";
+    if (u64(cur, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) != UINT64_MAX) fail("the current pool's threshold is not max");
+    if (flag(cur, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC) != 0) fail("allow_opportunistic is not false");
+    if (flag(cur, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES) != 1) fail("follow_event_dependencies changed");
+    const std::uint64_t reserved = u64(cur, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    std::cout << who << ": reserved after configure: " << reserved << " bytes\n";
+    if (reserved < (256ULL << 20)) fail("the reserve is not mapped (reserved " + std::to_string(reserved) + ")");
+    if (u64(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) != 0) fail("the default pool's threshold changed");
+
+    // What cudaMallocAsync does: allocate on a stream without naming a pool.
+    CUcontext ctx = nullptr;
+    if (cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+      throw std::runtime_error("primary context");
+    const std::uint64_t def_used_high = u64(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+    for (int i = 0; i < 3; ++i) {
+      CUdeviceptr p = 0;
+      if (cuMemAllocAsync(&p, 64ULL << 20, nullptr) != CUDA_SUCCESS) throw std::runtime_error("cuMemAllocAsync");
+      cuMemFreeAsync(p, nullptr);
+      cuStreamSynchronize(nullptr);
+    }
+    const std::uint64_t cur_used_high = u64(cur, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+    std::cout << who << ": after 3 x 64 MiB cuMemAllocAsync: current pool used high " << cur_used_high
+              << ", reserved " << u64(cur, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) << "; default pool used high "
+              << u64(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH) << "\n";
+    if (cur_used_high < (64ULL << 20)) fail("the allocations did not come from the current pool");
+    if (u64(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH) != def_used_high) fail("the allocations touched the default pool");
+    if (u64(cur, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) < (256ULL << 20)) fail("the pool gave its reserve back");
+    CUcontext popped = nullptr;
+    cuCtxPopCurrent(&popped);
+    cuDevicePrimaryCtxRelease(dev);
+
+    const cupool::ConfigureResult second = cupool::configure_process(*b, text, "current-pool-check.yaml");
+    if (!second.changes.empty()) fail("the second call changed something: " + second.to_json().dump());
+    CUmemoryPool again = nullptr;
+    cuDeviceGetMemPool(&again, dev);
+    if (again != cur) fail("the second call replaced the current pool");
+  } catch (const std::exception& e) {
+    fail(std::string("threw: ") + e.what());
+  }
+  return check.finish();
+}
+
+// Runs this binary again with `flag` (a fresh process, no CUDA state) and returns its exit status
+// and output.
+std::pair<int, std::string> run_child(const char* flag) {
+  std::vector<char*> args{const_cast<char*>("/proc/self/exe"), const_cast<char*>(flag), nullptr};
   int pipefd[2];
-  REQUIRE(::pipe(pipefd) == 0);
+  if (::pipe(pipefd) != 0) return {-1, "pipe failed"};
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, pipefd[1], 1);
@@ -1094,7 +1197,10 @@ TEST_CASE("cupool_configure: default pool set without a context, idempotent, kep
   const int r = ::posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipefd[1]);
-  REQUIRE_MESSAGE(r == 0, "posix_spawn(--configure-check) failed: " << as_string(std::strerror(r)));
+  if (r != 0) {
+    ::close(pipefd[0]);
+    return {-1, std::string("posix_spawn(") + flag + ") failed: " + std::strerror(r)};
+  }
   std::string output;
   char buf[4096];
   ssize_t n;
@@ -1102,14 +1208,26 @@ TEST_CASE("cupool_configure: default pool set without a context, idempotent, kep
   ::close(pipefd[0]);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), output};
+}
+
+TEST_CASE("cupool_configure: default pool set without a context, idempotent, kept once a context exists") {
+  const auto [rc, output] = run_child("--configure-check");
   MESSAGE(output);
-  CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0), "the configure check failed:\n" << output);
+  CHECK_MESSAGE(rc == 0, "the configure check failed:\n" << output);
+}
+
+TEST_CASE("cupool_configure: current_pool made current, allocations come from it, idempotent") {
+  const auto [rc, output] = run_child("--current-pool-check");
+  MESSAGE(output);
+  CHECK_MESSAGE(rc == 0, "the current pool check failed:\n" << output);
 }
 
 int main(int argc, char** argv) {
   // The sharing tests' second process: before anything else, so it inherits no CUDA state.
   if (argc >= 2 && std::string(argv[1]) == "--importer") return importer_main(argc, argv);
   if (argc >= 2 && std::string(argv[1]) == "--configure-check") return configure_check_main();
+  if (argc >= 2 && std::string(argv[1]) == "--current-pool-check") return current_pool_check_main();
 
   std::unique_ptr<cupool::Backend> real = cupool::make_cuda_backend();
   try {

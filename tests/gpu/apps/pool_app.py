@@ -8,8 +8,9 @@ PyTorch: PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync; cuda-runtime: plain cu
 cudaFreeAsync on the default pool through CuPy's runtime bindings, as a C++ program would call them). The program reads its device 0 default
 and current pool attributes through the driver (ctypes on libcuda.so.1, cuDeviceGetDefaultMemPool /
 cuDeviceGetMemPool / cuMemPoolGetAttribute) before and after an allocation-heavy loop (allocate SIZE,
-free, synchronize; N times) and prints one JSON line: the attributes and the loop's median, p99 and
-mean microseconds per iteration. Nothing in it knows about cupool.
+free, synchronize; N times) and prints one JSON line: the attributes, the loop's median, p99 and
+mean microseconds per iteration, and the bytes the framework itself reports reserved (CuPy:
+MemoryAsyncPool.total_bytes(); PyTorch: torch.cuda.memory_reserved()). Nothing in it knows about cupool.
 """
 import ctypes
 import json
@@ -50,10 +51,13 @@ def main():
     size = int(sys.argv[sys.argv.index("--size") + 1]) if "--size" in sys.argv else 64 << 20
     cuda = ctypes.CDLL("libcuda.so.1")
 
+    reported = lambda: None  # what the framework itself says it has reserved
     if framework == "cupy":
         import cupy
-        cupy.cuda.set_allocator(cupy.cuda.MemoryAsyncPool().malloc)
+        pool = cupy.cuda.MemoryAsyncPool()
+        cupy.cuda.set_allocator(pool.malloc)
         cupy.cuda.Device(0).use()
+        reported = pool.total_bytes
 
         def once():
             a = cupy.empty(size, dtype=cupy.uint8)
@@ -82,6 +86,7 @@ def main():
             del x
             torch.cuda.synchronize()
         version = torch.__version__ + " (allocator backend " + torch.cuda.get_allocator_backend() + ")"
+        reported = lambda: torch.cuda.memory_reserved(0)
     else:
         sys.exit(f"unknown framework {framework}")
 
@@ -100,7 +105,7 @@ def main():
         "iterations": iterations, "size": size,
         "median_us": samples[len(samples) // 2], "p99_us": samples[min(len(samples) - 1, (99 * len(samples)) // 100)],
         "mean_us": sum(samples) / len(samples),
-        "pool_before_loop": before, "pool_after_loop": after,
+        "pool_before_loop": before, "pool_after_loop": after, "framework_reports_reserved": reported(),
     }))
 
 
