@@ -51,8 +51,9 @@ Runner add_bench(CLI::App& app) {
       "\n"
       "Runs, in one process on one device, for each size: cudaMalloc+cudaFree against\n"
       "cudaMallocAsync+cudaFreeAsync; an allocate/free/synchronize loop at release threshold 0 (the\n"
-      "default) against the threshold under test (the CONFIG's process.default_pool.release_threshold,\n"
-      "else max); the same as a captured CUDA graph; and a trim. Reports median, p99 and min per case and\n"
+      "default) against the threshold under test (the threshold the CONFIG gives the pool applications\n"
+      "allocate from: process.current_pool's, else process.default_pool's; else max); the same as a\n"
+      "captured CUDA graph; and a trim. Reports median, p99 and min per case and\n"
       "the ratios of medians. The cases run in an order shuffled by --seed. Creates a context on the device.\n"
       "On a simulated node (--profile) it runs and says that its figures come from a model, not this machine.\n"
       "\nExamples:\n"
@@ -60,7 +61,8 @@ Runner add_bench(CLI::App& app) {
       "  cupool bench configs/single-gpu-inference.yaml --sizes 1MiB,64MiB,1GiB --iterations 500\n"
       "  cupool bench --format json | jq '.comparisons[]'\n"
       "\nExit codes: 0 measured, 2 bad arguments or config, 3 no driver or device.");
-  sub->add_option("config", args->config, "A config whose process.default_pool.release_threshold is put under test")
+  sub->add_option("config", args->config,
+                  "A config whose process.current_pool (else default_pool) release_threshold is put under test")
       ->check(CLI::ExistingFile);
   add_profile_option(sub, args->profile, "Run on");
   add_format_option(sub, args->format);
@@ -94,10 +96,16 @@ Runner add_bench(CLI::App& app) {
         throw InputError(file.path() + " is not a valid config");
       }
       o.config = file.path();
-      if (config.process && config.process->default_pool && config.process->default_pool->release_threshold.set) {
-        const Threshold& t = config.process->default_pool->release_threshold.value;
-        o.threshold = t.resolve(node.device(o.device)->info.total_memory);
-        o.threshold_text = t.text;
+      // cudaMallocAsync allocates from the current pool: with current_pool, that is the one whose
+      // threshold the application lives with.
+      const At<Threshold>* t = nullptr;
+      if (config.process && config.process->current_pool && config.process->current_pool->release_threshold.set)
+        t = &config.process->current_pool->release_threshold;
+      else if (config.process && config.process->default_pool && config.process->default_pool->release_threshold.set)
+        t = &config.process->default_pool->release_threshold;
+      if (t) {
+        o.threshold = t->value.resolve(node.device(o.device)->info.total_memory);
+        o.threshold_text = t->value.text;
       }
     }
     if (::isatty(2)) o.progress = [](const std::string& line) { std::cerr << "cupool bench: " << line << "\n"; };

@@ -215,7 +215,7 @@ complete -c cupool -n '__cupool_at "bench"' -l 'device' -s 'd' -x -d 'The device
 complete -c cupool -n '__cupool_at "bench"' -l 'sizes' -x -d 'Comma-separated sizes with units'
 complete -c cupool -n '__cupool_at "bench"' -l 'iterations' -s 'n' -x -d 'Iterations per case and size'
 complete -c cupool -n '__cupool_at "bench"' -l 'seed' -x -d 'Seed of the order the cases run in'
-complete -c cupool -n '__cupool_at "bench" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'A config whose process.default_pool.release_threshold is put under test'
+complete -c cupool -n '__cupool_at "bench" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'A config whose process.current_pool (else default_pool) release_threshold is put under test'
 
 # cupool completion
 complete -c cupool -n '__cupool_at "completion"' -l 'help' -s 'h' -d 'Print this help message and exit'

@@ -213,6 +213,20 @@ def usage(r):
     r.ok("check - reads stdin; CUPOOL_PROFILE is --profile", code == 0 and out.startswith("<stdin>: fits"), out + err)
 
 
+def bench(r):
+    """bench puts under test the threshold of the pool applications allocate from."""
+    cases = {
+        "configs/pytorch-current-pool.yaml": "16GiB",         # process.current_pool
+        "configs/single-gpu-inference.yaml": "75%",           # process.default_pool
+        "configs/host-numa.yaml": "max",                      # neither: max
+    }
+    for config, want in cases.items():
+        code, out, err = r.run(["bench", config, "--profile", PROFILE_DEFAULT, "--sizes", "1MiB", "-n", "2",
+                                "--format", "json"])
+        got = json.loads(out)["settings"]["release_threshold"] if code == 0 else None
+        r.ok(f"bench {config} tests threshold {want}", got == want, f"got {got!r}\n" + out + err)
+
+
 def no_driver(r):
     """Without libcuda the binary still starts and says so, exit 3 (only where no driver is installed)."""
     probe = subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libcuda.so.1 '"], capture_output=True)
@@ -236,6 +250,7 @@ def main():
     rule_coverage(r, codes)
     schema_good(r)
     examples(r)
+    bench(r)
     query(r)
     usage(r)
     no_driver(r)

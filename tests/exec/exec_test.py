@@ -55,6 +55,21 @@ def main():
     check(pool["release_threshold"] == 2**64 - 1 and pool["reuse"]["allow_opportunistic"] is False,
           f"the report shows the settings seen inside the program: {pool}")
 
+    # current_pool: a pool made inside the program and made current; the report shows both pools.
+    current = os.path.join(tmp, "current.yaml")
+    with open(current, "w") as f:
+        f.write("version: 1\nprocess:\n  current_pool: {release_threshold: 1GiB, reserve: 512MiB}\n")
+    report2 = os.path.join(tmp, "report-current.jsonl")
+    r = subprocess.run([args.cupool, "exec", current, "--profile", profile, "--report=" + report2, "--",
+                        sys.executable, "-c", "print('inside')"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and '"field":"current_pool","from":"the default pool"' in r.stderr,
+          f"current_pool is made inside the program: {r.returncode} {r.stderr}")
+    pools = [json.loads(line) for line in open(report2)][0]["stats"]["devices"][0]["pools"]
+    by = {p["pool"]: p for p in pools}
+    check(set(by) == {"default", "current"} and by["current"]["release_threshold"] == 1 << 30
+          and by["current"]["reserved_current"] == 512 << 20 and by["default"]["release_threshold"] == 0,
+          f"the report shows the current pool with its settings and reserve, the default pool untouched: {pools}")
+
     # A broken file stops before the command (exit 2), with the finding.
     bad = os.path.join(tmp, "bad.yaml")
     with open(bad, "w") as f:

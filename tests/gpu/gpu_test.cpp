@@ -1106,6 +1106,8 @@ int current_pool_check_main() {
     GPU_TEST_SYM(cuDeviceGetDefaultMemPool);
     GPU_TEST_SYM(cuDeviceGetMemPool);
     GPU_TEST_SYM(cuMemPoolGetAttribute);
+    GPU_TEST_SYM(cuMemPoolSetAttribute);
+    GPU_TEST_SYM(cuMemPoolGetAccess);
     GPU_TEST_SYM(cuDevicePrimaryCtxRetain);
     GPU_TEST_SYM(cuDevicePrimaryCtxRelease);
     GPU_TEST_SYM(cuDevicePrimaryCtxGetState);
@@ -1149,12 +1151,30 @@ int current_pool_check_main() {
     std::cout << who << ": reserved after configure: " << reserved << " bytes\n";
     if (reserved < (256ULL << 20)) fail("the reserve is not mapped (reserved " + std::to_string(reserved) + ")");
     if (u64(def, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) != 0) fail("the default pool's threshold changed");
+    // access: all gives every other device that can reach device 0 read-write access.
+    for (int peer = 1; peer < b->device_count(); ++peer) {
+      if (!b->can_access_peer(peer, 0)) continue;
+      CUmemLocation where;
+      std::memset(&where, 0, sizeof where);
+      where.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      where.id = peer;
+      CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      if (cuMemPoolGetAccess(&flags, cur, &where) != CUDA_SUCCESS) throw std::runtime_error("cuMemPoolGetAccess");
+      std::cout << who << ": device " << peer << "'s access to the current pool: " << flags << "\n";
+      if (flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) fail("device " + std::to_string(peer) + " has no read-write access");
+    }
 
     // What cudaMallocAsync does: allocate on a stream without naming a pool.
     CUcontext ctx = nullptr;
     if (cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS || cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
       throw std::runtime_error("primary context");
     const std::uint64_t def_used_high = u64(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+    // The reserve went through the pool too: start its high-water mark from now (0 resets it to
+    // the current value, 0 bytes used).
+    cuuint64_t zero = 0;
+    if (cuMemPoolSetAttribute(cur, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero) != CUDA_SUCCESS)
+      throw std::runtime_error("cuMemPoolSetAttribute(USED_MEM_HIGH)");
+    if (u64(cur, CU_MEMPOOL_ATTR_USED_MEM_HIGH) != 0) fail("the current pool's used high did not reset to 0");
     for (int i = 0; i < 3; ++i) {
       CUdeviceptr p = 0;
       if (cuMemAllocAsync(&p, 64ULL << 20, nullptr) != CUDA_SUCCESS) throw std::runtime_error("cuMemAllocAsync");
