@@ -470,10 +470,13 @@ void Server::handle_frame(Connection& c, const std::string& payload) {
     std::string rendered = e.rendered();
     if (rendered.size() > 32768) rendered = valid_utf8(rendered.substr(0, 32768)) + "\n... (cut: the full list is in 'cupool check')\n";
     body["error"]["rendered"] = rendered;
-    if (body.dump(-1, ' ', false, Json::error_handler_t::replace).size() > proto::kMaxPayload) {
-      body["error"]["findings"] = Json::array();
-      body["error"]["rendered"] = "(too long for one reply: run 'cupool check' on the file)\n";
+    // Still too long (long findings, long paths): as many findings as fit, halving, then no text.
+    auto too_long = [&] { return body.dump(-1, ' ', false, Json::error_handler_t::replace).size() > proto::kMaxPayload; };
+    while (too_long() && !body["error"]["findings"].empty()) {
+      Json& list = body["error"]["findings"];
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(list.size() / 2), list.end());
     }
+    if (too_long()) body["error"]["rendered"] = "(too long for one reply: run 'cupool check' on the file)\n";
     queue(c, body);
   } catch (const CudaError& e) {
     queue(c, error_body(id, "cuda_error", e.what()));

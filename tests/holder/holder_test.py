@@ -17,6 +17,7 @@ import json
 import os
 import pwd
 import resource
+import select
 import shutil
 import signal
 import socket
@@ -129,7 +130,7 @@ class RawClient:
 # ---- running things ----
 
 class Holder:
-    def __init__(self, tmp, config_text=None, extra=(), nofile=None):
+    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None):
         self.tmp = tmp
         self.socket = os.path.join(tmp, "cupool.sock")
         self.config = os.path.join(tmp, "cupool.yaml")
@@ -142,7 +143,7 @@ class Holder:
         node = ["--profile", PROFILE] if PROFILE else []
         self.proc = subprocess.Popen([ARGS.cupool, "--log-level", "info", "hold", self.config, "--drain-timeout", "3"]
                                      + node + list(extra),
-                                     stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None)
         self.wait_ready()
 
@@ -671,6 +672,128 @@ def test_sighup_reload(tmp):
         check(status(h)["holder"]["reloads"] == 1, status(h)["holder"])
     finally:
         h.stop()
+
+
+def test_invalid_config_reply_fits_one_frame(tmp):
+    """A plan of a file with hundreds of findings is answered in one frame: the first findings (at
+    most 100, fewer when they don't fit), the count of all, the text cut at 32 KiB; findings that
+    each carry a 4 KiB path: fewer of them still."""
+    h = Holder(tmp)
+    try:
+        c = RawClient(h.socket)
+        c.hello()
+        pools = "".join(f"  - {{name: p{i}, devices: [7]}}\n" for i in range(600))
+        text = "version: 1\npools:\n" + pools
+        body, _ = c.request("plan", config=text, path="many.yaml")
+        err = body.get("error", {})
+        check(err.get("code") == "invalid_config", body)
+        sent = err.get("findings", [])
+        print(f"      {len(sent)} of 600 findings sent, rendered {len(err['rendered'])} bytes")
+        check(err.get("findings_total") == 600 and 10 <= len(sent) <= 100,
+              f"findings: total {err.get('findings_total')}, sent {len(sent)}")
+        check([f["line"] for f in sent] == list(range(3, 3 + len(sent))), "the first findings, in file order")
+        check(err["rendered"].endswith("(cut: the full list is in 'cupool check')\n") and len(err["rendered"]) < 33000,
+              f"rendered text of {len(err['rendered'])} bytes: {err['rendered'][-200:]}")
+        long_path = "/" + "d" * 4000 + "/many.yaml"
+        body, _ = c.request("plan", config=text, path=long_path)
+        err = body.get("error", {})
+        check(err.get("code") == "invalid_config" and err.get("findings_total") == 600
+              and len(err.get("findings", [])) < 16, f"{str(body)[:500]}")
+        # The connection is still usable afterwards.
+        body, _ = c.request("status")
+        check(body["ok"], body)
+        c.close()
+    finally:
+        h.stop()
+
+
+def test_stats_watch(tmp):
+    """stats --watch: one JSON document per poll into a pipe; a table redrawn (clear screen) on a
+    terminal; Ctrl-C ends it with exit 0; the holder going away ends it with exit 4."""
+    h = Holder(tmp)
+    env = dict(os.environ, CUPOOL_SOCKET=h.socket)
+    try:
+        p = subprocess.Popen([ARGS.cupool, "stats", "--format", "json", "--watch=0.2"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        docs = [json.loads(line) for line in out.splitlines() if line.strip()]
+        check(p.returncode == 0, f"Ctrl-C should end --watch with exit 0: {p.returncode} {err}")
+        check(len(docs) >= 3 and all("pools" in d for d in docs), f"{len(docs)} documents in 1.5 s: {out[:300]}")
+
+        import pty
+        master, slave = pty.openpty()
+        p = subprocess.Popen([ARGS.cupool, "stats", "--watch=0.2"], stdout=slave, stderr=subprocess.PIPE, env=env)
+        os.close(slave)
+        screen = b""
+        deadline = time.time() + 1.5
+        while time.time() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                screen += os.read(master, 65536)
+        p.send_signal(signal.SIGINT)
+        p.wait(10)
+        while select.select([master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            screen += chunk
+        os.close(master)
+        check(p.returncode == 0, f"table --watch exit {p.returncode}")
+        redraws = screen.count(b"\033[H\033[2J")
+        check(redraws >= 3 and b"kv" in screen, f"the table is redrawn on a terminal: {redraws} redraws: {screen[:300]!r}")
+
+        p = subprocess.Popen([ARGS.cupool, "stats", "--format", "json", "--watch=0.2"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+        time.sleep(0.6)
+        h.stop()
+        out, err = p.communicate(timeout=15)
+        check(p.returncode == 4 and err.strip(), f"the holder went away: exit {p.returncode}, stderr {err!r}")
+    finally:
+        h.stop()
+
+
+def test_sd_notify(tmp):
+    """Type=notify: READY=1 with MAINPID once listening, RELOADING=1 then READY=1 around a SIGHUP,
+    STOPPING=1 on SIGTERM; on a path and on an abstract ("@") NOTIFY_SOCKET, as systemd gives either."""
+    for kind in ("path", "abstract"):
+        sub = os.path.join(tmp, kind)
+        os.makedirs(sub, exist_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if kind == "path":
+            where = os.path.join(sub, "notify.sock")
+            listener.bind(where)
+        else:
+            where = f"@cupool-test-notify-{os.getpid()}"
+            listener.bind("\0" + where[1:])
+        listener.settimeout(20)
+        h = Holder(sub, env=dict(os.environ, NOTIFY_SOCKET=where))
+        try:
+            def expect(first_line):
+                while True:
+                    message = listener.recv(4096).decode()
+                    lines = message.split("\n")
+                    if lines[0] == first_line:
+                        return dict(line.split("=", 1) for line in lines if "=" in line)
+            ready = expect("READY=1")
+            check(ready.get("MAINPID") == str(h.proc.pid), f"{kind}: MAINPID {ready} vs pid {h.proc.pid}")
+            check("listening on " + h.socket in ready.get("STATUS", ""), f"{kind}: {ready}")
+            h.proc.send_signal(signal.SIGHUP)
+            reloading = expect("RELOADING=1")
+            check(int(reloading.get("MONOTONIC_USEC", "0")) > 0, f"{kind}: RELOADING without MONOTONIC_USEC: {reloading}")
+            expect("READY=1")
+            h.proc.send_signal(signal.SIGTERM)
+            expect("STOPPING=1")
+            check(h.proc.wait(10) == 0, f"{kind}: holder exit {h.proc.returncode}")
+        except socket.timeout:
+            raise Failure(f"{kind}: no notification within 20 s:\n{h.text()}")
+        finally:
+            h.stop()
+            listener.close()
 
 
 def test_sigterm_drains(tmp):
