@@ -13,6 +13,7 @@ struct HoldArgs {
   std::string socket;
   std::string profile;
   double drain_timeout = 30;
+  std::size_t max_clients_per_user = 256;
 };
 }  // namespace
 
@@ -33,6 +34,11 @@ Runner add_hold(CLI::App& app) {
       "a second signal stops at once). Only one holder serves a socket (a lock file beside it); a socket left\n"
       "by a holder that crashed is replaced. Under systemd (Type=notify) it reports READY, RELOADING and\n"
       "STOPPING: see configs/systemd/cupool.service.\n"
+      "\n"
+      "Connections: at most 1024, and at most --max-clients-per-user from one user (by the kernel's word\n"
+      "for who the peer is); root and the holder's own user have no per-user limit and 16 connections\n"
+      "beyond the 1024, so 'cupool status' works on a full holder. Past a limit the peer is told\n"
+      "limit_exceeded and closed.\n"
       "\nExamples:\n"
       "  cupool hold /etc/cupool/cupool.yaml\n"
       "  cupool hold configs/ipc-multiprocess-server.yaml --socket /tmp/cupool.sock --profile configs/profiles/h200x2.yaml\n"
@@ -44,6 +50,10 @@ Runner add_hold(CLI::App& app) {
   sub->add_option("--drain-timeout", args->drain_timeout, "Seconds SIGTERM waits for clients to leave")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  sub->add_option("--max-clients-per-user", args->max_clients_per_user,
+                  "Connections one user (not root, not the holder's user) may hold at once")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
 
   return [args](Context& ctx) {
     auto backend = ctx.make_backend(args->profile);
@@ -51,6 +61,7 @@ Runner add_hold(CLI::App& app) {
     options.config_path = args->config;
     options.socket = args->socket;
     options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
+    options.max_clients_per_user = args->max_clients_per_user;
     return run_holder(*backend, options);
   };
 }

@@ -465,11 +465,21 @@ void Holder::destroy_buffer(const std::string& name) {
 // ---- clients ----
 
 std::uint64_t Holder::connect(const Peer& peer) {
-  if (clients_.size() >= limits_.max_clients)
-    fail("limit_exceeded", "the holder serves at most " + std::to_string(limits_.max_clients) + " connections");
+  const bool admin = peer.uid == 0 || peer.uid == self_uid_;
+  if (clients_.size() >= limits_.max_clients + (admin ? limits_.admin_reserve : 0))
+    fail("limit_exceeded", "the holder serves at most " + std::to_string(limits_.max_clients) + " connections" +
+                               (admin ? " (and " + std::to_string(limits_.admin_reserve) + " more for admins)" : ""));
+  if (!admin) {
+    const auto same_user = std::count_if(clients_.begin(), clients_.end(),
+                                         [&](const auto& kv) { return kv.second.peer.uid == peer.uid; });
+    if (static_cast<std::size_t>(same_user) >= limits_.max_clients_per_user)
+      fail("limit_exceeded", "the holder serves at most " + std::to_string(limits_.max_clients_per_user) +
+                                 " connections per user, and user " + peer.user + " (uid " + std::to_string(peer.uid) +
+                                 ") has them all");
+  }
   Client c;
   c.peer = peer;
-  c.admin = peer.uid == 0 || peer.uid == self_uid_;
+  c.admin = admin;
   c.connected_at = now_s();
   clients_[++next_client_] = std::move(c);
   return next_client_;

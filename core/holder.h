@@ -113,6 +113,12 @@ struct HolderLimits {
   std::size_t max_leases_per_client = 65536;
   std::size_t max_open_buffers_per_client = 4096;
   std::size_t max_clients = 1024;
+  // Connections of one user (by the kernel's word, SO_PEERCRED) who is not an admin, so that one
+  // user can't take every connection.
+  std::size_t max_clients_per_user = 256;
+  // Admins (root, the holder's user) may connect beyond max_clients by this many, so the operator
+  // can always run `cupool status` on a full holder; they have no per-user limit.
+  std::size_t admin_reserve = 16;
 };
 
 class Holder {

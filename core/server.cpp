@@ -575,7 +575,9 @@ int Server::run() {
   if (!options_.socket.empty()) want.holder.socket = options_.socket;
 
   open_lock(want.holder.socket);
-  holder_ = std::make_unique<Holder>(backend_, node, ::geteuid());
+  HolderLimits limits;
+  limits.max_clients_per_user = options_.max_clients_per_user;
+  holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
   holder_->adopt_holder_settings(want.holder);
   holder_->apply(want);
   listen_on(want.holder.socket);

@@ -16,6 +16,7 @@ struct ServerOptions {
   int frame_timeout_ms = 5000;      // a frame must be complete this long after its first byte
   int write_stall_timeout_ms = 30000;  // a reply may wait this long for a peer that doesn't read
   std::size_t max_queued_bytes = 1 << 20;  // unread replies per peer before it is dropped
+  std::size_t max_clients_per_user = 256;   // connections of one non-admin user (HolderLimits)
 };
 
 // Runs the holder until SIGTERM or SIGINT. Returns the exit code (0 after SIGTERM, 130 after

@@ -1203,8 +1203,8 @@ def test_descriptor_limit(tmp):
 
 
 def test_connection_limit(tmp):
-    """1024 connections are served; the next one gets limit_exceeded and is closed; when one leaves,
-    a new one is served again."""
+    """1024 connections are served, and 16 more for an admin (this test runs as the holder's user);
+    the next one gets limit_exceeded and is closed; when one leaves, a new one is served again."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 1200 and hard >= 1200:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
@@ -1218,7 +1218,7 @@ def test_connection_limit(tmp):
         if int([line.split()[3] for line in limits.splitlines() if line.startswith("Max open files")][0]) < 1100:
             print("    skipped: the holder may not open 1100 descriptors (hard limit)")
             return
-        for _ in range(1024):
+        for _ in range(1024 + 16):
             c = RawClient(h.socket)
             conns.append(c)
         for c in conns[::64]:  # a sample is served
@@ -1242,10 +1242,58 @@ def test_connection_limit(tmp):
             again.close()
             check(time.time() < deadline, "no new connection was served after one left")
             time.sleep(0.05)
-        check("the holder serves at most 1024 connections" in h.text(), h.text()[-2000:])
+        check("the holder serves at most 1024 connections (and 16 more for admins)" in h.text(), h.text()[-2000:])
     finally:
         for c in conns:
             c.close()
+        h.stop()
+
+
+def test_connection_limit_per_user(tmp):
+    """With --max-clients-per-user 4, a fifth connection of the same (non-admin) user is told
+    limit_exceeded and closed, while the holder's own user still connects."""
+    user = other_user()
+    if not user:
+        print("    skipped: needs root and setpriv to run a client as another user")
+        return
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, extra=["--max-clients-per-user", "4"])
+    code = ("import json,socket,struct,sys\n"
+            "def conn():\n"
+            " s=socket.socket(socket.AF_UNIX);s.connect(sys.argv[1]);return s\n"
+            "def frame(s,b):\n"
+            " p=json.dumps(b).encode();s.sendall(b'CUPL'+struct.pack('<HHII',1,1,len(p),0)+p)\n"
+            "def reply(s):\n"
+            " h=b''\n"
+            " while len(h)<16:\n"
+            "  c=s.recv(16-len(h))\n"
+            "  if not c: return None\n"
+            "  h+=c\n"
+            " n=struct.unpack('<I',h[8:12])[0];m=b''\n"
+            " while len(m)<n: m+=s.recv(n-len(m))\n"
+            " return json.loads(m)\n"
+            "held=[conn() for _ in range(4)]\n"
+            "for i,s in enumerate(held): frame(s,dict(id=1,op='hello',protocol=1)); assert reply(s)['ok']\n"
+            "extra=conn();r=reply(extra);closed=extra.recv(1)==b''\n"
+            "print(json.dumps(dict(reply=r,closed=closed)),flush=True)\n"
+            "sys.stdin.readline()\n")
+    p = subprocess.Popen(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
+                          sys.executable, "-c", code, h.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        check(line, f"the client as {user} printed nothing: {p.stderr.read() if p.poll() is not None else ''}")
+        out = json.loads(line)
+        err = out["reply"]["error"]
+        check(err["code"] == "limit_exceeded" and "4 connections per user" in err["message"] and user in err["message"],
+              out)
+        check(out["closed"], "the connection over the per-user limit was not closed")
+        c = RawClient(h.socket)  # the holder's user, while the other user holds its 4
+        c.hello()
+        c.close()
+    finally:
+        p.stdin.close()
+        p.wait(10)
         h.stop()
 
 

@@ -304,3 +304,37 @@ TEST_CASE("a pool name is replaced on all its devices or on none") {
   // export still describes one pool that applies to itself unchanged.
   CHECK(f.holder.plan(desired_from_config(f.holder.export_config(), "export.yaml", test::two_gpu_node())).empty());
 }
+
+TEST_CASE("connection limits: per user for everyone but admins, and a reserve that keeps admins in") {
+  SimBackend sim{test::two_gpu_node()};
+  HolderLimits limits;
+  limits.max_clients = 6;
+  limits.max_clients_per_user = 2;
+  limits.admin_reserve = 2;
+  Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000, limits};
+  auto refused = [&](const Peer& p) {
+    try {
+      holder.connect(p);
+    } catch (const ProtocolError& e) {
+      return e.code() + std::string(": ") + e.what();
+    }
+    return std::string();
+  };
+  const Peer alice = peer(2001, "alice");
+  holder.connect(alice);
+  const std::uint64_t second = holder.connect(alice);
+  const std::string third = refused(alice);
+  CHECK(third.rfind("limit_exceeded", 0) == 0);
+  CHECK(third.find("2 connections per user, and user alice (uid 2001)") != std::string::npos);
+  holder.disconnect(second);  // one leaves: alice may connect again
+  CHECK(refused(alice).empty());
+  // Others are not held back by alice; admins have no per-user limit.
+  holder.connect(peer(2002, "bob"));
+  holder.connect(peer(2002, "bob"));
+  for (int i = 0; i < 2; ++i) holder.connect(peer(1000, "holder"));
+  // 6 connections: the limit for everyone else, 2 more for admins (root or the holder's user).
+  CHECK(refused(peer(2003, "carol")).find("at most 6 connections") != std::string::npos);
+  CHECK(refused(peer(0, "root")).empty());
+  CHECK(refused(peer(1000, "holder")).empty());
+  CHECK(refused(peer(1000, "holder")).find("(and 2 more for admins)") != std::string::npos);
+}
