@@ -25,6 +25,7 @@ struct ExecArgs {
   std::string profile;
   std::string report;
   bool strict = false;
+  std::string at = "cuinit";
   bool quiet = false;
   std::vector<std::string> command;
 };
@@ -64,10 +65,15 @@ Runner add_exec(CLI::App& app) {
       "Pools and their settings are per process, so an operator can't change another program's default\n"
       "pool from outside. 'cupool exec' runs CMD with a small library preloaded (LD_PRELOAD) that applies\n"
       "the file's process: section (per selected device: the default pool's release threshold, reuse\n"
-      "policies and peer access) before CMD's main runs, so before its first allocation. CMD is not\n"
-      "modified; child processes it starts get the same treatment. The file is checked first (an invalid\n"
-      "file stops here, exit 2; one that does not fit, exit 1). A failure to apply inside CMD is reported\n"
-      "on stderr and CMD runs anyway, unless --strict (then CMD does not start, exit 3).\n"
+      "policies and peer access; current_pool: a pool made current) inside CMD before its first\n"
+      "allocation: with --at cuinit (the default) right after CMD's own first successful cuInit, so a\n"
+      "program that forks workers before it touches the GPU keeps working (a driver initialised before a\n"
+      "fork is unusable in the children); with --at start before CMD's main, for a program that reaches\n"
+      "the driver in a way the library does not see (then nothing is applied: use start). CMD is not\n"
+      "modified; processes it starts get the same treatment, each when it initialises CUDA. The file is\n"
+      "checked first (an invalid file stops here, exit 2; one that does not fit, exit 1). A failure to\n"
+      "apply inside CMD is reported on stderr and CMD runs anyway, unless --strict (then that process\n"
+      "ends with exit 3).\n"
       "\nExamples:\n"
       "  cupool exec configs/single-gpu-inference.yaml -- python serve.py --port 8000\n"
       "  cupool exec pools.yaml --report=usage.jsonl -- ./train   # per-process pool figures at exit\n"
@@ -75,7 +81,10 @@ Runner add_exec(CLI::App& app) {
       "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts.");
   sub->add_option("config", args->config, "The config file whose process: section is applied")->required()->check(CLI::ExistingFile);
   add_profile_option(sub, args->profile, "Apply to (a simulated node: for trying it without a GPU)");
-  sub->add_flag("--strict", args->strict, "A failure to apply inside CMD stops CMD before it starts (exit 3)");
+  sub->add_flag("--strict", args->strict, "A failure to apply inside CMD ends that process (exit 3)");
+  sub->add_option("--at", args->at, "When to apply: cuinit (after CMD's first cuInit) or start (before main)")
+      ->check(CLI::IsMember({"cuinit", "start"}))
+      ->capture_default_str();
   sub->add_option("--report", args->report,
                   "At each process's exit, write its pool figures (JSON, one line per process) to FILE, or stderr with '-'")
       ->expected(0, 1)
@@ -102,6 +111,7 @@ Runner add_exec(CLI::App& app) {
     ::setenv("LD_PRELOAD", ld.c_str(), 1);
     ::setenv("CUPOOL_EXEC_CONFIG", absolute(args->config).c_str(), 1);
     if (args->strict) ::setenv("CUPOOL_EXEC_STRICT", "1", 1);
+    ::setenv("CUPOOL_EXEC_AT", args->at.c_str(), 1);
     if (args->quiet) ::setenv("CUPOOL_EXEC_QUIET", "1", 1);
     if (sub->get_option("--report")->count() > 0)
       ::setenv("CUPOOL_EXEC_REPORT", (args->report.empty() ? std::string("-") : absolute(args->report)).c_str(), 1);

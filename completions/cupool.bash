@@ -49,7 +49,7 @@ __cupool_options() {
     'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o' ;;
     'buffer ls') echo '--help -h --socket -s --format -o' ;;
     'buffer rm') echo '--help -h --force --socket -s --format -o' ;;
-    'exec') echo '--help -h --profile -p --strict --report --quiet -q' ;;
+    'exec') echo '--help -h --profile -p --strict --at --report --quiet -q' ;;
     'bench') echo '--help -h --profile -p --format -o --device -d --sizes --iterations -n --seed' ;;
     'completion') echo '--help -h' ;;
   esac
@@ -95,6 +95,7 @@ __cupool_option_value() {
     'buffer rm|--socket' | 'buffer rm|-s') echo 'file' ;;
     'buffer rm|--format' | 'buffer rm|-o') echo 'choices table json yaml' ;;
     'exec|--profile' | 'exec|-p') echo 'yaml' ;;
+    'exec|--at') echo 'choices cuinit start' ;;
     'exec|--report') echo 'any' ;;
     'bench|--profile' | 'bench|-p') echo 'yaml' ;;
     'bench|--format' | 'bench|-o') echo 'choices table json yaml' ;;

@@ -1,27 +1,55 @@
-// libcupool-preload.so: what `cupool exec CONFIG -- CMD` puts into CMD with LD_PRELOAD. Before the
-// application's main (so before its first allocation) it applies the config's process: section
-// through cupool_configure; with --report it writes the process's pool figures (cupool_stats) when
-// the application exits (before the CUDA runtime's own exit handler tears the pools down). It never aborts the application unless --strict asked it to.
+// libcupool-preload.so: what `cupool exec CONFIG -- CMD` puts into CMD with LD_PRELOAD. It applies
+// the config's process: section through cupool_configure before the application's first
+// allocation; with --report it writes the process's pool figures (cupool_stats) when the
+// application exits (before the CUDA runtime's own exit handler tears the pools down). It never
+// aborts the application unless --strict asked it to.
+//
+// When: by default right after the application's own first successful cuInit, not before main.
+// Initialising the driver in a process that later forks makes CUDA unusable in the children
+// (measured on an H100: cuInit in a forked child then fails with CUDA_ERROR_NOT_INITIALIZED), and
+// many programs fork worker processes before they touch the GPU. Every allocation needs cuInit
+// first, so applying right after it is still before the first allocation.
+//
+// How cuInit is seen: the CUDA runtime, Python's ctypes and other loaders reach the driver with
+// dlopen("libcuda.so.1") and dlsym (the runtime asks dlsym for cuGetProcAddress and gets cuInit
+// through it). This library defines dlsym: for a real library handle it calls the C library's
+// dlsym and hands out its own cuInit (and cuGetProcAddress, which hands out its own cuInit) in
+// place of the driver's; RTLD_DEFAULT and RTLD_NEXT lookups jump straight to the C library's dlsym
+// (an assembly trampoline, so the caller the C library sees is the real one and RTLD_NEXT keeps its
+// meaning). It also defines cuInit itself, for programs linked against libcuda. The trampoline
+// is written for x86-64; elsewhere the section is applied before main, as with CUPOOL_EXEC_AT=start.
 //
 // Environment (set by `cupool exec`):
 //   CUPOOL_EXEC_CONFIG   the config file (nothing happens without it)
-//   CUPOOL_EXEC_STRICT   "1": a failure to apply ends the process (exit 3) before main runs
+//   CUPOOL_EXEC_AT       "cuinit" (default): after the first successful cuInit; "start": before main
+//   CUPOOL_EXEC_STRICT   "1": a failure to apply ends the process (exit 3)
 //   CUPOOL_EXEC_REPORT   "-": the figures go to stderr at exit; else a file they are appended
 //                        to, one JSON object per line and process
 //   CUPOOL_EXEC_QUIET    "1": no line on stderr when the section was applied
+//   CUPOOL_EXEC_DEBUG    "1": say on stderr which of the driver's entry points were handed out
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
 #include "cupool/client.h"
 
+#define CUPOOL_HIDDEN __attribute__((visibility("hidden")))
+
 namespace {
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, value) == 0;
+}
 
 std::string program_name() {
   char buf[4096];
@@ -29,6 +57,10 @@ std::string program_name() {
   if (n <= 0) return "?";
   buf[n] = '\0';
   return buf;
+}
+
+void debug(const char* what) {
+  if (env_is("CUPOOL_EXEC_DEBUG", "1")) std::fprintf(stderr, "cupool exec: [pid %d] %s\n", static_cast<int>(::getpid()), what);
 }
 
 std::atomic<bool> g_reported{false};
@@ -61,21 +93,31 @@ void write_report() {
   }
 }
 
-__attribute__((constructor)) void cupool_exec_apply() {
+// Set while this library itself is inside cupool_configure or cupool_stats: its own lookups of the
+// driver get the driver's entry points, and its own cuInit applies nothing.
+thread_local bool t_inside = false;
+
+struct Inside {
+  Inside() { t_inside = true; }
+  ~Inside() { t_inside = false; }
+  Inside(const Inside&) = delete;
+  Inside& operator=(const Inside&) = delete;
+};
+
+void apply_section() {
   const char* config = std::getenv("CUPOOL_EXEC_CONFIG");
   if (!config || !*config) return;
-  const bool strict = std::getenv("CUPOOL_EXEC_STRICT") && std::strcmp(std::getenv("CUPOOL_EXEC_STRICT"), "1") == 0;
-  const bool quiet = std::getenv("CUPOOL_EXEC_QUIET") && std::strcmp(std::getenv("CUPOOL_EXEC_QUIET"), "1") == 0;
+  Inside inside;
   char* report = nullptr;
   const int rc = cupool_configure(config, &report);
   if (rc != CUPOOL_OK) {
     std::fprintf(stderr, "cupool exec: %s was not applied to pid %d (%s): %s\n", config, static_cast<int>(::getpid()),
                  cupool_status_name(rc), cupool_last_error(nullptr));
-    if (strict) {
-      std::fprintf(stderr, "cupool exec: --strict: stopping before the application starts\n");
+    if (env_is("CUPOOL_EXEC_STRICT", "1")) {
+      std::fprintf(stderr, "cupool exec: --strict: stopping pid %d\n", static_cast<int>(::getpid()));
       std::_Exit(3);
     }
-  } else if (!quiet) {
+  } else if (!env_is("CUPOOL_EXEC_QUIET", "1")) {
     std::fprintf(stderr, "cupool exec: applied %s to pid %d: %s\n", config, static_cast<int>(::getpid()), report);
   }
   cupool_free_string(report);
@@ -86,6 +128,7 @@ __attribute__((constructor)) void cupool_exec_apply() {
   // handler registered here covers programs that never make one.
   std::atexit(write_report);
   std::thread([] {
+    Inside inside_watcher;
     while (true) {
       char* stats = nullptr;
       const bool active = cupool_stats(&stats) == CUPOOL_OK && stats && std::strstr(stats, "\"device\":") != nullptr;
@@ -97,6 +140,201 @@ __attribute__((constructor)) void cupool_exec_apply() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }).detach();
+}
+
+// ---- the hooks ----
+
+using CuInitFn = int (*)(unsigned int);
+using GetProcV1Fn = int (*)(const char*, void**, int, std::uint64_t);
+using GetProcV2Fn = int (*)(const char*, void**, int, std::uint64_t, void*);
+
+std::atomic<CuInitFn> g_driver_cuinit{nullptr};
+std::atomic<void*> g_driver_handle{nullptr};  // the library cuGetProcAddress came from
+std::atomic<GetProcV1Fn> g_driver_getproc_v1{nullptr};
+std::atomic<GetProcV2Fn> g_driver_getproc_v2{nullptr};
+#if defined(__x86_64__)
+constexpr bool kHooksBuilt = true;
+#else
+constexpr bool kHooksBuilt = false;
+#endif
+
+// Whether the section is applied at the first cuInit: CUPOOL_EXEC_CONFIG set, CUPOOL_EXEC_AT not
+// "start", and the hooks built for this architecture. Decided on first use, not in this library's
+// constructor: another library's constructor may call cuInit before that runs.
+bool hooks_on() {
+  static const bool on = [] {
+    const char* config = std::getenv("CUPOOL_EXEC_CONFIG");
+    return kHooksBuilt && config && *config && !env_is("CUPOOL_EXEC_AT", "start");
+  }();
+  return on;
+}
+std::mutex g_apply_mutex;
+bool g_applied = false;  // copied into a forked child as it was: a child of a parent that applied
+                         // (and so used CUDA) can't use CUDA anyway
+
+int after_cuinit(int result) {
+  if (result != 0 || t_inside || !hooks_on()) return result;
+  std::lock_guard<std::mutex> lock(g_apply_mutex);
+  if (!g_applied) {
+    g_applied = true;
+    debug("the application's first cuInit succeeded: applying the section");
+    apply_section();
+  }
+  return result;
+}
+
+extern "C" int cuInit(unsigned int flags);  // this library's own (x86-64), below
+
+// The driver's dlsym, resolved on first use by the trampoline (declared here for swap_entry).
+void* real_dlsym(void* handle, const char* name);
+
+extern "C" int cupool_hook_cuinit(unsigned int flags) {
+  CuInitFn driver = g_driver_cuinit.load();
+  if (!driver) return 3;  // CUDA_ERROR_NOT_INITIALIZED: no driver entry point was ever handed out
+  return after_cuinit(driver(flags));
+}
+
+// `driver` is what the driver library answered for `symbol`; `handle` the library's dlopen handle
+// (null when unknown). A library whose cuInit is preemptible answers with the cuInit its GOT found
+// first, which can be this library's own: then the driver's is asked of the library itself.
+void* swap_entry(const char* symbol, void* driver, void* handle) {
+  if (!driver || !symbol || t_inside || !hooks_on()) return driver;
+  if (std::strcmp(symbol, "cuInit") != 0) return driver;
+#if defined(__x86_64__)
+  if (driver == reinterpret_cast<void*>(&cuInit) || driver == reinterpret_cast<void*>(&cupool_hook_cuinit)) {
+    driver = handle ? real_dlsym(handle, "cuInit") : nullptr;
+    if (!driver || driver == reinterpret_cast<void*>(&cuInit)) return reinterpret_cast<void*>(&cupool_hook_cuinit);
+  }
+#endif
+  g_driver_cuinit.store(reinterpret_cast<CuInitFn>(driver));
+  return reinterpret_cast<void*>(&cupool_hook_cuinit);
+}
+
+extern "C" int cupool_hook_getproc_v1(const char* symbol, void** pfn, int version, std::uint64_t flags) {
+  const int rc = g_driver_getproc_v1.load()(symbol, pfn, version, flags);
+  if (rc == 0 && pfn) *pfn = swap_entry(symbol, *pfn, g_driver_handle.load());
+  return rc;
+}
+
+extern "C" int cupool_hook_getproc_v2(const char* symbol, void** pfn, int version, std::uint64_t flags, void* status) {
+  const int rc = g_driver_getproc_v2.load()(symbol, pfn, version, flags, status);
+  if (rc == 0 && pfn) *pfn = swap_entry(symbol, *pfn, g_driver_handle.load());
+  return rc;
+}
+
+}  // namespace
+
+// The C library's dlsym, found on first use (a library's constructor may call dlsym before ours).
+extern "C" {
+CUPOOL_HIDDEN void* cupool_real_dlsym = nullptr;
+}
+
+extern "C" CUPOOL_HIDDEN void* cupool_resolve_dlsym() {
+  if (!cupool_real_dlsym) {
+    // dlvsym is not interposed; RTLD_NEXT from here is the C library.
+    for (const char* version : {"GLIBC_2.34", "GLIBC_2.2.5"})
+      if (void* f = ::dlvsym(RTLD_NEXT, "dlsym", version)) {
+        cupool_real_dlsym = f;
+        break;
+      }
+  }
+  return cupool_real_dlsym;
+}
+
+namespace {
+void* real_dlsym(void* handle, const char* name) {
+  using DlsymFn = void* (*)(void*, const char*);
+  auto f = reinterpret_cast<DlsymFn>(cupool_resolve_dlsym());
+  return f ? f(handle, name) : nullptr;
+}
+}  // namespace
+
+// dlsym for a real library handle (the trampoline below sends RTLD_DEFAULT and RTLD_NEXT past it).
+extern "C" CUPOOL_HIDDEN void* cupool_dlsym_hook(void* handle, const char* name) {
+  void* f = real_dlsym(handle, name);
+  if (!f || !name || t_inside || !hooks_on()) return f;
+  if (std::strcmp(name, "cuGetProcAddress_v2") == 0) {
+    g_driver_handle.store(handle);
+    g_driver_getproc_v2.store(reinterpret_cast<GetProcV2Fn>(f));
+    debug("dlsym handed out cuGetProcAddress_v2");
+    return reinterpret_cast<void*>(&cupool_hook_getproc_v2);
+  }
+  if (std::strcmp(name, "cuGetProcAddress") == 0) {
+    g_driver_handle.store(handle);
+    g_driver_getproc_v1.store(reinterpret_cast<GetProcV1Fn>(f));
+    debug("dlsym handed out cuGetProcAddress");
+    return reinterpret_cast<void*>(&cupool_hook_getproc_v1);
+  }
+  if (std::strcmp(name, "cuInit") == 0) debug("dlsym handed out cuInit");
+  return swap_entry(name, f, handle);
+}
+
+#if defined(__x86_64__)
+// void* dlsym(void* handle, const char* name): resolve the C library's dlsym once; RTLD_DEFAULT
+// (0) and RTLD_NEXT (-1) tail-jump to it with the caller's return address untouched; any other
+// handle goes to cupool_dlsym_hook.
+__asm__(R"(
+    .text
+    .globl dlsym
+    .type dlsym, @function
+dlsym:
+    .cfi_startproc
+    movq cupool_real_dlsym(%rip), %rax
+    testq %rax, %rax
+    jnz 1f
+    pushq %rdi
+    .cfi_adjust_cfa_offset 8
+    pushq %rsi
+    .cfi_adjust_cfa_offset 8
+    subq $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    call cupool_resolve_dlsym
+    addq $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    popq %rsi
+    .cfi_adjust_cfa_offset -8
+    popq %rdi
+    .cfi_adjust_cfa_offset -8
+    testq %rax, %rax
+    jz 3f
+1:
+    testq %rdi, %rdi
+    jz 2f
+    cmpq $-1, %rdi
+    je 2f
+    jmp cupool_dlsym_hook
+2:
+    jmp *%rax
+3:
+    ret
+    .cfi_endproc
+    .size dlsym, .-dlsym
+)");
+
+// Programs linked against libcuda call cuInit through their PLT, which finds this one first.
+extern "C" __attribute__((visibility("default"))) int cuInit(unsigned int flags) {
+  CuInitFn driver = g_driver_cuinit.load();
+  if (!driver) {
+    Inside inside;  // the lookup below must get the driver's cuInit, not this one
+    driver = reinterpret_cast<CuInitFn>(::dlsym(RTLD_NEXT, "cuInit"));
+    if (!driver) return 3;  // no driver library is loaded: CUDA_ERROR_NOT_INITIALIZED
+    g_driver_cuinit.store(driver);
+  }
+  return after_cuinit(driver(flags));
+}
+#endif
+
+namespace {
+
+__attribute__((constructor)) void cupool_exec_start() {
+  const char* config = std::getenv("CUPOOL_EXEC_CONFIG");
+  if (!config || !*config) return;
+  if (hooks_on()) return;  // applied at the application's first cuInit
+  if (!kHooksBuilt && !env_is("CUPOOL_EXEC_AT", "start") && !env_is("CUPOOL_EXEC_QUIET", "1"))
+    std::fprintf(stderr, "cupool exec: this build can't wait for cuInit on this architecture: applying before main\n");
+  std::lock_guard<std::mutex> lock(g_apply_mutex);
+  g_applied = true;
+  apply_section();
 }
 
 }  // namespace

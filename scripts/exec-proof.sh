@@ -4,12 +4,8 @@
 # program saw of its own default/current pool and how long its allocate/free/synchronize loop took.
 # Results: $OUT/exec-proof.jsonl (one line per run) and $OUT/exec-proof.txt.
 set -uo pipefail
-BUILD=${1:-build-gpu}
-OUT=${OUT:-./gpu-out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-here=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d)
+# shellcheck source=scripts/gpu-common.sh
+source "$(dirname "$0")/gpu-common.sh"
 cat > "$tmp/process.yaml" <<'YAML'
 version: 1
 process:

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """`cupool exec` on a simulated node: the process: section is applied inside an unmodified
-program (here python3 and echo) before its main, and --report writes its pool figures at exit.
+program, right after its first cuInit (exec_probe reaching a stand-in driver library the ways real
+programs reach libcuda.so.1) or before its main (--at start; python3 and echo), and --report writes
+its pool figures at exit.
 
-  exec_test.py --cupool build/cupool --root .
+  exec_test.py --cupool build/cupool --root . --probe build/tests/exec/cupool_exec_probe \
+               --fake-cuda build/tests/exec/libfakecuda.so
 """
 import argparse
 import json
@@ -24,6 +27,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupool", required=True)
     ap.add_argument("--root", required=True)
+    ap.add_argument("--probe", required=True)
+    ap.add_argument("--probe-linked", required=True)
+    ap.add_argument("--fake-cuda", required=True)
     ap.add_argument("--sanitized", action="store_true", help="the build is sanitized: skip (exit 77)")
     args = ap.parse_args()
     if args.sanitized:
@@ -41,9 +47,51 @@ def main():
         if not ok:
             failures.append(what)
 
-    # Applied before main, reported at exit (an unmodified python3 here).
+    # When: right after the program's first successful cuInit, whichever way it got there; never in
+    # a program that doesn't initialise CUDA; in a forked child that does, and not in its parent.
+    def probe(mode, *extra):
+        r = subprocess.run([args.cupool, "exec", config, "--profile", profile] + list(extra) +
+                           ["--", args.probe, mode, args.fake_cuda], capture_output=True, text=True, timeout=60)
+        fields = {}
+        for line in r.stdout.splitlines():
+            for word in line.split():
+                if "=" in word:
+                    k, v = word.split("=", 1)
+                    fields.setdefault(k, v)
+        applied = [line for line in r.stderr.splitlines() if line.startswith("cupool exec: applied")]
+        return r, fields, applied
+
+    r, f, applied = probe("none")
+    check(r.returncode == 0 and applied == [], f"a program that never calls cuInit gets nothing applied: {r.stderr}")
+    r, f, applied = probe("direct")
+    check(r.returncode == 0 and f.get("cuInit") == "0" and f.get("driver_calls") == "1",
+          f"dlsym(cuInit): the program's call reaches the driver once: {r.stdout}")
+    check(len(applied) == 1 and f"to pid {f.get('pid')}:" in applied[0], f"applied after cuInit: {r.stderr}")
+    r, f, applied = probe("getproc")
+    check(r.returncode == 0 and f.get("cuGetProcAddress") == "0" and f.get("driver_calls") == "1" and len(applied) == 1,
+          f"cuInit through cuGetProcAddress_v2 (the CUDA runtime's way): {r.stdout} {r.stderr}")
+    r, f, applied = probe("fork")
+    child = f.get("pid")
+    check(r.returncode == 0 and len(applied) == 1 and f"to pid {child}:" in applied[0] and child != f.get("main_pid"),
+          f"a forked child that initialises CUDA gets the section, its parent does not: {r.stdout} {r.stderr}")
+    r = subprocess.run([args.cupool, "exec", config, "--profile", profile, "--", args.probe_linked],
+                       capture_output=True, text=True, timeout=60)
+    applied = [line for line in r.stderr.splitlines() if line.startswith("cupool exec: applied")]
+    check(r.returncode == 0 and "cuInit=0 driver_calls=1" in r.stdout and len(applied) == 1,
+          f"a program linked against the driver library (cuInit through its PLT): {r.stdout} {r.stderr}")
+    r, f, applied = probe("rtld")
+    check(r.returncode == 0 and f.get("rtld_next_same") == "1" and f.get("rtld_default_same") == "1",
+          f"RTLD_NEXT and RTLD_DEFAULT keep their meaning under the preload library: {r.stdout}")
+    check(f.get("missing_null") == "1" and f.get("dlerror_set") == "1", f"a failed dlsym still sets dlerror: {r.stdout}")
+    r, f, applied = probe("none", "--at", "start")
+    check(r.returncode == 0 and len(applied) == 1 and f"to pid {f.get('main_pid')}:" in applied[0],
+          f"--at start applies before main: {r.stderr}")
+    plain = subprocess.run([args.probe, "rtld", args.fake_cuda], capture_output=True, text=True, timeout=60)
+    check("rtld_next_same=1 rtld_default_same=1" in plain.stdout, f"the probe's own check, without cupool: {plain.stdout}")
+
+    # Applied before main (--at start), reported at exit (an unmodified python3 here).
     report = os.path.join(tmp, "report.jsonl")
-    r = subprocess.run([args.cupool, "exec", config, "--profile", profile, "--report=" + report, "--",
+    r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report=" + report, "--",
                         sys.executable, "-c", "import sys; print('inside'); sys.exit(7)"],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 7, f"the command's exit status comes through (got {r.returncode})")
@@ -60,7 +108,7 @@ def main():
     with open(current, "w") as f:
         f.write("version: 1\nprocess:\n  current_pool: {release_threshold: 1GiB, reserve: 512MiB}\n")
     report2 = os.path.join(tmp, "report-current.jsonl")
-    r = subprocess.run([args.cupool, "exec", current, "--profile", profile, "--report=" + report2, "--",
+    r = subprocess.run([args.cupool, "exec", current, "--at", "start", "--profile", profile, "--report=" + report2, "--",
                         sys.executable, "-c", "print('inside')"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 0 and '"field":"current_pool","from":"the default pool"' in r.stderr,
           f"current_pool is made inside the program: {r.returncode} {r.stderr}")
@@ -89,7 +137,7 @@ def main():
 
     # Inside the program the failure is a line on stderr and the program still runs, unless
     # --strict: simulate it by breaking the file after the check (CUPOOL_EXEC_CONFIG points to it).
-    env = dict(os.environ, CUPOOL_EXEC_CONFIG=bad, CUPOOL_PROFILE=profile,
+    env = dict(os.environ, CUPOOL_EXEC_CONFIG=bad, CUPOOL_PROFILE=profile, CUPOOL_EXEC_AT="start",
                LD_PRELOAD=os.path.join(os.path.dirname(os.path.abspath(args.cupool)), "libcupool-preload.so"))
     r = subprocess.run(["/bin/echo", "ran"], capture_output=True, text=True, env=env, timeout=60)
     check(r.returncode == 0 and r.stdout == "ran\n" and "was not applied" in r.stderr,
@@ -97,6 +145,16 @@ def main():
     r = subprocess.run(["/bin/echo", "ran"], capture_output=True, text=True, env=dict(env, CUPOOL_EXEC_STRICT="1"), timeout=60)
     check(r.returncode == 3 and r.stdout == "" and "--strict" in r.stderr,
           f"--strict stops the program before main: {r.returncode} {r.stderr}")
+
+    # The same at cuInit (the default): the program's cuInit still returns, unless --strict.
+    env_cuinit = dict(env, CUPOOL_EXEC_AT="cuinit")
+    r = subprocess.run([args.probe, "direct", args.fake_cuda], capture_output=True, text=True, env=env_cuinit, timeout=60)
+    check(r.returncode == 0 and "cuInit=0" in r.stdout and "was not applied" in r.stderr,
+          f"a failure at cuInit is reported and cuInit returns: {r.returncode} {r.stdout} {r.stderr}")
+    r = subprocess.run([args.probe, "direct", args.fake_cuda], capture_output=True, text=True,
+                       env=dict(env_cuinit, CUPOOL_EXEC_STRICT="1"), timeout=60)
+    check(r.returncode == 3 and "cuInit=" not in r.stdout and "--strict" in r.stderr,
+          f"--strict ends the process at its first cuInit: {r.returncode} {r.stdout} {r.stderr}")
 
     print(f"{'all' if not failures else len(failures)} {'passed' if not failures else 'failed'}")
     return 1 if failures else 0
