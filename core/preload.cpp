@@ -210,15 +210,31 @@ void* swap_entry(const char* symbol, void* driver, void* handle) {
   return reinterpret_cast<void*>(&cupool_hook_cuinit);
 }
 
+extern "C" int cupool_hook_getproc_v1(const char* symbol, void** pfn, int version, std::uint64_t flags);
+extern "C" int cupool_hook_getproc_v2(const char* symbol, void** pfn, int version, std::uint64_t flags, void* status);
+
+// What cuGetProcAddress answered: cuInit is swapped, and cuGetProcAddress itself too (asked for
+// at CUDA 12.0 or later it is the _v2 entry point), so lookups through it are seen as well.
+void* swap_getproc_answer(const char* symbol, void* driver, int version) {
+  if (!driver || !symbol || t_inside || !hooks_on() || std::strcmp(symbol, "cuGetProcAddress") != 0)
+    return swap_entry(symbol, driver, g_driver_handle.load());
+  if (version >= 12000) {
+    g_driver_getproc_v2.store(reinterpret_cast<GetProcV2Fn>(driver));
+    return reinterpret_cast<void*>(&cupool_hook_getproc_v2);
+  }
+  g_driver_getproc_v1.store(reinterpret_cast<GetProcV1Fn>(driver));
+  return reinterpret_cast<void*>(&cupool_hook_getproc_v1);
+}
+
 extern "C" int cupool_hook_getproc_v1(const char* symbol, void** pfn, int version, std::uint64_t flags) {
   const int rc = g_driver_getproc_v1.load()(symbol, pfn, version, flags);
-  if (rc == 0 && pfn) *pfn = swap_entry(symbol, *pfn, g_driver_handle.load());
+  if (rc == 0 && pfn) *pfn = swap_getproc_answer(symbol, *pfn, version);
   return rc;
 }
 
 extern "C" int cupool_hook_getproc_v2(const char* symbol, void** pfn, int version, std::uint64_t flags, void* status) {
   const int rc = g_driver_getproc_v2.load()(symbol, pfn, version, flags, status);
-  if (rc == 0 && pfn) *pfn = swap_entry(symbol, *pfn, g_driver_handle.load());
+  if (rc == 0 && pfn) *pfn = swap_getproc_answer(symbol, *pfn, version);
   return rc;
 }
 

@@ -4,6 +4,7 @@
  *   exec_probe none LIB       never calls cuInit
  *   exec_probe direct LIB     dlopen(LIB), dlsym("cuInit"), call it
  *   exec_probe getproc LIB    dlopen(LIB), dlsym("cuGetProcAddress_v2"), get cuInit through it, call it
+ *   exec_probe getproc2 LIB   the same, but cuGetProcAddress_v2 asked for itself first (13000)
  *   exec_probe fork LIB       fork; the child does `direct`, the parent never calls cuInit
  *   exec_probe rtld LIB       RTLD_NEXT and RTLD_DEFAULT lookups still mean what they mean
  */
@@ -40,7 +41,7 @@ static int direct(const char* path) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: exec_probe none|direct|getproc|fork|rtld LIB\n");
+    fprintf(stderr, "usage: exec_probe none|direct|getproc|getproc2|fork|rtld LIB\n");
     return 2;
   }
   const char* mode = argv[1];
@@ -49,11 +50,16 @@ int main(int argc, char** argv) {
   fflush(stdout);
   if (strcmp(mode, "none") == 0) return 0;
   if (strcmp(mode, "direct") == 0) return direct(path);
-  if (strcmp(mode, "getproc") == 0) {
+  if (strcmp(mode, "getproc") == 0 || strcmp(mode, "getproc2") == 0) {
     void* lib = open_lib(path);
     getproc_fn getproc = (getproc_fn)dlsym(lib, "cuGetProcAddress_v2");
     void* pfn = NULL;
     int status = 0;
+    if (strcmp(mode, "getproc2") == 0) {
+      void* again = NULL;
+      if (getproc("cuGetProcAddress", &again, 13000, 0, &status) != 0) return 1;
+      getproc = (getproc_fn)again;
+    }
     const int got = getproc("cuInit", &pfn, 13000, 0, &status);
     const int rc = ((init_fn)pfn)(0);
     count_fn count = (count_fn)dlsym(lib, "fake_cuda_init_calls");

@@ -70,6 +70,9 @@ def main():
     r, f, applied = probe("getproc")
     check(r.returncode == 0 and f.get("cuGetProcAddress") == "0" and f.get("driver_calls") == "1" and len(applied) == 1,
           f"cuInit through cuGetProcAddress_v2 (the CUDA runtime's way): {r.stdout} {r.stderr}")
+    r, f, applied = probe("getproc2")
+    check(r.returncode == 0 and f.get("cuGetProcAddress") == "0" and f.get("driver_calls") == "1" and len(applied) == 1,
+          f"cuInit through the cuGetProcAddress that cuGetProcAddress_v2 gave for itself: {r.stdout} {r.stderr}")
     r, f, applied = probe("fork")
     child = f.get("pid")
     check(r.returncode == 0 and len(applied) == 1 and f"to pid {child}:" in applied[0] and child != f.get("main_pid"),

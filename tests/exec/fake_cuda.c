@@ -13,12 +13,17 @@ int cuInit(unsigned int flags) {
 
 int fake_cuda_init_calls(void) { return init_calls; }
 
+int cuGetProcAddress(const char* symbol, void** pfn, int version, uint64_t flags);
+
 int cuGetProcAddress_v2(const char* symbol, void** pfn, int version, uint64_t flags, void* status) {
-  (void)version;
   (void)flags;
   if (status) memset(status, 0, sizeof(int));
   if (strcmp(symbol, "cuInit") == 0) {
     *pfn = (void*)&cuInit;
+    return 0;
+  }
+  if (strcmp(symbol, "cuGetProcAddress") == 0) {
+    *pfn = version >= 12000 ? (void*)&cuGetProcAddress_v2 : (void*)&cuGetProcAddress;
     return 0;
   }
   *pfn = 0;
