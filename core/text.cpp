@@ -51,7 +51,7 @@ std::string valid_utf8(std::string_view s) {
     else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800;
     else if ((c & 0xf8) == 0xf0) len = 4, min = 0x10000;
     bool ok = len > 0 && i + len <= s.size();
-    std::uint32_t cp = len == 1 ? c : (c & (0x7f >> len));
+    std::uint32_t cp = len == 1 ? c : (c & (0x7fu >> len));
     for (std::size_t k = 1; ok && k < len; ++k) {
       const auto cc = static_cast<unsigned char>(s[i + k]);
       ok = (cc & 0xc0) == 0x80;
