@@ -342,10 +342,36 @@ extern "C" __attribute__((visibility("default"))) int cuInit(unsigned int flags)
 
 namespace {
 
+// At exit, in --at cuinit mode: a process whose driver was initialised without this library seeing
+// the cuInit (a library that reaches the driver in another way, e.g. loaded with RTLD_DEEPBIND) got
+// nothing applied; say so rather than let it pass unnoticed. The driver answers cuDeviceGetCount
+// with CUDA_ERROR_NOT_INITIALIZED until this process's cuInit, so asking initialises nothing.
+void warn_if_missed() {
+  {
+    std::lock_guard<std::mutex> lock(g_apply_mutex);
+    if (g_applied) return;
+  }
+  Inside inside;
+  void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!driver) return;  // this process never loaded the driver
+  using CountFn = int (*)(int*);
+  auto count = reinterpret_cast<CountFn>(real_dlsym(driver, "cuDeviceGetCount"));
+  int devices = 0;
+  if (count && count(&devices) == 0)
+    std::fprintf(stderr,
+                 "cupool exec: pid %d initialised the CUDA driver without cupool seeing its cuInit: the process: "
+                 "section was not applied to it (run it with --at start)\n",
+                 static_cast<int>(::getpid()));
+  ::dlclose(driver);
+}
+
 __attribute__((constructor)) void cupool_exec_start() {
   const char* config = std::getenv("CUPOOL_EXEC_CONFIG");
   if (!config || !*config) return;
-  if (hooks_on()) return;  // applied at the application's first cuInit
+  if (hooks_on()) {  // applied at the application's first cuInit
+    std::atexit(warn_if_missed);
+    return;
+  }
   if (!kHooksBuilt && !env_is("CUPOOL_EXEC_AT", "start") && !env_is("CUPOOL_EXEC_QUIET", "1"))
     std::fprintf(stderr, "cupool exec: this build can't wait for cuInit on this architecture: applying before main\n");
   std::lock_guard<std::mutex> lock(g_apply_mutex);

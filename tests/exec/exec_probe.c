@@ -7,6 +7,8 @@
  *   exec_probe getproc2 LIB   the same, but cuGetProcAddress_v2 asked for itself first (13000)
  *   exec_probe fork LIB       fork; the child does `direct`, the parent never calls cuInit
  *   exec_probe rtld LIB       RTLD_NEXT and RTLD_DEFAULT lookups still mean what they mean
+ *   exec_probe hidden LIB     the library initialises the driver without a cuInit anyone sees
+ *   exec_probe load LIB       dlopen(LIB) and nothing else
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -41,7 +43,7 @@ static int direct(const char* path) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: exec_probe none|direct|getproc|getproc2|fork|rtld LIB\n");
+    fprintf(stderr, "usage: exec_probe none|load|direct|getproc|getproc2|fork|rtld|hidden LIB\n");
     return 2;
   }
   const char* mode = argv[1];
@@ -77,6 +79,16 @@ int main(int argc, char** argv) {
     int status = 0;
     waitpid(child, &status, 0);
     printf("parent_pid=%d child=%d\n", (int)getpid(), (int)child);
+    return 0;
+  }
+  if (strcmp(mode, "load") == 0) {
+    open_lib(path);
+    return 0;
+  }
+  if (strcmp(mode, "hidden") == 0) {
+    void* lib = open_lib(path);
+    count_fn init = (count_fn)dlsym(lib, "fake_cuda_init_hidden");
+    printf("hidden_init=%d\n", init());
     return 0;
   }
   if (strcmp(mode, "rtld") == 0) {

@@ -86,6 +86,12 @@ def main():
     check(r.returncode == 0 and f.get("rtld_next_same") == "1" and f.get("rtld_default_same") == "1",
           f"RTLD_NEXT and RTLD_DEFAULT keep their meaning under the preload library: {r.stdout}")
     check(f.get("missing_null") == "1" and f.get("dlerror_set") == "1", f"a failed dlsym still sets dlerror: {r.stdout}")
+    r, f, applied = probe("hidden")
+    check(r.returncode == 0 and applied == [] and "initialised the CUDA driver without cupool seeing its cuInit" in r.stderr
+          and "--at start" in r.stderr, f"a driver initialised out of sight is reported at exit: {r.stderr}")
+    r, f, applied = probe("load")
+    check(r.returncode == 0 and applied == [] and "without cupool seeing" not in r.stderr,
+          f"a program that loaded but never initialised the driver: nothing applied, nothing to report: {r.stderr}")
     r, f, applied = probe("none", "--at", "start")
     check(r.returncode == 0 and len(applied) == 1 and f"to pid {f.get('main_pid')}:" in applied[0],
           f"--at start applies before main: {r.stderr}")

@@ -1,13 +1,28 @@
-/* A stand-in for libcuda.so.1 in the exec test (no GPU in CI): cuInit and cuGetProcAddress(_v2)
- * with the driver's signatures, counting the calls it gets. */
+/* A stand-in for libcuda.so.1 in the exec test (no GPU in CI), built as libcuda.so.1 in the test's
+ * build directory (found by path, never by the library search): cuInit, cuDeviceGetCount and
+ * cuGetProcAddress(_v2) with the driver's signatures, counting the initialisations it gets. */
 #include <stdint.h>
 #include <string.h>
 
 static int init_calls = 0;
 
+static int init_driver(void) {
+  ++init_calls;
+  return 0;
+}
+
 int cuInit(unsigned int flags) {
   (void)flags;
-  ++init_calls;
+  return init_driver();
+}
+
+/* A library that initialises the driver in a way nobody outside sees (not through cuInit). */
+int fake_cuda_init_hidden(void) { return init_driver(); }
+
+/* CUDA_ERROR_NOT_INITIALIZED (3) until initialised, as the driver. */
+int cuDeviceGetCount(int* count) {
+  if (init_calls == 0) return 3;
+  *count = 1;
   return 0;
 }
 
