@@ -172,7 +172,10 @@ std::mutex g_apply_mutex;
 bool g_applied = false;  // copied into a forked child as it was: a child of a parent that applied
                          // (and so used CUDA) can't use CUDA anyway
 
+std::atomic<bool> g_saw_cuinit{false};  // a cuInit of the application's went through the hooks
+
 int after_cuinit(int result) {
+  if (!t_inside) g_saw_cuinit.store(true);
   if (result != 0 || t_inside || !hooks_on()) return result;
   std::lock_guard<std::mutex> lock(g_apply_mutex);
   if (!g_applied) {
@@ -345,11 +348,13 @@ namespace {
 // At exit, in --at cuinit mode: a process whose driver was initialised without this library seeing
 // the cuInit (a library that reaches the driver in another way, e.g. loaded with RTLD_DEEPBIND) got
 // nothing applied; say so rather than let it pass unnoticed. The driver answers cuDeviceGetCount
-// with CUDA_ERROR_NOT_INITIALIZED until this process's cuInit, so asking initialises nothing.
+// with CUDA_ERROR_NOT_INITIALIZED (3) until this process's cuInit, so asking initialises nothing;
+// by the time this runs the driver may have shut down already (its own exit handler runs first)
+// and answer CUDA_ERROR_DEINITIALIZED: any answer but 3 means it was initialised.
 void warn_if_missed() {
   {
     std::lock_guard<std::mutex> lock(g_apply_mutex);
-    if (g_applied) return;
+    if (g_applied || g_saw_cuinit.load()) return;
   }
   Inside inside;
   void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
@@ -357,7 +362,7 @@ void warn_if_missed() {
   using CountFn = int (*)(int*);
   auto count = reinterpret_cast<CountFn>(real_dlsym(driver, "cuDeviceGetCount"));
   int devices = 0;
-  if (count && count(&devices) == 0)
+  if (count && count(&devices) != 3)
     std::fprintf(stderr,
                  "cupool exec: pid %d initialised the CUDA driver without cupool seeing its cuInit: the process: "
                  "section was not applied to it (run it with --at start)\n",
