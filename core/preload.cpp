@@ -18,6 +18,7 @@
 // (an assembly trampoline, so the caller the C library sees is the real one and RTLD_NEXT keeps its
 // meaning). It also defines cuInit itself, for programs linked against libcuda. The trampoline
 // is written for x86-64; elsewhere the section is applied before main, as with CUPOOL_EXEC_AT=start.
+// A process that initialised the driver without these hooks seeing it is named on stderr at exit.
 //
 // Environment (set by `cupool exec`):
 //   CUPOOL_EXEC_CONFIG   the config file (nothing happens without it)
@@ -188,7 +189,7 @@ int after_cuinit(int result) {
 
 extern "C" int cuInit(unsigned int flags);  // this library's own (x86-64), below
 
-// The driver's dlsym, resolved on first use by the trampoline (declared here for swap_entry).
+// The C library's dlsym (resolved on first use; defined below, declared here for swap_entry).
 void* real_dlsym(void* handle, const char* name);
 
 extern "C" int cupool_hook_cuinit(unsigned int flags) {
