@@ -78,7 +78,8 @@ Runner add_exec(CLI::App& app) {
       "  cupool exec configs/single-gpu-inference.yaml -- python serve.py --port 8000\n"
       "  cupool exec pools.yaml --report=usage.jsonl -- ./train   # per-process pool figures at exit\n"
       "  cupool exec pools.yaml --strict -- ./batch-job\n"
-      "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts.");
+      "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts; with --strict, 3 from a\n"
+      "process of CMD that the section could not be applied to.");
   sub->add_option("config", args->config, "The config file whose process: section is applied")->required()->check(CLI::ExistingFile);
   add_profile_option(sub, args->profile, "Apply to (a simulated node: for trying it without a GPU)");
   sub->add_flag("--strict", args->strict, "A failure to apply inside CMD ends that process (exit 3)");
