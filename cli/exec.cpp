@@ -87,7 +87,8 @@ Runner add_exec(CLI::App& app) {
       ->check(CLI::IsMember({"cuinit", "start"}))
       ->capture_default_str();
   sub->add_option("--report", args->report,
-                  "At each process's exit, write its pool figures (JSON, one line per process) to FILE, or stderr with '-'")
+                  "When a process that initialised CUDA exits, write its pool figures (JSON, one line per process) to "
+                  "FILE, or stderr with '-'")
       ->expected(0, 1)
       ->default_str("-");
   sub->add_flag("--quiet,-q", args->quiet, "No line on stderr when the section was applied");

@@ -205,7 +205,7 @@ complete -c cupool -n '__cupool_at "exec"' -l 'help' -s 'h' -d 'Print this help 
 complete -c cupool -n '__cupool_at "exec"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Apply to (a simulated node: for trying it without a GPU) this recorded node profile instead of the driver'
 complete -c cupool -n '__cupool_at "exec"' -l 'strict' -d 'A failure to apply inside CMD ends that process (exit 3)'
 complete -c cupool -n '__cupool_at "exec"' -l 'at' -x -a 'cuinit start' -d 'When to apply: cuinit (after CMD\'s first cuInit) or start (before main)'
-complete -c cupool -n '__cupool_at "exec"' -l 'report' -x -d 'At each process\'s exit, write its pool figures (JSON, one line per process) to FILE, or stderr with \'-\''
+complete -c cupool -n '__cupool_at "exec"' -l 'report' -x -d 'When a process that initialised CUDA exits, write its pool figures (JSON, one line per process) to FILE, or stderr with \'-\''
 complete -c cupool -n '__cupool_at "exec"' -l 'quiet' -s 'q' -d 'No line on stderr when the section was applied'
 complete -c cupool -n '__cupool_at "exec" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file whose process: section is applied'
 
