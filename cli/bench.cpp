@@ -4,14 +4,14 @@
 #include <iostream>
 #include <sstream>
 
+#include "base/error.h"
+#include "base/output.h"
+#include "base/units.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/bench.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/query.h"
-#include "core/render.h"
-#include "core/units.h"
+#include "device/bench.h"
+#include "device/query.h"
+#include "spec/config.h"
 
 namespace cupool::cli {
 

@@ -2,11 +2,11 @@
 // (e.g. model weights that several processes share).
 #include <iostream>
 
+#include "base/units.h"
 #include "cli/holder_client.h"
+#include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/holder_render.h"
-#include "core/units.h"
 
 namespace cupool::cli {
 

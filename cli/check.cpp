@@ -1,14 +1,14 @@
 // cupool check: judge a config against this node (or a recorded one), every finding at once.
 #include <iostream>
 
+#include "base/error.h"
+#include "base/output.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/check.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/query.h"
-#include "core/render.h"
-#include "core/sim_backend.h"
+#include "device/query.h"
+#include "device/sim_backend.h"
+#include "spec/check.h"
+#include "spec/config.h"
 
 namespace cupool::cli {
 

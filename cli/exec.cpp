@@ -8,13 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/diagnostics.h"
-#include "core/error.h"
-#include "core/holder.h"
-#include "core/process.h"
-#include "core/sim_backend.h"
+#include "device/sim_backend.h"
+#include "process/process.h"
+#include "spec/config.h"
+#include "spec/config.h"
+#include "spec/diagnostics.h"
+#include "spec/diagnostics.h"
 
 namespace cupool::cli {
 

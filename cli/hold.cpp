@@ -3,7 +3,7 @@
 
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/server.h"
+#include "holder/server.h"
 
 namespace cupool::cli {
 

@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/holder_render.h"
+#include "cli/holder_render.h"
 #include "cupool/client.h"
 
 namespace cupool::cli {

@@ -9,8 +9,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "core/error.h"
-#include "core/render.h"
+#include "base/error.h"
+#include "base/output.h"
 
 struct cupool_conn;
 

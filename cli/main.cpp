@@ -8,11 +8,11 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "base/error.h"
 #include "cli/verbs.h"
-#include "core/backend.h"
-#include "core/error.h"
-#include "core/node.h"
-#include "core/sim_backend.h"
+#include "device/backend.h"
+#include "device/node.h"
+#include "device/sim_backend.h"
 
 namespace {
 

@@ -3,11 +3,11 @@
 #include <iostream>
 
 #include "cli/holder_client.h"
+#include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/config.h"
-#include "core/diagnostics.h"
-#include "core/holder_render.h"
+#include "spec/config.h"
+#include "spec/diagnostics.h"
 
 namespace cupool::cli {
 

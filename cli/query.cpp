@@ -2,12 +2,12 @@
 #include <fstream>
 #include <iostream>
 
+#include "base/error.h"
+#include "base/output.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/error.h"
-#include "core/query.h"
-#include "core/render.h"
-#include "core/sim_backend.h"
+#include "device/query.h"
+#include "device/sim_backend.h"
 
 namespace cupool::cli {
 

@@ -9,9 +9,9 @@
 #include <iostream>
 
 #include "cli/holder_client.h"
+#include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/holder_render.h"
 
 namespace cupool::cli {
 

@@ -1,10 +1,10 @@
 // cupool trim: give reserved pool (and graph) memory in the running holder back to the device,
 // and report what was really released.
+#include "base/units.h"
 #include "cli/holder_client.h"
+#include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "core/holder_render.h"
-#include "core/units.h"
 
 namespace cupool::cli {
 

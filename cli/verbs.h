@@ -8,7 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "core/backend.h"
+#include "device/backend.h"
 
 namespace cupool::cli {
 

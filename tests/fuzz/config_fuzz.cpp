@@ -6,12 +6,12 @@
 #include <cstdint>
 #include <string>
 
-#include "core/check.h"
-#include "core/config.h"
-#include "core/holder.h"
-#include "core/process.h"
-#include "core/render.h"
-#include "core/sim_backend.h"
+#include "base/output.h"
+#include "device/sim_backend.h"
+#include "holder/holder.h"
+#include "process/process.h"
+#include "spec/check.h"
+#include "spec/config.h"
 #include "tests/unit/fixtures.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

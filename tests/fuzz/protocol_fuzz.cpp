@@ -21,11 +21,11 @@
 
 #include <spdlog/spdlog.h>
 
-#include "core/backend.h"
-#include "core/error.h"
-#include "core/holder.h"
-#include "core/protocol.h"
-#include "core/sim_backend.h"
+#include "base/error.h"
+#include "device/backend.h"
+#include "device/sim_backend.h"
+#include "holder/holder.h"
+#include "protocol/protocol.h"
 #include "tests/unit/fixtures.h"
 
 namespace {

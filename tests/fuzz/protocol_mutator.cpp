@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "core/protocol.h"
+#include "protocol/protocol.h"
 #include "tests/fuzz/frames.h"
 
 extern "C" std::size_t LLVMFuzzerMutate(std::uint8_t* data, std::size_t size, std::size_t max_size);

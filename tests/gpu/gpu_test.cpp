@@ -43,12 +43,12 @@
 #include <utility>
 #include <vector>
 
-#include "core/backend.h"
-#include "core/error.h"
-#include "core/node.h"
-#include "core/process.h"
-#include "core/query.h"
-#include "core/sim_backend.h"
+#include "base/error.h"
+#include "device/backend.h"
+#include "device/node.h"
+#include "device/query.h"
+#include "device/sim_backend.h"
+#include "process/process.h"
 
 extern char** environ;
 

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "core/node.h"
+#include "device/node.h"
 
 namespace cupool::test {
 

@@ -1,0 +1,460 @@
+#include "cli/holder_render.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "base/output.h"
+#include "base/text.h"
+#include "base/units.h"
+#include "spec/diagnostics.h"
+
+namespace cupool {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+const char* const kNone = "-";
+
+// Field access that never throws: a reply from another version may lack a field or type it
+// differently, and the answer should still be shown.
+const json* field(const json& j, const char* key) {
+  if (!j.is_object()) return nullptr;
+  auto it = j.find(key);
+  return it == j.end() ? nullptr : &*it;
+}
+
+std::optional<std::uint64_t> u64(const json& j, const char* key) {
+  const json* v = field(j, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_unsigned()) return v->get<std::uint64_t>();
+  if (v->is_number_integer()) {
+    const auto n = v->get<std::int64_t>();
+    if (n >= 0) return static_cast<std::uint64_t>(n);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> i64(const json& j, const char* key) {
+  const json* v = field(j, key);
+  if (!v) return std::nullopt;
+  if (v->is_number_integer()) return v->get<std::int64_t>();  // also true for unsigned values
+  return std::nullopt;
+}
+
+std::optional<bool> boolean(const json& j, const char* key) {
+  const json* v = field(j, key);
+  if (!v || !v->is_boolean()) return std::nullopt;
+  return v->get<bool>();
+}
+
+// A scalar as text: strings as they are, numbers in decimal, booleans as yes/no is left to the
+// caller; "-" when missing.
+std::string text(const json& j, const char* key) {
+  const json* v = field(j, key);
+  if (!v || v->is_null()) return kNone;
+  if (v->is_string()) return valid_utf8(v->get<std::string>());
+  if (v->is_number_unsigned()) return std::to_string(v->get<std::uint64_t>());
+  if (v->is_number_integer()) return std::to_string(v->get<std::int64_t>());
+  if (v->is_boolean()) return v->get<bool>() ? "true" : "false";
+  return v->dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string number(const json& j, const char* key) {
+  if (auto n = i64(j, key)) return std::to_string(*n);
+  if (auto n = u64(j, key)) return std::to_string(*n);
+  return kNone;
+}
+
+std::string bytes(const json& j, const char* key) {
+  auto n = u64(j, key);
+  return n ? format_bytes(*n) : kNone;
+}
+
+const json& list(const json& j, const char* key) {
+  static const json empty = json::array();
+  const json* v = field(j, key);
+  return v && v->is_array() ? *v : empty;
+}
+
+// "3 (192 MiB)": a count and the bytes behind it.
+std::string count_and_bytes(const json& j, const char* count_key, const char* bytes_key) {
+  std::string out = number(j, count_key);
+  if (auto b = u64(j, bytes_key)) out += " (" + format_bytes(*b) + ")";
+  return out;
+}
+
+std::string plural(std::uint64_t n, const char* word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+// A titled table; "Title: none" when there are no rows.
+std::string section(const std::string& title, const Table& table, std::size_t rows) {
+  if (rows == 0) return title + ": none\n";
+  return title + ":\n" + table.str("  ");
+}
+
+// Any JSON value as a short phrase, for a change's "from" and "to".
+std::string value_text(const json& v) {
+  if (v.is_null()) return "none";
+  if (v.is_string()) return valid_utf8(v.get<std::string>());
+  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
+  if (v.is_number_unsigned()) return std::to_string(v.get<std::uint64_t>());
+  if (v.is_number_integer()) return std::to_string(v.get<std::int64_t>());
+  if (v.is_array()) {
+    std::vector<std::string> parts;
+    for (const auto& e : v) parts.push_back(value_text(e));
+    return "[" + join(parts, ", ") + "]";
+  }
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// HELP text escaping in the exposition format: backslash and newline.
+std::string prometheus_help(std::string_view help) {
+  std::string out;
+  for (char c : help) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+struct Metric {
+  const char* name;
+  const char* key;
+  const char* help;
+};
+
+const Metric kPoolMetrics[] = {
+    {"cupool_pool_reserved_bytes", "reserved_current",
+     "Bytes the pool has reserved from its device now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)."},
+    {"cupool_pool_reserved_high_bytes", "reserved_high",
+     "High-water mark of the pool's reserved bytes since the last peak reset (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)."},
+    {"cupool_pool_used_bytes", "used_current",
+     "Bytes of the pool in use by allocations now (CU_MEMPOOL_ATTR_USED_MEM_CURRENT)."},
+    {"cupool_pool_used_high_bytes", "used_high",
+     "High-water mark of the pool's used bytes since the last peak reset (CU_MEMPOOL_ATTR_USED_MEM_HIGH)."},
+    {"cupool_pool_release_threshold_bytes", "release_threshold",
+     "Reserved bytes the pool keeps across a synchronize; 18446744073709551615 is max (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
+    {"cupool_pool_leases", "leases", "Allocations that clients of the holder hold from the pool."},
+    {"cupool_pool_leased_bytes", "leased_bytes", "Bytes that clients of the holder hold from the pool."},
+};
+
+const Metric kDeviceMetrics[] = {
+    {"cupool_graph_reserved_bytes", "graph_reserved_current",
+     "Bytes of graph memory the device has reserved now (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)."},
+    {"cupool_graph_reserved_high_bytes", "graph_reserved_high",
+     "High-water mark of the device's reserved graph memory since the last peak reset."},
+    {"cupool_graph_used_bytes", "graph_used_current",
+     "Bytes of graph memory in use on the device now (CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)."},
+    {"cupool_graph_used_high_bytes", "graph_used_high",
+     "High-water mark of the device's used graph memory since the last peak reset."},
+};
+
+void metric_family(std::ostringstream& out, const Metric& m, const json& rows,
+                   const std::vector<const char*>& labels) {
+  out << "# HELP " << m.name << ' ' << prometheus_help(m.help) << "\n";
+  out << "# TYPE " << m.name << " gauge\n";
+  for (const auto& row : rows) {
+    auto value = u64(row, m.key);
+    if (!value) continue;
+    out << m.name << '{';
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      // The pool's name goes out as label "pool".
+      const char* key = std::string_view(labels[i]) == "pool" ? "name" : labels[i];
+      const json* v = field(row, key);
+      const std::string label = v && !v->is_null() ? text(row, key) : "";
+      out << (i ? "," : "") << labels[i] << "=\"" << prometheus_label_value(label) << '"';
+    }
+    out << "} " << *value << "\n";
+  }
+}
+
+// A change with a "blocked" reason (a string; false or null would mean not blocked) is not made.
+bool is_blocked(const json& change) {
+  const json* b = field(change, "blocked");
+  return b && !b->is_null() && !(b->is_boolean() && !b->get<bool>());
+}
+
+std::string device_phrase(const json& change) {
+  return field(change, "device") ? " on device " + text(change, "device") : "";
+}
+
+}  // namespace
+
+json reply_body(const json& reply) {
+  if (!reply.is_object()) return reply;
+  json body = json::object();
+  for (auto it = reply.begin(); it != reply.end(); ++it)
+    if (it.key() != "id" && it.key() != "ok") body[it.key()] = it.value();
+  return body;
+}
+
+std::string format_threshold(std::uint64_t bytes) {
+  return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : format_bytes(bytes);
+}
+
+std::string format_duration(std::uint64_t seconds) {
+  const std::uint64_t days = seconds / 86400;
+  const std::uint64_t hours = seconds / 3600 % 24;
+  const std::uint64_t minutes = seconds / 60 % 60;
+  const std::uint64_t secs = seconds % 60;
+  if (days > 0) return std::to_string(days) + "d " + std::to_string(hours) + "h";
+  if (hours > 0) return std::to_string(hours) + "h " + std::to_string(minutes) + "m";
+  if (minutes > 0) return std::to_string(minutes) + "m " + std::to_string(secs) + "s";
+  return std::to_string(secs) + "s";
+}
+
+std::string render_status(const json& reply) {
+  std::ostringstream out;
+  const json* holder_ptr = field(reply, "holder");
+  const json& holder = holder_ptr ? *holder_ptr : json::object();
+
+  Table head({"", ""});
+  std::string line = text(holder, "version");
+  std::vector<std::string> about;
+  if (field(holder, "pid")) about.push_back("pid " + number(holder, "pid"));
+  if (field(holder, "backend")) about.push_back(text(holder, "backend") + " backend");
+  if (!about.empty()) line += " (" + join(about, ", ") + ")";
+  head.add({"holder", line});
+  if (auto up = u64(holder, "uptime_s")) {
+    std::string uptime = format_duration(*up);
+    if (field(holder, "started")) uptime += " (since " + text(holder, "started") + ")";
+    head.add({"uptime", uptime});
+  }
+  std::string config = text(holder, "config");
+  if (auto reloads = u64(holder, "reloads")) config += " (" + plural(*reloads, "reload") + ")";
+  head.add({"config", config});
+  head.add({"socket", text(holder, "socket")});
+  const auto draining = boolean(holder, "draining");
+  head.add({"state", !draining ? kNone : *draining ? "draining (stopping; takes no new allocations)" : "serving"});
+  const std::string head_text = head.str();
+  out << head_text.substr(head_text.find('\n') + 1);
+
+  // Devices: the ordinal-to-UUID map, which clients need (ordinals differ per process).
+  std::vector<std::pair<std::string, std::string>> devices;
+  for (const auto& p : list(reply, "pools")) {
+    std::pair<std::string, std::string> d{text(p, "device"), text(p, "uuid")};
+    bool seen = false;
+    for (const auto& e : devices) seen = seen || e == d;
+    if (!seen) devices.push_back(d);
+  }
+  Table dt({"DEVICE", "UUID"});
+  for (const auto& [device, uuid] : devices) dt.add({device, uuid});
+  out << "\n" << section("Devices", dt, devices.size());
+
+  const json& pools = list(reply, "pools");
+  Table pt({"POOL", "DEVICE", "LOCATION", "HANDLE TYPES", "MAX SIZE", "RELEASE THRESHOLD", "LEASES", "BUFFERS"});
+  for (const auto& p : pools) {
+    std::vector<std::string> types;
+    for (const auto& t : list(p, "handle_types")) types.push_back(value_text(t));
+    const auto max_size = u64(p, "max_size");
+    const auto threshold = u64(p, "release_threshold");
+    pt.add({text(p, "name"), text(p, "device"), text(p, "location"), types.empty() ? "none" : join(types, ", "),
+            !max_size ? kNone : *max_size == 0 ? "default" : format_bytes(*max_size),
+            threshold ? format_threshold(*threshold) : kNone, count_and_bytes(p, "leases", "leased_bytes"),
+            count_and_bytes(p, "buffers", "buffer_bytes")});
+  }
+  out << "\n" << section("Pools", pt, pools.size());
+
+  const json& buffers = list(reply, "buffers");
+  Table bt({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS"});
+  for (const auto& b : buffers)
+    bt.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), number(b, "opens")});
+  out << "\n" << section("Buffers", bt, buffers.size());
+
+  const json& clients = list(reply, "clients");
+  Table ct({"CLIENT", "PID", "UID", "USER", "NAME", "LEASES", "OPEN BUFFERS", "CONNECTED"});
+  for (const auto& c : clients) {
+    const auto connected = u64(c, "connected_s");
+    ct.add({number(c, "id"), number(c, "pid"), number(c, "uid"), text(c, "user"), text(c, "name"),
+            count_and_bytes(c, "leases", "leased_bytes"), number(c, "open_buffers"),
+            connected ? format_duration(*connected) : kNone});
+  }
+  out << "\n" << section("Clients", ct, clients.size());
+  if (const auto total = u64(reply, "clients_total"); total && *total > clients.size())
+    out << "(" << clients.size() << " of " << *total << " clients shown)\n";
+  return out.str();
+}
+
+std::string render_stats(const json& reply) {
+  std::ostringstream out;
+  const json& pools = list(reply, "pools");
+  Table pt({"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES"});
+  for (const auto& p : pools) {
+    const auto threshold = u64(p, "release_threshold");
+    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_current"), bytes(p, "reserved_high"),
+            bytes(p, "used_current"), bytes(p, "used_high"), threshold ? format_threshold(*threshold) : kNone,
+            count_and_bytes(p, "leases", "leased_bytes")});
+  }
+  out << section("Pools", pt, pools.size());
+
+  const json& devices = list(reply, "devices");
+  Table dt({"DEVICE", "UUID", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH"});
+  for (const auto& d : devices)
+    dt.add({text(d, "device"), text(d, "uuid"), bytes(d, "graph_reserved_current"), bytes(d, "graph_reserved_high"),
+            bytes(d, "graph_used_current"), bytes(d, "graph_used_high")});
+  out << "\n" << section("Graph memory", dt, devices.size());
+  return out.str();
+}
+
+std::string prometheus_label_value(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return valid_utf8(out);
+}
+
+std::string render_stats_prometheus(const json& reply) {
+  std::ostringstream out;
+  for (const auto& m : kPoolMetrics) metric_family(out, m, list(reply, "pools"), {"pool", "device", "uuid"});
+  for (const auto& m : kDeviceMetrics) metric_family(out, m, list(reply, "devices"), {"device", "uuid"});
+  return out.str();
+}
+
+std::string render_trim(const json& reply) {
+  std::ostringstream out;
+  const json& pools = list(reply, "pools");
+  Table pt({"POOL", "DEVICE", "RESERVED BEFORE", "RESERVED AFTER", "RELEASED"});
+  for (const auto& p : pools)
+    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_before"), bytes(p, "reserved_after"),
+            bytes(p, "released")});
+  out << section("Pools", pt, pools.size());
+
+  // No devices: graph memory was not trimmed (--no-graph).
+  const json& devices = list(reply, "devices");
+  if (!devices.empty()) {
+    Table dt({"DEVICE", "RESERVED BEFORE", "RESERVED AFTER", "RELEASED"});
+    for (const auto& d : devices)
+      dt.add({text(d, "device"), bytes(d, "graph_reserved_before"), bytes(d, "graph_reserved_after"),
+              bytes(d, "released")});
+    out << "\n" << section("Graph memory", dt, devices.size());
+  }
+  out << "\nReleased " << bytes(reply, "released") << " in total.\n";
+  return out.str();
+}
+
+std::string render_change(const json& change) {
+  const std::string action = text(change, "action");
+
+  std::string mark = "?";
+  if (action == "create") mark = "+";
+  else if (action == "update") mark = "~";
+  else if (action == "replace") mark = "-/+";
+  else if (action == "remove") mark = "-";
+
+  // "holder" changes (e.g. its socket) have no name of their own.
+  const std::string object = text(change, "object");
+  const json* name = field(change, "name");
+  const bool named = name && !name->is_null() && text(change, "name") != object;
+  std::string line = mark + " " + object + (named ? " " + text(change, "name") : "") + device_phrase(change);
+  if (const json* pool = field(change, "pool"); pool && object != "pool")
+    line += " in pool " + value_text(*pool);
+  if (mark == "?") line += " (" + action + ")";
+  if (field(change, "field")) {
+    line += ": " + text(change, "field");
+    const json* from = field(change, "from");
+    const json* to = field(change, "to");
+    if (from || to) line += " " + (from ? value_text(*from) : "none") + " -> " + (to ? value_text(*to) : "none");
+  }
+  if (is_blocked(change)) {
+    // A blocked remove or replace leaves the object as it is: it is kept.
+    const json& reason = *field(change, "blocked");
+    const std::string why = reason.is_string() ? valid_utf8(reason.get<std::string>()) : "in use";
+    line += (action == "remove" || action == "replace" ? " (kept: " : " (blocked: ") + why + ")";
+  }
+  return line;
+}
+
+std::size_t change_count(const json& reply) { return list(reply, "changes").size(); }
+
+std::size_t blocked_changes(const json& reply) {
+  std::size_t n = 0;
+  for (const auto& c : list(reply, "changes"))
+    if (is_blocked(c)) ++n;
+  return n;
+}
+
+std::string render_plan(const json& reply) {
+  const json& changes = list(reply, "changes");
+  if (changes.empty()) return "no changes\n";
+  const bool applied = boolean(reply, "applied").value_or(false);
+
+  std::ostringstream out;
+  // Counted per action; for apply only what was made.
+  const char* const actions[] = {"create", "update", "replace", "remove"};
+  const char* const planned[] = {"to create", "to update", "to replace", "to remove"};
+  const char* const made[] = {"created", "updated", "replaced", "removed"};
+  std::size_t counts[4] = {0, 0, 0, 0};
+  std::size_t other = 0;
+  for (const auto& c : changes) {
+    out << render_change(c) << "\n";
+    if (applied && is_blocked(c)) continue;
+    bool known = false;
+    for (std::size_t i = 0; i < 4; ++i)
+      if (text(c, "action") == actions[i]) {
+        ++counts[i];
+        known = true;
+      }
+    if (!known) ++other;
+  }
+  std::vector<std::string> parts;
+  for (std::size_t i = 0; i < 4; ++i)
+    if (counts[i] > 0) parts.push_back(std::to_string(counts[i]) + " " + (applied ? made[i] : planned[i]));
+  if (other > 0) parts.push_back(std::to_string(other) + " other");
+  const std::size_t blocked = blocked_changes(reply);
+  out << "\n" << (applied ? "Applied: " : "Plan: ") << (parts.empty() ? "nothing" : join(parts, ", "));
+  if (blocked > 0) out << "; " << blocked << " blocked (" << (applied ? "not made" : "will not be made") << ")";
+  out << ".\n";
+  return out.str();
+}
+
+std::string render_findings(const json& findings, const SourceFile& file) {
+  std::string out;
+  if (!findings.is_array()) return out;
+  for (const auto& f : findings) {
+    Diagnostic d;
+    const std::string severity = text(f, "severity");
+    d.severity = severity == "warning" ? Severity::warning : severity == "note" ? Severity::note : Severity::error;
+    d.code = text(f, "code");
+    d.message = text(f, "message");
+    d.loc.line = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "line").value_or(0), 1 << 30)));
+    d.loc.column = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "column").value_or(0), 1 << 30)));
+    if (const json* fact = field(f, "fact"); fact && fact->is_string()) d.fact = valid_utf8(fact->get<std::string>());
+    if (const json* help = field(f, "help"); help && help->is_string()) d.help = valid_utf8(help->get<std::string>());
+    d.invalid_input = boolean(f, "invalid_input").value_or(false);
+    out += render_text(d, file) + "\n";
+  }
+  return out;
+}
+
+std::string render_buffers(const json& buffers) {
+  if (!buffers.is_array() || buffers.empty()) return "no buffers\n";
+  Table t({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS", "PERMITTED"});
+  for (const auto& b : buffers) {
+    const auto permitted = boolean(b, "permitted");
+    t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), number(b, "opens"),
+           !permitted ? kNone : *permitted ? "yes" : "no"});
+  }
+  return t.str();
+}
+
+std::string render_buffer_created(const json& reply) {
+  return "created buffer " + text(reply, "name") + ": " + bytes(reply, "size") + " in pool " + text(reply, "pool") +
+         " on device " + text(reply, "device") + "\n";
+}
+
+std::string render_buffer_removed(const json& reply) {
+  return "removed buffer " + text(reply, "name") + " (" + bytes(reply, "size") + " in pool " + text(reply, "pool") +
+         " on device " + text(reply, "device") + ")\n";
+}
+
+}  // namespace cupool

@@ -1,0 +1,151 @@
+#include "base/output.h"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace cupool {
+
+using json = nlohmann::ordered_json;
+
+Format parse_format(const std::string& text) {
+  if (text == "table") return Format::table;
+  if (text == "json") return Format::json;
+  if (text == "yaml") return Format::yaml;
+  throw InputError("unknown format '" + text + "': use table, json or yaml");
+}
+
+namespace {
+
+void emit(YAML::Emitter& out, const json& v) {
+  switch (v.type()) {
+    case json::value_t::object:
+      out << YAML::BeginMap;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        out << YAML::Key << it.key() << YAML::Value;
+        emit(out, it.value());
+      }
+      out << YAML::EndMap;
+      break;
+    case json::value_t::array: {
+      // Short lists of scalars read best on one line.
+      const bool flat = std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); }) && v.size() <= 16;
+      if (flat) out << YAML::Flow;
+      out << YAML::BeginSeq;
+      for (const auto& e : v) emit(out, e);
+      out << YAML::EndSeq;
+      break;
+    }
+    case json::value_t::string: {
+      const std::string s = v.get<std::string>();
+      // Quote strings a YAML reader would otherwise take for another type.
+      bool quote = s.empty() || s == "true" || s == "false" || s == "null" || s == "~" || s == "yes" || s == "no";
+      if (!quote) {
+        char* end = nullptr;
+        std::strtod(s.c_str(), &end);
+        quote = end && *end == '\0';
+      }
+      if (quote) out << YAML::DoubleQuoted;
+      out << s;
+      break;
+    }
+    case json::value_t::boolean:
+      out << (v.get<bool>() ? "true" : "false");
+      break;
+    case json::value_t::null:
+      out << YAML::Null;
+      break;
+    case json::value_t::number_unsigned:
+      out << v.get<std::uint64_t>();
+      break;
+    case json::value_t::number_integer:
+      out << v.get<std::int64_t>();
+      break;
+    case json::value_t::number_float:
+      out << v.get<double>();
+      break;
+    default:
+      out << YAML::Null;
+  }
+}
+
+bool plain_integer(const std::string& s) {
+  std::size_t i = (!s.empty() && s[0] == '-') ? 1 : 0;
+  if (i >= s.size() || s.size() > 20) return false;
+  for (; i < s.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string dump_json(const json& value) { return value.dump(2, ' ', false, json::error_handler_t::replace); }
+
+std::string to_yaml(const json& value) {
+  YAML::Emitter out;
+  out.SetIndent(2);
+  emit(out, value);
+  return std::string(out.c_str()) + "\n";
+}
+
+json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      json j = json::object();
+      for (const auto& kv : node) j[kv.first.as<std::string>()] = yaml_to_json(kv.second);
+      return j;
+    }
+    case YAML::NodeType::Sequence: {
+      json j = json::array();
+      for (const auto& e : node) j.push_back(yaml_to_json(e));
+      return j;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() == "!") return s;  // quoted
+      if (s == "true") return true;
+      if (s == "false") return false;
+      if (s == "null" || s == "~") return nullptr;
+      if (plain_integer(s)) {
+        try {
+          if (s[0] == '-') return std::stoll(s);
+          return std::stoull(s);
+        } catch (const std::out_of_range&) {
+          return s;
+        }
+      }
+      return s;
+    }
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return nullptr;
+  }
+  return nullptr;
+}
+
+Table::Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
+
+void Table::add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+
+std::string Table::str(const std::string& indent) const {
+  std::vector<std::size_t> width;
+  for (const auto& row : rows_) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (std::size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+  }
+  std::ostringstream out;
+  for (const auto& row : rows_) {
+    std::string line = indent;
+    for (std::size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << '\n';
+  }
+  return out.str();
+}
+
+}  // namespace cupool

@@ -1,0 +1,41 @@
+// `cupool bench`: what allocation costs on this node, measured in one run against the obvious
+// alternatives (cudaMalloc, the default threshold 0, direct launches) and reported as medians,
+// p99 and ratios. On a simulated node the figures come from a model and the report says so.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "device/backend.h"
+
+namespace cupool {
+
+struct BenchOptions {
+  int device = 0;
+  std::vector<std::uint64_t> sizes{1ULL << 20, 64ULL << 20};
+  int iterations = 200;                 // per case and size (trim: at most 50)
+  std::uint64_t seed = 1;               // the order in which the cases run
+  std::uint64_t threshold = UINT64_MAX;  // the configured release threshold
+  std::string threshold_text = "max";   // as the config wrote it
+  std::string config;                   // the config file, "" when none
+  // Called before each case: "[3/12] alloc/free/sync 64 MiB, threshold 0".
+  std::function<void(const std::string&)> progress;
+};
+
+// Runs every case for every size; returns the report (cases, comparisons, node).
+nlohmann::ordered_json run_bench(Backend& backend, const BenchOptions& options);
+
+// The report for people.
+std::string render_bench_table(const nlohmann::ordered_json& report);
+
+// Median, p99 (nearest rank) and mean of `ns`, in microseconds.
+struct Summary {
+  double median_us = 0, p99_us = 0, mean_us = 0, min_us = 0;
+};
+Summary summarize(std::vector<double> ns);
+
+}  // namespace cupool

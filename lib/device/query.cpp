@@ -1,0 +1,158 @@
+#include "device/query.h"
+#include "device/sim_backend.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/output.h"
+#include "base/text.h"
+#include "base/units.h"
+
+namespace cupool {
+
+NodeReport build_report(Backend& backend, const QueryOptions& options) {
+  backend.init();
+  NodeReport report;
+  report.source.simulated = backend.simulated();
+  report.source.description = backend.describe();
+  // A simulated node says which profile it answers from (findings name it).
+  if (const auto* sim = dynamic_cast<const SimBackend*>(&backend)) {
+    report.source = sim->profile().source;
+    report.source.simulated = true;
+    report.source.description = backend.describe();
+  }
+  report.driver_version = backend.driver_version();
+  report.kernel_driver_version = backend.kernel_driver_version();
+  report.built_with_cuda = built_with_cuda_version();
+  report.host_numa_nodes = backend.host_numa_nodes();
+  const int count = backend.device_count();
+  for (int i = 0; i < count; ++i) {
+    DeviceReport d;
+    d.info = backend.device_info(i);
+    d.memory = backend.memory_info(i);
+    report.devices.push_back(std::move(d));
+  }
+  const auto n = static_cast<std::size_t>(count);
+  report.peer_access.assign(n, std::vector<bool>(n, true));
+  for (int i = 0; i < count; ++i)
+    for (int j = 0; j < count; ++j)
+      if (i != j) report.peer_access[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = backend.can_access_peer(i, j);
+
+  // Restrict to the selected devices (indexes and the peer matrix stay the node's own).
+  if (!options.devices.empty()) {
+    std::vector<bool> keep(n, false);
+    for (const auto& sel : options.devices) {
+      const auto ordinal = resolve_device(report, sel);
+      if (!ordinal) {
+        throw InputError("--devices: no device '" + sel.text + "' on this node (it has " + std::to_string(count) +
+                         (count == 1 ? " device" : " devices") + ")");
+      }
+      keep[static_cast<std::size_t>(*ordinal)] = true;
+    }
+    std::vector<DeviceReport> kept;
+    std::vector<std::size_t> rows;
+    for (auto& d : report.devices) {
+      if (!keep[static_cast<std::size_t>(d.info.ordinal)]) continue;
+      rows.push_back(static_cast<std::size_t>(d.info.ordinal));
+      kept.push_back(std::move(d));
+    }
+    std::vector<std::vector<bool>> peers;
+    for (std::size_t r : rows) {
+      std::vector<bool> row;
+      for (std::size_t c : rows) row.push_back(report.peer_access[r][c]);
+      peers.push_back(row);
+    }
+    report.devices = std::move(kept);
+    report.peer_access = std::move(peers);
+  }
+
+  if (options.deep) {
+    report.deep = true;
+    for (auto& d : report.devices) {
+      if (!d.info.memory_pools) continue;
+      for (HandleType type : {HandleType::none, HandleType::posix_fd, HandleType::fabric})
+        d.probes.push_back(backend.probe_export(d.info.ordinal, type));
+    }
+  }
+  return report;
+}
+
+namespace {
+
+const char* yes_no(bool b) { return b ? "yes" : "no"; }
+
+}  // namespace
+
+std::string render_report_table(const NodeReport& report) {
+  std::ostringstream out;
+  if (report.source.simulated) {
+    out << "Simulated node from " << report.source.profile_path;
+    if (report.source.synthetic) out << " (synthetic profile, not recorded on a real machine)";
+    else if (!report.source.recorded.empty())
+      out << " (recorded " << report.source.recorded
+          << (report.source.recorded_host.empty() ? "" : " on " + report.source.recorded_host) << ")";
+    out << "\n";
+  }
+  out << "Driver:  CUDA " << cuda_version_string(report.driver_version);
+  if (!report.kernel_driver_version.empty()) out << " (kernel module " << report.kernel_driver_version << ")";
+  out << "\ncupool:  built with CUDA " << cuda_version_string(report.built_with_cuda) << "\n";
+  out << "Host:    NUMA nodes ";
+  if (report.host_numa_nodes.empty()) {
+    out << "none";
+  } else {
+    std::vector<std::string> ids;
+    for (int id : report.host_numa_nodes) ids.push_back(std::to_string(id));
+    out << join(ids, ", ");
+  }
+  out << "\n";
+
+  for (const auto& d : report.devices) {
+    const DeviceInfo& i = d.info;
+    out << "\nGPU " << i.ordinal << ": " << i.name << "\n";
+    Table t({"", ""});
+    t.add({"uuid", i.uuid});
+    t.add({"pci bus id", i.pci_bus_id});
+    std::string memory = format_bytes(i.total_memory);
+    if (d.memory) memory += " (" + format_bytes(d.memory->free) + " free)";
+    t.add({"memory", memory});
+    t.add({"compute capability", std::to_string(i.cc_major) + "." + std::to_string(i.cc_minor)});
+    t.add({"memory pools", yes_no(i.memory_pools)});
+    const auto types = handle_type_names(i.pool_handle_types);
+    t.add({"pool handle types", types.empty() ? "none" : join(types, ", ")});
+    t.add({"fabric handles", yes_no(i.fabric_handle)});
+    t.add({"host pools", yes_no(i.host_memory_pools)});
+    t.add({"host NUMA pools", std::string(yes_no(i.host_numa_memory_pools)) +
+                                  (i.host_numa_id >= 0 ? " (nearest node " + std::to_string(i.host_numa_id) + ")" : "")});
+    t.add({"managed memory", std::string(yes_no(i.managed_memory)) +
+                                 (i.concurrent_managed_access ? ", concurrent access" : ", no concurrent access")});
+    t.add({"managed pools", yes_no(report.managed_pools_supported(i.ordinal))});
+    t.add({"virtual memory mgmt", yes_no(i.vmm)});
+    t.add({"IPC events", yes_no(i.ipc_events)});
+    t.add({"GPUDirect RDMA", yes_no(i.gpu_direct_rdma)});
+    for (const auto& p : d.probes) {
+      std::string outcome = p.ok ? "ok" : "FAILED: " + p.error + " in " + p.api + ": " + p.reason;
+      t.add({std::string("pool export ") + handle_type_name(p.handle_type), outcome});
+    }
+    // Skip the blank header row.
+    std::string body = t.str("  ");
+    out << body.substr(body.find('\n') + 1);
+  }
+
+  if (report.devices.size() > 1) {
+    out << "\nPeer access (row can access column's memory):\n";
+    std::vector<std::string> header{""};
+    for (const auto& d : report.devices) header.push_back("GPU" + std::to_string(d.info.ordinal));
+    Table t(header);
+    for (std::size_t r = 0; r < report.devices.size(); ++r) {
+      std::vector<std::string> cells{"GPU" + std::to_string(report.devices[r].info.ordinal)};
+      for (std::size_t c = 0; c < report.devices.size(); ++c)
+        cells.push_back(r == c ? "-" : report.peer_access[r][c] ? "yes" : "no");
+      t.add(cells);
+    }
+    out << t.str("  ");
+  }
+  return out.str();
+}
+
+}  // namespace cupool

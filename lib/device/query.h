@@ -1,0 +1,24 @@
+// `cupool query`: what this node supports, asked of a Backend (attributes only, unless deep).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "device/backend.h"
+#include "device/node.h"
+
+namespace cupool {
+
+struct QueryOptions {
+  std::vector<DeviceSelector> devices;  // empty: all
+  bool deep = false;                    // create and export a small pool per handle type
+};
+
+// Asks the backend everything `query` reports. Creates no context unless `deep`.
+// Throws NoDriverError, CudaError, or InputError for a selector that names no device.
+NodeReport build_report(Backend& backend, const QueryOptions& options = {});
+
+// The human-readable report.
+std::string render_report_table(const NodeReport& report);
+
+}  // namespace cupool

@@ -1,0 +1,229 @@
+// The holder's state: the pools and buffers it keeps, the clients connected to it and their
+// leases, and every protocol operation on them (docs/protocol.md). No sockets here: the server
+// (server.h) moves frames, this class decides, so all of it is testable against a simulated node.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "device/backend.h"
+#include "device/node.h"
+#include "protocol/protocol.h"
+#include "spec/config.h"
+
+namespace cupool {
+
+using Json = nlohmann::ordered_json;
+
+// Who is on the other end of a connection, as the kernel says (SO_PEERCRED, SO_PEERGROUPS).
+struct Peer {
+  int pid = 0;
+  std::uint32_t uid = 0;
+  std::uint32_t gid = 0;
+  std::string user;                      // name of uid ("" when unknown)
+  std::vector<std::string> group_names;  // names of the primary and supplementary groups
+};
+
+// A pool's share list: who besides the holder's own user and root may use it.
+struct ShareRule {
+  bool set = false;
+  std::vector<std::string> users;
+  std::vector<std::string> groups;
+  std::uint64_t quota_per_client = 0;  // 0: no quota
+  bool operator==(const ShareRule& o) const {
+    return set == o.set && users == o.users && groups == o.groups && quota_per_client == o.quota_per_client;
+  }
+};
+
+// One pool on one device, as a config asks for it.
+struct PoolWant {
+  std::string name;
+  int device = 0;
+  PoolProps props;
+  PoolSettings settings;
+  std::string threshold_text;  // as written ("max", "75%", "8GiB"; "0B" when unset)
+  std::vector<int> access;     // peers other than `device`, ascending
+  ShareRule share;
+  std::uint64_t reserve = 0;
+};
+
+struct BufferWant {
+  std::string name;
+  std::string pool;
+  int device = 0;
+  std::uint64_t size = 0;
+};
+
+struct HolderWant {
+  std::string socket = kDefaultSocket;
+  unsigned mode = 0660;
+  std::string group;
+};
+
+// What a config file asks the holder to hold.
+struct Desired {
+  HolderWant holder;
+  std::vector<PoolWant> pools;
+  std::vector<BufferWant> buffers;
+};
+
+// Parses and checks a config against `node` exactly like `cupool check`, and resolves it into
+// per-device pools. Throws ConfigRejected when it has errors; warnings are returned in `warnings`.
+Desired desired_from_config(const std::string& text, const std::string& path, const NodeReport& node,
+                            std::string* warnings = nullptr);
+
+// One difference between what is held and what a config asks for.
+struct Change {
+  std::string action;  // create, update, replace, remove
+  std::string object;  // pool, buffer, holder
+  std::string name;
+  int device = -1;     // -1: not per device
+  std::string field;   // for update
+  std::string from;
+  std::string to;
+  std::string blocked;  // why the change will not be made ("" when it will)
+  Json to_json() const;
+};
+
+// Bounds on what clients can make the holder keep.
+struct HolderLimits {
+  std::size_t max_leases_per_client = 65536;
+  std::size_t max_open_buffers_per_client = 4096;
+  std::size_t max_clients = 1024;
+  // Connections of one user (by the kernel's word, SO_PEERCRED) who is not an admin, so that one
+  // user can't take every connection.
+  std::size_t max_clients_per_user = 256;
+  // Admins (root, the holder's user) may connect beyond max_clients by this many, so the operator
+  // can always run `cupool status` on a full holder; they have no per-user limit.
+  std::size_t admin_reserve = 16;
+};
+
+class Holder {
+ public:
+  using Limits = HolderLimits;
+
+  // `self_uid`: the holder's user (admin along with root).
+  Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits limits = {});
+  Holder(const Holder&) = delete;
+  Holder& operator=(const Holder&) = delete;
+  // Frees what is still held, in order (leases, buffers, pools).
+  ~Holder();
+
+  // What apply(want) would change; nothing is touched.
+  std::vector<Change> plan(const Desired& want) const;
+  // Makes every change that is not blocked. Throws CudaError when the driver refuses one
+  // (changes made before it stay made and are in the state). The second call with the same
+  // `want` returns no changes and calls nothing on the backend.
+  std::vector<Change> apply(const Desired& want);
+  const HolderWant& holder_settings() const { return holder_; }
+  // Takes the holder section as the current one (at start: the socket is made from it).
+  void adopt_holder_settings(const HolderWant& h) { holder_ = h; }
+
+  // ---- connections ----
+  std::uint64_t connect(const Peer& peer);
+  // Frees the client's leases and closes its buffers.
+  void disconnect(std::uint64_t client);
+  std::size_t client_count() const { return clients_.size(); }
+
+  // Handles one request (the payload's JSON) from `client`. Returns the reply's fields (the
+  // server adds "id" and "ok"). A reply that carries a descriptor sets `fd_out` (the server
+  // sends, then closes it). Throws proto::ProtocolError with the document's error codes.
+  Json handle(std::uint64_t client, const Json& request, int& fd_out);
+
+  // ---- for the server and the verbs ----
+  void set_draining(bool draining) { draining_ = draining; }
+  bool draining() const { return draining_; }
+  // Describes the holder in `status` (pid, config path, socket, started, ...).
+  void set_identity(Json identity) { identity_ = std::move(identity); }
+  Json status() const;
+  Json stats(bool reset_peaks);
+  Json trim(std::uint64_t keep, const std::optional<std::string>& pool, bool graph);
+  // The live state as a version 1 config (YAML text).
+  std::string export_config() const;
+  // Leases and open buffers of all clients.
+  std::size_t lease_count() const;
+  std::uint64_t leased_bytes() const;
+  // Frees everything (leases first, then buffers, then pools); the holder is empty afterwards.
+  void shutdown() noexcept;
+
+ private:
+  struct HeldPool {
+    PoolWant want;
+    PoolHandle handle = 0;
+    std::uint64_t leases = 0;
+    std::uint64_t leased_bytes = 0;
+    std::uint64_t reserved_after_reserve = 0;  // reserved bytes read back after mapping `reserve`
+  };
+  struct HeldBuffer {
+    BufferWant want;
+    SharedAllocation allocation;
+    bool shared = true;  // false in a pool without an IPC handle type (nobody can open it)
+    std::uint64_t opens = 0;
+  };
+  struct Lease {
+    std::uint64_t client = 0;
+    std::string pool;
+    int device = 0;
+    std::uint64_t size = 0;
+    std::uint64_t address = 0;
+  };
+  struct Client {
+    Peer peer;
+    bool admin = false;
+    bool greeted = false;
+    std::string name;
+    std::int64_t connected_at = 0;  // steady clock, seconds
+    std::set<std::uint64_t> leases;
+    std::map<std::pair<std::string, int>, std::uint64_t> bytes_in_pool;
+    std::map<std::string, std::uint64_t> open_buffers;  // name -> opens
+  };
+  using PoolKey = std::pair<std::string, int>;
+
+  Client& client(std::uint64_t id);
+  HeldPool& pool_for(const Client& c, const std::string& name, int device, bool for_use);
+  bool permitted(const Client& c, const HeldPool& p) const;
+  void require_admin(const Client& c, const char* op) const;
+  void require_not_draining(const char* op) const;
+  std::string device_uuid(int device) const;
+
+  Json op_hello(Client& c, proto::Args& a);
+  Json op_list(Client& c);
+  Json op_import_pool(Client& c, proto::Args& a, int& fd_out);
+  Json op_alloc(std::uint64_t id, Client& c, proto::Args& a);
+  Json op_free(Client& c, proto::Args& a);
+  Json op_buffer_open(Client& c, proto::Args& a);
+  Json op_buffer_close(Client& c, proto::Args& a);
+  Json op_buffer_create(Client& c, proto::Args& a);
+  Json op_buffer_remove(Client& c, proto::Args& a);
+  Json op_plan(Client& c, proto::Args& a, bool apply);
+
+  void free_lease(std::uint64_t lease) noexcept;
+  void create_pool(const PoolWant& w);
+  void update_pool(HeldPool& held, const PoolWant& w);
+  void destroy_pool(const PoolKey& key);
+  void create_buffer(const BufferWant& w);
+  void destroy_buffer(const std::string& name);
+
+  Backend& backend_;
+  NodeReport node_;
+  std::uint32_t self_uid_;
+  Limits limits_;
+  HolderWant holder_;
+  std::map<PoolKey, HeldPool> pools_;
+  std::map<std::string, HeldBuffer> buffers_;
+  std::map<std::uint64_t, Lease> leases_;
+  std::map<std::uint64_t, Client> clients_;
+  std::uint64_t next_client_ = 0;
+  std::uint64_t next_lease_ = 0;
+  bool draining_ = false;
+  std::int64_t created_at_ = 0;
+  Json identity_ = Json::object();
+};
+
+}  // namespace cupool

@@ -1,0 +1,673 @@
+#include "holder/server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "base/error.h"
+#include "base/text.h"
+#include "base/units.h"
+#include "device/query.h"
+#include "holder/holder.h"
+#include "protocol/protocol.h"
+#include "spec/diagnostics.h"
+
+namespace cupool {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// Open files the holder asks for (RLIMIT_NOFILE): 1024 connections and room for the rest.
+constexpr rlim_t kWantedFiles = 4096;
+using proto::Json;
+
+std::string errno_text() { return std::strerror(errno); }
+
+// An owned file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    reset(o.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  int release() noexcept {
+    const int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string user_name(uid_t uid) {
+  std::vector<char> buf(16384);
+  passwd pw{};
+  passwd* out = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &out) == 0 && out) return out->pw_name;
+  return "";
+}
+
+std::string group_name(gid_t gid) {
+  std::vector<char> buf(16384);
+  group gr{};
+  group* out = nullptr;
+  if (getgrgid_r(gid, &gr, buf.data(), buf.size(), &out) == 0 && out) return out->gr_name;
+  return "";
+}
+
+// The peer's identity from the kernel: SO_PEERCRED, and SO_PEERGROUPS for its other groups.
+Peer peer_of(int fd) {
+  Peer p;
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) throw std::runtime_error("SO_PEERCRED: " + errno_text());
+  p.pid = cred.pid;
+  p.uid = cred.uid;
+  p.gid = cred.gid;
+  p.user = user_name(cred.uid);
+  std::vector<gid_t> groups{cred.gid};
+#ifdef SO_PEERGROUPS
+  std::vector<gid_t> more(64);
+  socklen_t glen = static_cast<socklen_t>(more.size() * sizeof(gid_t));
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, more.data(), &glen) != 0 && errno == ERANGE) {
+    more.resize(glen / sizeof(gid_t) + 1);
+    glen = static_cast<socklen_t>(more.size() * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, more.data(), &glen) != 0) glen = 0;
+  }
+  more.resize(glen / sizeof(gid_t));
+  groups.insert(groups.end(), more.begin(), more.end());
+#endif
+  for (gid_t g : groups) {
+    const std::string name = group_name(g);
+    if (!name.empty() && std::find(p.group_names.begin(), p.group_names.end(), name) == p.group_names.end())
+      p.group_names.push_back(name);
+  }
+  return p;
+}
+
+std::string iso_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Json error_body(const Json& id, const std::string& code, const std::string& message) {
+  Json j;
+  j["id"] = id;
+  j["ok"] = false;
+  j["error"] = {{"code", code}, {"message", message}};
+  return j;
+}
+
+struct OutFrame {
+  std::string bytes;
+  std::size_t sent = 0;
+  Fd fd;  // rides with the first byte
+};
+
+struct Connection {
+  Fd fd;
+  std::uint64_t client = 0;
+  proto::FrameDecoder decoder{proto::Kind::request};
+  Clock::time_point frame_started{};
+  std::deque<OutFrame> out;
+  std::size_t queued = 0;
+  Clock::time_point last_progress{};
+  bool closing = false;  // close once the queue is flushed (after bad_frame)
+  bool dead = false;
+};
+
+class Server {
+ public:
+  Server(Backend& backend, const ServerOptions& options) : backend_(backend), options_(options) {}
+
+  int run();
+
+ private:
+  void open_lock(const std::string& socket);
+  void listen_on(const std::string& socket);
+  void set_socket_permissions();
+  void accept_clients();
+  void read_from(Connection& c);
+  void handle_frame(Connection& c, const std::string& payload);
+  void queue(Connection& c, const Json& body, proto::Kind kind = proto::Kind::reply, int fd = -1);
+  void flush(Connection& c);
+  void drop(Connection& c, const std::string& why);
+  void reload();
+  void start_drain(const char* why);
+  void update_identity();
+
+  Backend& backend_;
+  ServerOptions options_;
+  std::unique_ptr<Holder> holder_;
+  std::string socket_path_;
+  std::string lock_path_;
+  Fd lock_;
+  Fd listener_;
+  std::map<int, Connection> connections_;  // by fd
+  bool draining_ = false;
+  Clock::time_point drain_deadline_{};
+  // accept() failing for want of descriptors (EMFILE, ENFILE): the listener stays readable, so it
+  // is left out of poll() for a moment instead of being retried (and logged) in a busy loop.
+  Clock::time_point accept_paused_until_{};
+  bool accept_failing_ = false;
+  int exit_code_ = 0;
+  int reloads_ = 0;
+  std::string started_;
+};
+
+void Server::open_lock(const std::string& socket) {
+  lock_path_ = socket + ".lock";
+  const std::string dir = socket.substr(0, socket.rfind('/') == std::string::npos ? 0 : socket.rfind('/'));
+  if (!dir.empty()) {
+    struct stat st{};
+    if (::stat(dir.c_str(), &st) != 0) {
+      if (::mkdir(dir.c_str(), 0755) != 0)
+        throw Error(ExitCode::holder_unreachable,
+                    "can't create the socket directory " + dir + ": " + errno_text() +
+                        " (create it, run as a user who may, or choose another path with --socket)");
+    }
+  }
+  // O_NOFOLLOW: the holder (often root) truncates and writes this file; a symbolic link planted
+  // in its place must not point that at another file.
+  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!lock_)
+    throw Error(ExitCode::holder_unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
+                                                  " (is the socket directory writable?)");
+  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+    std::string pid;
+    std::ifstream in(lock_path_);
+    std::getline(in, pid);
+    throw Error(ExitCode::holder_unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
+                                                  " is serving " + socket + "; stop it first, or use another --socket");
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_.get(), 0) != 0 || ::pwrite(lock_.get(), me.data(), me.size(), 0) < 0)
+    spdlog::warn("can't write the pid into {}: {}", lock_path_, errno_text());
+}
+
+void Server::listen_on(const std::string& socket) {
+  sockaddr_un addr{};
+  if (socket.size() >= sizeof(addr.sun_path))
+    throw Error(ExitCode::invalid_input, "socket path " + socket + " is longer than " +
+                                             std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+
+  // We hold the lock, so a socket file left here belongs to a holder that died: remove it.
+  struct stat st{};
+  if (::lstat(socket.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      throw Error(ExitCode::holder_unreachable, socket + " exists and is not a socket; remove it or choose another --socket");
+    spdlog::info("removing the stale socket {} left by a holder that did not stop cleanly", socket);
+    if (::unlink(socket.c_str()) != 0)
+      throw Error(ExitCode::holder_unreachable, "can't remove the stale socket " + socket + ": " + errno_text());
+  }
+  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!listener_) throw Error(ExitCode::holder_unreachable, "socket: " + errno_text());
+  // Nobody may connect before the mode and group are set.
+  const mode_t old = ::umask(0177);
+  const int rc = ::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  const int bind_errno = errno;
+  ::umask(old);
+  if (rc != 0)
+    throw Error(ExitCode::holder_unreachable, "can't bind " + socket + ": " + std::strerror(bind_errno) +
+                                                  " (is the directory writable by this user?)");
+  socket_path_ = socket;
+  set_socket_permissions();
+  if (::listen(listener_.get(), 128) != 0) throw Error(ExitCode::holder_unreachable, "listen: " + errno_text());
+}
+
+void Server::set_socket_permissions() {
+  const HolderWant& h = holder_->holder_settings();
+  if (!h.group.empty()) {
+    std::vector<char> buf(16384);
+    group gr{};
+    group* out = nullptr;
+    if (getgrnam_r(h.group.c_str(), &gr, buf.data(), buf.size(), &out) != 0 || !out)
+      throw Error(ExitCode::does_not_fit, "holder.group: no group named " + h.group + " on this node");
+    if (::chown(socket_path_.c_str(), static_cast<uid_t>(-1), out->gr_gid) != 0)
+      throw Error(ExitCode::holder_unreachable, "can't give " + socket_path_ + " to group " + h.group + ": " + errno_text());
+  }
+  if (::chmod(socket_path_.c_str(), static_cast<mode_t>(h.mode)) != 0)
+    throw Error(ExitCode::holder_unreachable, "can't set the mode of " + socket_path_ + ": " + errno_text());
+}
+
+void Server::update_identity() {
+  Json id;
+  id["pid"] = ::getpid();
+  id["version"] = std::string("cupool ") + CUPOOL_VERSION;
+  id["config"] = options_.config_path;
+  id["socket"] = socket_path_;
+  id["started"] = started_;
+  id["reloads"] = reloads_;
+  holder_->set_identity(id);
+}
+
+void Server::queue(Connection& c, const Json& body, proto::Kind kind, int fd) {
+  OutFrame f;
+  f.fd.reset(fd);
+  try {
+    f.bytes = proto::encode(kind, body, fd >= 0 ? 1 : 0);
+  } catch (const proto::ProtocolError& e) {
+    f.fd.reset();
+    f.bytes = proto::encode(kind, error_body(body.value("id", Json()), "internal", e.what()));
+  }
+  if (c.out.empty()) c.last_progress = Clock::now();
+  c.queued += f.bytes.size();
+  c.out.push_back(std::move(f));
+  flush(c);
+  if (!c.dead && c.queued > options_.max_queued_bytes) drop(c, "it does not read its replies (over 1 MiB queued)");
+}
+
+void Server::flush(Connection& c) {
+  while (!c.dead && !c.out.empty()) {
+    OutFrame& f = c.out.front();
+    iovec iov{f.bytes.data() + f.sent, f.bytes.size() - f.sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (f.sent == 0 && f.fd) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      const int fd = f.fd.get();
+      std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    const ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EPIPE || errno == ECONNRESET) {
+        spdlog::debug("client {} left before reading its reply", c.client);
+        drop(c, "");
+      } else {
+        drop(c, std::string("sending failed: ") + errno_text());
+      }
+      return;
+    }
+    f.fd.reset();  // it went with the first byte
+    f.sent += static_cast<std::size_t>(n);
+    c.queued -= static_cast<std::size_t>(n);
+    c.last_progress = Clock::now();
+    if (f.sent == f.bytes.size()) c.out.pop_front();
+  }
+  if (!c.dead && c.out.empty() && c.closing) drop(c, "");
+}
+
+void Server::drop(Connection& c, const std::string& why) {
+  if (c.dead) return;
+  c.dead = true;
+  if (!why.empty()) spdlog::warn("dropping client {}: {}", c.client, why);
+  holder_->disconnect(c.client);
+}
+
+void Server::accept_clients() {
+  for (int i = 0; i < 64; ++i) {
+    Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    if (!fd) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        // Said once per episode; new connections wait in the backlog until a descriptor is free.
+        if (!accept_failing_)
+          spdlog::warn("accept: {} ({} clients connected); new connections wait until some leave", errno_text(),
+                       connections_.size());
+        accept_failing_ = true;
+        accept_paused_until_ = Clock::now() + std::chrono::milliseconds(100);
+      }
+      return;
+    }
+    if (accept_failing_) {
+      spdlog::info("accepting connections again ({} clients connected)", connections_.size());
+      accept_failing_ = false;
+    }
+    Connection c;
+    try {
+      const Peer peer = peer_of(fd.get());
+      c.client = holder_->connect(peer);
+      spdlog::debug("client {} connected: pid {}, uid {} ({})", c.client, peer.pid, peer.uid, peer.user);
+    } catch (const proto::ProtocolError& e) {
+      // Over the connection limit: say so and close.
+      const std::string bytes = proto::encode(proto::Kind::reply, error_body(Json(), e.code(), e.what()));
+      (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      spdlog::warn("refused a connection: {}", e.what());
+      continue;
+    } catch (const std::exception& e) {
+      spdlog::warn("refused a connection: {}", e.what());
+      continue;
+    }
+    c.fd = std::move(fd);
+    const int key = c.fd.get();
+    connections_.emplace(key, std::move(c));
+    if (draining_)
+      queue(connections_.at(key), {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}},
+            proto::Kind::notice);
+  }
+}
+
+void Server::read_from(Connection& c) {
+  char buf[16384];
+  // Read at most a few buffers per wake-up, so one busy peer can't starve the others.
+  for (int round = 0; round < 8 && !c.dead && !c.closing; ++round) {
+    iovec iov{buf, sizeof buf};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      drop(c, std::string("receive failed: ") + errno_text());
+      return;
+    }
+    bool got_fds = (msg.msg_flags & MSG_CTRUNC) != 0;
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+        got_fds = true;
+        const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < count; ++i) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+          ::close(fd);
+        }
+      }
+    }
+    if (n == 0) {
+      drop(c, "");
+      return;
+    }
+    try {
+      if (got_fds) throw proto::ProtocolError("bad_frame", "clients may not send file descriptors");
+      std::size_t used = 0;
+      const auto size = static_cast<std::size_t>(n);
+      while (used < size && !c.dead && !c.closing) {
+        const bool was_mid = c.decoder.mid_frame();
+        used += c.decoder.feed(buf + used, size - used);
+        if (!was_mid && c.decoder.mid_frame()) c.frame_started = Clock::now();
+        if (c.decoder.ready()) {
+          auto [header, payload] = c.decoder.take();
+          handle_frame(c, payload);
+        }
+      }
+    } catch (const proto::ProtocolError& e) {
+      spdlog::warn("client {} sent a malformed frame: {}", c.client, e.what());
+      queue(c, error_body(Json(), "bad_frame", e.what()));
+      c.closing = true;
+      flush(c);
+      return;
+    }
+    if (static_cast<std::size_t>(n) < sizeof buf) return;
+  }
+}
+
+void Server::handle_frame(Connection& c, const std::string& payload) {
+  const Json request = proto::parse_payload(payload);  // bad_frame goes up
+  Json id = Json();
+  if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0) id = *it;
+  int fd = -1;
+  try {
+    Json body = holder_->handle(c.client, request, fd);
+    Json reply;
+    reply["id"] = id;
+    reply["ok"] = true;
+    for (auto& [k, v] : body.items()) reply[k] = v;
+    queue(c, reply, proto::Kind::reply, fd);
+    return;
+  } catch (const proto::ProtocolError& e) {
+    queue(c, error_body(id, e.code(), e.what()));
+  } catch (const ConfigRejected& e) {
+    // A reply must fit in one frame: at most 100 findings, and the text cut at 32 KiB.
+    Json body = error_body(id, "invalid_config", e.what());
+    Json findings = Json::array();
+    for (const auto& f : e.findings()) {
+      if (findings.size() == 100) break;
+      findings.push_back(f);
+    }
+    body["error"]["findings_total"] = e.findings().size();
+    body["error"]["findings"] = findings;
+    std::string rendered = e.rendered();
+    if (rendered.size() > 32768) rendered = valid_utf8(rendered.substr(0, 32768)) + "\n... (cut: the full list is in 'cupool check')\n";
+    body["error"]["rendered"] = rendered;
+    // Still too long (long findings, long paths): as many findings as fit, halving, then no text.
+    auto too_long = [&] { return body.dump(-1, ' ', false, Json::error_handler_t::replace).size() > proto::kMaxPayload; };
+    while (too_long() && !body["error"]["findings"].empty()) {
+      Json& list = body["error"]["findings"];
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(list.size() / 2), list.end());
+    }
+    if (too_long()) body["error"]["rendered"] = "(too long for one reply: run 'cupool check' on the file)\n";
+    queue(c, body);
+  } catch (const CudaError& e) {
+    queue(c, error_body(id, "cuda_error", e.what()));
+  } catch (const Error& e) {
+    queue(c, error_body(id, "bad_request", e.what()));
+  } catch (const std::exception& e) {
+    spdlog::error("internal error serving client {}: {}", c.client, e.what());
+    queue(c, error_body(id, "internal", e.what()));
+  }
+  if (fd >= 0) ::close(fd);
+}
+
+void Server::reload() {
+  spdlog::info("SIGHUP: reloading {}", options_.config_path);
+  sd_notify_state("RELOADING=1\nMONOTONIC_USEC=" +
+                  std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count()));
+  try {
+    const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
+    std::string warnings;
+    const Desired want = desired_from_config(file.text(), file.path(), build_report(backend_), &warnings);
+    if (!warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, warnings);
+    const HolderWant before = holder_->holder_settings();
+    const std::vector<Change> changes = holder_->apply(want);
+    if (before.mode != holder_->holder_settings().mode || before.group != holder_->holder_settings().group)
+      set_socket_permissions();
+    ++reloads_;
+    update_identity();
+    if (changes.empty()) spdlog::info("reload: no changes");
+    for (const Change& ch : changes)
+      spdlog::info("reload: {} {} {}{}{}", ch.action, ch.object, ch.name,
+                   ch.field.empty() ? "" : " " + ch.field + ": " + ch.from + " -> " + ch.to,
+                   ch.blocked.empty() ? "" : " (not done: " + ch.blocked + ")");
+  } catch (const ConfigRejected& e) {
+    spdlog::error("reload: {} was not applied; the holder keeps its state.\n{}", options_.config_path, e.rendered());
+  } catch (const std::exception& e) {
+    spdlog::error("reload: {} was not applied: {}", options_.config_path, e.what());
+  }
+  sd_notify_state("READY=1\nSTATUS=holding " + std::to_string(holder_->lease_count()) + " leases");
+}
+
+void Server::start_drain(const char* why) {
+  if (draining_) {
+    spdlog::warn("{} again: stopping now", why);
+    drain_deadline_ = Clock::now();
+    return;
+  }
+  draining_ = true;
+  holder_->set_draining(true);
+  spdlog::info("{}: draining ({} clients, {} leases)", why, connections_.size(), holder_->lease_count());
+  sd_notify_state("STOPPING=1");
+  drain_deadline_ = Clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
+  // New clients can't come in; those here are asked to leave.
+  listener_.reset();
+  if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
+  for (auto& [fd, c] : connections_)
+    queue(c, {{"notice", "draining"}, {"message", std::string("the holder is stopping (") + why + "); release your leases"}},
+          proto::Kind::notice);
+}
+
+int Server::run() {
+  started_ = iso_now();
+  // Signals arrive through a descriptor, so the loop sees them between requests. They are blocked
+  // before the driver starts its threads (at cuInit): a thread that doesn't block SIGTERM would
+  // take it and the process would die without draining (measured on a real driver).
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  if (sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) throw std::runtime_error("sigprocmask: " + errno_text());
+  Fd signals(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
+  if (!signals) throw std::runtime_error("signalfd: " + errno_text());
+  ::signal(SIGPIPE, SIG_IGN);
+  // Every connection is a descriptor: the usual soft limit (1024) is below what the holder serves
+  // (1024 connections, plus its pools' descriptors). Raise it as far as the hard limit allows.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < kWantedFiles) {
+    const rlim_t before = files.rlim_cur;
+    files.rlim_cur = files.rlim_max == RLIM_INFINITY ? kWantedFiles : std::min<rlim_t>(kWantedFiles, files.rlim_max);
+    if (files.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &files) != 0)
+      spdlog::warn("can't raise the open-files limit from {}: {}", before, errno_text());
+  }
+
+  const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
+  const NodeReport node = build_report(backend_);
+  std::string warnings;
+  Desired want;
+  try {
+    want = desired_from_config(file.text(), file.path(), node, &warnings);
+  } catch (const ConfigRejected& e) {
+    std::fputs(e.rendered().c_str(), stderr);
+    throw Error(e.invalid_input() ? ExitCode::invalid_input : ExitCode::does_not_fit,
+                file.path() + " can't be held (" + e.what() + ")");
+  }
+  if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
+  if (!options_.socket.empty()) want.holder.socket = options_.socket;
+
+  open_lock(want.holder.socket);
+  HolderLimits limits;
+  limits.max_clients_per_user = options_.max_clients_per_user;
+  holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
+  holder_->adopt_holder_settings(want.holder);
+  holder_->apply(want);
+  listen_on(want.holder.socket);
+  update_identity();
+  spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
+               holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
+               holder_->status()["buffers"].size() == 1 ? "" : "s", options_.config_path, socket_path_);
+  sd_notify_state("READY=1\nSTATUS=listening on " + socket_path_ + "\nMAINPID=" + std::to_string(::getpid()));
+
+  std::vector<pollfd> fds;
+  while (true) {
+    if (draining_ && (connections_.empty() || Clock::now() >= drain_deadline_)) break;
+    fds.clear();
+    fds.push_back({signals.get(), POLLIN, 0});
+    if (listener_ && Clock::now() >= accept_paused_until_) fds.push_back({listener_.get(), POLLIN, 0});
+    for (auto& [fd, c] : connections_)
+      fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+    const int n = ::poll(fds.data(), fds.size(), 250);
+    if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
+    for (const pollfd& p : fds) {
+      if (p.revents == 0) continue;
+      if (p.fd == signals.get()) {
+        signalfd_siginfo si{};
+        while (::read(signals.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+          if (si.ssi_signo == SIGHUP) {
+            if (!draining_) reload();
+          } else {
+            if (si.ssi_signo == SIGINT) exit_code_ = static_cast<int>(ExitCode::interrupted);
+            start_drain(si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
+          }
+        }
+      } else if (listener_ && p.fd == listener_.get()) {
+        accept_clients();
+      } else {
+        auto it = connections_.find(p.fd);
+        if (it == connections_.end()) continue;
+        if (p.revents & POLLOUT) flush(it->second);
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) read_from(it->second);
+      }
+    }
+    // Timeouts: a frame started and not finished; replies nobody reads.
+    const auto now = Clock::now();
+    for (auto& [fd, c] : connections_) {
+      if (!c.dead && c.decoder.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))
+        drop(c, "a frame was not completed within " + std::to_string(options_.frame_timeout_ms / 1000) + " s");
+      if (!c.dead && !c.out.empty() && now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
+        drop(c, "it did not read its replies for " + std::to_string(options_.write_stall_timeout_ms / 1000) + " s");
+    }
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (it->second.dead) it = connections_.erase(it);
+      else ++it;
+    }
+  }
+
+  // Drained (or timed out): free what is left in order, then the pools.
+  const std::size_t left = holder_->lease_count();
+  for (auto& [fd, c] : connections_) holder_->disconnect(c.client);
+  connections_.clear();
+  if (left) spdlog::warn("freed {} lease{} of clients that did not leave in time", left, left == 1 ? "" : "s");
+  holder_->shutdown();
+  holder_.reset();
+  if (listener_) {
+    listener_.reset();
+    ::unlink(socket_path_.c_str());
+  }
+  spdlog::info("stopped");
+  return exit_code_;
+}
+
+}  // namespace
+
+bool sd_notify_state(const std::string& state) {
+  const char* path = std::getenv("NOTIFY_SOCKET");
+  if (!path || !*path) return false;
+  sockaddr_un addr{};
+  const std::size_t len = std::strlen(path);
+  if (len >= sizeof addr.sun_path || (path[0] != '/' && path[0] != '@')) return false;
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path, len);
+  if (path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
+  Fd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd) return false;
+  const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
+  return ::sendto(fd.get(), state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr), addr_len) ==
+         static_cast<ssize_t>(state.size());
+}
+
+int run_holder(Backend& backend, const ServerOptions& options) {
+  Server server(backend, options);
+  return server.run();
+}
+
+}  // namespace cupool

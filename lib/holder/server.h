@@ -1,0 +1,31 @@
+// `cupool hold`: the holder's process. Takes the socket's lock, creates the pools, listens on the
+// socket and serves the protocol (docs/protocol.md) from one thread; SIGHUP reloads the file,
+// SIGTERM drains and frees in order. Tells systemd (Type=notify) when it is ready.
+#pragma once
+
+#include <string>
+
+#include "device/backend.h"
+
+namespace cupool {
+
+struct ServerOptions {
+  std::string config_path;
+  std::string socket;               // overrides the config's holder.socket when set
+  int drain_timeout_ms = 30000;     // how long SIGTERM waits for clients to leave
+  int frame_timeout_ms = 5000;      // a frame must be complete this long after its first byte
+  int write_stall_timeout_ms = 30000;  // a reply may wait this long for a peer that doesn't read
+  std::size_t max_queued_bytes = 1 << 20;  // unread replies per peer before it is dropped
+  std::size_t max_clients_per_user = 256;   // connections of one non-admin user (HolderLimits)
+};
+
+// Runs the holder until SIGTERM or SIGINT. Returns the exit code (0 after SIGTERM, 130 after
+// SIGINT). Throws cupool::Error for a config that can't be held (exit 1 or 2), a socket that is
+// taken or can't be made (exit 4), and CudaError when the driver refuses a pool.
+int run_holder(Backend& backend, const ServerOptions& options);
+
+// Sends `state` ("READY=1", "STOPPING=1", ...) to systemd when $NOTIFY_SOCKET is set.
+// Returns false when there is no such socket or sending failed.
+bool sd_notify_state(const std::string& state);
+
+}  // namespace cupool

@@ -1,0 +1,51 @@
+// The config's `process:` section applied inside an application (cupool_configure, cupool exec),
+// and the application's own pool figures (cupool_stats, cupool exec --report). Pools, their
+// attributes and the current pool are per process, so this runs in the application's process.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "device/backend.h"
+
+namespace cupool {
+
+// One change on one device: a default-pool attribute ("release_threshold", "reuse.allow_opportunistic",
+// "access"), the current pool made ("current_pool") or one of its attributes ("current_pool.release_threshold").
+struct ProcessChange {
+  int device = 0;
+  std::string field;
+  std::string from;
+  std::string to;
+};
+
+struct ConfigureResult {
+  std::vector<int> devices;  // the selected devices, in order
+  std::vector<ProcessChange> changes;
+  std::string warnings;      // the section's warnings, compiler style, then "warning: ..." lines ("" when none)
+  nlohmann::ordered_json to_json() const;
+};
+
+// Parses the config, checks its process section against this node (pools and buffers are the
+// holder's and are not judged here) and applies it on each selected device: the default pool's
+// release threshold, reuse policies and peer access; with current_pool, a pool created with the
+// file's max_size, settings, reserve and access and made the device's current pool (a current
+// pool made by an earlier call is kept and its settings brought in line; one the application set
+// itself is left alone, with a warning). Changes only what differs: a second call changes
+// nothing. Touches no device that is not selected; creates no context unless current_pool asks
+// for a pool (creating one retains the device's primary context). All or nothing: when the driver
+// refuses a step, what was changed is put back (peer access already granted aside) and CudaError
+// is thrown. Throws ConfigRejected for a file with errors.
+ConfigureResult configure_process(Backend& backend, const std::string& text, const std::string& path);
+
+// The parse and check half of configure_process: throws ConfigRejected, changes nothing.
+// Returns the warnings' text ("" when none).
+std::string configure_process_check(Backend& backend, const std::string& text, const std::string& path);
+
+// This process's pools: per device with an active context, the default pool (and the current
+// pool when it is another) with settings and usage, and the device's graph memory.
+nlohmann::ordered_json process_stats(Backend& backend);
+
+}  // namespace cupool

@@ -1,0 +1,298 @@
+#include "protocol/protocol.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "base/text.h"
+
+namespace cupool::proto {
+
+namespace {
+
+void put16(std::string& out, std::uint16_t v) {
+  out.push_back(static_cast<char>(v & 0xff));
+  out.push_back(static_cast<char>(v >> 8));
+}
+void put32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+std::uint16_t get16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
+std::uint32_t get32(const std::uint8_t* p) {
+  return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+         (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+}
+
+[[noreturn]] void bad_frame(const std::string& why) { throw ProtocolError("bad_frame", why); }
+[[noreturn]] void bad_request(const std::string& why) { throw ProtocolError("bad_request", why); }
+
+}  // namespace
+
+std::string encode(Kind kind, const Json& body, std::uint32_t fds) {
+  const std::string payload = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (payload.size() > kMaxPayload)
+    throw ProtocolError("internal", "reply of " + std::to_string(payload.size()) + " bytes exceeds the frame limit");
+  std::string out;
+  out.reserve(kHeaderSize + payload.size());
+  out.append(reinterpret_cast<const char*>(kMagic), 4);
+  put16(out, kVersion);
+  put16(out, static_cast<std::uint16_t>(kind));
+  put32(out, static_cast<std::uint32_t>(payload.size()));
+  put32(out, fds);
+  out += payload;
+  return out;
+}
+
+Header decode_header(const std::uint8_t* bytes, Kind expect) {
+  if (std::memcmp(bytes, kMagic, 4) != 0) bad_frame("the frame does not start with the magic bytes \"CUPL\"");
+  Header h;
+  h.version = get16(bytes + 4);
+  if (h.version != kVersion)
+    bad_frame("frame version " + std::to_string(h.version) + " is not supported (this holder speaks version 1)");
+  const std::uint16_t kind = get16(bytes + 6);
+  const bool ok = expect == Kind::request ? kind == 1 : (kind == 2 || kind == 3);
+  if (!ok) bad_frame("unexpected frame kind " + std::to_string(kind));
+  h.kind = static_cast<Kind>(kind);
+  h.length = get32(bytes + 8);
+  if (h.length < kMinPayload || h.length > kMaxPayload)
+    bad_frame("payload length " + std::to_string(h.length) + " is outside 2..65536");
+  h.fds = get32(bytes + 12);
+  if (expect == Kind::request ? h.fds != 0 : h.fds > 1)
+    bad_frame("a frame may not carry " + std::to_string(h.fds) + " file descriptors");
+  return h;
+}
+
+Json parse_payload(std::string_view payload) {
+  if (valid_utf8(payload) != payload) bad_frame("the payload is not valid UTF-8");
+  // Requests are flat; deep nesting only costs stack (in parsing and in destruction).
+  const Json::parser_callback_t limit_depth = [](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxDepth) bad_frame("the payload nests deeper than " + std::to_string(kMaxDepth) + " levels");
+    return true;
+  };
+  Json j = Json::parse(payload.begin(), payload.end(), limit_depth, /*allow_exceptions=*/false);
+  if (j.is_discarded()) bad_frame("the payload is not valid JSON");
+  if (!j.is_object()) bad_frame("the payload is not a JSON object");
+  return j;
+}
+
+std::size_t FrameDecoder::feed(const char* data, std::size_t size) {
+  std::size_t used = 0;
+  while (used < size && !ready_) {
+    if (have_ < kHeaderSize) {
+      const std::size_t n = std::min(kHeaderSize - have_, size - used);
+      std::memcpy(header_bytes_ + have_, data + used, n);
+      have_ += n;
+      used += n;
+      if (have_ == kHeaderSize) {
+        header_ = decode_header(header_bytes_, expect_);
+        payload_.reserve(header_.length);
+      }
+      continue;
+    }
+    const std::size_t n = std::min(static_cast<std::size_t>(header_.length) - payload_.size(), size - used);
+    payload_.append(data + used, n);
+    used += n;
+    if (payload_.size() == header_.length) ready_ = true;
+  }
+  return used;
+}
+
+std::pair<Header, std::string> FrameDecoder::take() {
+  std::pair<Header, std::string> out{header_, std::move(payload_)};
+  payload_.clear();
+  have_ = 0;
+  ready_ = false;
+  return out;
+}
+
+std::string to_hex(const Bytes64& blob) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  out.reserve(128);
+  for (std::uint8_t b : blob) {
+    out.push_back(digits[b >> 4]);
+    out.push_back(digits[b & 15]);
+  }
+  return out;
+}
+
+std::optional<Bytes64> from_hex(std::string_view text) {
+  if (text.size() != 128) return std::nullopt;
+  auto value = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  Bytes64 blob{};
+  for (std::size_t i = 0; i < 64; ++i) {
+    const int hi = value(text[2 * i]);
+    const int lo = value(text[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    blob[i] = static_cast<std::uint8_t>(hi * 16 + lo);
+  }
+  return blob;
+}
+
+// ---- Args ----
+
+Args::Args(const Json& request) : request_(request) {
+  if (!request.is_object()) bad_request("a request is a JSON object");
+}
+
+const Json* Args::find(const char* key) {
+  seen_.emplace_back(key);
+  auto it = request_.find(key);
+  return it == request_.end() ? nullptr : &*it;
+}
+
+std::optional<std::string> Args::optional_string(const char* key, std::size_t max_length) {
+  const Json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_string()) bad_request(std::string("\"") + key + "\" must be a string");
+  const auto& s = v->get_ref<const std::string&>();
+  if (s.size() > max_length)
+    bad_request(std::string("\"") + key + "\" is longer than " + std::to_string(max_length) + " bytes");
+  return s;
+}
+
+std::string Args::string(const char* key, std::size_t max_length) {
+  auto s = optional_string(key, max_length);
+  if (!s) bad_request(std::string("missing argument \"") + key + "\"");
+  return *s;
+}
+
+std::optional<std::uint64_t> Args::optional_u64(const char* key, std::uint64_t min, std::uint64_t max) {
+  const Json* v = find(key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<std::int64_t>() >= 0))
+    bad_request(std::string("\"") + key + "\" must be a non-negative integer");
+  const auto n = v->get<std::uint64_t>();
+  if (n < min || n > max)
+    bad_request(std::string("\"") + key + "\" must be between " + std::to_string(min) + " and " + std::to_string(max));
+  return n;
+}
+
+std::uint64_t Args::u64(const char* key, std::uint64_t min, std::uint64_t max) {
+  auto n = optional_u64(key, min, max);
+  if (!n) bad_request(std::string("missing argument \"") + key + "\"");
+  return *n;
+}
+
+int Args::device(const char* key, int fallback) {
+  const Json* v = find(key);
+  if (!v) return fallback;
+  if (!v->is_number_integer() || v->get<std::int64_t>() < -1 || v->get<std::int64_t>() > 4096)
+    bad_request(std::string("\"") + key + "\" must be a device ordinal (an integer, -1 for the pool's first device)");
+  return static_cast<int>(v->get<std::int64_t>());
+}
+
+bool Args::boolean(const char* key, bool fallback) {
+  const Json* v = find(key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad_request(std::string("\"") + key + "\" must be true or false");
+  return v->get<bool>();
+}
+
+void Args::finish() const {
+  for (const auto& [key, value] : request_.items()) {
+    (void)value;
+    if (key == "id" || key == "op") continue;
+    if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) {
+      std::vector<std::string> known(seen_.begin(), seen_.end());
+      std::string hint = did_you_mean(key, known);
+      bad_request("unknown argument \"" + valid_utf8(key) + "\"" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+    }
+  }
+}
+
+// ---- sockets ----
+
+void send_all(int socket, std::string_view bytes, int fd) {
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    iovec iov{const_cast<char*>(bytes.data() + sent), bytes.size() - sent};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (fd >= 0 && sent == 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    const ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "send");
+    }
+    sent += static_cast<std::size_t>(n);
+  }
+}
+
+namespace {
+// Reads exactly `size` bytes; collects a descriptor if one arrives.
+void receive_exact(int socket, char* data, std::size_t size, int& fd) {
+  std::size_t got = 0;
+  while (got < size) {
+    iovec iov{data + got, size - got};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "receive");
+    }
+    if (n == 0) throw ProtocolError("unreachable", "the holder closed the connection");
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (fd < 0) {
+          fd = received;
+        } else {
+          ::close(received);  // more than one: never leak the extra
+        }
+      }
+    }
+    got += static_cast<std::size_t>(n);
+  }
+}
+}  // namespace
+
+std::pair<Header, Json> receive_frame(int socket, int& fd) {
+  fd = -1;
+  try {
+    std::uint8_t header[kHeaderSize];
+    receive_exact(socket, reinterpret_cast<char*>(header), kHeaderSize, fd);
+    const Header h = decode_header(header, Kind::reply);
+    std::string payload(h.length, '\0');
+    receive_exact(socket, payload.data(), payload.size(), fd);
+    if (h.fds == 0 && fd >= 0) {
+      ::close(fd);
+      fd = -1;
+    }
+    return {h, parse_payload(payload)};
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    throw;
+  }
+}
+
+}  // namespace cupool::proto

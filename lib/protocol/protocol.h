@@ -1,0 +1,120 @@
+// The holder protocol, version 1 (docs/protocol.md): 16-byte frame headers, JSON payloads,
+// file descriptors as SCM_RIGHTS. Everything here treats its input as hostile: sizes are bounded
+// and every malformed input becomes a ProtocolError with a code from the document.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+
+namespace cupool::proto {
+
+using Json = nlohmann::ordered_json;
+
+constexpr std::uint16_t kVersion = 1;
+constexpr std::size_t kHeaderSize = 16;
+constexpr std::size_t kMaxPayload = 65536;
+constexpr std::size_t kMinPayload = 2;  // "{}"
+constexpr int kMaxDepth = 16;           // JSON nesting in a payload
+constexpr std::uint8_t kMagic[4] = {'C', 'U', 'P', 'L'};
+
+enum class Kind : std::uint16_t { request = 1, reply = 2, notice = 3 };
+
+// A protocol-level failure with its error code ("bad_frame", "bad_request", ...).
+class ProtocolError : public std::runtime_error {
+ public:
+  ProtocolError(std::string code, const std::string& message) : std::runtime_error(message), code_(std::move(code)) {}
+  const std::string& code() const noexcept { return code_; }
+
+ private:
+  std::string code_;
+};
+
+struct Header {
+  std::uint16_t version = 0;
+  Kind kind = Kind::request;
+  std::uint32_t length = 0;
+  std::uint32_t fds = 0;
+};
+
+// The 16 header bytes followed by the payload (the JSON text of `body`).
+// Throws ProtocolError("internal") when the payload would exceed kMaxPayload.
+std::string encode(Kind kind, const Json& body, std::uint32_t fds = 0);
+
+// Reads and validates a header. `expect` is the only kind accepted (requests at the holder;
+// replies and notices are both accepted when `expect` is reply). Throws ProtocolError bad_frame.
+Header decode_header(const std::uint8_t* bytes, Kind expect);
+
+// Parses a payload: a JSON object in valid UTF-8. Throws ProtocolError bad_frame.
+Json parse_payload(std::string_view payload);
+
+// Splits a byte stream into frames. Bounded: holds at most one header and one payload.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(Kind expect) : expect_(expect) {}
+  // Appends received bytes; returns how many were consumed (stops after one complete frame so
+  // the caller can handle it before reading on).
+  std::size_t feed(const char* data, std::size_t size);
+  // True once a whole frame is buffered; take it with take().
+  bool ready() const noexcept { return ready_; }
+  // The buffered frame's header and payload; resets for the next frame.
+  std::pair<Header, std::string> take();
+  // True between a frame's first byte and its last (for the frame timeout).
+  bool mid_frame() const noexcept { return !ready_ && (have_ > 0 || !payload_.empty()); }
+
+ private:
+  Kind expect_;
+  std::uint8_t header_bytes_[kHeaderSize] = {};
+  std::size_t have_ = 0;  // header bytes buffered
+  Header header_{};
+  std::string payload_;
+  bool ready_ = false;
+};
+
+// 64 opaque bytes on the wire: a pointer's export data or an IPC event handle (device::Blob64).
+using Bytes64 = std::array<std::uint8_t, 64>;
+
+// 128 lower-case hex digits for 64 bytes, and back (nullopt unless exactly 128 hex digits).
+std::string to_hex(const Bytes64& blob);
+std::optional<Bytes64> from_hex(std::string_view text);
+
+// Typed access to a request's arguments; every accessor throws ProtocolError bad_request naming
+// the argument, and finish() refuses arguments nobody asked for.
+class Args {
+ public:
+  // Keeps a reference: `request` must outlive the Args.
+  explicit Args(const Json& request);
+  explicit Args(Json&&) = delete;
+  std::string string(const char* key, std::size_t max_length);
+  std::optional<std::string> optional_string(const char* key, std::size_t max_length);
+  std::uint64_t u64(const char* key, std::uint64_t min, std::uint64_t max);
+  std::optional<std::uint64_t> optional_u64(const char* key, std::uint64_t min, std::uint64_t max);
+  // A device ordinal; `fallback` when absent.
+  int device(const char* key, int fallback);
+  bool boolean(const char* key, bool fallback);
+  // Throws for any key other than "id", "op" and those read so far.
+  void finish() const;
+
+ private:
+  const Json* find(const char* key);
+  const Json& request_;
+  std::vector<std::string> seen_;
+};
+
+// ---- sockets (blocking helpers for clients and tests; the holder has its own event loop) ----
+
+// Sends all of `bytes`; when `fd` >= 0 it rides as SCM_RIGHTS on the first byte.
+// Throws std::system_error.
+void send_all(int socket, std::string_view bytes, int fd = -1);
+// Receives one frame of kind reply or notice; a received descriptor is returned in `fd` (else -1).
+// Throws ProtocolError (bad_frame) or std::system_error; "unreachable" ProtocolError on EOF.
+std::pair<Header, Json> receive_frame(int socket, int& fd);
+
+}  // namespace cupool::proto

@@ -1,0 +1,18 @@
+// `cupool check`: judges a parsed config against a node, every finding at once, nothing created.
+#pragma once
+
+#include "device/node.h"
+#include "spec/config.h"
+#include "spec/diagnostics.h"
+
+namespace cupool {
+
+struct CheckOptions {
+  // The node's report came with --deep probes: judge fabric export by the probe, not the attribute.
+  bool deep = false;
+};
+
+// Adds a finding to `diags` for every rule the config breaks on `node`.
+void check_config(const Config& config, const NodeReport& node, Diagnostics& diags, const CheckOptions& options = {});
+
+}  // namespace cupool

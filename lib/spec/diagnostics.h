@@ -1,0 +1,93 @@
+// Compiler-style findings: `path:line:col: severity: message [code]`, the source line, a caret,
+// and the fact and the fix behind it.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace cupool {
+
+enum class Severity { error, warning, note };
+const char* severity_name(Severity s);
+
+// 1-based line and column; 0 means "the whole file".
+struct Loc {
+  int line = 0;
+  int column = 0;
+};
+
+struct Diagnostic {
+  Severity severity = Severity::error;
+  std::string code;     // rule id, e.g. "unknown-key", "peer-access"
+  Loc loc;
+  std::string message;  // what is wrong
+  std::string fact;     // the fact behind it (what the node reports), optional
+  std::string help;     // what would be valid / "did you mean", optional
+  bool invalid_input = false;  // the file is not a valid config (exit 2), not a misfit (exit 1)
+};
+
+// A config file's text, kept to quote lines in findings.
+class SourceFile {
+ public:
+  SourceFile(std::string path, std::string text);
+  // Reads `path` ("-" for standard input), at most `limit` bytes. Throws InputError.
+  static SourceFile read(const std::string& path, std::size_t limit = 1 << 20);
+  const std::string& path() const { return path_; }
+  const std::string& text() const { return text_; }
+  // Line `n` (1-based) without its newline; "" if out of range.
+  std::string line(int n) const;
+
+ private:
+  std::string path_;
+  std::string text_;
+  std::vector<std::string> lines_;
+};
+
+class Diagnostics {
+ public:
+  void add(Diagnostic d);
+  // Shorthands for the common cases.
+  void invalid(const std::string& code, Loc loc, std::string message, std::string help = "");
+  void error(const std::string& code, Loc loc, std::string message, std::string fact = "", std::string help = "");
+  void warning(const std::string& code, Loc loc, std::string message, std::string fact = "", std::string help = "");
+  void note(const std::string& code, Loc loc, std::string message, std::string fact = "", std::string help = "");
+
+  // In file order (line, column), stable for findings at the same place.
+  std::vector<Diagnostic> sorted() const;
+  const std::vector<Diagnostic>& all() const { return items_; }
+  int count(Severity s) const;
+  bool has_invalid_input() const;
+  bool has_errors() const { return count(Severity::error) > 0; }
+
+ private:
+  std::vector<Diagnostic> items_;
+};
+
+// One finding as text, with the quoted line and a caret under the column.
+std::string render_text(const Diagnostic& d, const SourceFile& file);
+// All findings in file order and a closing count line ("2 errors, 1 warning").
+std::string render_text(const Diagnostics& ds, const SourceFile& file);
+std::string summary_line(const Diagnostics& ds);
+nlohmann::ordered_json to_json(const Diagnostic& d, const std::string& path);
+
+// A config that can't be used (held, applied in a process): its findings (as `cupool check
+// --format json` writes them) and the compiler-style text.
+class ConfigRejected : public std::runtime_error {
+ public:
+  ConfigRejected(const std::string& summary, nlohmann::ordered_json findings, std::string rendered, bool invalid_input)
+      : std::runtime_error(summary), findings_(std::move(findings)), rendered_(std::move(rendered)), invalid_input_(invalid_input) {}
+  const nlohmann::ordered_json& findings() const { return findings_; }
+  const std::string& rendered() const { return rendered_; }
+  // True when the file is not a valid config at all (exit 2), false when it does not fit (exit 1).
+  bool invalid_input() const { return invalid_input_; }
+
+ private:
+  nlohmann::ordered_json findings_;
+  std::string rendered_;
+  bool invalid_input_;
+};
+
+}  // namespace cupool

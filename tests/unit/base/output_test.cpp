@@ -1,0 +1,31 @@
+#include <doctest/doctest.h>
+
+#include "base/output.h"
+
+using namespace cupool;
+
+TEST_CASE("YAML from JSON keeps types a reader would otherwise change") {
+  nlohmann::ordered_json j = {{"version", "13.0"}, {"n", 1}, {"ok", true}, {"none", nullptr}, {"list", {1, 2}}};
+  const std::string y = to_yaml(j);
+  CHECK(y == "version: \"13.0\"\nn: 1\nok: true\nnone: ~\nlist: [1, 2]\n");
+  CHECK(yaml_to_json(YAML::Load(y)) == j);
+}
+
+TEST_CASE("yaml_to_json: quoted scalars stay strings") {
+  const auto j = yaml_to_json(YAML::Load("a: \"1\"\nb: 1\nc: 0000:1b:00.0\nd: -5\n"));
+  CHECK(j["a"] == "1");
+  CHECK(j["b"] == 1);
+  CHECK(j["c"] == "0000:1b:00.0");
+  CHECK(j["d"] == -5);
+}
+
+TEST_CASE("tables align columns") {
+  Table t({"a", "long header"});
+  t.add({"wide cell", "x"});
+  CHECK(t.str() == "a          long header\nwide cell  x\n");
+}
+
+TEST_CASE("parse_format") {
+  CHECK(parse_format("json") == Format::json);
+  CHECK_THROWS(parse_format("xml"));
+}

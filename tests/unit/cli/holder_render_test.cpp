@@ -1,0 +1,309 @@
+#include <doctest/doctest.h>
+
+#include "cli/holder_render.h"
+#include "spec/diagnostics.h"
+
+using namespace cupool;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+const char* const kUuid0 = "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+// Replies shaped exactly like the examples in docs/protocol.md.
+json status_reply() {
+  return json::parse(R"({"id": 8, "ok": true,
+    "holder": {"pid": 4242, "version": "cupool 0.1.0", "backend": "cuda", "config": "/etc/cupool/cupool.yaml",
+               "socket": "/run/cupool/cupool.sock", "started": "2026-11-21T10:00:00Z", "uptime_s": 3600,
+               "draining": false, "reloads": 0},
+    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
+               "handle_types": ["posix_fd"], "max_size": 34359738368, "release_threshold": 18446744073709551615,
+               "leases": 3, "leased_bytes": 201326592, "buffers": 1, "buffer_bytes": 10737418240},
+              {"name": "scratch", "device": 1, "uuid": "GPU-11111111-2222-3333-4444-555555555555", "location": "device",
+               "handle_types": [], "max_size": 0, "release_threshold": 0,
+               "leases": 0, "leased_bytes": 0, "buffers": 0, "buffer_bytes": 0},
+              {"name": "scratch", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
+               "handle_types": ["posix_fd", "fabric"], "max_size": 1073741824, "release_threshold": 536870912,
+               "leases": 0, "leased_bytes": 0, "buffers": 0, "buffer_bytes": 0}],
+    "buffers": [{"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "opens": 2}],
+    "clients": [{"id": 12, "pid": 5151, "uid": 1000, "user": "svc-infer", "name": "my-server",
+                 "leases": 3, "leased_bytes": 201326592, "open_buffers": 1, "connected_s": 120}]})");
+}
+
+json stats_reply() {
+  return json::parse(R"({"id": 9, "ok": true,
+    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "reserved_current": 10804527104,
+               "reserved_high": 10804527104, "used_current": 10737418240, "used_high": 10804527104,
+               "release_threshold": 18446744073709551615, "leases": 0, "leased_bytes": 0}],
+    "devices": [{"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "graph_reserved_current": 0, "graph_reserved_high": 0,
+                 "graph_used_current": 0, "graph_used_high": 0}]})");
+}
+
+json plan_reply() {
+  return json::parse(R"({"id": 11, "ok": true, "applied": false,
+    "changes": [
+      {"action": "create", "object": "pool", "name": "scratch", "device": 1},
+      {"action": "update", "object": "pool", "name": "kv-cache", "device": 0, "field": "release_threshold",
+       "from": "0 B", "to": "max"},
+      {"action": "remove", "object": "pool", "name": "old", "device": 0, "blocked": "2 leases held by 1 client"},
+      {"action": "create", "object": "buffer", "name": "weights"}],
+    "findings": []})");
+}
+
+}  // namespace
+
+TEST_CASE("reply_body drops the envelope and keeps the order") {
+  const json body = reply_body(json::parse(R"({"id": 12, "ok": true, "config": "version: 1\n", "a": 1})"));
+  CHECK(body.dump() == R"({"config":"version: 1\n","a":1})");
+}
+
+TEST_CASE("thresholds and durations") {
+  CHECK(format_threshold(18446744073709551615ULL) == "max");
+  CHECK(format_threshold(0) == "0 B");
+  CHECK(format_threshold(512ULL << 20) == "512 MiB");
+  CHECK(format_duration(0) == "0s");
+  CHECK(format_duration(59) == "59s");
+  CHECK(format_duration(125) == "2m 5s");
+  CHECK(format_duration(3600) == "1h 0m");
+  CHECK(format_duration(86400 * 3 + 3600 * 4 + 59) == "3d 4h");
+}
+
+TEST_CASE("status: holder, devices, pools, buffers, clients") {
+  CHECK(render_status(status_reply()) ==
+        "holder  cupool 0.1.0 (pid 4242, cuda backend)\n"
+        "uptime  1h 0m (since 2026-11-21T10:00:00Z)\n"
+        "config  /etc/cupool/cupool.yaml (0 reloads)\n"
+        "socket  /run/cupool/cupool.sock\n"
+        "state   serving\n"
+        "\n"
+        "Devices:\n"
+        "  DEVICE  UUID\n"
+        "  0       GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b\n"
+        "  1       GPU-11111111-2222-3333-4444-555555555555\n"
+        "\n"
+        "Pools:\n"
+        "  POOL      DEVICE  LOCATION  HANDLE TYPES      MAX SIZE  RELEASE THRESHOLD  LEASES       BUFFERS\n"
+        "  kv-cache  0       device    posix_fd          32 GiB    max                3 (192 MiB)  1 (10 GiB)\n"
+        "  scratch   1       device    none              default   0 B                0 (0 B)      0 (0 B)\n"
+        "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)\n"
+        "\n"
+        "Buffers:\n"
+        "  BUFFER   POOL      DEVICE  SIZE    OPENS\n"
+        "  weights  kv-cache  0       10 GiB  2\n"
+        "\n"
+        "Clients:\n"
+        "  CLIENT  PID   UID   USER       NAME       LEASES       OPEN BUFFERS  CONNECTED\n"
+        "  12      5151  1000  svc-infer  my-server  3 (192 MiB)  1             2m 0s\n");
+}
+
+TEST_CASE("status: an idle, draining holder") {
+  json reply = status_reply();
+  reply["holder"]["draining"] = true;
+  reply["holder"]["reloads"] = 1;
+  reply["pools"] = json::array();
+  reply["buffers"] = json::array();
+  reply["clients"] = json::array();
+  const std::string text = render_status(reply);
+  CHECK(text.find("config  /etc/cupool/cupool.yaml (1 reload)\n") != std::string::npos);
+  CHECK(text.find("state   draining (stopping; takes no new allocations)\n") != std::string::npos);
+  CHECK(text.find("\nDevices: none\n\nPools: none\n\nBuffers: none\n\nClients: none\n") != std::string::npos);
+}
+
+TEST_CASE("status: missing fields show as '-' instead of failing") {
+  const std::string text = render_status(json::parse(R"({"ok": true, "pools": [{"name": "p"}], "clients": "x"})"));
+  CHECK(text ==
+        "holder  -\n"
+        "config  -\n"
+        "socket  -\n"
+        "state   -\n"
+        "\n"
+        "Devices:\n"
+        "  DEVICE  UUID\n"
+        "  -       -\n"
+        "\n"
+        "Pools:\n"
+        "  POOL  DEVICE  LOCATION  HANDLE TYPES  MAX SIZE  RELEASE THRESHOLD  LEASES  BUFFERS\n"
+        "  p     -       -         none          -         -                  -       -\n"
+        "\n"
+        "Buffers: none\n"
+        "\n"
+        "Clients: none\n");
+}
+
+TEST_CASE("stats: sizes for people") {
+  CHECK(render_stats(stats_reply()) ==
+        "Pools:\n"
+        "  POOL      DEVICE  RESERVED  RESERVED HIGH  USED    USED HIGH  RELEASE THRESHOLD  LEASES\n"
+        "  kv-cache  0       10.1 GiB  10.1 GiB       10 GiB  10.1 GiB   max                0 (0 B)\n"
+        "\n"
+        "Graph memory:\n"
+        "  DEVICE  UUID                                      RESERVED  RESERVED HIGH  USED  USED HIGH\n"
+        "  0       GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b  0 B       0 B            0 B   0 B\n");
+  CHECK(render_stats(json::parse(R"({"id": 1, "ok": true, "pools": [], "devices": []})")) ==
+        "Pools: none\n\nGraph memory: none\n");
+}
+
+TEST_CASE("stats in the Prometheus text format") {
+  const std::string text = render_stats_prometheus(stats_reply());
+  const std::string labels = std::string("{pool=\"kv-cache\",device=\"0\",uuid=\"") + kUuid0 + "\"}";
+  const std::string device = std::string("{device=\"0\",uuid=\"") + kUuid0 + "\"}";
+  CHECK(text.find("# HELP cupool_pool_reserved_bytes ") == 0);
+  CHECK(text.find("# TYPE cupool_pool_reserved_bytes gauge\ncupool_pool_reserved_bytes" + labels + " 10804527104\n") !=
+        std::string::npos);
+  CHECK(text.find("\ncupool_pool_reserved_high_bytes" + labels + " 10804527104\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_used_bytes" + labels + " 10737418240\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_used_high_bytes" + labels + " 10804527104\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_release_threshold_bytes" + labels + " 18446744073709551615\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_leases" + labels + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_leased_bytes" + labels + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_graph_reserved_bytes" + device + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_graph_reserved_high_bytes" + device + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_graph_used_bytes" + device + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_graph_used_high_bytes" + device + " 0\n") != std::string::npos);
+
+  // Every line is a comment or a sample; every family has exactly one HELP and one TYPE line.
+  std::size_t help = 0, type = 0, samples = 0;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = text.find('\n', start);
+    REQUIRE(end != std::string::npos);
+    const std::string line = text.substr(start, end - start);
+    if (line.rfind("# HELP ", 0) == 0) ++help;
+    else if (line.rfind("# TYPE ", 0) == 0) ++type;
+    else ++samples;
+    CHECK(line.rfind("cupool_", 0) == (line[0] == '#' ? std::string::npos : 0));
+    start = end + 1;
+  }
+  CHECK(help == 11);
+  CHECK(type == 11);
+  CHECK(samples == 11);
+}
+
+TEST_CASE("Prometheus label values are escaped") {
+  CHECK(prometheus_label_value("plain-name.1") == "plain-name.1");
+  CHECK(prometheus_label_value("a\"b") == "a\\\"b");
+  CHECK(prometheus_label_value("a\\b") == "a\\\\b");
+  CHECK(prometheus_label_value("a\nb") == "a\\nb");
+  json reply = stats_reply();
+  reply["pools"][0]["name"] = "we\"ird\\na\nme";
+  reply["pools"][0]["uuid"] = nullptr;
+  const std::string text = render_stats_prometheus(reply);
+  CHECK(text.find("cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",device=\"0\",uuid=\"\"} 10737418240\n") !=
+        std::string::npos);
+}
+
+TEST_CASE("Prometheus: no pools, no samples; a sample without its value is left out") {
+  const std::string empty = render_stats_prometheus(json::parse(R"({"pools": [], "devices": []})"));
+  CHECK(empty.find("# TYPE cupool_pool_used_bytes gauge\n# HELP cupool_pool_used_high_bytes") != std::string::npos);
+  CHECK(empty.find("\ncupool_") == std::string::npos);
+  json reply = stats_reply();
+  reply["pools"][0].erase("used_high");
+  const std::string text = render_stats_prometheus(reply);
+  CHECK(text.find("\ncupool_pool_used_high_bytes{") == std::string::npos);
+  CHECK(text.find("\ncupool_pool_used_bytes{") != std::string::npos);
+}
+
+TEST_CASE("trim: before, after, released and the total") {
+  const json reply = json::parse(R"({"id": 10, "ok": true, "released": 67108864,
+    "pools": [{"name": "kv-cache", "device": 0, "reserved_before": 67108864, "reserved_after": 0, "released": 67108864}],
+    "devices": [{"device": 0, "graph_reserved_before": 0, "graph_reserved_after": 0, "released": 0}]})");
+  CHECK(render_trim(reply) ==
+        "Pools:\n"
+        "  POOL      DEVICE  RESERVED BEFORE  RESERVED AFTER  RELEASED\n"
+        "  kv-cache  0       64 MiB           0 B             64 MiB\n"
+        "\n"
+        "Graph memory:\n"
+        "  DEVICE  RESERVED BEFORE  RESERVED AFTER  RELEASED\n"
+        "  0       0 B              0 B             0 B\n"
+        "\n"
+        "Released 64 MiB in total.\n");
+  // --no-graph: no devices, no graph section.
+  CHECK(render_trim(json::parse(R"({"released": 0, "pools": [], "devices": []})")) ==
+        "Pools: none\n\nReleased 0 B in total.\n");
+}
+
+TEST_CASE("plan: a diff line per change, blocked ones say why") {
+  CHECK(render_plan(plan_reply()) ==
+        "+ pool scratch on device 1\n"
+        "~ pool kv-cache on device 0: release_threshold 0 B -> max\n"
+        "- pool old on device 0 (kept: 2 leases held by 1 client)\n"
+        "+ buffer weights\n"
+        "\n"
+        "Plan: 2 to create, 1 to update, 1 to remove; 1 blocked (will not be made).\n");
+  CHECK(change_count(plan_reply()) == 4);
+  CHECK(blocked_changes(plan_reply()) == 1);
+}
+
+TEST_CASE("apply: counts only what was made") {
+  json reply = plan_reply();
+  reply["applied"] = true;
+  const std::string text = render_plan(reply);
+  CHECK(text.find("- pool old on device 0 (kept: 2 leases held by 1 client)\n") != std::string::npos);
+  CHECK(text.substr(text.find("\n\n")) == "\n\nApplied: 2 created, 1 updated; 1 blocked (not made).\n");
+
+  const json all_blocked = json::parse(R"({"applied": true, "changes": [
+    {"action": "remove", "object": "buffer", "name": "weights", "blocked": "open 2 times"}]})");
+  CHECK(render_plan(all_blocked) ==
+        "- buffer weights (kept: open 2 times)\n\nApplied: nothing; 1 blocked (not made).\n");
+}
+
+TEST_CASE("plan: no changes") {
+  const json empty = json::parse(R"({"id": 11, "ok": true, "applied": false, "changes": [], "findings": []})");
+  CHECK(render_plan(empty) == "no changes\n");
+  CHECK(change_count(empty) == 0);
+  CHECK(blocked_changes(empty) == 0);
+  CHECK(render_plan(json::parse(R"({"applied": true})")) == "no changes\n");
+}
+
+TEST_CASE("plan: replace and other value types") {
+  CHECK(render_change(json::parse(R"({"action": "replace", "object": "pool", "name": "kv-cache", "device": 1,
+      "field": "max_size", "from": "32 GiB", "to": "64 GiB"})")) ==
+        "-/+ pool kv-cache on device 1: max_size 32 GiB -> 64 GiB");
+  CHECK(render_change(json::parse(R"({"action": "replace", "object": "pool", "name": "kv-cache", "device": 0,
+      "field": "handle_types", "from": ["posix_fd"], "to": ["posix_fd", "fabric"], "blocked": "3 leases held by 2 clients"})")) ==
+        "-/+ pool kv-cache on device 0: handle_types [posix_fd] -> [posix_fd, fabric] (kept: 3 leases held by 2 clients)");
+  CHECK(render_change(json::parse(R"({"action": "update", "object": "pool", "name": "p", "device": 0,
+      "field": "access", "from": null, "to": 7})")) == "~ pool p on device 0: access none -> 7");
+  CHECK(render_change(json::parse(R"({"action": "create", "object": "buffer", "name": "w", "pool": "kv-cache",
+      "device": 0, "blocked": "no room"})")) == "+ buffer w on device 0 in pool kv-cache (blocked: no room)");
+  CHECK(render_change(json::parse(R"({"action": "remove", "object": "pool", "name": "p", "blocked": null})")) ==
+        "- pool p");
+  CHECK(render_change(json::parse(R"({"action": "rename", "object": "pool", "name": "p"})")) == "? pool p (rename)");
+  CHECK(render_change(json::parse(R"({"action": "update", "object": "holder", "name": "holder", "field": "socket",
+      "from": "/tmp/a.sock", "to": "/run/cupool/cupool.sock", "blocked": "changes only when the holder restarts"})")) ==
+        "~ holder: socket /tmp/a.sock -> /run/cupool/cupool.sock (blocked: changes only when the holder restarts)");
+  CHECK(render_change(json::parse(R"({"action": "update", "object": "holder", "field": "mode", "from": "0660",
+      "to": "0600"})")) == "~ holder: mode 0660 -> 0600");
+  const json odd = json::parse(R"({"changes": [{"action": "rename", "object": "pool", "name": "p"}]})");
+  CHECK(render_plan(odd) == "? pool p (rename)\n\nPlan: 1 other.\n");
+}
+
+TEST_CASE("findings from the holder are quoted against the local file") {
+  const SourceFile file("pools.yaml", "version: 1\npools:\n  - name: kv-cache\n    reserve: 1GiB\n");
+  const json findings = json::parse(R"([{"file": "pools.yaml", "line": 4, "column": 5, "severity": "warning",
+      "code": "reserve-above-threshold", "message": "reserve is above release_threshold", "invalid_input": false,
+      "fact": null, "help": "set release_threshold to max"}])");
+  CHECK(render_findings(findings, file) ==
+        "pools.yaml:4:5: warning: reserve is above release_threshold [reserve-above-threshold]\n"
+        " 4 |     reserve: 1GiB\n"
+        "   |     ^\n"
+        "   = help: set release_threshold to max\n"
+        "\n");
+  CHECK(render_findings(json::array(), file).empty());
+  CHECK(render_findings(json(nullptr), file).empty());
+}
+
+TEST_CASE("buffers") {
+  const json buffers = json::parse(R"([
+    {"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "permitted": true, "opens": 2},
+    {"name": "secret", "pool": "private", "device": 1, "size": 1536, "permitted": false}])");
+  CHECK(render_buffers(buffers) ==
+        "BUFFER   POOL      DEVICE  SIZE     OPENS  PERMITTED\n"
+        "weights  kv-cache  0       10 GiB   2      yes\n"
+        "secret   private   1       1.5 KiB  -      no\n");
+  CHECK(render_buffers(json::array()) == "no buffers\n");
+  const json created = json::parse(
+      R"({"id": 13, "ok": true, "name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240})");
+  CHECK(render_buffer_created(created) == "created buffer weights: 10 GiB in pool kv-cache on device 0\n");
+  CHECK(render_buffer_removed(created) == "removed buffer weights (10 GiB in pool kv-cache on device 0)\n");
+}

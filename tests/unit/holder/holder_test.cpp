@@ -1,0 +1,340 @@
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "device/sim_backend.h"
+#include "holder/holder.h"
+#include "tests/unit/fixtures.h"
+
+using namespace cupool;
+using proto::ProtocolError;
+
+namespace {
+
+const char* const kConfig = R"(version: 1
+holder: {socket: /tmp/cupool-unit.sock, mode: "0666"}
+pools:
+  - name: kv
+    devices: [0, 1]
+    handle_types: [posix_fd]
+    max_size: 1GiB
+    release_threshold: max
+    reserve: 64MiB
+    access: [all]
+    share: {users: [alice], groups: [gpu], quota_per_client: 256MiB}
+  - name: private
+    devices: [0]
+    handle_types: [posix_fd]
+    max_size: 1GiB
+  - name: local
+    devices: [0]
+buffers:
+  - {name: weights, pool: kv, device: 0, size: 128MiB}
+)";
+
+Peer peer(std::uint32_t uid, std::string user, std::vector<std::string> groups = {}) {
+  Peer p;
+  p.pid = 4242;
+  p.uid = uid;
+  p.gid = uid;
+  p.user = std::move(user);
+  p.group_names = std::move(groups);
+  return p;
+}
+
+struct Fixture {
+  SimBackend sim{test::two_gpu_node()};
+  Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000};
+
+  Fixture() { holder.adopt_holder_settings(want().holder); }
+  Desired want(const std::string& text = kConfig) { return desired_from_config(text, "test.yaml", test::two_gpu_node()); }
+
+  std::uint64_t client(const Peer& p) {
+    const std::uint64_t id = holder.connect(p);
+    call(id, {{"op", "hello"}, {"protocol", 1}});
+    return id;
+  }
+  Json call(std::uint64_t id, Json req) {
+    req["id"] = 1;
+    int fd = -1;
+    Json out = holder.handle(id, req, fd);
+    if (fd >= 0) ::close(fd);
+    return out;
+  }
+  std::string error_code(std::uint64_t id, Json req) {
+    try {
+      call(id, std::move(req));
+    } catch (const ProtocolError& e) {
+      return e.code();
+    }
+    return "ok";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("apply creates the pools, and the second apply changes nothing and calls nothing") {
+  Fixture f;
+  const auto first = f.holder.apply(f.want());
+  CHECK(first.size() == 5);  // 4 pools + 1 buffer
+  const Json status = f.holder.status();
+  CHECK(status["pools"].size() == 4);
+  CHECK(status["buffers"].size() == 1);
+  const std::size_t calls = f.sim.calls().size();
+  CHECK(f.holder.apply(f.want()).empty());
+  CHECK(f.sim.calls().size() == calls);
+  CHECK(f.holder.plan(f.want()).empty());
+}
+
+TEST_CASE("reserve is mapped and stays reserved (read back from the pool)") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const Json stats = f.holder.stats(false);
+  for (const auto& p : stats["pools"])
+    if (p["name"] == "kv" && p["device"] == 1) CHECK(p["reserved_current"].get<std::uint64_t>() >= (64ULL << 20));
+}
+
+TEST_CASE("plan shows a threshold change; apply makes only that change") {
+  Fixture f;
+  f.holder.apply(f.want());
+  std::string changed = kConfig;
+  changed.replace(changed.find("release_threshold: max"), 22, "release_threshold: 512MiB");
+  const auto plan = f.holder.plan(f.want(changed));
+  REQUIRE(plan.size() == 2);  // kv on both devices
+  CHECK(plan[0].action == "update");
+  CHECK(plan[0].field == "release_threshold");
+  CHECK(plan[0].from == "max");
+  CHECK(plan[0].to == "512MiB");
+  const std::size_t before = f.sim.calls().size();
+  f.holder.apply(f.want(changed));
+  std::vector<std::string> made(f.sim.calls().begin() + static_cast<std::ptrdiff_t>(before), f.sim.calls().end());
+  CHECK(made.size() == 2);
+  for (const auto& c : made) CHECK(c.rfind("set_pool_settings(", 0) == 0);
+}
+
+TEST_CASE("a pool with leases is not removed, and the answer says so") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(1001, "alice"));
+  const Json lease = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}});
+  std::string without = kConfig;
+  without.replace(without.find("devices: [0, 1]"), 15, "devices: [0]");
+  const auto changes = f.holder.apply(f.want(without));
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].action == "remove");
+  CHECK(changes[0].blocked == "1 lease held by 1 client");
+  CHECK(f.holder.status()["pools"].size() == 4);
+  f.call(alice, {{"op", "free"}, {"lease", lease["lease"]}});
+  const auto again = f.holder.apply(f.want(without));
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].blocked.empty());
+  CHECK(f.holder.status()["pools"].size() == 3);
+}
+
+TEST_CASE("share: users, groups, admins; everyone else is refused") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(1001, "alice"));
+  const auto bob_gpu = f.client(peer(1002, "bob", {"bob", "gpu"}));
+  const auto eve = f.client(peer(1003, "eve", {"eve"}));
+  const auto owner = f.client(peer(1000, "svc"));
+  const auto root = f.client(peer(0, "root"));
+  const Json alloc = {{"op", "alloc"}, {"pool", "kv"}, {"size", 4096}};
+  CHECK(f.error_code(alice, alloc) == "ok");
+  CHECK(f.error_code(bob_gpu, alloc) == "ok");
+  CHECK(f.error_code(eve, alloc) == "not_permitted");
+  CHECK(f.error_code(eve, {{"op", "import_pool"}, {"pool", "kv"}}) == "not_permitted");
+  CHECK(f.error_code(eve, {{"op", "buffer_open"}, {"name", "weights"}}) == "not_permitted");
+  // No share list: only the holder's user and root.
+  const Json priv = {{"op", "alloc"}, {"pool", "private"}, {"size", 4096}};
+  CHECK(f.error_code(alice, priv) == "not_permitted");
+  CHECK(f.error_code(owner, priv) == "ok");
+  CHECK(f.error_code(root, priv) == "ok");
+  // No handle type: can't be shared at all.
+  CHECK(f.error_code(root, {{"op", "alloc"}, {"pool", "local"}, {"size", 4096}}) == "bad_request");
+  // Admin operations.
+  CHECK(f.error_code(alice, {{"op", "trim"}}) == "not_permitted");
+  CHECK(f.error_code(alice, {{"op", "buffer_remove"}, {"name", "weights"}}) == "not_permitted");
+  CHECK(f.error_code(alice, {{"op", "stats"}, {"reset_peaks", true}}) == "not_permitted");
+  CHECK(f.error_code(alice, {{"op", "stats"}}) == "ok");
+  // An importer gets the pool's descriptor; a refused one gets none.
+  int fd = -1;
+  CHECK_NOTHROW(f.holder.handle(alice, {{"id", 2}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}, fd));
+  CHECK(fd >= 0);
+  ::close(fd);
+  fd = -1;
+  CHECK_THROWS_AS(f.holder.handle(eve, {{"id", 3}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}, fd), ProtocolError);
+  CHECK(fd == -1);
+}
+
+TEST_CASE("quota per client and pool") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(1001, "alice"));
+  const auto other = f.client(peer(1001, "alice"));
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 200 << 20}}) == "ok");
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 100 << 20}}) == "quota_exceeded");
+  // Another pool (device 1) and another connection have their own quota.
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 200 << 20}}) == "ok");
+  CHECK(f.error_code(other, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 200 << 20}}) == "ok");
+  // The pool's max_size still applies.
+  CHECK(f.error_code(f.client(peer(0, "root")), {{"op", "alloc"}, {"pool", "private"}, {"size", 2ULL << 30}}) == "out_of_memory");
+}
+
+TEST_CASE("a closed connection's leases are freed and its buffers closed") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(1001, "alice"));
+  for (int i = 0; i < 3; ++i) f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 32 << 20}});
+  f.call(alice, {{"op", "buffer_open"}, {"name", "weights"}});
+  CHECK(f.holder.lease_count() == 3);
+  CHECK(f.holder.status()["buffers"][0]["opens"] == 1);
+  f.holder.disconnect(alice);
+  CHECK(f.holder.lease_count() == 0);
+  CHECK(f.holder.status()["buffers"][0]["opens"] == 0);
+  const Json stats = f.holder.stats(false);
+  for (const auto& p : stats["pools"])
+    if (p["name"] == "kv" && p["device"] == 1) CHECK(p["used_current"] == 0);
+}
+
+TEST_CASE("export is a config that applies to the same holder with no changes") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const std::string exported = f.holder.export_config();
+  CHECK(exported.find("name: kv") != std::string::npos);
+  const Desired back = desired_from_config(exported, "export.yaml", test::two_gpu_node());
+  const auto changes = f.holder.plan(back);
+  for (const auto& c : changes) INFO(c.to_json().dump());
+  CHECK(changes.empty());
+}
+
+TEST_CASE("trim reports what was really released, measured before and after") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const Json t = f.holder.trim(0, std::string("kv"), true);
+  REQUIRE(t["pools"].size() == 2);
+  // 64 MiB reserve per device; the buffer's 128 MiB stays on device 0.
+  std::uint64_t total = 0;
+  for (const auto& p : t["pools"]) {
+    CHECK(p["released"].get<std::uint64_t>() == p["reserved_before"].get<std::uint64_t>() - p["reserved_after"].get<std::uint64_t>());
+    total += p["released"].get<std::uint64_t>();
+  }
+  CHECK(t["released"] == total);
+  CHECK(total > 0);
+  CHECK(t["devices"].size() == 2);
+}
+
+TEST_CASE("buffers: create, open, remove (busy unless forced)") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const auto alice = f.client(peer(1001, "alice"));
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}) == "ok");
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"size", 1 << 20}}) == "exists");
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "Bad Name"}, {"pool", "kv"}, {"size", 1}}) == "bad_request");
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size", 1}}) == "not_found");
+  const Json open = f.call(alice, {{"op", "buffer_open"}, {"name", "scratch"}});
+  CHECK(open["size"] == 1 << 20);
+  CHECK(open["export_data"].get<std::string>().size() == 128);
+  CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "scratch"}}) == "busy");
+  CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "scratch"}, {"force", true}}) == "ok");
+  CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "scratch"}}) == "not_found");
+}
+
+TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto id = f.holder.connect(peer(1001, "alice"));
+  CHECK(f.error_code(id, {{"op", "list"}}) == "hello_required");
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 2}}) == "unsupported_protocol");
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "ok-name"}}) == "ok");
+  CHECK(f.error_code(id, {{"op", "lst"}}) == "unknown_op");
+  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv"}, {"size", 0}}) == "bad_request");
+  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv"}, {"sise", 1}}) == "bad_request");
+  CHECK(f.error_code(id, {{"op", "free"}, {"lease", 99}}) == "not_found");
+  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv-cash"}, {"size", 1}}) == "not_found");
+  const Json list = f.call(id, {{"op", "list"}});
+  CHECK(list["pools"].size() == 4);
+}
+
+TEST_CASE("draining refuses new work but lets clients free") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(1001, "alice"));
+  const Json l = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"size", 4096}});
+  f.holder.set_draining(true);
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"size", 4096}}) == "draining");
+  CHECK(f.error_code(alice, {{"op", "free"}, {"lease", l["lease"]}}) == "ok");
+}
+
+TEST_CASE("a config with errors is rejected with its findings, and nothing changes") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const std::size_t calls = f.sim.calls().size();
+  try {
+    f.call(root, {{"op", "apply"}, {"config", "version: 1\npools:\n  - name: x\n    devices: [7]\n"}});
+    FAIL("apply accepted a config naming a missing device");
+  } catch (const ConfigRejected& e) {
+    CHECK(e.findings().size() >= 1);
+    CHECK(e.rendered().find("<request>:4:") != std::string::npos);
+  }
+  CHECK(f.sim.calls().size() == calls);
+}
+
+TEST_CASE("a pool name is replaced on all its devices or on none") {
+  Fixture f;
+  f.holder.apply(f.want());
+  // The buffer 'weights' lives in kv on device 0, so kv can't be replaced there; device 1 must wait too.
+  std::string bigger = kConfig;
+  bigger.replace(bigger.find("max_size: 1GiB"), 14, "max_size: 2GiB");
+  const auto changes = f.holder.plan(f.want(bigger));
+  int replaces = 0;
+  for (const auto& c : changes) {
+    if (c.action != "replace" || c.name != "kv") continue;
+    ++replaces;
+    CHECK_FALSE(c.blocked.empty());
+    if (c.device == 1) CHECK(c.blocked.find("replaced on all its devices or on none") != std::string::npos);
+  }
+  CHECK(replaces == 2);
+  const std::size_t before = f.sim.calls().size();
+  f.holder.apply(f.want(bigger));
+  for (std::size_t i = before; i < f.sim.calls().size(); ++i) CHECK(f.sim.calls()[i].rfind("destroy_pool", 0) != 0);
+  // export still describes one pool that applies to itself unchanged.
+  CHECK(f.holder.plan(desired_from_config(f.holder.export_config(), "export.yaml", test::two_gpu_node())).empty());
+}
+
+TEST_CASE("connection limits: per user for everyone but admins, and a reserve that keeps admins in") {
+  SimBackend sim{test::two_gpu_node()};
+  HolderLimits limits;
+  limits.max_clients = 6;
+  limits.max_clients_per_user = 2;
+  limits.admin_reserve = 2;
+  Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000, limits};
+  auto refused = [&](const Peer& p) {
+    try {
+      holder.connect(p);
+    } catch (const ProtocolError& e) {
+      return e.code() + std::string(": ") + e.what();
+    }
+    return std::string();
+  };
+  const Peer alice = peer(2001, "alice");
+  holder.connect(alice);
+  const std::uint64_t second = holder.connect(alice);
+  const std::string third = refused(alice);
+  CHECK(third.rfind("limit_exceeded", 0) == 0);
+  CHECK(third.find("2 connections per user, and user alice (uid 2001)") != std::string::npos);
+  holder.disconnect(second);  // one leaves: alice may connect again
+  CHECK(refused(alice).empty());
+  // Others are not held back by alice; admins have no per-user limit.
+  holder.connect(peer(2002, "bob"));
+  holder.connect(peer(2002, "bob"));
+  for (int i = 0; i < 2; ++i) holder.connect(peer(1000, "holder"));
+  // 6 connections: the limit for everyone else, 2 more for admins (root or the holder's user).
+  CHECK(refused(peer(2003, "carol")).find("at most 6 connections") != std::string::npos);
+  CHECK(refused(peer(0, "root")).empty());
+  CHECK(refused(peer(1000, "holder")).empty());
+  CHECK(refused(peer(1000, "holder")).find("(and 2 more for admins)") != std::string::npos);
+}

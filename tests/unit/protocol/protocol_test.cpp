@@ -1,0 +1,135 @@
+#include <doctest/doctest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "protocol/protocol.h"
+
+using namespace cupool;
+using namespace cupool::proto;
+
+namespace {
+std::string header(std::uint16_t version, std::uint16_t kind, std::uint32_t length, std::uint32_t fds) {
+  std::string h = "CUPL";
+  h.push_back(static_cast<char>(version & 0xff));
+  h.push_back(static_cast<char>(version >> 8));
+  h.push_back(static_cast<char>(kind & 0xff));
+  h.push_back(static_cast<char>(kind >> 8));
+  for (int i = 0; i < 4; ++i) h.push_back(static_cast<char>((length >> (8 * i)) & 0xff));
+  for (int i = 0; i < 4; ++i) h.push_back(static_cast<char>((fds >> (8 * i)) & 0xff));
+  return h;
+}
+
+std::string bad_frame_message(const std::string& bytes) {
+  FrameDecoder d(Kind::request);
+  try {
+    std::size_t used = 0;
+    while (used < bytes.size()) {
+      used += d.feed(bytes.data() + used, bytes.size() - used);
+      if (d.ready()) parse_payload(d.take().second);
+    }
+  } catch (const ProtocolError& e) {
+    CHECK(e.code() == "bad_frame");
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("a frame is the documented 16-byte header and a JSON payload") {
+  const std::string f = encode(Kind::request, Json{{"id", 1}, {"op", "hello"}});
+  const std::string payload = R"({"id":1,"op":"hello"})";
+  CHECK(f == header(1, 1, static_cast<std::uint32_t>(payload.size()), 0) + payload);
+}
+
+TEST_CASE("the decoder reassembles frames fed a byte at a time, and stops after each") {
+  const std::string a = encode(Kind::request, Json{{"id", 1}, {"op", "list"}});
+  const std::string b = encode(Kind::request, Json{{"id", 2}, {"op", "status"}});
+  const std::string stream = a + b;
+  FrameDecoder d(Kind::request);
+  std::vector<Json> got;
+  for (char c : stream) {
+    CHECK(d.feed(&c, 1) == 1);
+    if (d.ready()) got.push_back(parse_payload(d.take().second));
+  }
+  REQUIRE(got.size() == 2);
+  CHECK(got[1]["op"] == "status");
+  // Fed all at once, it consumes exactly the first frame.
+  FrameDecoder d2(Kind::request);
+  CHECK(d2.feed(stream.data(), stream.size()) == a.size());
+  CHECK(d2.ready());
+  CHECK_FALSE(d2.mid_frame());
+}
+
+TEST_CASE("malformed frames are refused with bad_frame and a reason") {
+  CHECK(bad_frame_message("XUPL" + std::string(12, '\0')).find("magic") != std::string::npos);
+  CHECK(bad_frame_message(header(2, 1, 2, 0) + "{}").find("version 2") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 2, 2, 0) + "{}").find("kind") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, 1, 0) + "{").find("length") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, 65537, 0)).find("length") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, 2, 1) + "{}").find("descriptor") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, 2, 0) + "[]").find("object") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, 3, 0) + "{x}").find("JSON") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, 4, 0) + "\"\xff\"}").find("UTF-8") != std::string::npos);
+  std::string deep(40, '[');
+  deep = "{\"a\":" + deep + std::string(40, ']') + "}";
+  CHECK(bad_frame_message(header(1, 1, static_cast<std::uint32_t>(deep.size()), 0) + deep).find("nests") != std::string::npos);
+}
+
+TEST_CASE("hex round trip of 64-byte handles") {
+  Bytes64 b{};
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::uint8_t>(i * 7);
+  const std::string h = to_hex(b);
+  CHECK(h.size() == 128);
+  CHECK(from_hex(h) == b);
+  CHECK_FALSE(from_hex(h.substr(1)));
+  CHECK_FALSE(from_hex(std::string(127, '0') + "g"));
+}
+
+TEST_CASE("Args: typed, bounded, and unknown arguments are refused with a hint") {
+  const Json req = {{"id", 1}, {"op", "alloc"}, {"pool", "kv"}, {"size", 4096}, {"devcie", 0}};
+  Args a(req);
+  CHECK(a.string("pool", 64) == "kv");
+  CHECK(a.u64("size", 1, 1 << 20) == 4096);
+  CHECK(a.device("device", -1) == -1);
+  try {
+    a.finish();
+    FAIL("finish accepted an unknown argument");
+  } catch (const ProtocolError& e) {
+    CHECK(e.code() == "bad_request");
+    CHECK(std::string(e.what()).find("did you mean \"device\"") != std::string::npos);
+  }
+  const Json bad = {{"size", -1}, {"pool", 3}, {"big", 1ULL << 50}, {"flag", "yes"}};
+  Args b(bad);
+  CHECK_THROWS_WITH_AS(b.u64("size", 1, 10), doctest::Contains("non-negative"), ProtocolError);
+  CHECK_THROWS_WITH_AS(b.string("pool", 64), doctest::Contains("string"), ProtocolError);
+  CHECK_THROWS_WITH_AS(b.u64("big", 1, 1ULL << 48), doctest::Contains("between"), ProtocolError);
+  CHECK_THROWS_WITH_AS(b.boolean("flag", false), doctest::Contains("true or false"), ProtocolError);
+  CHECK_THROWS_WITH_AS(b.string("missing", 64), doctest::Contains("missing argument"), ProtocolError);
+}
+
+TEST_CASE("a descriptor rides with a frame over a socket pair, and only one is kept") {
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  int pipefd[2];
+  REQUIRE(pipe(pipefd) == 0);
+  send_all(sv[0], encode(Kind::reply, Json{{"id", 3}, {"ok", true}}, 1), pipefd[1]);
+  int fd = -1;
+  auto [h, body] = receive_frame(sv[1], fd);
+  CHECK(h.kind == Kind::reply);
+  CHECK(body["id"] == 3);
+  REQUIRE(fd >= 0);
+  CHECK(write(fd, "x", 1) == 1);
+  char c = 0;
+  CHECK(read(pipefd[0], &c, 1) == 1);
+  CHECK(c == 'x');
+  close(fd);
+  close(pipefd[0]);
+  close(pipefd[1]);
+  close(sv[0]);
+  int none = -1;
+  CHECK_THROWS_AS(receive_frame(sv[1], none), ProtocolError);  // EOF: unreachable
+  CHECK(none == -1);
+  close(sv[1]);
+}

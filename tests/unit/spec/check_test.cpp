@@ -1,0 +1,129 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "spec/check.h"
+#include "tests/unit/fixtures.h"
+
+using namespace cupool;
+
+namespace {
+
+// Parses `text` (which must be valid) and checks it against `node`; returns the finding codes.
+std::vector<std::string> codes(const std::string& text, const NodeReport& node, const CheckOptions& o = {}) {
+  Diagnostics d;
+  const Config c = parse_config(SourceFile("t.yaml", text), d);
+  REQUIRE_MESSAGE(!d.has_invalid_input(), render_text(d, SourceFile("t.yaml", text)));
+  check_config(c, node, d, o);
+  std::vector<std::string> out;
+  for (const auto& f : d.sorted()) out.push_back(f.code);
+  return out;
+}
+
+bool has(const std::vector<std::string>& v, const std::string& code) { return std::find(v.begin(), v.end(), code) != v.end(); }
+
+const char* const kGood = R"(version: 1
+pools:
+  - {name: kv, devices: all, handle_types: [posix_fd], release_threshold: max, reserve: 8GiB, access: [0, 1]}
+)";
+
+}  // namespace
+
+TEST_CASE("a config that fits has no errors") {
+  const auto c = codes(kGood, test::two_gpu_node());
+  CHECK(c == std::vector<std::string>{"self-access", "self-access"});  // each pool's own device in access
+}
+
+TEST_CASE("node facts turn into findings") {
+  NodeReport n = test::two_gpu_node();
+  SUBCASE("pools unsupported") {
+    n.devices[1].info.memory_pools = false;
+    CHECK(has(codes(kGood, n), "pools-unsupported"));
+  }
+  SUBCASE("handle type unsupported") {
+    n.devices[0].info.pool_handle_types = 0;
+    CHECK(has(codes(kGood, n), "handle-type-unsupported"));
+  }
+  SUBCASE("peer access impossible") {
+    n.peer_access[1][0] = false;
+    CHECK(has(codes(kGood, n), "peer-access"));
+  }
+  SUBCASE("reserves above free memory") {
+    n.devices[0].memory->free = 4ULL << 30;
+    CHECK(has(codes(kGood, n), "reserve-above-free"));
+  }
+  SUBCASE("free memory unknown: compared with the total") {
+    n.devices[0].memory.reset();
+    n.devices[0].info.total_memory = 4ULL << 30;
+    CHECK(has(codes(kGood, n), "reserve-above-free"));
+  }
+  SUBCASE("old driver: managed pools") {
+    n.driver_version = 12080;
+    CHECK(has(codes("version: 1\npools: [{name: m, devices: [0], alloc_type: managed}]\n", n), "managed-pools-unsupported"));
+  }
+  SUBCASE("no managed memory on the device") {
+    n.devices[0].info.managed_memory = false;
+    CHECK(has(codes("version: 1\npools: [{name: m, devices: [0], alloc_type: managed}]\n", n), "managed-pools-unsupported"));
+  }
+  SUBCASE("host NUMA node missing, host pools unsupported") {
+    n.devices[0].info.host_memory_pools = false;
+    const auto c = codes("version: 1\npools:\n  - {name: a, devices: [0], location: host_numa:2}\n  - {name: b, devices: [0], location: host}\n", n);
+    CHECK(has(c, "unknown-numa-node"));
+    CHECK(has(c, "host-pools-unsupported"));
+  }
+  SUBCASE("unknown devices by index, UUID and PCI bus id") {
+    const auto c = codes("version: 1\npools: [{name: a, devices: [2, GPU-11111111-2222-3333-4444-555555555555, \"0000:99:00.0\"]}]\n", n);
+    CHECK(std::count(c.begin(), c.end(), "unknown-device") == 3);
+  }
+}
+
+TEST_CASE("fabric: an attribute is not proof; a --deep probe is") {
+  NodeReport n = test::two_gpu_node();
+  const char* text = "version: 1\npools: [{name: f, devices: [0], handle_types: [fabric]}]\n";
+  CHECK(codes(text, n) == std::vector<std::string>{"fabric-unverified"});
+  CheckOptions deep;
+  deep.deep = true;
+  CHECK(codes(text, n, deep).empty());
+  n.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX channel is reachable"});
+  CHECK(codes(text, n, deep) == std::vector<std::string>{"fabric-not-exportable"});
+  n.devices[0].info.fabric_handle = false;
+  CHECK(codes(text, n, deep) == std::vector<std::string>{"handle-type-unsupported"});
+}
+
+TEST_CASE("rules that need no node") {
+  const NodeReport n = test::two_gpu_node();
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], max_size: 1GiB, release_threshold: max, reserve: 2GiB}]\n", n), "reserve-above-max-size"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], release_threshold: 50%, reserve: 41GiB}]\n", n), "reserve-above-threshold"));
+  CHECK(codes("version: 1\npools: [{name: a, devices: [0], release_threshold: 50%, reserve: 40GiB}]\n", n).empty());
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], share: {groups: [gpu]}}]\n", n), "share-without-handle-type"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], handle_types: [posix_fd], max_size: 1GiB, share: {quota_per_client: 2GiB}}]\n", n), "quota-above-size"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0]}, {name: a, devices: [1]}]\n", n), "duplicate-name"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], location: host, handle_types: [posix_fd]}]\n", n), "host-pool-ipc"));
+}
+
+TEST_CASE("buffers: pool, device, size and sharing") {
+  const NodeReport n = test::two_gpu_node();
+  const std::string pools = "version: 1\npools: [{name: w, devices: [0], handle_types: [posix_fd], max_size: 2GiB}]\n";
+  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 1GiB}]\n", n).empty());
+  CHECK(codes(pools + "buffers: [{name: b, pool: x, device: 0, size: 1GiB}]\n", n) == std::vector<std::string>{"unknown-pool"});
+  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 1, size: 1GiB}]\n", n) == std::vector<std::string>{"buffer-device"});
+  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 3GiB}]\n", n) == std::vector<std::string>{"buffers-above-max-size"});
+  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 1GiB}, {name: b, pool: w, device: 0, size: 1GiB}]\n", n) ==
+        std::vector<std::string>{"duplicate-name"});
+  CHECK(codes("version: 1\npools: [{name: w, devices: [0]}]\nbuffers: [{name: b, pool: w, device: 0, size: 1GiB}]\n", n) ==
+        std::vector<std::string>{"buffer-not-shareable"});
+}
+
+TEST_CASE("findings name the node they were judged against") {
+  NodeReport n = test::two_gpu_node();
+  n.source.simulated = true;
+  n.source.profile_path = "p.yaml";
+  n.peer_access[1][0] = false;
+  Diagnostics d;
+  const std::string text = "version: 1\npools: [{name: a, devices: [0], access: [1]}]\n";
+  check_config(parse_config(SourceFile("t.yaml", text), d), n, d);
+  REQUIRE(d.all().size() == 1);
+  CHECK(d.all()[0].fact == "cuDeviceCanAccessPeer(1, 0) = 0 on the node in p.yaml");
+  CHECK(d.all()[0].loc.line == 2);
+  CHECK(d.all()[0].loc.column == 42);
+}

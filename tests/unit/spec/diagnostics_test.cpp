@@ -1,0 +1,51 @@
+#include <doctest/doctest.h>
+
+#include "spec/diagnostics.h"
+
+using namespace cupool;
+
+TEST_CASE("a finding renders like a compiler's") {
+  const SourceFile f("pools.yaml", "version: 1\npools:\n  - name: kv\n\tdevices: [7]\n");
+  Diagnostic d;
+  d.code = "unknown-device";
+  d.loc = {4, 12};
+  d.message = "no device '7' on this node";
+  d.fact = "this node has 1 device";
+  d.help = "device indexes here are 0 to 0";
+  CHECK(render_text(d, f) ==
+        "pools.yaml:4:12: error: no device '7' on this node [unknown-device]\n"
+        " 4 |  devices: [7]\n"
+        "   |            ^\n"
+        "   = note: this node has 1 device\n"
+        "   = help: device indexes here are 0 to 0\n");
+}
+
+TEST_CASE("a whole-file finding has no location or caret") {
+  const SourceFile f("-", "");
+  Diagnostic d;
+  d.code = "empty-file";
+  d.message = "the file is empty";
+  CHECK(render_text(d, f) == "-: error: the file is empty [empty-file]\n");
+}
+
+TEST_CASE("counts, order and JSON") {
+  Diagnostics ds;
+  ds.warning("b", {5, 1}, "second");
+  ds.invalid("a", {2, 3}, "first");
+  ds.note("c", {5, 1}, "third");
+  const auto s = ds.sorted();
+  CHECK(s[0].code == "a");
+  CHECK(s[1].code == "b");
+  CHECK(s[2].code == "c");
+  CHECK(ds.has_invalid_input());
+  CHECK(summary_line(ds) == "1 error, 1 warning, 1 note");
+  const auto j = to_json(s[0], "x.yaml");
+  CHECK(j["line"] == 2);
+  CHECK(j["severity"] == "error");
+  CHECK(j["fact"].is_null());
+}
+
+TEST_CASE("SourceFile reads a file, refuses a huge one") {
+  CHECK_THROWS(SourceFile::read("/nonexistent/x.yaml"));
+  CHECK_THROWS(SourceFile::read("/dev/zero", 1024));
+}
