@@ -44,7 +44,7 @@ std::vector<std::uint64_t> parse_sizes(const std::string& text) {
 
 }  // namespace
 
-Runner add_bench(CLI::App& app) {
+Verb add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand("bench", "Measure what allocation costs on this node, against cudaMalloc and the defaults");
   sub->footer(
@@ -73,7 +73,7 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--seed", args->seed, "Seed of the order the cases run in")->capture_default_str();
 
-  return [args](Context& ctx) {
+  return {sub, [args](Context& ctx) {
     const Format format = parse_format(args->format);
     BenchOptions o;
     o.sizes = parse_sizes(args->sizes);
@@ -116,7 +116,7 @@ Runner add_bench(CLI::App& app) {
       case Format::yaml: std::cout << to_yaml(report); break;
     }
     return 0;
-  };
+  }};
 }
 
 }  // namespace cupool::cli

@@ -86,7 +86,7 @@ int run_rm(const BufferArgs& args) {
   if (!reply.at("ok").get<bool>()) {
     const json& error = reply.contains("error") && reply["error"].is_object() ? reply["error"] : json::object();
     if (error.contains("code") && error["code"] == "busy" && error.contains("message") && error["message"].is_string())
-      throw Error(exit_code_for("busy"),
+      throw Error::reported("busy",
                   error["message"].get<std::string>() +
                       " (--force removes it anyway: use it only when the processes that opened it are gone)");
     throw_reply_error(reply);
@@ -97,7 +97,7 @@ int run_rm(const BufferArgs& args) {
 
 }  // namespace
 
-Runner add_buffer(CLI::App& app) {
+Verb add_buffer(CLI::App& app) {
   auto args = std::make_shared<BufferArgs>();
   CLI::App* sub = app.add_subcommand("buffer", "Create, list and remove named buffers in the running holder");
   sub->require_subcommand(1);
@@ -153,11 +153,11 @@ Runner add_buffer(CLI::App& app) {
     add_format_option(leaf, args->format);
   }
 
-  return [args](Context&) {
+  return {sub, [args](Context&) {
     if (args->create->parsed()) return run_create(*args);
     if (args->rm->parsed()) return run_rm(*args);
     return run_ls(*args);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

@@ -6,7 +6,6 @@
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "device/query.h"
-#include "device/sim_backend.h"
 #include "spec/check.h"
 #include "spec/config.h"
 
@@ -40,7 +39,7 @@ std::string node_line(const NodeReport& node) {
 
 }  // namespace
 
-Runner add_check(CLI::App& app) {
+Verb add_check(CLI::App& app) {
   auto args = std::make_shared<CheckArgs>();
   CLI::App* sub = app.add_subcommand("check", "Judge a config file against this node; nothing is created");
   sub->footer(
@@ -60,7 +59,7 @@ Runner add_check(CLI::App& app) {
   sub->add_flag("--deep", args->deep, "Also create and export test pools to prove fabric export works (creates a context)");
   sub->add_flag("--strict", args->strict, "Warnings make the check fail (exit 1)");
 
-  return [args](Context& ctx) {
+  return {sub, [args](Context& ctx) {
     const Format format = parse_format(args->format);
     const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
     Diagnostics diags;
@@ -72,7 +71,6 @@ Runner add_check(CLI::App& app) {
       QueryOptions q;
       q.deep = args->deep;
       node = build_report(*backend, q);
-      if (backend->simulated()) node->source = dynamic_cast<SimBackend&>(*backend).profile().source;
       CheckOptions options;
       options.deep = args->deep;
       check_config(config, *node, diags, options);
@@ -104,7 +102,7 @@ Runner add_check(CLI::App& app) {
       std::cout << (format == Format::json ? dump_json(j) + "\n" : to_yaml(j));
     }
     return static_cast<int>(code);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

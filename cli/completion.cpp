@@ -678,7 +678,7 @@ std::string fish_script(const Command& root, const std::string& prog) {
 
 }  // namespace
 
-Runner add_completion(CLI::App& app) {
+Verb add_completion(CLI::App& app) {
   auto shell = std::make_shared<std::string>();
   CLI::App* sub = app.add_subcommand("completion", "Print a shell completion script (bash, zsh or fish)");
   sub->description(
@@ -702,7 +702,7 @@ Runner add_completion(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"bash", "zsh", "fish"}));
 
-  return [shell, sub](Context&) {
+  return {sub, [shell, sub](Context&) {
     CLI::App* root = sub;
     while (root->get_parent() != nullptr) root = root->get_parent();
     const std::string prog = root->get_name().empty() ? "cupool" : root->get_name();
@@ -714,7 +714,7 @@ Runner add_completion(CLI::App& app) {
     else
       std::cout << fish_script(model, prog);
     return 0;
-  };
+  }};
 }
 
 }  // namespace cupool::cli

@@ -47,7 +47,7 @@ std::string find_preload() {
                                          dir + "/../lib/x86_64-linux-gnu/libcupool-preload.so"})
       if (::access(candidate.c_str(), R_OK) == 0) return candidate;
   }
-  throw Error(ExitCode::does_not_fit, "can't find libcupool-preload.so beside the cupool binary; set CUPOOL_PRELOAD");
+  throw Error(Errc::does_not_fit, "can't find libcupool-preload.so beside the cupool binary; set CUPOOL_PRELOAD");
 }
 
 std::string absolute(const std::string& path) {
@@ -59,7 +59,7 @@ std::string absolute(const std::string& path) {
 
 }  // namespace
 
-Runner add_exec(CLI::App& app) {
+Verb add_exec(CLI::App& app) {
   auto args = std::make_shared<ExecArgs>();
   CLI::App* sub = app.add_subcommand("exec", "Run a command with the config's process: section applied inside it");
   sub->footer(
@@ -96,7 +96,7 @@ Runner add_exec(CLI::App& app) {
   sub->add_flag("--quiet,-q", args->quiet, "No line on stderr when the section was applied");
   sub->add_option("command", args->command, "CMD and its arguments, after --")->required();
 
-  return [args, sub](Context& ctx) -> int {
+  return {sub, [args, sub](Context& ctx) -> int {
     // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
     const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
     {
@@ -105,8 +105,7 @@ Runner add_exec(CLI::App& app) {
         configure_process_check(*backend, file.text(), file.path());
       } catch (const ConfigRejected& e) {
         std::cerr << e.rendered();
-        throw Error(e.invalid_input() ? ExitCode::invalid_input : ExitCode::does_not_fit,
-                    file.path() + ": the process: section can't be applied (" + e.what() + ")");
+        throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
       }
     }
     const std::string preload = find_preload();
@@ -124,8 +123,8 @@ Runner add_exec(CLI::App& app) {
     for (auto& a : args->command) argv.push_back(a.data());
     argv.push_back(nullptr);
     ::execvp(argv[0], argv.data());
-    throw Error(ExitCode::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
-  };
+    throw Error(Errc::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
+  }};
 }
 
 }  // namespace cupool::cli

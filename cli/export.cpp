@@ -29,7 +29,7 @@ void write_file(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-Runner add_export(CLI::App& app) {
+Verb add_export(CLI::App& app) {
   auto args = std::make_shared<ExportArgs>();
   CLI::App* sub = app.add_subcommand("export", "Write the running holder's live state as a config file");
   sub->footer(
@@ -47,12 +47,12 @@ Runner add_export(CLI::App& app) {
   sub->add_option("--output", args->output, "Write the config to this file ('-': standard output)")
       ->capture_default_str();
 
-  return [args](Context&) {
+  return {sub, [args](Context&) {
     HolderClient holder = HolderClient::connect(args->socket, "cupool export");
     const nlohmann::ordered_json reply = holder.request({{"op", "export"}});
     const auto config = reply.find("config");
     if (config == reply.end() || !config->is_string())
-      throw Error(ExitCode::holder_unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");
+      throw Error(Errc::unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");
     std::string text = config->get<std::string>();
     if (!text.empty() && text.back() != '\n') text += '\n';
     if (args->output == "-") {
@@ -62,7 +62,7 @@ Runner add_export(CLI::App& app) {
       spdlog::info("wrote {} bytes to {}", text.size(), args->output);
     }
     return static_cast<int>(ExitCode::ok);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

@@ -17,7 +17,7 @@ struct HoldArgs {
 };
 }  // namespace
 
-Runner add_hold(CLI::App& app) {
+Verb add_hold(CLI::App& app) {
   auto args = std::make_shared<HoldArgs>();
   CLI::App* sub = app.add_subcommand("hold", "Run the holder: keep the config's pools and serve them to other processes");
   sub->footer(
@@ -55,7 +55,7 @@ Runner add_hold(CLI::App& app) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
 
-  return [args](Context& ctx) {
+  return {sub, [args](Context& ctx) {
     auto backend = ctx.make_backend(args->profile);
     ServerOptions options;
     options.config_path = args->config;
@@ -63,7 +63,7 @@ Runner add_hold(CLI::App& app) {
     options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
     options.max_clients_per_user = args->max_clients_per_user;
     return run_holder(*backend, options);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

@@ -61,16 +61,6 @@ CLI::Option* add_socket_option(CLI::App* sub, std::string& socket) {
       ->capture_default_str();
 }
 
-ExitCode exit_code_for(const std::string& error_code) {
-  if (error_code == "bad_request" || error_code == "invalid_config") return ExitCode::invalid_input;
-  if (error_code == "not_permitted" || error_code == "draining" || error_code == "limit_exceeded" ||
-      error_code == "bad_frame" || error_code == "unknown_op" || error_code == "unsupported_protocol" ||
-      error_code == "hello_required")
-    return ExitCode::holder_unreachable;
-  // not_found, exists, busy, quota_exceeded, out_of_memory, cuda_error, internal, and anything new.
-  return ExitCode::does_not_fit;
-}
-
 void throw_reply_error(const json& reply) {
   const json empty = json::object();
   const auto it = reply.is_object() ? reply.find("error") : reply.end();
@@ -88,7 +78,7 @@ void throw_reply_error(const json& reply) {
       std::cerr << text << (text.back() == '\n' ? "" : "\n");
     }
   }
-  throw Error(exit_code_for(code), message);
+  throw Error::reported(code, message);
 }
 
 HolderClient HolderClient::connect(const std::string& socket_arg, const std::string& client_name) {
@@ -103,7 +93,7 @@ HolderClient HolderClient::connect(const std::string& socket_arg, const std::str
   const char* detail = cupool_last_error(nullptr);
   spdlog::debug("cupool_connect({}): {}: {}", socket, cupool_status_name(status), detail ? detail : "");
   if (conn) cupool_disconnect(conn);
-  throw Error(ExitCode::holder_unreachable, connect_failure(socket, status == CUPOOL_OK ? CUPOOL_E_INTERNAL : status,
+  throw Error(Errc::unreachable, connect_failure(socket, status == CUPOOL_OK ? CUPOOL_E_INTERNAL : status,
                                                             detail ? detail : ""));
 }
 
@@ -129,26 +119,27 @@ json HolderClient::request_raw(const json& req) {
   if (status != CUPOOL_OK) {
     const char* last = cupool_last_error(conn_);
     const std::string detail = last && *last ? last : cupool_status_name(status);
+    const Errc errc = errc_from_c_status(status);
     switch (status) {
       case CUPOOL_E_UNREACHABLE:
-        throw Error(ExitCode::holder_unreachable, "lost the connection to the holder at " + socket_ + ": " + detail);
+        throw Error(errc, "lost the connection to the holder at " + socket_ + ": " + detail, Origin::holder);
       case CUPOOL_E_REFUSED:
       case CUPOOL_E_PROTOCOL:
       case CUPOOL_E_BUSY:
-        throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " did not answer: " + detail);
+        throw Error(errc, "the holder at " + socket_ + " did not answer: " + detail, Origin::holder);
       case CUPOOL_E_INVALID:
-        throw Error(ExitCode::invalid_input, detail);
+        throw Error(errc, detail, Origin::holder);
       default:
-        throw Error(ExitCode::does_not_fit, "the request to the holder at " + socket_ + " failed: " + detail);
+        throw Error(errc, "the request to the holder at " + socket_ + " failed: " + detail, Origin::holder);
     }
   }
-  if (!reply) throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " sent no reply");
+  if (!reply) throw Error(Errc::unreachable, "the holder at " + socket_ + " sent no reply");
   json parsed = json::parse(reply.get(), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object())
-    throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " sent a reply that is not a JSON object");
+    throw Error(Errc::unreachable, "the holder at " + socket_ + " sent a reply that is not a JSON object");
   const auto ok = parsed.find("ok");
   if (ok == parsed.end() || !ok->is_boolean())
-    throw Error(ExitCode::holder_unreachable, "the holder at " + socket_ + " sent a reply without \"ok\"");
+    throw Error(Errc::unreachable, "the holder at " + socket_ + " sent a reply without \"ok\"");
   return parsed;
 }
 

@@ -23,18 +23,6 @@ inline constexpr const char* kDefaultSocket = "/run/cupool/cupool.sock";
 // --socket PATH, twin CUPOOL_SOCKET: the holder's Unix socket.
 CLI::Option* add_socket_option(CLI::App* sub, std::string& socket);
 
-// How a failed reply's error code maps to an exit code (the mapping is part of the interface):
-//
-//   4 holder_unreachable  the holder can't be reached or refused: no socket / nobody listening /
-//                         connection lost (CUPOOL_E_UNREACHABLE), not_permitted, draining,
-//                         limit_exceeded, and every protocol failure (bad_frame, unknown_op,
-//                         unsupported_protocol, hello_required, a reply that isn't JSON)
-//   2 invalid_input       the request itself is wrong: bad_request, invalid_config
-//   1 does_not_fit        the holder can't do it in its current state: not_found, exists, busy,
-//                         quota_exceeded, out_of_memory, cuda_error, internal, and codes this
-//                         version does not know
-ExitCode exit_code_for(const std::string& error_code);
-
 // A connection to the holder; closed (and every lease of it freed by the holder) on destruction.
 class HolderClient {
  public:
@@ -51,8 +39,7 @@ class HolderClient {
   ~HolderClient();
 
   // Sends one request (a JSON object without "id") and returns the successful reply. A reply
-  // with "ok": false throws cupool::Error carrying the holder's message and the exit code of
-  // exit_code_for(); for invalid_config the holder's rendered findings go to stderr first.
+  // with "ok": false throws throw_reply_error's cupool::Error.
   nlohmann::ordered_json request(const nlohmann::ordered_json& req);
   // The same, but a reply with "ok": false is returned, not thrown (the caller reads "error");
   // only a failure to talk to the holder throws.
@@ -66,8 +53,9 @@ class HolderClient {
   std::string socket_;
 };
 
-// Throws the cupool::Error for a reply with "ok": false (see exit_code_for); for invalid_config
-// it first writes the reply's rendered findings to stderr.
+// Throws the cupool::Error for a reply with "ok": false (Error::reported: its exit code is the
+// table's for an error a holder reports, lib/base/error.cpp); for invalid_config it first writes
+// the reply's rendered findings to stderr.
 [[noreturn]] void throw_reply_error(const nlohmann::ordered_json& reply);
 
 // Prints a successful reply on stdout: `table` renders it for people; json and yaml print the

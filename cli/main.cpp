@@ -3,7 +3,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
-#include <map>
+#include <vector>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -47,26 +47,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
 
-  // All verbs, in one place.
-  std::map<CLI::App*, cupool::cli::Runner> verbs;
-  auto add = [&](cupool::cli::Runner (*adder)(CLI::App&)) {
-    const std::size_t before = app.get_subcommands({}).size();
-    cupool::cli::Runner run = adder(app);
-    verbs[app.get_subcommands({})[before]] = std::move(run);
-  };
-  add(cupool::cli::add_query);
-  add(cupool::cli::add_check);
-  add(cupool::cli::add_hold);
-  add(cupool::cli::add_status);
-  add(cupool::cli::add_stats);
-  add(cupool::cli::add_trim);
-  add(cupool::cli::add_plan);
-  add(cupool::cli::add_apply);
-  add(cupool::cli::add_export);
-  add(cupool::cli::add_buffer);
-  add(cupool::cli::add_exec);
-  add(cupool::cli::add_bench);
-  add(cupool::cli::add_completion);
+  // All verbs, in one place, in the order --help lists them.
+  namespace verb = cupool::cli;
+  const std::vector<verb::Verb> verbs = {
+      verb::add_query(app),  verb::add_check(app),  verb::add_hold(app),   verb::add_status(app), verb::add_stats(app),
+      verb::add_trim(app),   verb::add_plan(app),   verb::add_apply(app),  verb::add_export(app), verb::add_buffer(app),
+      verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
 
   try {
     app.parse(argc, argv);
@@ -85,21 +71,17 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(logger);
 
   cupool::cli::Context context{make_backend};
-  for (auto& [sub, run] : verbs) {
+  for (const verb::Verb& v : verbs) {
+    CLI::App* sub = v.command;
     if (!sub->parsed()) continue;
     try {
-      return run(context);
-    } catch (const cupool::NoDriverError& e) {
-      std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n"
-                << "  hint: to ask a recorded node instead, pass --profile FILE (or set CUPOOL_PROFILE), e.g.\n"
-                << "        cupool " << sub->get_name() << " --profile configs/profiles/h100.yaml ...\n";
-      return static_cast<int>(e.code());
+      return v.run(context);
     } catch (const cupool::Error& e) {
       std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n";
-      return static_cast<int>(e.code());
-    } catch (const cupool::CudaError& e) {
-      std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n";
-      return static_cast<int>(cupool::ExitCode::no_driver);
+      if (e.code() == cupool::Errc::no_driver)
+        std::cerr << "  hint: to ask a recorded node instead, pass --profile FILE (or set CUPOOL_PROFILE), e.g.\n"
+                  << "        cupool " << sub->get_name() << " --profile configs/profiles/h100.yaml ...\n";
+      return static_cast<int>(e.exit_code());
     } catch (const std::exception& e) {
       std::cerr << "cupool " << sub->get_name() << ": internal error: " << e.what() << "\n";
       return static_cast<int>(cupool::ExitCode::does_not_fit);

@@ -53,7 +53,7 @@ int run_plan(const PlanArgs& args, bool apply) {
       const std::string message = error.contains("message") && error["message"].is_string()
                                       ? error["message"].get<std::string>()
                                       : file.path() + ": not a valid cupool config";
-      throw Error(exit_code_for(code), message);
+      throw Error::reported(code, message);
     }
     throw_reply_error(reply);
   }
@@ -72,7 +72,7 @@ int run_plan(const PlanArgs& args, bool apply) {
   return static_cast<int>(change_count(reply) > 0 ? ExitCode::does_not_fit : ExitCode::ok);
 }
 
-Runner add_plan_like(CLI::App& app, bool apply) {
+Verb add_plan_like(CLI::App& app, bool apply) {
   auto args = std::make_shared<PlanArgs>();
   CLI::App* sub = apply ? app.add_subcommand("apply", "Make the running holder match a config file")
                         : app.add_subcommand("plan", "Show what 'apply' would change in the running holder, as a diff");
@@ -115,12 +115,12 @@ Runner add_plan_like(CLI::App& app, bool apply) {
   sub->add_option("config", args->config, "The config file ('-' reads standard input)")->required();
   add_socket_option(sub, args->socket);
   add_format_option(sub, args->format);
-  return [args, apply](Context&) { return run_plan(*args, apply); };
+  return {sub, [args, apply](Context&) { return run_plan(*args, apply); }};
 }
 
 }  // namespace
 
-Runner add_plan(CLI::App& app) { return add_plan_like(app, false); }
-Runner add_apply(CLI::App& app) { return add_plan_like(app, true); }
+Verb add_plan(CLI::App& app) { return add_plan_like(app, false); }
+Verb add_apply(CLI::App& app) { return add_plan_like(app, true); }
 
 }  // namespace cupool::cli

@@ -7,7 +7,6 @@
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "device/query.h"
-#include "device/sim_backend.h"
 
 namespace cupool::cli {
 
@@ -23,7 +22,7 @@ struct QueryArgs {
 
 }  // namespace
 
-Runner add_query(CLI::App& app) {
+Verb add_query(CLI::App& app) {
   auto args = std::make_shared<QueryArgs>();
   CLI::App* sub = app.add_subcommand("query", "Report what this machine supports for CUDA memory pools");
   sub->footer(
@@ -46,7 +45,7 @@ Runner add_query(CLI::App& app) {
   sub->add_option("--profile-out", args->profile_out, "Also record the answer as a node profile in this file ('-': stdout)");
   sub->add_flag("--deep", args->deep, "Also create, use and export a small pool per handle type (creates a context)");
 
-  return [args](Context& ctx) {
+  return {sub, [args](Context& ctx) {
     QueryOptions options;
     options.deep = args->deep;
     for (const auto& text : args->devices) {
@@ -58,11 +57,7 @@ Runner add_query(CLI::App& app) {
     if (!args->profile_out.empty() && !options.devices.empty())
       throw InputError("--profile-out records the whole node; drop --devices");
     auto backend = ctx.make_backend(args->profile);
-    NodeReport report = build_report(*backend, options);
-    if (backend->simulated()) {
-      // Carry the profile's own provenance into the answer.
-      report.source = dynamic_cast<SimBackend&>(*backend).profile().source;
-    }
+    const NodeReport report = build_report(*backend, options);
     if (!args->profile_out.empty()) save_profile(report, args->profile_out);
     if (args->profile_out == "-") return 0;
     switch (parse_format(args->format)) {
@@ -77,7 +72,7 @@ Runner add_query(CLI::App& app) {
         break;
     }
     return 0;
-  };
+  }};
 }
 
 }  // namespace cupool::cli

@@ -78,7 +78,7 @@ std::string render(const std::string& format, const nlohmann::ordered_json& repl
 
 }  // namespace
 
-Runner add_stats(CLI::App& app) {
+Verb add_stats(CLI::App& app) {
   auto args = std::make_shared<StatsArgs>();
   CLI::App* sub = app.add_subcommand("stats", "Show pool and graph memory usage in the running holder");
   sub->footer(
@@ -111,7 +111,7 @@ Runner add_stats(CLI::App& app) {
       ->type_name("[SECONDS]")
       ->check(CLI::Range(0.1, 86400.0));
 
-  return [args](Context&) {
+  return {sub, [args](Context&) {
     const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
     HolderClient holder = HolderClient::connect(args->socket, "cupool stats");
     if (args->watch <= 0) {
@@ -141,7 +141,7 @@ Runner add_stats(CLI::App& app) {
       if (!pause_for(args->watch)) break;
     }
     return static_cast<int>(ExitCode::ok);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

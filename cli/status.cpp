@@ -15,7 +15,7 @@ struct StatusArgs {
 
 }  // namespace
 
-Runner add_status(CLI::App& app) {
+Verb add_status(CLI::App& app) {
   auto args = std::make_shared<StatusArgs>();
   CLI::App* sub = app.add_subcommand("status", "Show what the running holder holds: pools, buffers, clients");
   sub->footer(
@@ -32,12 +32,12 @@ Runner add_status(CLI::App& app) {
   add_socket_option(sub, args->socket);
   add_format_option(sub, args->format);
 
-  return [args](Context&) {
+  return {sub, [args](Context&) {
     const Format format = parse_format(args->format);
     HolderClient holder = HolderClient::connect(args->socket, "cupool status");
     print_reply(format, holder.request({{"op", "status"}}), render_status);
     return static_cast<int>(ExitCode::ok);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

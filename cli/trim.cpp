@@ -20,7 +20,7 @@ struct TrimArgs {
 
 }  // namespace
 
-Runner add_trim(CLI::App& app) {
+Verb add_trim(CLI::App& app) {
   auto args = std::make_shared<TrimArgs>();
   CLI::App* sub = app.add_subcommand("trim", "Release reserved pool and graph memory in the running holder");
   sub->footer(
@@ -41,7 +41,7 @@ Runner add_trim(CLI::App& app) {
   sub->add_option("--pool", args->pool, "Trim only the pools of this name (default: every pool)");
   sub->add_flag("--no-graph", args->no_graph, "Leave the devices' graph memory alone");
 
-  return [args](Context&) {
+  return {sub, [args](Context&) {
     const Format format = parse_format(args->format);
     std::uint64_t keep = 0;
     if (!args->keep.empty()) {
@@ -56,7 +56,7 @@ Runner add_trim(CLI::App& app) {
     HolderClient holder = HolderClient::connect(args->socket, "cupool trim");
     print_reply(format, holder.request(request), render_trim);
     return static_cast<int>(ExitCode::ok);
-  };
+  }};
 }
 
 }  // namespace cupool::cli

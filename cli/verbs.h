@@ -21,19 +21,25 @@ struct Context {
 // Runs the verb; returns the exit code (an ExitCode value). Throws cupool::Error for failures.
 using Runner = std::function<int(Context&)>;
 
-Runner add_query(CLI::App& app);
-Runner add_check(CLI::App& app);
-Runner add_hold(CLI::App& app);
-Runner add_exec(CLI::App& app);
-Runner add_bench(CLI::App& app);
-Runner add_completion(CLI::App& app);
+// A verb: its subcommand (with its options) and what runs it.
+struct Verb {
+  CLI::App* command = nullptr;
+  Runner run;
+};
+
+Verb add_query(CLI::App& app);
+Verb add_check(CLI::App& app);
+Verb add_hold(CLI::App& app);
+Verb add_exec(CLI::App& app);
+Verb add_bench(CLI::App& app);
+Verb add_completion(CLI::App& app);
 // The verbs that talk to a running holder (through include/cupool/client.h).
-Runner add_status(CLI::App& app);
-Runner add_stats(CLI::App& app);
-Runner add_trim(CLI::App& app);
-Runner add_plan(CLI::App& app);
-Runner add_apply(CLI::App& app);
-Runner add_export(CLI::App& app);
-Runner add_buffer(CLI::App& app);
+Verb add_status(CLI::App& app);
+Verb add_stats(CLI::App& app);
+Verb add_trim(CLI::App& app);
+Verb add_plan(CLI::App& app);
+Verb add_apply(CLI::App& app);
+Verb add_export(CLI::App& app);
+Verb add_buffer(CLI::App& app);
 
 }  // namespace cupool::cli

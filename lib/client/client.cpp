@@ -28,7 +28,6 @@
 #include "spec/diagnostics.h"
 
 using cupool::proto::Json;
-using cupool::proto::ProtocolError;
 
 namespace {
 
@@ -58,20 +57,8 @@ struct EventUnusable {
   std::string message;
 };
 
-int status_of(const std::string& code) {
-  static const std::map<std::string, int> table = {
-      {"bad_frame", CUPOOL_E_PROTOCOL},      {"bad_request", CUPOOL_E_INVALID},
-      {"unknown_op", CUPOOL_E_PROTOCOL},     {"unsupported_protocol", CUPOOL_E_PROTOCOL},
-      {"hello_required", CUPOOL_E_PROTOCOL}, {"not_permitted", CUPOOL_E_REFUSED},
-      {"not_found", CUPOOL_E_NOT_FOUND},     {"exists", CUPOOL_E_EXISTS},
-      {"quota_exceeded", CUPOOL_E_QUOTA},    {"out_of_memory", CUPOOL_E_OUT_OF_MEMORY},
-      {"limit_exceeded", CUPOOL_E_BUSY},     {"busy", CUPOOL_E_BUSY},
-      {"draining", CUPOOL_E_BUSY},           {"invalid_config", CUPOOL_E_INVALID},
-      {"cuda_error", CUPOOL_E_CUDA},         {"internal", CUPOOL_E_INTERNAL},
-      {"unreachable", CUPOOL_E_UNREACHABLE}};
-  auto it = table.find(code);
-  return it == table.end() ? CUPOOL_E_PROTOCOL : it->second;
-}
+// The C status of an error code a holder sent (the table in lib/base/error.cpp).
+int status_of(const std::string& code) { return cupool::c_status_of_wire(code); }
 
 }  // namespace
 
@@ -137,10 +124,10 @@ struct cupool_conn {
         else if (received >= 0) ::close(received);
         return reply;
       }
-    } catch (const ProtocolError& e) {
-      const int status = e.code() == "unreachable" ? CUPOOL_E_UNREACHABLE : CUPOOL_E_PROTOCOL;
+    } catch (const cupool::Error& e) {
+      // The frame layer: bad_frame, or unreachable when the holder closed the connection.
       close_socket();
-      throw Failure{status, e.what()};
+      throw Failure{e.c_status(), e.what()};
     } catch (const std::system_error& e) {
       close_socket();
       throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
@@ -290,12 +277,9 @@ int guarded_locked(cupool_conn* conn, F&& body) {
   } catch (const Failure& f) {
     conn->last_error = f.message;
     return f.status;
-  } catch (const cupool::CudaError& e) {
+  } catch (const cupool::Error& e) {
     conn->last_error = e.what();
-    return CUPOOL_E_CUDA;
-  } catch (const cupool::NoDriverError& e) {
-    conn->last_error = e.what();
-    return CUPOOL_E_CUDA;
+    return e.c_status();
   } catch (const std::bad_alloc&) {
     conn->last_error = "out of host memory";
     return CUPOOL_E_INTERNAL;
@@ -556,16 +540,10 @@ int process_guarded(F&& body) {
     return CUPOOL_OK;
   } catch (const cupool::ConfigRejected& e) {
     g_connect_error = e.rendered() + e.what();
-    return CUPOOL_E_INVALID;
-  } catch (const cupool::NoDriverError& e) {
-    g_connect_error = e.what();
-    return CUPOOL_E_CUDA;
-  } catch (const cupool::CudaError& e) {
-    g_connect_error = e.what();
-    return CUPOOL_E_CUDA;
+    return e.c_status();
   } catch (const cupool::Error& e) {
     g_connect_error = e.what();
-    return CUPOOL_E_INVALID;
+    return e.c_status();
   } catch (const std::exception& e) {
     g_connect_error = e.what();
     return CUPOOL_E_INTERNAL;

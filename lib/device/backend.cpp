@@ -25,10 +25,10 @@ std::vector<std::string> handle_type_names(std::uint32_t mask) {
   return names;
 }
 
-CudaError::CudaError(std::string api, int code, std::string name, std::string description)
-    : std::runtime_error(api + " failed: " + name + (description.empty() ? "" : " (" + description + ")")),
+CudaError::CudaError(std::string api, int result, std::string name, std::string description)
+    : Error(Errc::cuda, api + " failed: " + name + (description.empty() ? "" : " (" + description + ")")),
       api_(std::move(api)),
-      code_(code),
+      result_(result),
       name_(std::move(name)),
       description_(std::move(description)) {}
 

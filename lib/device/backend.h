@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
+
 namespace cupool {
 
 // Pool IPC handle types, as in CUmemAllocationHandleType (bit values match the driver's).
@@ -22,18 +24,19 @@ const char* handle_type_name(HandleType type);
 // (Windows bits are reported as "win32" / "win32_kmt").
 std::vector<std::string> handle_type_names(std::uint32_t mask);
 
-// A failed driver call: the API, the CUresult value and its name ("CUDA_ERROR_NOT_PERMITTED").
-class CudaError : public std::runtime_error {
+// A failed driver call (Errc::cuda): the API, the CUresult value and its name
+// ("CUDA_ERROR_NOT_PERMITTED").
+class CudaError : public Error {
  public:
-  CudaError(std::string api, int code, std::string name, std::string description);
+  CudaError(std::string api, int result, std::string name, std::string description);
   const std::string& api() const noexcept { return api_; }
-  int code() const noexcept { return code_; }
+  int result() const noexcept { return result_; }
   const std::string& name() const noexcept { return name_; }
   const std::string& description() const noexcept { return description_; }
 
  private:
   std::string api_;
-  int code_;
+  int result_;
   std::string name_;
   std::string description_;
 };
@@ -73,7 +76,9 @@ struct ExportProbe {
   bool ok = false;
   std::string error;   // e.g. "CUDA_ERROR_NOT_PERMITTED" (empty when ok)
   std::string api;     // the call that failed, e.g. "cuMemPoolExportToShareableHandle"
-  std::string reason;  // plain words: what the failure means and what would fix it
+  std::string reason;  // plain words: what the failure means and what would fix it (build_report
+                       // writes them; a recorded profile keeps those of the machine it was made on)
+  std::string description;  // the driver's words for the error (cuGetErrorString), when it has them
 };
 
 // What a pool is created with (CUmemPoolProps).
@@ -138,13 +143,26 @@ struct BenchCase {
   int iterations = 0;
 };
 
+// Where a backend's answers come from: the driver, or a simulated node and the profile it was made
+// from (and, for a recorded profile, how it was recorded).
+struct ReportSource {
+  bool simulated = false;
+  std::string description;   // "CUDA driver (libcuda.so.1)" or "simulated node (configs/profiles/h100.yaml)"
+  std::string profile_path;  // set when simulated
+  bool synthetic = false;    // profile written by hand, not recorded
+  std::string recorded;      // ISO date-time of the recording
+  std::string recorded_host;
+  std::string note;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
 
-  // "CUDA driver (libcuda.so.1)" or "simulated node (configs/profiles/h100.yaml)".
-  virtual std::string describe() const = 0;
-  virtual bool simulated() const = 0;
+  // Where the answers come from (every report and finding names it).
+  virtual ReportSource source() const = 0;
+  std::string describe() const { return source().description; }
+  bool simulated() const { return source().simulated; }
 
   // Loads and initialises the driver. Throws NoDriverError when there is none or no device.
   virtual void init() = 0;

@@ -89,8 +89,11 @@ class Library {
 
 class CudaBackend final : public Backend {
  public:
-  std::string describe() const override { return "CUDA driver (libcuda.so.1)"; }
-  bool simulated() const override { return false; }
+  ReportSource source() const override {
+    ReportSource s;
+    s.description = "CUDA driver (libcuda.so.1)";
+    return s;
+  }
 
   void init() override {
     if (initialised_) return;
@@ -932,49 +935,13 @@ class CudaBackend final : public Backend {
     CUmemoryPool pool_;
   };
 
+  // The driver's answer alone; build_report (query.cpp) says in words what it means.
   ExportProbe failed(ExportProbe probe, const char* api, CUresult r) {
     probe.ok = false;
     probe.api = api;
     probe.error = error_name(r);
-    probe.reason = explain(probe.handle_type, r);
+    probe.description = error_string(r);
     return probe;
-  }
-
-  std::string explain(HandleType type, CUresult r) {
-    switch (r) {
-      case CUDA_ERROR_NOT_PERMITTED:
-        if (type == HandleType::fabric) return "no IMEX channel is reachable: " + imex_state();
-        return "the driver does not permit this operation for this process";
-      case CUDA_ERROR_NOT_SUPPORTED:
-        return std::string("the driver does not support ") + handle_type_name(type) +
-               " handles for memory pools on this device";
-      case CUDA_ERROR_INVALID_VALUE:
-        return std::string("the driver rejected a pool with handle type ") + handle_type_name(type) +
-               " on this device (invalid value)";
-      case CUDA_ERROR_OUT_OF_MEMORY:
-        return "the device has no memory free for a 2 MiB test allocation";
-      default:
-        return error_string(r);
-    }
-  }
-
-  // What the host offers for fabric handles, in words.
-  static std::string imex_state() {
-    std::ifstream devices("/proc/devices");
-    std::string line;
-    bool listed = false;
-    while (std::getline(devices, line))
-      if (line.find("nvidia-caps-imex-channels") != std::string::npos) listed = true;
-    if (!listed)
-      return "the driver has no nvidia-caps-imex-channels device (not in /proc/devices), so no IMEX service "
-             "runs on this node; fabric handles need IMEX (multi-node NVLink systems)";
-    for (int i = 0; i < 8; ++i) {
-      const std::string path = "/dev/nvidia-caps-imex-channels/channel" + std::to_string(i);
-      if (::access(path.c_str(), R_OK | W_OK) == 0)
-        return "IMEX channel " + path + " is accessible, but the driver still refused the export";
-    }
-    return "no /dev/nvidia-caps-imex-channels/channelN file that this user can open; create one with mknod "
-           "(major number from /proc/devices) and grant this user access";
   }
 
   CUdevice device(int ordinal) {

@@ -19,17 +19,6 @@ struct DeviceReport {
   std::vector<ExportProbe> probes;   // filled by --deep
 };
 
-// Where a report came from and, for a profile, how it was recorded.
-struct ReportSource {
-  bool simulated = false;
-  std::string description;   // backend description
-  std::string profile_path;  // set when simulated
-  bool synthetic = false;    // profile written by hand, not recorded
-  std::string recorded;      // ISO date-time of the recording
-  std::string recorded_host;
-  std::string note;
-};
-
 struct NodeReport {
   ReportSource source;
   int driver_version = 0;             // cuDriverGetVersion (13000 = 13.0)

@@ -1,7 +1,9 @@
 #include "device/query.h"
-#include "device/sim_backend.h"
+
+#include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <sstream>
 
 #include "base/error.h"
@@ -11,17 +13,48 @@
 
 namespace cupool {
 
+namespace {
+
+// What the host offers for fabric handles, in words.
+std::string imex_state() {
+  std::ifstream devices("/proc/devices");
+  std::string line;
+  bool listed = false;
+  while (std::getline(devices, line))
+    if (line.find("nvidia-caps-imex-channels") != std::string::npos) listed = true;
+  if (!listed)
+    return "the driver has no nvidia-caps-imex-channels device (not in /proc/devices), so no IMEX service "
+           "runs on this node; fabric handles need IMEX (multi-node NVLink systems)";
+  for (int i = 0; i < 8; ++i) {
+    const std::string path = "/dev/nvidia-caps-imex-channels/channel" + std::to_string(i);
+    if (::access(path.c_str(), R_OK | W_OK) == 0)
+      return "IMEX channel " + path + " is accessible, but the driver still refused the export";
+  }
+  return "no /dev/nvidia-caps-imex-channels/channelN file that this user can open; create one with mknod "
+         "(major number from /proc/devices) and grant this user access";
+}
+
+}  // namespace
+
+std::string explain_probe(const ExportProbe& probe) {
+  const std::string type = handle_type_name(probe.handle_type);
+  if (probe.error == "CUDA_ERROR_NOT_PERMITTED") {
+    if (probe.handle_type == HandleType::fabric) return "no IMEX channel is reachable: " + imex_state();
+    return "the driver does not permit this operation for this process";
+  }
+  if (probe.error == "CUDA_ERROR_NOT_SUPPORTED")
+    return "the driver does not support " + type + " handles for memory pools on this device";
+  if (probe.error == "CUDA_ERROR_INVALID_VALUE")
+    return "the driver rejected a pool with handle type " + type + " on this device (invalid value)";
+  if (probe.error == "CUDA_ERROR_OUT_OF_MEMORY") return "the device has no memory free for a 2 MiB test allocation";
+  return probe.description.empty() ? probe.error : probe.description;
+}
+
 NodeReport build_report(Backend& backend, const QueryOptions& options) {
   backend.init();
   NodeReport report;
-  report.source.simulated = backend.simulated();
-  report.source.description = backend.describe();
   // A simulated node says which profile it answers from (findings name it).
-  if (const auto* sim = dynamic_cast<const SimBackend*>(&backend)) {
-    report.source = sim->profile().source;
-    report.source.simulated = true;
-    report.source.description = backend.describe();
-  }
+  report.source = backend.source();
   report.driver_version = backend.driver_version();
   report.kernel_driver_version = backend.kernel_driver_version();
   report.built_with_cuda = built_with_cuda_version();
@@ -71,8 +104,11 @@ NodeReport build_report(Backend& backend, const QueryOptions& options) {
     report.deep = true;
     for (auto& d : report.devices) {
       if (!d.info.memory_pools) continue;
-      for (HandleType type : {HandleType::none, HandleType::posix_fd, HandleType::fabric})
-        d.probes.push_back(backend.probe_export(d.info.ordinal, type));
+      for (HandleType type : {HandleType::none, HandleType::posix_fd, HandleType::fabric}) {
+        ExportProbe probe = backend.probe_export(d.info.ordinal, type);
+        if (!probe.ok && probe.reason.empty()) probe.reason = explain_probe(probe);
+        d.probes.push_back(std::move(probe));
+      }
     }
   }
   return report;

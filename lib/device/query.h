@@ -18,6 +18,9 @@ struct QueryOptions {
 // Throws NoDriverError, CudaError, or InputError for a selector that names no device.
 NodeReport build_report(Backend& backend, const QueryOptions& options = {});
 
+// A failed probe in plain words: what the driver's answer means here and what would fix it.
+std::string explain_probe(const ExportProbe& probe);
+
 // The human-readable report.
 std::string render_report_table(const NodeReport& report);
 

@@ -37,9 +37,11 @@ SimBackend::~SimBackend() {
   for (auto& [handle, p] : pools_) unmap(p);
 }
 
-std::string SimBackend::describe() const {
-  return "simulated node (" + (profile_.source.profile_path.empty() ? std::string("in memory") : profile_.source.profile_path) +
-         ")";
+ReportSource SimBackend::source() const {
+  ReportSource s = profile_.source;
+  s.simulated = true;
+  s.description = "simulated node (" + (s.profile_path.empty() ? std::string("in memory") : s.profile_path) + ")";
+  return s;
 }
 
 void SimBackend::fail(const std::string& call, const std::string& error_name) { failures_[call] = error_name; }
@@ -113,15 +115,10 @@ ExportProbe SimBackend::probe_export(int ordinal, HandleType type) {
   ExportProbe probe;
   probe.handle_type = type;
   const auto bit = static_cast<std::uint32_t>(type);
-  if (!d.info.memory_pools) {
+  if (!d.info.memory_pools || (type != HandleType::none && (d.info.pool_handle_types & bit) == 0)) {
     probe.api = "cuMemPoolCreate";
     probe.error = "CUDA_ERROR_NOT_SUPPORTED";
-    probe.reason = "the device does not support memory pools";
-  } else if (type != HandleType::none && (d.info.pool_handle_types & bit) == 0) {
-    probe.api = "cuMemPoolCreate";
-    probe.error = "CUDA_ERROR_NOT_SUPPORTED";
-    probe.reason = std::string("the driver does not support ") + handle_type_name(type) +
-                   " handles for memory pools on this device";
+    probe.description = "operation not supported";
   } else {
     probe.ok = true;
   }

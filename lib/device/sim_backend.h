@@ -25,8 +25,8 @@ class SimBackend final : public Backend {
   SimBackend(const SimBackend&) = delete;
   SimBackend& operator=(const SimBackend&) = delete;
 
-  std::string describe() const override;
-  bool simulated() const override { return true; }
+  // The profile's source: its path and how it was recorded.
+  ReportSource source() const override;
   void init() override;
   int driver_version() override;
   std::string kernel_driver_version() override;

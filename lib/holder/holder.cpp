@@ -14,7 +14,6 @@
 
 namespace cupool {
 
-using proto::ProtocolError;
 
 namespace {
 
@@ -26,7 +25,7 @@ std::int64_t now_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-[[noreturn]] void fail(const char* code, const std::string& message) { throw ProtocolError(code, message); }
+[[noreturn]] void fail(Errc code, const std::string& message) { throw Error(code, message); }
 
 bool valid_name(const std::string& s) {
   if (s.empty() || s.size() > kMaxName) return false;
@@ -434,7 +433,7 @@ void Holder::destroy_pool(const PoolKey& key) {
 
 void Holder::create_buffer(const BufferWant& w) {
   auto it = pools_.find({w.pool, w.device});
-  if (it == pools_.end()) fail("not_found", "no pool " + w.pool + " on device " + std::to_string(w.device));
+  if (it == pools_.end()) fail(Errc::not_found, "no pool " + w.pool + " on device " + std::to_string(w.device));
   HeldBuffer b;
   b.want = w;
   // A buffer in a pool without an IPC handle type is only kept (check warns about it).
@@ -467,13 +466,13 @@ void Holder::destroy_buffer(const std::string& name) {
 std::uint64_t Holder::connect(const Peer& peer) {
   const bool admin = peer.uid == 0 || peer.uid == self_uid_;
   if (clients_.size() >= limits_.max_clients + (admin ? limits_.admin_reserve : 0))
-    fail("limit_exceeded", "the holder serves at most " + std::to_string(limits_.max_clients) + " connections" +
+    fail(Errc::limit_exceeded, "the holder serves at most " + std::to_string(limits_.max_clients) + " connections" +
                                (admin ? " (and " + std::to_string(limits_.admin_reserve) + " more for admins)" : ""));
   if (!admin) {
     const auto same_user = std::count_if(clients_.begin(), clients_.end(),
                                          [&](const auto& kv) { return kv.second.peer.uid == peer.uid; });
     if (static_cast<std::size_t>(same_user) >= limits_.max_clients_per_user)
-      fail("limit_exceeded", "the holder serves at most " + std::to_string(limits_.max_clients_per_user) +
+      fail(Errc::limit_exceeded, "the holder serves at most " + std::to_string(limits_.max_clients_per_user) +
                                  " connections per user, and user " + peer.user + " (uid " + std::to_string(peer.uid) +
                                  ") has them all");
   }
@@ -524,7 +523,7 @@ void Holder::free_lease(std::uint64_t id) noexcept {
 
 Holder::Client& Holder::client(std::uint64_t id) {
   auto it = clients_.find(id);
-  if (it == clients_.end()) fail("internal", "unknown connection");
+  if (it == clients_.end()) fail(Errc::internal, "unknown connection");
   return it->second;
 }
 
@@ -540,12 +539,12 @@ bool Holder::permitted(const Client& c, const HeldPool& p) const {
 
 void Holder::require_admin(const Client& c, const char* op) const {
   if (c.admin) return;
-  fail("not_permitted", std::string(op) + " needs the holder's user or root; you are " +
+  fail(Errc::not_permitted, std::string(op) + " needs the holder's user or root; you are " +
                             (c.peer.user.empty() ? "uid " + std::to_string(c.peer.uid) : c.peer.user));
 }
 
 void Holder::require_not_draining(const char* op) const {
-  if (draining_) fail("draining", std::string("the holder is stopping and takes no new ") + op + " requests");
+  if (draining_) fail(Errc::draining, std::string("the holder is stopping and takes no new ") + op + " requests");
 }
 
 Holder::HeldPool& Holder::pool_for(const Client& c, const std::string& name, int device, bool for_use) {
@@ -558,23 +557,23 @@ Holder::HeldPool& Holder::pool_for(const Client& c, const std::string& name, int
   if (!found) {
     bool any = false;
     for (const auto& [key, p] : pools_) any = any || key.first == name;
-    if (any) fail("not_found", "pool " + name + " is not held on device " + std::to_string(device));
+    if (any) fail(Errc::not_found, "pool " + name + " is not held on device " + std::to_string(device));
     std::vector<std::string> names;
     for (const auto& [key, p] : pools_) names.push_back(key.first);
     const std::string hint = did_you_mean(name, names);
-    fail("not_found", "no pool named \"" + valid_utf8(name) + "\"" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+    fail(Errc::not_found, "no pool named \"" + valid_utf8(name) + "\"" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
   }
   if (for_use) {
     if (found->want.props.handle_types == 0)
-      fail("bad_request", "pool " + name + " has no IPC handle type, so it can't be shared with other processes");
+      fail(Errc::bad_request, "pool " + name + " has no IPC handle type, so it can't be shared with other processes");
     if (!permitted(c, *found))
-      fail("not_permitted", "pool " + name + " is not shared with " +
+      fail(Errc::not_permitted, "pool " + name + " is not shared with " +
                                 (c.peer.user.empty() ? "uid " + std::to_string(c.peer.uid) : "user " + c.peer.user) +
                                 (found->want.share.set ? " (its share list names users [" + join(found->want.share.users, ", ") +
                                                              "] and groups [" + join(found->want.share.groups, ", ") + "])"
                                                        : " (it has no share list: only the holder's user and root may use it)"));
     if ((found->want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) == 0)
-      fail("bad_request", "pool " + name + " is shared only through fabric handles, which this holder does not serve yet");
+      fail(Errc::bad_request, "pool " + name + " is shared only through fabric handles, which this holder does not serve yet");
   }
   return *found;
 }
@@ -584,12 +583,12 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   Client& c = client(id);
   proto::Args a(request);
   auto op_it = request.find("op");
-  if (op_it == request.end() || !op_it->is_string()) fail("bad_request", "a request needs \"op\", a string");
+  if (op_it == request.end() || !op_it->is_string()) fail(Errc::bad_request, "a request needs \"op\", a string");
   const std::string op = op_it->get<std::string>();
   if (auto id_it = request.find("id"); id_it == request.end() || !id_it->is_number_integer() ||
                                        id_it->get<std::int64_t>() < 0 || id_it->get<std::int64_t>() >= (1LL << 53))
-    fail("bad_request", "a request needs \"id\", an integer from 0 to 2^53-1");
-  if (!c.greeted && op != "hello") fail("hello_required", "the first request on a connection must be \"hello\"");
+    fail(Errc::bad_request, "a request needs \"id\", an integer from 0 to 2^53-1");
+  if (!c.greeted && op != "hello") fail(Errc::hello_required, "the first request on a connection must be \"hello\"");
 
   Json out;
   if (op == "hello") out = op_hello(c, a);
@@ -624,7 +623,7 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
                                                  "buffer_close", "status", "stats", "trim", "plan", "apply",
                                                  "export", "buffer_create", "buffer_remove"};
     const std::string hint = did_you_mean(op, ops);
-    fail("unknown_op", "unknown operation \"" + valid_utf8(op) + "\"" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+    fail(Errc::unknown_op, "unknown operation \"" + valid_utf8(op) + "\"" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
   }
   a.finish();
   return out;
@@ -635,10 +634,10 @@ Json Holder::op_hello(Client& c, proto::Args& a) {
   const auto name = a.optional_string("client", kMaxName);
   a.finish();
   if (version != proto::kVersion)
-    fail("unsupported_protocol", "this holder speaks protocol version 1, not " + std::to_string(version));
+    fail(Errc::unsupported_protocol, "this holder speaks protocol version 1, not " + std::to_string(version));
   if (name) {
     for (char ch : *name)
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) fail("bad_request", "\"client\" must be printable");
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) fail(Errc::bad_request, "\"client\" must be printable");
     c.name = *name;
   }
   c.greeted = true;
@@ -709,12 +708,12 @@ Json Holder::op_alloc(std::uint64_t id, Client& c, proto::Args& a) {
   require_not_draining("alloc");
   HeldPool& p = pool_for(c, name, device, true);
   if (c.leases.size() >= limits_.max_leases_per_client)
-    fail("limit_exceeded", "a connection may hold at most " + std::to_string(limits_.max_leases_per_client) + " leases");
+    fail(Errc::limit_exceeded, "a connection may hold at most " + std::to_string(limits_.max_leases_per_client) + " leases");
   const PoolKey key{p.want.name, p.want.device};
   const std::uint64_t held = c.bytes_in_pool[key];
   const std::uint64_t quota = p.want.share.quota_per_client;
   if (quota && (size > quota || held > quota - size))
-    fail("quota_exceeded", "pool " + p.want.name + " on device " + std::to_string(p.want.device) + ": " + format_bytes(quota) +
+    fail(Errc::quota_exceeded, "pool " + p.want.name + " on device " + std::to_string(p.want.device) + ": " + format_bytes(quota) +
                                " quota per client; this client holds " + format_bytes(held) + " and asked for " +
                                format_bytes(size));
   SharedAllocation s;
@@ -722,7 +721,7 @@ Json Holder::op_alloc(std::uint64_t id, Client& c, proto::Args& a) {
     s = backend_.allocate_shared(p.handle, size);
   } catch (const CudaError& e) {
     if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
-      fail("out_of_memory", "pool " + p.want.name + " on device " + std::to_string(p.want.device) + " has no room for " +
+      fail(Errc::out_of_memory, "pool " + p.want.name + " on device " + std::to_string(p.want.device) + " has no room for " +
                                 format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
@@ -760,7 +759,7 @@ Json Holder::op_free(Client& c, proto::Args& a) {
   a.finish();
   auto it = leases_.find(lease);
   if (it == leases_.end() || !c.leases.count(lease))
-    fail("not_found", "lease " + std::to_string(lease) + " is not held by this connection");
+    fail(Errc::not_found, "lease " + std::to_string(lease) + " is not held by this connection");
   const std::uint64_t size = it->second.size;
   free_lease(lease);
   return {{"lease", lease}, {"size", size}};
@@ -771,12 +770,12 @@ Json Holder::op_buffer_open(Client& c, proto::Args& a) {
   a.finish();
   require_not_draining("buffer_open");
   auto it = buffers_.find(name);
-  if (it == buffers_.end()) fail("not_found", "no buffer named \"" + valid_utf8(name) + "\"");
+  if (it == buffers_.end()) fail(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
   HeldBuffer& b = it->second;
   HeldPool& p = pool_for(c, b.want.pool, b.want.device, true);
   auto open = c.open_buffers.find(name);
   if (open == c.open_buffers.end() && c.open_buffers.size() >= limits_.max_open_buffers_per_client)
-    fail("limit_exceeded", "a connection may have at most " + std::to_string(limits_.max_open_buffers_per_client) + " buffers open");
+    fail(Errc::limit_exceeded, "a connection may have at most " + std::to_string(limits_.max_open_buffers_per_client) + " buffers open");
   c.open_buffers[name] += 1;
   b.opens += 1;
   Json out;
@@ -795,7 +794,7 @@ Json Holder::op_buffer_close(Client& c, proto::Args& a) {
   const std::string name = a.string("name", kMaxName);
   a.finish();
   auto open = c.open_buffers.find(name);
-  if (open == c.open_buffers.end()) fail("not_found", "buffer \"" + valid_utf8(name) + "\" is not open on this connection");
+  if (open == c.open_buffers.end()) fail(Errc::not_found, "buffer \"" + valid_utf8(name) + "\" is not open on this connection");
   if (--open->second == 0) c.open_buffers.erase(open);
   auto it = buffers_.find(name);
   if (it != buffers_.end() && it->second.opens > 0) it->second.opens -= 1;
@@ -811,15 +810,15 @@ Json Holder::op_buffer_create(Client& c, proto::Args& a) {
   require_admin(c, "buffer_create");
   require_not_draining("buffer_create");
   if (!valid_name(name))
-    fail("bad_request", "buffer name \"" + valid_utf8(name) + "\" must match [a-z0-9][a-z0-9._-]* (at most 64 characters)");
-  if (buffers_.count(name)) fail("exists", "a buffer named " + name + " exists");
+    fail(Errc::bad_request, "buffer name \"" + valid_utf8(name) + "\" must match [a-z0-9][a-z0-9._-]* (at most 64 characters)");
+  if (buffers_.count(name)) fail(Errc::exists, "a buffer named " + name + " exists");
   HeldPool& p = pool_for(c, pool, device, true);  // a buffer is for sharing: an IPC pool
   BufferWant w{name, pool, p.want.device, size};
   try {
     create_buffer(w);
   } catch (const CudaError& e) {
     if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
-      fail("out_of_memory", "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
+      fail(Errc::out_of_memory, "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
   return {{"name", name}, {"pool", pool}, {"device", p.want.device}, {"size", size}};
@@ -831,9 +830,9 @@ Json Holder::op_buffer_remove(Client& c, proto::Args& a) {
   a.finish();
   require_admin(c, "buffer_remove");
   auto it = buffers_.find(name);
-  if (it == buffers_.end()) fail("not_found", "no buffer named \"" + valid_utf8(name) + "\"");
+  if (it == buffers_.end()) fail(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
   if (it->second.opens > 0 && !force)
-    fail("busy", "buffer " + name + " is open " + std::to_string(it->second.opens) +
+    fail(Errc::busy, "buffer " + name + " is open " + std::to_string(it->second.opens) +
                      (it->second.opens == 1 ? " time" : " times") + "; close it first, or pass force");
   const BufferWant w = it->second.want;
   for (auto& [id, cl] : clients_) cl.open_buffers.erase(name);
@@ -964,7 +963,7 @@ Json Holder::trim(std::uint64_t keep, const std::optional<std::string>& pool, bo
   if (pool) {
     bool any = false;
     for (const auto& [key, p] : pools_) any = any || key.first == *pool;
-    if (!any) fail("not_found", "no pool named \"" + valid_utf8(*pool) + "\"");
+    if (!any) fail(Errc::not_found, "no pool named \"" + valid_utf8(*pool) + "\"");
   }
   std::set<int> devices;
   for (const auto& [key, p] : pools_)

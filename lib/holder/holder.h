@@ -133,7 +133,7 @@ class Holder {
 
   // Handles one request (the payload's JSON) from `client`. Returns the reply's fields (the
   // server adds "id" and "ok"). A reply that carries a descriptor sets `fd_out` (the server
-  // sends, then closes it). Throws proto::ProtocolError with the document's error codes.
+  // sends, then closes it). Throws cupool::Error with the document's error codes.
   Json handle(std::uint64_t client, const Json& request, int& fd_out);
 
   // ---- for the server and the verbs ----

@@ -25,9 +25,11 @@
 #include <spdlog/spdlog.h>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "base/text.h"
 #include "base/units.h"
 #include "device/query.h"
+#include "holder/conversation.h"
 #include "holder/holder.h"
 #include "protocol/protocol.h"
 #include "spec/diagnostics.h"
@@ -42,35 +44,6 @@ constexpr rlim_t kWantedFiles = 4096;
 using proto::Json;
 
 std::string errno_text() { return std::strerror(errno); }
-
-// An owned file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(o.release()) {}
-  Fd& operator=(Fd&& o) noexcept {
-    reset(o.release());
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  int release() noexcept {
-    const int fd = fd_;
-    fd_ = -1;
-    return fd;
-  }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
 
 std::string user_name(uid_t uid) {
   std::vector<char> buf(16384);
@@ -127,29 +100,14 @@ std::string iso_now() {
   return buf;
 }
 
-Json error_body(const Json& id, const std::string& code, const std::string& message) {
-  Json j;
-  j["id"] = id;
-  j["ok"] = false;
-  j["error"] = {{"code", code}, {"message", message}};
-  return j;
-}
-
-struct OutFrame {
-  std::string bytes;
-  std::size_t sent = 0;
-  Fd fd;  // rides with the first byte
-};
-
+// A connected client: its socket and its conversation with the holder.
 struct Connection {
+  Connection(Fd socket, Holder& holder, std::uint64_t client) : fd(std::move(socket)), talk(holder, client) {}
   Fd fd;
-  std::uint64_t client = 0;
-  proto::FrameDecoder decoder{proto::Kind::request};
+  Conversation talk;
   Clock::time_point frame_started{};
-  std::deque<OutFrame> out;
-  std::size_t queued = 0;
-  Clock::time_point last_progress{};
-  bool closing = false;  // close once the queue is flushed (after bad_frame)
+  Clock::time_point last_progress{};  // the last byte sent, or when the queue stopped being empty
+  bool sending = false;                // replies were waiting after the last pump
   bool dead = false;
 };
 
@@ -165,8 +123,10 @@ class Server {
   void set_socket_permissions();
   void accept_clients();
   void read_from(Connection& c);
-  void handle_frame(Connection& c, const std::string& payload);
-  void queue(Connection& c, const Json& body, proto::Kind kind = proto::Kind::reply, int fd = -1);
+  void queue(Connection& c, const Json& body, proto::Kind kind = proto::Kind::reply);
+  // Sends what the conversation queued as far as the socket takes it; drops a peer that has more
+  // than max_queued_bytes unread.
+  void pump(Connection& c);
   void flush(Connection& c);
   void drop(Connection& c, const std::string& why);
   void reload();
@@ -199,7 +159,7 @@ void Server::open_lock(const std::string& socket) {
     struct stat st{};
     if (::stat(dir.c_str(), &st) != 0) {
       if (::mkdir(dir.c_str(), 0755) != 0)
-        throw Error(ExitCode::holder_unreachable,
+        throw Error(Errc::unreachable,
                     "can't create the socket directory " + dir + ": " + errno_text() +
                         " (create it, run as a user who may, or choose another path with --socket)");
     }
@@ -208,13 +168,13 @@ void Server::open_lock(const std::string& socket) {
   // in its place must not point that at another file.
   lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!lock_)
-    throw Error(ExitCode::holder_unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
+    throw Error(Errc::unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
                                                   " (is the socket directory writable?)");
   if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
     std::string pid;
     std::ifstream in(lock_path_);
     std::getline(in, pid);
-    throw Error(ExitCode::holder_unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
+    throw Error(Errc::unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
                                                   " is serving " + socket + "; stop it first, or use another --socket");
   }
   const std::string me = std::to_string(::getpid()) + "\n";
@@ -225,7 +185,7 @@ void Server::open_lock(const std::string& socket) {
 void Server::listen_on(const std::string& socket) {
   sockaddr_un addr{};
   if (socket.size() >= sizeof(addr.sun_path))
-    throw Error(ExitCode::invalid_input, "socket path " + socket + " is longer than " +
+    throw Error(Errc::invalid_input, "socket path " + socket + " is longer than " +
                                              std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
@@ -234,24 +194,24 @@ void Server::listen_on(const std::string& socket) {
   struct stat st{};
   if (::lstat(socket.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode))
-      throw Error(ExitCode::holder_unreachable, socket + " exists and is not a socket; remove it or choose another --socket");
+      throw Error(Errc::unreachable, socket + " exists and is not a socket; remove it or choose another --socket");
     spdlog::info("removing the stale socket {} left by a holder that did not stop cleanly", socket);
     if (::unlink(socket.c_str()) != 0)
-      throw Error(ExitCode::holder_unreachable, "can't remove the stale socket " + socket + ": " + errno_text());
+      throw Error(Errc::unreachable, "can't remove the stale socket " + socket + ": " + errno_text());
   }
   listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listener_) throw Error(ExitCode::holder_unreachable, "socket: " + errno_text());
+  if (!listener_) throw Error(Errc::unreachable, "socket: " + errno_text());
   // Nobody may connect before the mode and group are set.
   const mode_t old = ::umask(0177);
   const int rc = ::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
   const int bind_errno = errno;
   ::umask(old);
   if (rc != 0)
-    throw Error(ExitCode::holder_unreachable, "can't bind " + socket + ": " + std::strerror(bind_errno) +
+    throw Error(Errc::unreachable, "can't bind " + socket + ": " + std::strerror(bind_errno) +
                                                   " (is the directory writable by this user?)");
   socket_path_ = socket;
   set_socket_permissions();
-  if (::listen(listener_.get(), 128) != 0) throw Error(ExitCode::holder_unreachable, "listen: " + errno_text());
+  if (::listen(listener_.get(), 128) != 0) throw Error(Errc::unreachable, "listen: " + errno_text());
 }
 
 void Server::set_socket_permissions() {
@@ -261,12 +221,12 @@ void Server::set_socket_permissions() {
     group gr{};
     group* out = nullptr;
     if (getgrnam_r(h.group.c_str(), &gr, buf.data(), buf.size(), &out) != 0 || !out)
-      throw Error(ExitCode::does_not_fit, "holder.group: no group named " + h.group + " on this node");
+      throw Error(Errc::does_not_fit, "holder.group: no group named " + h.group + " on this node");
     if (::chown(socket_path_.c_str(), static_cast<uid_t>(-1), out->gr_gid) != 0)
-      throw Error(ExitCode::holder_unreachable, "can't give " + socket_path_ + " to group " + h.group + ": " + errno_text());
+      throw Error(Errc::unreachable, "can't give " + socket_path_ + " to group " + h.group + ": " + errno_text());
   }
   if (::chmod(socket_path_.c_str(), static_cast<mode_t>(h.mode)) != 0)
-    throw Error(ExitCode::holder_unreachable, "can't set the mode of " + socket_path_ + ": " + errno_text());
+    throw Error(Errc::unreachable, "can't set the mode of " + socket_path_ + ": " + errno_text());
 }
 
 void Server::update_identity() {
@@ -280,25 +240,21 @@ void Server::update_identity() {
   holder_->set_identity(id);
 }
 
-void Server::queue(Connection& c, const Json& body, proto::Kind kind, int fd) {
-  OutFrame f;
-  f.fd.reset(fd);
-  try {
-    f.bytes = proto::encode(kind, body, fd >= 0 ? 1 : 0);
-  } catch (const proto::ProtocolError& e) {
-    f.fd.reset();
-    f.bytes = proto::encode(kind, error_body(body.value("id", Json()), "internal", e.what()));
-  }
-  if (c.out.empty()) c.last_progress = Clock::now();
-  c.queued += f.bytes.size();
-  c.out.push_back(std::move(f));
+void Server::queue(Connection& c, const Json& body, proto::Kind kind) {
+  c.talk.queue(body, kind);
+  pump(c);
+}
+
+void Server::pump(Connection& c) {
+  if (!c.sending) c.last_progress = Clock::now();
   flush(c);
-  if (!c.dead && c.queued > options_.max_queued_bytes) drop(c, "it does not read its replies (over 1 MiB queued)");
+  c.sending = !c.talk.out().empty();
+  if (!c.dead && c.talk.queued_bytes() > options_.max_queued_bytes) drop(c, "it does not read its replies (over 1 MiB queued)");
 }
 
 void Server::flush(Connection& c) {
-  while (!c.dead && !c.out.empty()) {
-    OutFrame& f = c.out.front();
+  while (!c.dead && !c.talk.out().empty()) {
+    OutFrame& f = c.talk.out().front();
     iovec iov{f.bytes.data() + f.sent, f.bytes.size() - f.sent};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -319,27 +275,24 @@ void Server::flush(Connection& c) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EPIPE || errno == ECONNRESET) {
-        spdlog::debug("client {} left before reading its reply", c.client);
+        spdlog::debug("client {} left before reading its reply", c.talk.client());
         drop(c, "");
       } else {
         drop(c, std::string("sending failed: ") + errno_text());
       }
       return;
     }
-    f.fd.reset();  // it went with the first byte
-    f.sent += static_cast<std::size_t>(n);
-    c.queued -= static_cast<std::size_t>(n);
+    c.talk.sent(static_cast<std::size_t>(n));
     c.last_progress = Clock::now();
-    if (f.sent == f.bytes.size()) c.out.pop_front();
   }
-  if (!c.dead && c.out.empty() && c.closing) drop(c, "");
+  if (!c.dead && c.talk.out().empty() && c.talk.closing()) drop(c, "");
 }
 
 void Server::drop(Connection& c, const std::string& why) {
   if (c.dead) return;
   c.dead = true;
-  if (!why.empty()) spdlog::warn("dropping client {}: {}", c.client, why);
-  holder_->disconnect(c.client);
+  if (!why.empty()) spdlog::warn("dropping client {}: {}", c.talk.client(), why);
+  holder_->disconnect(c.talk.client());
 }
 
 void Server::accept_clients() {
@@ -360,14 +313,14 @@ void Server::accept_clients() {
       spdlog::info("accepting connections again ({} clients connected)", connections_.size());
       accept_failing_ = false;
     }
-    Connection c;
+    std::uint64_t client = 0;
     try {
       const Peer peer = peer_of(fd.get());
-      c.client = holder_->connect(peer);
-      spdlog::debug("client {} connected: pid {}, uid {} ({})", c.client, peer.pid, peer.uid, peer.user);
-    } catch (const proto::ProtocolError& e) {
+      client = holder_->connect(peer);
+      spdlog::debug("client {} connected: pid {}, uid {} ({})", client, peer.pid, peer.uid, peer.user);
+    } catch (const Error& e) {
       // Over the connection limit: say so and close.
-      const std::string bytes = proto::encode(proto::Kind::reply, error_body(Json(), e.code(), e.what()));
+      const std::string bytes = proto::encode(proto::Kind::reply, error_body(Json(), e.wire_code(), e.what()));
       (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       spdlog::warn("refused a connection: {}", e.what());
       continue;
@@ -375,19 +328,19 @@ void Server::accept_clients() {
       spdlog::warn("refused a connection: {}", e.what());
       continue;
     }
-    c.fd = std::move(fd);
-    const int key = c.fd.get();
-    connections_.emplace(key, std::move(c));
+    const int key = fd.get();
+    Connection& c = connections_.emplace(std::piecewise_construct, std::forward_as_tuple(key),
+                                         std::forward_as_tuple(std::move(fd), *holder_, client))
+                        .first->second;
     if (draining_)
-      queue(connections_.at(key), {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}},
-            proto::Kind::notice);
+      queue(c, {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}}, proto::Kind::notice);
   }
 }
 
 void Server::read_from(Connection& c) {
   char buf[16384];
   // Read at most a few buffers per wake-up, so one busy peer can't starve the others.
-  for (int round = 0; round < 8 && !c.dead && !c.closing; ++round) {
+  for (int round = 0; round < 8 && !c.dead && !c.talk.closing(); ++round) {
     iovec iov{buf, sizeof buf};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -418,75 +371,23 @@ void Server::read_from(Connection& c) {
       drop(c, "");
       return;
     }
-    try {
-      if (got_fds) throw proto::ProtocolError("bad_frame", "clients may not send file descriptors");
-      std::size_t used = 0;
-      const auto size = static_cast<std::size_t>(n);
-      while (used < size && !c.dead && !c.closing) {
-        const bool was_mid = c.decoder.mid_frame();
-        used += c.decoder.feed(buf + used, size - used);
-        if (!was_mid && c.decoder.mid_frame()) c.frame_started = Clock::now();
-        if (c.decoder.ready()) {
-          auto [header, payload] = c.decoder.take();
-          handle_frame(c, payload);
-        }
-      }
-    } catch (const proto::ProtocolError& e) {
-      spdlog::warn("client {} sent a malformed frame: {}", c.client, e.what());
-      queue(c, error_body(Json(), "bad_frame", e.what()));
-      c.closing = true;
-      flush(c);
+    if (got_fds) {
+      // Nothing a client sends is kept: its descriptors were closed above, and the frame is refused.
+      c.talk.refuse("clients may not send file descriptors");
+      pump(c);
       return;
     }
+    std::size_t used = 0;
+    const auto size = static_cast<std::size_t>(n);
+    while (used < size && !c.dead && !c.talk.closing()) {
+      const bool was_mid = c.talk.mid_frame();
+      used += c.talk.receive(buf + used, size - used);
+      if (!was_mid && c.talk.mid_frame()) c.frame_started = Clock::now();
+      if (!c.talk.out().empty()) pump(c);
+    }
+    if (c.talk.closing()) return;
     if (static_cast<std::size_t>(n) < sizeof buf) return;
   }
-}
-
-void Server::handle_frame(Connection& c, const std::string& payload) {
-  const Json request = proto::parse_payload(payload);  // bad_frame goes up
-  Json id = Json();
-  if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0) id = *it;
-  int fd = -1;
-  try {
-    Json body = holder_->handle(c.client, request, fd);
-    Json reply;
-    reply["id"] = id;
-    reply["ok"] = true;
-    for (auto& [k, v] : body.items()) reply[k] = v;
-    queue(c, reply, proto::Kind::reply, fd);
-    return;
-  } catch (const proto::ProtocolError& e) {
-    queue(c, error_body(id, e.code(), e.what()));
-  } catch (const ConfigRejected& e) {
-    // A reply must fit in one frame: at most 100 findings, and the text cut at 32 KiB.
-    Json body = error_body(id, "invalid_config", e.what());
-    Json findings = Json::array();
-    for (const auto& f : e.findings()) {
-      if (findings.size() == 100) break;
-      findings.push_back(f);
-    }
-    body["error"]["findings_total"] = e.findings().size();
-    body["error"]["findings"] = findings;
-    std::string rendered = e.rendered();
-    if (rendered.size() > 32768) rendered = valid_utf8(rendered.substr(0, 32768)) + "\n... (cut: the full list is in 'cupool check')\n";
-    body["error"]["rendered"] = rendered;
-    // Still too long (long findings, long paths): as many findings as fit, halving, then no text.
-    auto too_long = [&] { return body.dump(-1, ' ', false, Json::error_handler_t::replace).size() > proto::kMaxPayload; };
-    while (too_long() && !body["error"]["findings"].empty()) {
-      Json& list = body["error"]["findings"];
-      list.erase(list.begin() + static_cast<std::ptrdiff_t>(list.size() / 2), list.end());
-    }
-    if (too_long()) body["error"]["rendered"] = "(too long for one reply: run 'cupool check' on the file)\n";
-    queue(c, body);
-  } catch (const CudaError& e) {
-    queue(c, error_body(id, "cuda_error", e.what()));
-  } catch (const Error& e) {
-    queue(c, error_body(id, "bad_request", e.what()));
-  } catch (const std::exception& e) {
-    spdlog::error("internal error serving client {}: {}", c.client, e.what());
-    queue(c, error_body(id, "internal", e.what()));
-  }
-  if (fd >= 0) ::close(fd);
 }
 
 void Server::reload() {
@@ -568,8 +469,7 @@ int Server::run() {
     want = desired_from_config(file.text(), file.path(), node, &warnings);
   } catch (const ConfigRejected& e) {
     std::fputs(e.rendered().c_str(), stderr);
-    throw Error(e.invalid_input() ? ExitCode::invalid_input : ExitCode::does_not_fit,
-                file.path() + " can't be held (" + e.what() + ")");
+    throw Error(e.code(), file.path() + " can't be held (" + e.what() + ")");
   }
   if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
   if (!options_.socket.empty()) want.holder.socket = options_.socket;
@@ -594,7 +494,7 @@ int Server::run() {
     fds.push_back({signals.get(), POLLIN, 0});
     if (listener_ && Clock::now() >= accept_paused_until_) fds.push_back({listener_.get(), POLLIN, 0});
     for (auto& [fd, c] : connections_)
-      fds.push_back({fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      fds.push_back({fd, static_cast<short>(POLLIN | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
     const int n = ::poll(fds.data(), fds.size(), 250);
     if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
     for (const pollfd& p : fds) {
@@ -614,16 +514,16 @@ int Server::run() {
       } else {
         auto it = connections_.find(p.fd);
         if (it == connections_.end()) continue;
-        if (p.revents & POLLOUT) flush(it->second);
+        if (p.revents & POLLOUT) pump(it->second);
         if (p.revents & (POLLIN | POLLHUP | POLLERR)) read_from(it->second);
       }
     }
     // Timeouts: a frame started and not finished; replies nobody reads.
     const auto now = Clock::now();
     for (auto& [fd, c] : connections_) {
-      if (!c.dead && c.decoder.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))
+      if (!c.dead && c.talk.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))
         drop(c, "a frame was not completed within " + std::to_string(options_.frame_timeout_ms / 1000) + " s");
-      if (!c.dead && !c.out.empty() && now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
+      if (!c.dead && !c.talk.out().empty() && now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
         drop(c, "it did not read its replies for " + std::to_string(options_.write_stall_timeout_ms / 1000) + " s");
     }
     for (auto it = connections_.begin(); it != connections_.end();) {
@@ -634,7 +534,7 @@ int Server::run() {
 
   // Drained (or timed out): free what is left in order, then the pools.
   const std::size_t left = holder_->lease_count();
-  for (auto& [fd, c] : connections_) holder_->disconnect(c.client);
+  for (auto& [fd, c] : connections_) holder_->disconnect(c.talk.client());
   connections_.clear();
   if (left) spdlog::warn("freed {} lease{} of clients that did not leave in time", left, left == 1 ? "" : "s");
   holder_->shutdown();

@@ -28,15 +28,15 @@ std::uint32_t get32(const std::uint8_t* p) {
          (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
 }
 
-[[noreturn]] void bad_frame(const std::string& why) { throw ProtocolError("bad_frame", why); }
-[[noreturn]] void bad_request(const std::string& why) { throw ProtocolError("bad_request", why); }
+[[noreturn]] void bad_frame(const std::string& why) { throw Error(Errc::bad_frame, why); }
+[[noreturn]] void bad_request(const std::string& why) { throw Error(Errc::bad_request, why); }
 
 }  // namespace
 
 std::string encode(Kind kind, const Json& body, std::uint32_t fds) {
   const std::string payload = body.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (payload.size() > kMaxPayload)
-    throw ProtocolError("internal", "reply of " + std::to_string(payload.size()) + " bytes exceeds the frame limit");
+    throw Error(Errc::internal, "reply of " + std::to_string(payload.size()) + " bytes exceeds the frame limit");
   std::string out;
   out.reserve(kHeaderSize + payload.size());
   out.append(reinterpret_cast<const char*>(kMagic), 4);
@@ -256,7 +256,7 @@ void receive_exact(int socket, char* data, std::size_t size, int& fd) {
       if (errno == EINTR) continue;
       throw std::system_error(errno, std::generic_category(), "receive");
     }
-    if (n == 0) throw ProtocolError("unreachable", "the holder closed the connection");
+    if (n == 0) throw Error(Errc::unreachable, "the holder closed the connection");
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);

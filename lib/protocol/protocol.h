@@ -1,6 +1,7 @@
 // The holder protocol, version 1 (docs/protocol.md): 16-byte frame headers, JSON payloads,
 // file descriptors as SCM_RIGHTS. Everything here treats its input as hostile: sizes are bounded
-// and every malformed input becomes a ProtocolError with a code from the document.
+// and every malformed input becomes a cupool::Error with a code from the document (bad_frame,
+// bad_request).
 #pragma once
 
 #include <array>
@@ -12,6 +13,8 @@
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "base/error.h"
 
 
 namespace cupool::proto {
@@ -27,16 +30,6 @@ constexpr std::uint8_t kMagic[4] = {'C', 'U', 'P', 'L'};
 
 enum class Kind : std::uint16_t { request = 1, reply = 2, notice = 3 };
 
-// A protocol-level failure with its error code ("bad_frame", "bad_request", ...).
-class ProtocolError : public std::runtime_error {
- public:
-  ProtocolError(std::string code, const std::string& message) : std::runtime_error(message), code_(std::move(code)) {}
-  const std::string& code() const noexcept { return code_; }
-
- private:
-  std::string code_;
-};
-
 struct Header {
   std::uint16_t version = 0;
   Kind kind = Kind::request;
@@ -45,14 +38,14 @@ struct Header {
 };
 
 // The 16 header bytes followed by the payload (the JSON text of `body`).
-// Throws ProtocolError("internal") when the payload would exceed kMaxPayload.
+// Throws Error(Errc::internal) when the payload would exceed kMaxPayload.
 std::string encode(Kind kind, const Json& body, std::uint32_t fds = 0);
 
 // Reads and validates a header. `expect` is the only kind accepted (requests at the holder;
-// replies and notices are both accepted when `expect` is reply). Throws ProtocolError bad_frame.
+// replies and notices are both accepted when `expect` is reply). Throws Error(Errc::bad_frame).
 Header decode_header(const std::uint8_t* bytes, Kind expect);
 
-// Parses a payload: a JSON object in valid UTF-8. Throws ProtocolError bad_frame.
+// Parses a payload: a JSON object in valid UTF-8. Throws Error(Errc::bad_frame).
 Json parse_payload(std::string_view payload);
 
 // Splits a byte stream into frames. Bounded: holds at most one header and one payload.
@@ -85,7 +78,7 @@ using Bytes64 = std::array<std::uint8_t, 64>;
 std::string to_hex(const Bytes64& blob);
 std::optional<Bytes64> from_hex(std::string_view text);
 
-// Typed access to a request's arguments; every accessor throws ProtocolError bad_request naming
+// Typed access to a request's arguments; every accessor throws Error(Errc::bad_request) naming
 // the argument, and finish() refuses arguments nobody asked for.
 class Args {
  public:
@@ -114,7 +107,7 @@ class Args {
 // Throws std::system_error.
 void send_all(int socket, std::string_view bytes, int fd = -1);
 // Receives one frame of kind reply or notice; a received descriptor is returned in `fd` (else -1).
-// Throws ProtocolError (bad_frame) or std::system_error; "unreachable" ProtocolError on EOF.
+// Throws Error(Errc::bad_frame), Error(Errc::unreachable) on EOF, or std::system_error.
 std::pair<Header, Json> receive_frame(int socket, int& fd);
 
 }  // namespace cupool::proto

@@ -2,11 +2,12 @@
 // and the fact and the fix behind it.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "base/error.h"
 
 namespace cupool {
 
@@ -73,21 +74,23 @@ std::string render_text(const Diagnostics& ds, const SourceFile& file);
 std::string summary_line(const Diagnostics& ds);
 nlohmann::ordered_json to_json(const Diagnostic& d, const std::string& path);
 
-// A config that can't be used (held, applied in a process): its findings (as `cupool check
-// --format json` writes them) and the compiler-style text.
-class ConfigRejected : public std::runtime_error {
+// A config that can't be used (held, applied in a process): Errc::invalid_config when it is not a
+// valid config at all (exit 2), Errc::does_not_fit when it does not fit the node (exit 1). It
+// carries the findings (as `cupool check --format json` writes them) and the compiler-style text.
+class ConfigRejected : public Error {
  public:
   ConfigRejected(const std::string& summary, nlohmann::ordered_json findings, std::string rendered, bool invalid_input)
-      : std::runtime_error(summary), findings_(std::move(findings)), rendered_(std::move(rendered)), invalid_input_(invalid_input) {}
+      : Error(invalid_input ? Errc::invalid_config : Errc::does_not_fit, summary),
+        findings_(std::move(findings)),
+        rendered_(std::move(rendered)) {}
   const nlohmann::ordered_json& findings() const { return findings_; }
   const std::string& rendered() const { return rendered_; }
   // True when the file is not a valid config at all (exit 2), false when it does not fit (exit 1).
-  bool invalid_input() const { return invalid_input_; }
+  bool invalid_input() const { return code() == Errc::invalid_config; }
 
  private:
   nlohmann::ordered_json findings_;
   std::string rendered_;
-  bool invalid_input_;
 };
 
 }  // namespace cupool

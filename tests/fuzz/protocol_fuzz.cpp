@@ -1,7 +1,9 @@
-// Fuzz target: bytes from a client -> frame decoder -> payload parser -> Holder::handle, on a
-// simulated two-GPU node holding a small config. The holder may refuse anything, but only in
-// the documented ways (ProtocolError with a code, ConfigRejected, CudaError, cupool::Error);
-// any other exception, a crash, a leak, a reply that can't be encoded, leases and opens left
+// Fuzz target: bytes from a client -> the holder's Conversation (lib/holder/conversation.h: the
+// frame decoder, the payload parser, Holder::handle and the reply frames, exactly what the server
+// runs for a connection), on a simulated two-GPU node holding a small config. The holder may refuse
+// anything, but only in the documented ways (an error reply with a code from docs/protocol.md);
+// a crash, a leak, a reply frame that does not decode, a reply under the frame limit that could
+// not be encoded, an "internal" or "bad_frame" answer to a whole frame, leases and opens left
 // behind after the client is gone, or (after a change) an export that doesn't apply as a no-op
 // is a finding. Built like config_fuzz.cpp: with libFuzzer when CUPOOL_FUZZ=ON, and always as a
 // deterministic driver (mutate_main.cpp --frames) under CTest. Seeds: protocol-corpus/
@@ -9,7 +11,7 @@
 //
 // Input: byte 0 picks the peer (bits 0-1: root, alice in share.users, bob in share.groups, eve a
 // stranger; bit 2: another client, alice, already holds a lease and has the buffer open). The
-// rest is fed through proto::FrameDecoder exactly as core/server.cpp read_from/handle_frame do.
+// rest is fed to a Conversation as lib/holder/server.cpp read_from does.
 #include <unistd.h>
 
 #include <cstddef>
@@ -24,6 +26,7 @@
 #include "base/error.h"
 #include "device/backend.h"
 #include "device/sim_backend.h"
+#include "holder/conversation.h"
 #include "holder/holder.h"
 #include "protocol/protocol.h"
 #include "tests/unit/fixtures.h"
@@ -70,28 +73,32 @@ cupool::Peer peer(std::uint32_t uid, const char* user, std::vector<std::string> 
   return p;
 }
 
-Json error_body(const Json& id, const std::string& code, const std::string& message) {
-  Json j;
-  j["id"] = id;
-  j["ok"] = false;
-  j["error"] = {{"code", code}, {"message", message}};
-  return j;
-}
-
 // CUPOOL_FUZZ_VERBOSE=1: print every reply (to see what a seed or a finding does).
 const bool verbose = std::getenv("CUPOOL_FUZZ_VERBOSE") != nullptr;
 
-// The server queues every reply through proto::encode; one under the frame limit must encode.
-// (One over it is answered with an "internal" error instead; that must encode too.)
-void encode(const Json& body, std::uint32_t fds = 0) {
-  const std::string text = body.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (verbose) std::fprintf(stderr, "reply%s (%zu bytes): %.300s\n", fds ? " +fd" : "", text.size(), text.c_str());
+// A reply under the frame limit must encode (the conversation replaces one that doesn't with an
+// "internal" error, so the encoding is tried here first to tell the two apart).
+void check_encodes(const Json& reply) {
+  const std::string text = reply.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (verbose) std::fprintf(stderr, "reply (%zu bytes): %.300s\n", text.size(), text.c_str());
   try {
-    const std::string frame = proto::encode(proto::Kind::reply, body, fds);
+    const std::string frame = proto::encode(proto::Kind::reply, reply);
     if (frame.size() != proto::kHeaderSize + text.size()) finding("encoded frame has the wrong size");
-  } catch (const proto::ProtocolError& e) {
+  } catch (const cupool::Error& e) {
     if (text.size() <= proto::kMaxPayload) finding(std::string("encode refused a reply under the limit: ") + e.what());
-    (void)proto::encode(proto::Kind::reply, error_body(body.value("id", Json()), "internal", e.what()));
+  }
+}
+
+// Takes every frame the conversation queued, as the peer would: each must decode to a reply.
+void take_frames(cupool::Conversation& talk) {
+  while (!talk.out().empty()) {
+    const cupool::OutFrame& f = talk.out().front();
+    if (f.bytes.size() < proto::kHeaderSize) finding("a reply frame shorter than a header");
+    const proto::Header h = proto::decode_header(reinterpret_cast<const std::uint8_t*>(f.bytes.data()), proto::Kind::reply);
+    if (h.length != f.bytes.size() - proto::kHeaderSize) finding("a reply frame's length differs from its header's");
+    if ((h.fds != 0) != static_cast<bool>(f.fd)) finding("a reply frame's fds field differs from the descriptor it carries");
+    (void)proto::parse_payload(std::string_view(f.bytes).substr(proto::kHeaderSize));
+    talk.sent(f.bytes.size() - f.sent);
   }
 }
 
@@ -103,47 +110,23 @@ struct Effects {
   bool partial = false;
 };
 
-// handle_frame of core/server.cpp, with the holder's refusals turned into error replies.
-void handle_frame(cupool::Holder& holder, std::uint64_t client, const std::string& payload, Effects& effects) {
-  const Json request = proto::parse_payload(payload);  // bad_frame goes up
-  Json id = Json();
-  if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0)
-    id = *it;
-  int fd = -1;
-  try {
-    Json body = holder.handle(client, request, fd);
-    Json reply;
-    reply["id"] = id;
-    reply["ok"] = true;
-    for (auto& [k, v] : body.items()) reply[k] = v;
-    encode(reply, fd >= 0 ? 1 : 0);
-    if (fd >= 0) ::close(fd);
-    const std::string& op = request["op"].get_ref<const std::string&>();  // handle() insists on a string
+// What one request did, judged from the request and its reply.
+void judge(const Json& request, const Json& reply, Effects& effects) {
+  check_encodes(reply);
+  const std::string op = request.value("op", Json()).is_string() ? request["op"].get<std::string>() : "";
+  if (reply.value("ok", false)) {
     effects.changed = effects.changed || op == "apply" || op == "buffer_create" || op == "buffer_remove";
     if (op == "apply")
       for (const auto& change : reply["changes"])
         if (change["object"] == "pool" && change.contains("blocked")) effects.partial = true;
     return;
-  } catch (const proto::ProtocolError& e) {
-    if (e.code() == "bad_frame" || e.code() == "internal") finding("handle answered " + e.code() + ": " + e.what());
-    encode(error_body(id, e.code(), e.what()));
-    // Refusals before anything was changed; anything else from apply may come half-way.
-    if (e.code() != "not_permitted" && e.code() != "bad_request" && e.code() != "draining" && e.code() != "hello_required" &&
-        request.value("op", Json()) == "apply")
-      effects.partial = true;
-  } catch (const cupool::ConfigRejected& e) {
-    Json body = error_body(id, "invalid_config", e.what());
-    body["error"]["findings"] = e.findings();
-    body["error"]["rendered"] = e.rendered();
-    encode(body);
-  } catch (const cupool::CudaError& e) {
-    encode(error_body(id, "cuda_error", e.what()));
-    if (request.value("op", Json()) == "apply") effects.partial = true;
-  } catch (const cupool::Error& e) {
-    encode(error_body(id, "bad_request", e.what()));
-    if (request.value("op", Json()) == "apply") effects.partial = true;
   }
-  if (fd >= 0) ::close(fd);
+  const std::string code = reply["error"]["code"].get<std::string>();
+  if (code == "bad_frame" || code == "internal") finding("a whole frame was answered " + code + ": " + reply.dump());
+  // Refusals come before anything was changed; anything else from apply may come half-way.
+  if (op == "apply" && code != "not_permitted" && code != "bad_request" && code != "draining" &&
+      code != "hello_required" && code != "invalid_config")
+    effects.partial = true;
 }
 
 // "The live state as a version 1 config, which cupool check and apply accept (applying it to the
@@ -204,24 +187,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Effects effects;
 
   try {
-    proto::FrameDecoder decoder(proto::Kind::request);
+    cupool::Conversation talk(holder, client);
+    talk.on_reply = [&effects](const Json& request, const Json& reply) { judge(request, reply, effects); };
     const char* bytes = reinterpret_cast<const char*>(data + 1);
     const std::size_t n = size - 1;
     std::size_t used = 0;
-    while (used < n) {
-      const std::size_t took = decoder.feed(bytes + used, n - used);
-      if (took == 0 && !decoder.ready()) finding("the frame decoder took no bytes");
+    while (used < n && !talk.closing()) {
+      const std::size_t took = talk.receive(bytes + used, n - used);
+      if (took == 0) finding("the conversation took no bytes");
       used += took;
-      if (decoder.ready()) {
-        auto [header, payload] = decoder.take();
-        if (header.length != payload.size()) finding("a frame's payload differs from its header's length");
-        handle_frame(holder, client, payload, effects);
-      }
+      take_frames(talk);
     }
-  } catch (const proto::ProtocolError& e) {
-    // A malformed frame: the server answers bad_frame and closes the connection.
-    if (e.code() != "bad_frame") finding("the decoder threw " + e.code() + ": " + e.what());
-    encode(error_body(Json(), "bad_frame", e.what()));
   } catch (const std::exception& e) {
     finding(std::string("uncaught exception: ") + e.what());
   }

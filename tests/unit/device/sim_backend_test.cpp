@@ -45,7 +45,7 @@ TEST_CASE("--deep probes every handle type on every selected device") {
 
 TEST_CASE("recorded probes are the node's answer") {
   NodeReport node = test::two_gpu_node();
-  node.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX"});
+  node.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX", ""});
   SimBackend sim(node);
   const ExportProbe p = sim.probe_export(0, HandleType::fabric);
   CHECK_FALSE(p.ok);
@@ -66,7 +66,8 @@ TEST_CASE("failure injection") {
       FAIL("expected CudaError");
     } catch (const CudaError& e) {
       CHECK(e.name() == "CUDA_ERROR_UNKNOWN");
-      CHECK(e.code() == 999);
+      CHECK(e.result() == 999);
+      CHECK(e.code() == Errc::cuda);
       CHECK(std::string(e.what()).find("device_info") != std::string::npos);
     }
   }
@@ -463,4 +464,38 @@ TEST_CASE("graph memory is zero on a simulated node; the sharing calls are logge
   client.fail("wait_ready", "CUDA_ERROR_UNKNOWN");
   expect_error([&] { client.wait_ready(0, event); }, "simulated wait_ready", "CUDA_ERROR_UNKNOWN");
   CHECK(client.calls().back() == "wait_ready(0)");
+}
+
+TEST_CASE("a simulated node says where its answers come from, and the report carries it") {
+  NodeReport node = test::two_gpu_node();
+  node.source.profile_path = "configs/profiles/h200x2.yaml";
+  node.source.recorded = "2026-11-20T10:00:00Z";
+  SimBackend sim(node);
+  CHECK(sim.source().simulated);
+  CHECK(sim.source().description == "simulated node (configs/profiles/h200x2.yaml)");
+  CHECK(sim.source().recorded == "2026-11-20T10:00:00Z");
+  const NodeReport report = build_report(sim);
+  CHECK(report.source.simulated);
+  CHECK(report.source.profile_path == "configs/profiles/h200x2.yaml");
+  CHECK(report.source.description == sim.describe());
+}
+
+TEST_CASE("a failed probe is explained where the report is made") {
+  NodeReport node = test::two_gpu_node();
+  node.devices[1].info.pool_handle_types = 0;  // no posix_fd on device 1
+  SimBackend sim(node);
+  QueryOptions deep;
+  deep.deep = true;
+  const NodeReport report = build_report(sim, deep);
+  const ExportProbe* posix = nullptr;
+  for (const auto& p : report.devices[1].probes)
+    if (p.handle_type == HandleType::posix_fd) posix = &p;
+  REQUIRE(posix);
+  CHECK_FALSE(posix->ok);
+  CHECK(posix->error == "CUDA_ERROR_NOT_SUPPORTED");
+  CHECK(posix->reason == "the driver does not support posix_fd handles for memory pools on this device");
+  ExportProbe fabric{HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "", ""};
+  CHECK(explain_probe(fabric).rfind("no IMEX channel is reachable: ", 0) == 0);
+  ExportProbe other{HandleType::posix_fd, false, "CUDA_ERROR_LAUNCH_FAILED", "cuMemAllocFromPoolAsync", "", "unspecified launch failure"};
+  CHECK(explain_probe(other) == "unspecified launch failure");
 }

@@ -8,7 +8,6 @@
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;
-using proto::ProtocolError;
 
 namespace {
 
@@ -65,8 +64,8 @@ struct Fixture {
   std::string error_code(std::uint64_t id, Json req) {
     try {
       call(id, std::move(req));
-    } catch (const ProtocolError& e) {
-      return e.code();
+    } catch (const Error& e) {
+      return e.wire_code();
     }
     return "ok";
   }
@@ -164,7 +163,7 @@ TEST_CASE("share: users, groups, admins; everyone else is refused") {
   CHECK(fd >= 0);
   ::close(fd);
   fd = -1;
-  CHECK_THROWS_AS(f.holder.handle(eve, {{"id", 3}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}, fd), ProtocolError);
+  CHECK_THROWS_AS(f.holder.handle(eve, {{"id", 3}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}, fd), Error);
   CHECK(fd == -1);
 }
 
@@ -315,8 +314,8 @@ TEST_CASE("connection limits: per user for everyone but admins, and a reserve th
   auto refused = [&](const Peer& p) {
     try {
       holder.connect(p);
-    } catch (const ProtocolError& e) {
-      return e.code() + std::string(": ") + e.what();
+    } catch (const Error& e) {
+      return e.wire_code() + std::string(": ") + e.what();
     }
     return std::string();
   };

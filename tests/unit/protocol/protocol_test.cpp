@@ -29,8 +29,8 @@ std::string bad_frame_message(const std::string& bytes) {
       used += d.feed(bytes.data() + used, bytes.size() - used);
       if (d.ready()) parse_payload(d.take().second);
     }
-  } catch (const ProtocolError& e) {
-    CHECK(e.code() == "bad_frame");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::bad_frame);
     return e.what();
   }
   return "";
@@ -96,17 +96,17 @@ TEST_CASE("Args: typed, bounded, and unknown arguments are refused with a hint")
   try {
     a.finish();
     FAIL("finish accepted an unknown argument");
-  } catch (const ProtocolError& e) {
-    CHECK(e.code() == "bad_request");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::bad_request);
     CHECK(std::string(e.what()).find("did you mean \"device\"") != std::string::npos);
   }
   const Json bad = {{"size", -1}, {"pool", 3}, {"big", 1ULL << 50}, {"flag", "yes"}};
   Args b(bad);
-  CHECK_THROWS_WITH_AS(b.u64("size", 1, 10), doctest::Contains("non-negative"), ProtocolError);
-  CHECK_THROWS_WITH_AS(b.string("pool", 64), doctest::Contains("string"), ProtocolError);
-  CHECK_THROWS_WITH_AS(b.u64("big", 1, 1ULL << 48), doctest::Contains("between"), ProtocolError);
-  CHECK_THROWS_WITH_AS(b.boolean("flag", false), doctest::Contains("true or false"), ProtocolError);
-  CHECK_THROWS_WITH_AS(b.string("missing", 64), doctest::Contains("missing argument"), ProtocolError);
+  CHECK_THROWS_WITH_AS(b.u64("size", 1, 10), doctest::Contains("non-negative"), Error);
+  CHECK_THROWS_WITH_AS(b.string("pool", 64), doctest::Contains("string"), Error);
+  CHECK_THROWS_WITH_AS(b.u64("big", 1, 1ULL << 48), doctest::Contains("between"), Error);
+  CHECK_THROWS_WITH_AS(b.boolean("flag", false), doctest::Contains("true or false"), Error);
+  CHECK_THROWS_WITH_AS(b.string("missing", 64), doctest::Contains("missing argument"), Error);
 }
 
 TEST_CASE("a descriptor rides with a frame over a socket pair, and only one is kept") {
@@ -129,7 +129,7 @@ TEST_CASE("a descriptor rides with a frame over a socket pair, and only one is k
   close(pipefd[1]);
   close(sv[0]);
   int none = -1;
-  CHECK_THROWS_AS(receive_frame(sv[1], none), ProtocolError);  // EOF: unreachable
+  CHECK_THROWS_AS(receive_frame(sv[1], none), Error);  // EOF: unreachable
   CHECK(none == -1);
   close(sv[1]);
 }

@@ -84,7 +84,7 @@ TEST_CASE("fabric: an attribute is not proof; a --deep probe is") {
   CheckOptions deep;
   deep.deep = true;
   CHECK(codes(text, n, deep).empty());
-  n.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX channel is reachable"});
+  n.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX channel is reachable", ""});
   CHECK(codes(text, n, deep) == std::vector<std::string>{"fabric-not-exportable"});
   n.devices[0].info.fabric_handle = false;
   CHECK(codes(text, n, deep) == std::vector<std::string>{"handle-type-unsupported"});

@@ -1,0 +1,73 @@
+// One client's conversation with the holder, without the socket: request bytes in, reply frames
+// out (docs/protocol.md). The server moves the bytes between the socket and a Conversation; the
+// protocol fuzzer feeds its input to the same class, so what it tests is what the server runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/fd.h"
+#include "protocol/protocol.h"
+
+namespace cupool {
+
+class Holder;
+
+// A frame to send; `fd` rides with its first byte (SCM_RIGHTS).
+struct OutFrame {
+  std::string bytes;
+  std::size_t sent = 0;
+  Fd fd;
+};
+
+// The reply frame for an error: {"id": id, "ok": false, "error": {"code", "message"}}.
+nlohmann::ordered_json error_body(const nlohmann::ordered_json& id, const std::string& code, const std::string& message);
+
+class Conversation {
+ public:
+  // `client` is the holder's id of the connection (Holder::connect).
+  Conversation(Holder& holder, std::uint64_t client) : holder_(holder), client_(client) {}
+
+  // Takes received bytes, at most up to the end of one frame, and returns how many it took. When
+  // they complete a frame, the request is handled and its reply queued. A malformed frame queues a
+  // bad_frame reply and the conversation is closing: it takes no more bytes.
+  std::size_t receive(const char* data, std::size_t size);
+  // Refuses the stream: queues a bad_frame reply saying `why`; the conversation is closing.
+  void refuse(const std::string& why);
+  // Queues a reply or notice. A body that does not fit a frame is replaced by an "internal" error
+  // (and `fd` is closed).
+  void queue(const nlohmann::ordered_json& body, proto::Kind kind = proto::Kind::reply, int fd = -1);
+
+  // Frames waiting to be sent, oldest first, and their unsent bytes.
+  std::deque<OutFrame>& out() { return out_; }
+  std::size_t queued_bytes() const { return queued_; }
+  // Records that `n` bytes of the front frame went out; pops it when all did.
+  void sent(std::size_t n);
+
+  std::uint64_t client() const { return client_; }
+  // After a malformed frame: close once the queue is flushed.
+  bool closing() const { return closing_; }
+  // Between a frame's first byte and its last.
+  bool mid_frame() const { return decoder_.mid_frame(); }
+
+  // Called after each request was handled, with the request and its reply (for tests and
+  // fuzzers that judge what requests did).
+  std::function<void(const nlohmann::ordered_json& request, const nlohmann::ordered_json& reply)> on_reply;
+
+ private:
+  void handle(const std::string& payload);
+
+  Holder& holder_;
+  std::uint64_t client_;
+  proto::FrameDecoder decoder_{proto::Kind::request};
+  std::deque<OutFrame> out_;
+  std::size_t queued_ = 0;
+  bool closing_ = false;
+};
+
+}  // namespace cupool
