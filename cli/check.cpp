@@ -6,8 +6,8 @@
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "device/query.h"
-#include "spec/check.h"
 #include "spec/config.h"
+#include "spec/load.h"
 
 namespace cupool::cli {
 
@@ -62,19 +62,19 @@ Verb add_check(CLI::App& app) {
   return {sub, [args](Context& ctx) {
     const Format format = parse_format(args->format);
     const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
-    Diagnostics diags;
-    const Config config = parse_config(file, diags);
-
-    std::optional<NodeReport> node;
-    if (!diags.has_invalid_input()) {
-      auto backend = ctx.make_backend(args->profile);
-      QueryOptions q;
-      q.deep = args->deep;
-      node = build_report(*backend, q);
-      CheckOptions options;
-      options.deep = args->deep;
-      check_config(config, *node, diags, options);
-    }
+    CheckOptions options;
+    options.deep = args->deep;
+    const Judged judged = judge_config(
+        file,
+        [&] {
+          auto backend = ctx.make_backend(args->profile);
+          QueryOptions q;
+          q.deep = args->deep;
+          return build_report(*backend, q);
+        },
+        Scope::all, options);
+    const Diagnostics& diags = judged.diags;
+    const std::optional<NodeReport>& node = judged.node;
 
     ExitCode code = ExitCode::ok;
     if (diags.has_invalid_input()) code = ExitCode::invalid_input;

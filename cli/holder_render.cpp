@@ -194,10 +194,6 @@ json reply_body(const json& reply) {
   return body;
 }
 
-std::string format_threshold(std::uint64_t bytes) {
-  return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : format_bytes(bytes);
-}
-
 std::string format_duration(std::uint64_t seconds) {
   const std::uint64_t days = seconds / 86400;
   const std::uint64_t hours = seconds / 3600 % 24;

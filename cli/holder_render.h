@@ -21,8 +21,6 @@ class SourceFile;
 // The reply without its envelope ("id", "ok"): what --format json/yaml prints.
 nlohmann::ordered_json reply_body(const nlohmann::ordered_json& reply);
 
-// A release threshold in bytes: "max" for 2^64-1 (the config's `max`), else format_bytes.
-std::string format_threshold(std::uint64_t bytes);
 // Seconds as "45s", "2m 5s", "1h 0m", "3d 4h".
 std::string format_duration(std::uint64_t seconds);
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <utility>
 
 namespace cupool {
@@ -134,6 +135,10 @@ std::string format_bytes(std::uint64_t bytes) {
     std::snprintf(buf, sizeof buf, "%.1f %s", value, names[unit]);
   }
   return buf;
+}
+
+std::string format_threshold(std::uint64_t bytes) {
+  return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : format_bytes(bytes);
 }
 
 }  // namespace cupool

@@ -19,6 +19,9 @@ std::optional<double> parse_percent(std::string_view text);
 // "32 GiB", "1.5 MiB", "512 B": the largest binary unit that keeps the number >= 1.
 std::string format_bytes(std::uint64_t bytes);
 
+// A release threshold: "max" for 2^64-1 (the config's `max`), else format_bytes.
+std::string format_threshold(std::uint64_t bytes);
+
 // The valid units, for messages.
 extern const char* const kSizeUnitsHelp;
 

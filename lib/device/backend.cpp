@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "base/units.h"
+
 namespace cupool {
 
 const char* handle_type_name(HandleType type) {
@@ -31,5 +33,20 @@ CudaError::CudaError(std::string api, int result, std::string name, std::string 
       result_(result),
       name_(std::move(name)),
       description_(std::move(description)) {}
+
+std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSettings& to) {
+  std::vector<SettingChange> out;
+  auto text = [](bool b) { return std::string(b ? "true" : "false"); };
+  if (from.release_threshold != to.release_threshold)
+    out.push_back({"release_threshold", format_threshold(from.release_threshold), format_threshold(to.release_threshold)});
+  if (from.follow_event_dependencies != to.follow_event_dependencies)
+    out.push_back({"reuse.follow_event_dependencies", text(from.follow_event_dependencies), text(to.follow_event_dependencies)});
+  if (from.allow_opportunistic != to.allow_opportunistic)
+    out.push_back({"reuse.allow_opportunistic", text(from.allow_opportunistic), text(to.allow_opportunistic)});
+  if (from.allow_internal_dependencies != to.allow_internal_dependencies)
+    out.push_back({"reuse.allow_internal_dependencies", text(from.allow_internal_dependencies),
+                   text(to.allow_internal_dependencies)});
+  return out;
+}
 
 }  // namespace cupool

@@ -91,13 +91,31 @@ struct PoolProps {
   std::uint64_t max_size = 0;      // 0: the driver's default
 };
 
-// A pool's settable attributes (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD and the reuse policies).
+// A pool's settable attributes (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD and the reuse policies). The
+// defaults are the driver's for a new pool. The one value that the config's settings become
+// (spec/resolve.h) and that the holder, the in-process apply and the backends use.
 struct PoolSettings {
-  std::uint64_t release_threshold = 0;
+  std::uint64_t release_threshold = 0;  // bytes; UINT64_MAX for the config's max
   bool follow_event_dependencies = true;
   bool allow_opportunistic = true;
   bool allow_internal_dependencies = true;
+
+  bool operator==(const PoolSettings& o) const {
+    return release_threshold == o.release_threshold && follow_event_dependencies == o.follow_event_dependencies &&
+           allow_opportunistic == o.allow_opportunistic && allow_internal_dependencies == o.allow_internal_dependencies;
+  }
+  bool operator!=(const PoolSettings& o) const { return !(*this == o); }
 };
+
+// One setting that differs between two PoolSettings: its name in the config
+// ("release_threshold", "reuse.allow_opportunistic") and both values as text ("max", "true").
+struct SettingChange {
+  std::string field;
+  std::string from;
+  std::string to;
+};
+// The settings that differ, in the config's order.
+std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSettings& to);
 
 // A pool's usage attributes, in bytes (CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}).
 struct PoolUsage {

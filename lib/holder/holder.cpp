@@ -10,7 +10,7 @@
 #include "base/output.h"
 #include "base/text.h"
 #include "base/units.h"
-#include "spec/check.h"
+#include "spec/load.h"
 
 namespace cupool {
 
@@ -62,8 +62,6 @@ Json handle_names_json(std::uint32_t mask) {
   return out;
 }
 
-std::string bool_text(bool b) { return b ? "true" : "false"; }
-
 std::string list_text(const std::vector<int>& v) {
   std::vector<std::string> parts;
   for (int i : v) parts.push_back(std::to_string(i));
@@ -77,93 +75,6 @@ std::string share_text(const ShareRule& s) {
 }
 
 }  // namespace
-
-// ---- config -> desired state ----
-
-Desired desired_from_config(const std::string& text, const std::string& path, const NodeReport& node,
-                            std::string* warnings) {
-  const SourceFile file(path, text);
-  Diagnostics diags;
-  const Config config = parse_config(file, diags);
-  if (!diags.has_invalid_input()) check_config(config, node, diags);
-  if (diags.has_errors() || diags.has_invalid_input()) {
-    Json findings = Json::array();
-    for (const auto& d : diags.sorted()) findings.push_back(to_json(d, path));
-    throw ConfigRejected(path + ": " + summary_line(diags), findings, render_text(diags, file), diags.has_invalid_input());
-  }
-  if (warnings && !diags.all().empty()) *warnings = render_text(diags, file);
-
-  auto resolve = [&](const DeviceList& list) {
-    std::vector<int> out;
-    if (list.all) {
-      for (const auto& d : node.devices) out.push_back(d.info.ordinal);
-      return out;
-    }
-    for (const auto& s : list.items)
-      if (auto o = resolve_device(node, s.value); o && std::find(out.begin(), out.end(), *o) == out.end())
-        out.push_back(*o);
-    return out;
-  };
-
-  Desired want;
-  if (config.holder.socket.set) want.holder.socket = config.holder.socket.value;
-  if (config.holder.mode.set) want.holder.mode = config.holder.mode.value;
-  if (config.holder.group.set) want.holder.group = config.holder.group.value;
-
-  for (const PoolSpec& p : config.pools) {
-    for (int device : resolve(p.devices)) {
-      PoolWant w;
-      w.name = p.name.value;
-      w.device = device;
-      const PoolLocation loc = p.location.set ? p.location.value : PoolLocation{};
-      w.props.location = loc.kind == PoolLocation::Kind::device  ? PoolProps::Location::device
-                         : loc.kind == PoolLocation::Kind::host ? PoolProps::Location::host
-                                                                 : PoolProps::Location::host_numa;
-      w.props.location_id = loc.kind == PoolLocation::Kind::device ? device : loc.kind == PoolLocation::Kind::host ? 0 : loc.numa_id;
-      w.props.managed = p.alloc_type.set && p.alloc_type.value == AllocType::managed;
-      w.props.handle_types = p.handle_mask();
-      w.props.max_size = p.max_size.set ? p.max_size.value : 0;
-      const std::uint64_t memory = node.device(device) ? node.device(device)->info.total_memory : 0;
-      w.settings.release_threshold = p.release_threshold.set ? p.release_threshold.value.resolve(memory) : 0;
-      w.threshold_text = p.release_threshold.set ? p.release_threshold.value.text : "0B";
-      if (p.reuse) {
-        if (p.reuse->follow_event_dependencies.set) w.settings.follow_event_dependencies = p.reuse->follow_event_dependencies.value;
-        if (p.reuse->allow_opportunistic.set) w.settings.allow_opportunistic = p.reuse->allow_opportunistic.value;
-        if (p.reuse->allow_internal_dependencies.set) w.settings.allow_internal_dependencies = p.reuse->allow_internal_dependencies.value;
-      }
-      if (p.access)
-        for (int peer : resolve(*p.access))
-          if (peer != device) w.access.push_back(peer);
-      std::sort(w.access.begin(), w.access.end());
-      if (p.share) {
-        w.share.set = true;
-        for (const auto& u : p.share->users) w.share.users.push_back(u.value);
-        for (const auto& g : p.share->groups) w.share.groups.push_back(g.value);
-        w.share.quota_per_client = p.share->quota_per_client.set ? p.share->quota_per_client.value : 0;
-      }
-      w.reserve = p.reserve.set ? p.reserve.value : 0;
-      want.pools.push_back(std::move(w));
-    }
-  }
-  for (const BufferSpec& b : config.buffers) {
-    BufferWant w;
-    w.name = b.name.value;
-    w.pool = b.pool.value;
-    w.size = b.size.value;
-    if (b.device.set) {
-      w.device = resolve_device(node, b.device.value).value_or(0);
-    } else {
-      // A buffer without a device lives on its pool's first device.
-      for (const auto& p : want.pools)
-        if (p.name == w.pool) {
-          w.device = p.device;
-          break;
-        }
-    }
-    want.buffers.push_back(std::move(w));
-  }
-  return want;
-}
 
 Json Change::to_json() const {
   Json j;
@@ -279,15 +190,11 @@ std::vector<Change> Holder::plan(const Desired& want) const {
       auto update = [&](const char* field, const std::string& from, const std::string& to) {
         changes.push_back({"update", "pool", key.first, key.second, field, from, to, ""});
       };
-      const PoolSettings& s = h.want.settings;
-      const PoolSettings& t = w->settings;
-      if (s.release_threshold != t.release_threshold) update("release_threshold", h.want.threshold_text, w->threshold_text);
-      if (s.follow_event_dependencies != t.follow_event_dependencies)
-        update("reuse.follow_event_dependencies", bool_text(s.follow_event_dependencies), bool_text(t.follow_event_dependencies));
-      if (s.allow_opportunistic != t.allow_opportunistic)
-        update("reuse.allow_opportunistic", bool_text(s.allow_opportunistic), bool_text(t.allow_opportunistic));
-      if (s.allow_internal_dependencies != t.allow_internal_dependencies)
-        update("reuse.allow_internal_dependencies", bool_text(s.allow_internal_dependencies), bool_text(t.allow_internal_dependencies));
+      for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
+        // The threshold as the files wrote it ("75%"), not only its bytes.
+        if (ch.field == "release_threshold") update("release_threshold", h.want.threshold_text, w->threshold_text);
+        else update(ch.field.c_str(), ch.from, ch.to);
+      }
       if (h.want.access != w->access) {
         // Access can be given but not taken back from memory already handed out.
         bool revokes = false;
@@ -394,10 +301,7 @@ void Holder::create_pool(const PoolWant& w) {
 }
 
 void Holder::update_pool(HeldPool& held, const PoolWant& w) {
-  if (!(held.want.settings.release_threshold == w.settings.release_threshold &&
-        held.want.settings.follow_event_dependencies == w.settings.follow_event_dependencies &&
-        held.want.settings.allow_opportunistic == w.settings.allow_opportunistic &&
-        held.want.settings.allow_internal_dependencies == w.settings.allow_internal_dependencies)) {
+  if (held.want.settings != w.settings) {
     backend_.set_pool_settings(held.handle, w.settings);
     held.want.settings = w.settings;
     held.want.threshold_text = w.threshold_text;
@@ -848,15 +752,14 @@ Json Holder::op_plan(Client& c, proto::Args& a, bool apply) {
     require_admin(c, "apply");
     require_not_draining("apply");
   }
-  std::string warnings;
-  // A ConfigRejected goes up: the server answers invalid_config with the findings.
-  const Desired want = desired_from_config(text, valid_utf8(path), node_, &warnings);
-  std::vector<Change> changes = apply ? this->apply(want) : plan(want);
+  // A ConfigRejected goes up: the conversation answers invalid_config with the findings.
+  const Loaded loaded = load_config(SourceFile(valid_utf8(path), text), node_, Scope::all);
+  std::vector<Change> changes = apply ? this->apply(loaded.desired) : plan(loaded.desired);
   Json out;
   out["applied"] = apply;
   out["changes"] = Json::array();
   for (const auto& ch : changes) out["changes"].push_back(ch.to_json());
-  out["warnings"] = warnings;
+  out["warnings"] = loaded.warnings;
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include "device/node.h"
 #include "protocol/protocol.h"
 #include "spec/config.h"
+#include "spec/resolve.h"
 
 namespace cupool {
 
@@ -29,54 +30,6 @@ struct Peer {
   std::string user;                      // name of uid ("" when unknown)
   std::vector<std::string> group_names;  // names of the primary and supplementary groups
 };
-
-// A pool's share list: who besides the holder's own user and root may use it.
-struct ShareRule {
-  bool set = false;
-  std::vector<std::string> users;
-  std::vector<std::string> groups;
-  std::uint64_t quota_per_client = 0;  // 0: no quota
-  bool operator==(const ShareRule& o) const {
-    return set == o.set && users == o.users && groups == o.groups && quota_per_client == o.quota_per_client;
-  }
-};
-
-// One pool on one device, as a config asks for it.
-struct PoolWant {
-  std::string name;
-  int device = 0;
-  PoolProps props;
-  PoolSettings settings;
-  std::string threshold_text;  // as written ("max", "75%", "8GiB"; "0B" when unset)
-  std::vector<int> access;     // peers other than `device`, ascending
-  ShareRule share;
-  std::uint64_t reserve = 0;
-};
-
-struct BufferWant {
-  std::string name;
-  std::string pool;
-  int device = 0;
-  std::uint64_t size = 0;
-};
-
-struct HolderWant {
-  std::string socket = kDefaultSocket;
-  unsigned mode = 0660;
-  std::string group;
-};
-
-// What a config file asks the holder to hold.
-struct Desired {
-  HolderWant holder;
-  std::vector<PoolWant> pools;
-  std::vector<BufferWant> buffers;
-};
-
-// Parses and checks a config against `node` exactly like `cupool check`, and resolves it into
-// per-device pools. Throws ConfigRejected when it has errors; warnings are returned in `warnings`.
-Desired desired_from_config(const std::string& text, const std::string& path, const NodeReport& node,
-                            std::string* warnings = nullptr);
 
 // One difference between what is held and what a config asks for.
 struct Change {

@@ -33,6 +33,7 @@
 #include "holder/holder.h"
 #include "protocol/protocol.h"
 #include "spec/diagnostics.h"
+#include "spec/load.h"
 
 namespace cupool {
 
@@ -396,11 +397,10 @@ void Server::reload() {
                   std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count()));
   try {
     const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
-    std::string warnings;
-    const Desired want = desired_from_config(file.text(), file.path(), build_report(backend_), &warnings);
-    if (!warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, warnings);
+    const Loaded loaded = load_config(file, [this] { return build_report(backend_); }, Scope::all);
+    if (!loaded.warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, loaded.warnings);
     const HolderWant before = holder_->holder_settings();
-    const std::vector<Change> changes = holder_->apply(want);
+    const std::vector<Change> changes = holder_->apply(loaded.desired);
     if (before.mode != holder_->holder_settings().mode || before.group != holder_->holder_settings().group)
       set_socket_permissions();
     ++reloads_;
@@ -463,15 +463,15 @@ int Server::run() {
 
   const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
   const NodeReport node = build_report(backend_);
-  std::string warnings;
   Desired want;
   try {
-    want = desired_from_config(file.text(), file.path(), node, &warnings);
+    Loaded loaded = load_config(file, node, Scope::all);
+    if (!loaded.warnings.empty()) std::fputs(loaded.warnings.c_str(), stderr);
+    want = std::move(loaded.desired);
   } catch (const ConfigRejected& e) {
     std::fputs(e.rendered().c_str(), stderr);
     throw Error(e.code(), file.path() + " can't be held (" + e.what() + ")");
   }
-  if (!warnings.empty()) std::fputs(warnings.c_str(), stderr);
   if (!options_.socket.empty()) want.holder.socket = options_.socket;
 
   open_lock(want.holder.socket);

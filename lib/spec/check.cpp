@@ -19,16 +19,18 @@ std::string hex(std::uint32_t v) {
 
 class Checker {
  public:
-  Checker(const Config& c, const NodeReport& n, Diagnostics& d, const CheckOptions& o) : c_(c), n_(n), d_(d), o_(o) {
+  Checker(const Config& c, const Desired& w, const NodeReport& n, Diagnostics& d, const CheckOptions& o)
+      : c_(c), w_(w), n_(n), d_(d), o_(o) {
     where_ = n_.source.simulated ? "the node in " + n_.source.profile_path : "this node";
   }
 
   void run() {
     check_process();
     std::map<std::string, const PoolSpec*> pools;
-    for (const auto& p : c_.pools) {
+    for (std::size_t entry = 0; entry < c_.pools.size(); ++entry) {
+      const PoolSpec& p = c_.pools[entry];
       unique_name(pools, "pool", p.name, &p);
-      check_pool(p);
+      check_pool(p, entry);
     }
     check_buffers(pools);
     check_free_memory();
@@ -74,24 +76,28 @@ class Checker {
     return std::nullopt;
   }
 
-  // Ordinals a device list selects; unknown devices are reported, duplicates warned.
+  // Ordinals a device list selects (the resolver's answer); unknown devices are reported,
+  // duplicates warned, in the order written.
   std::vector<int> resolve(const DeviceList& list) {
-    std::vector<int> out;
-    if (list.all) {
-      for (const auto& d : n_.devices) out.push_back(d.info.ordinal);
-      return out;
-    }
-    std::set<int> seen;
+    const DeviceSelection selection = select_devices(list, n_);
+    std::size_t unknown = 0, repeated = 0;
     for (const auto& s : list.items) {
-      auto ordinal = resolve_one(s);
-      if (!ordinal) continue;
-      if (!seen.insert(*ordinal).second) {
-        d_.warning("duplicate-device", s.loc, "'" + s.value.text + "' names " + label(*ordinal) + ", which is already listed");
-        continue;
+      if (unknown < selection.unknown.size() && selection.unknown[unknown] == &s) {
+        ++unknown;
+        resolve_one(s);
+      } else if (repeated < selection.repeated.size() && selection.repeated[repeated].first == &s) {
+        const int ordinal = selection.repeated[repeated++].second;
+        d_.warning("duplicate-device", s.loc, "'" + s.value.text + "' names " + label(ordinal) + ", which is already listed");
       }
-      out.push_back(*ordinal);
     }
-    return out;
+    return selection.ordinals;
+  }
+
+  // The resolver's pool for config entry `entry` on `device`.
+  const PoolWant& want(std::size_t entry, int device) const {
+    for (const PoolWant& w : w_.pools)
+      if (w.entry == entry && w.device == device) return w;
+    throw std::logic_error("check: no resolved pool for entry " + std::to_string(entry) + " on device " + std::to_string(device));
   }
 
   const DeviceInfo& info(int ordinal) const { return n_.device(ordinal)->info; }
@@ -133,7 +139,8 @@ class Checker {
     }
   }
 
-  // The sizes of one pool (a declared pool or process.current_pool).
+  // The sizes of one pool (a declared pool or process.current_pool) as written, and its release
+  // threshold on the device at hand as the resolver made it.
   struct Sizes {
     const At<std::uint64_t>& reserve;
     const At<std::uint64_t>& max_size;
@@ -148,11 +155,10 @@ class Checker {
   }
 
   // The rules that depend on device `d`'s memory; each reported once per pool (the flags).
-  void check_sizes(const Sizes& s, int d, const std::string& what, bool device_located, bool& reported_threshold,
-                   bool& reported_max) {
+  void check_sizes(const Sizes& s, std::uint64_t threshold, int d, const std::string& what, bool device_located,
+                   bool& reported_threshold, bool& reported_max) {
     const std::uint64_t memory = info(d).total_memory;
     if (s.reserve.set && s.threshold.set && !reported_threshold) {
-      const std::uint64_t threshold = s.threshold.value.resolve(memory);
       if (s.reserve.value > threshold) {
         reported_threshold = true;
         const std::string shown = s.threshold.value.kind == Threshold::Kind::percent
@@ -202,13 +208,20 @@ class Checker {
     for (int d : devices) {
       if (!require_pools(d, p.devices.loc.line ? p.devices.loc : cp.loc, what)) continue;
       if (cp.access) check_access(*cp.access, d, "its current pool");
-      check_sizes(sizes, d, what, true, reported_threshold, reported_max);
+      check_sizes(sizes, current_threshold(d), d, what, true, reported_threshold, reported_max);
       if (cp.reserve.set && cp.reserve.value > 0)
         reservations_[d].push_back({what + " reserve", cp.reserve.value, cp.reserve.loc});
     }
   }
 
-  void check_pool(const PoolSpec& p) {
+  // The release threshold process.current_pool gets on `device` (a new pool: unset is the driver's 0).
+  std::uint64_t current_threshold(int device) const {
+    for (const ProcessDeviceWant& w : w_.process)
+      if (w.device == device && w.current_pool) return w.current_pool->settings.over(PoolSettings{}).release_threshold;
+    return 0;
+  }
+
+  void check_pool(const PoolSpec& p, std::size_t entry) {
     const std::string what = p.name.set ? "pool '" + p.name.value + "'" : "this pool";
     const std::vector<int> devices = resolve(p.devices);
     const PoolLocation location = p.location.set ? p.location.value : PoolLocation{};
@@ -284,7 +297,8 @@ class Checker {
       if (p.access && location.kind == PoolLocation::Kind::device) check_access(*p.access, d, what);
 
       const std::uint64_t memory = dev.total_memory;
-      check_sizes(sizes, d, what, location.kind == PoolLocation::Kind::device, reported_threshold, reported_max);
+      check_sizes(sizes, want(entry, d).settings.release_threshold, d, what, location.kind == PoolLocation::Kind::device,
+                  reported_threshold, reported_max);
       if (p.share && p.share->quota_per_client.set && !reported_quota) {
         const std::uint64_t quota = p.share->quota_per_client.value;
         if (p.max_size.set && quota > p.max_size.value) {
@@ -397,6 +411,7 @@ class Checker {
   }
 
   const Config& c_;
+  const Desired& w_;
   const NodeReport& n_;
   Diagnostics& d_;
   CheckOptions o_;
@@ -406,8 +421,9 @@ class Checker {
 
 }  // namespace
 
-void check_config(const Config& config, const NodeReport& node, Diagnostics& diags, const CheckOptions& options) {
-  Checker(config, node, diags, options).run();
+void check_config(const Config& config, const Desired& desired, const NodeReport& node, Diagnostics& diags,
+                  const CheckOptions& options) {
+  Checker(config, desired, node, diags, options).run();
 }
 
 }  // namespace cupool

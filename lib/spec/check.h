@@ -4,6 +4,7 @@
 #include "device/node.h"
 #include "spec/config.h"
 #include "spec/diagnostics.h"
+#include "spec/resolve.h"
 
 namespace cupool {
 
@@ -12,7 +13,9 @@ struct CheckOptions {
   bool deep = false;
 };
 
-// Adds a finding to `diags` for every rule the config breaks on `node`.
-void check_config(const Config& config, const NodeReport& node, Diagnostics& diags, const CheckOptions& options = {});
+// Adds a finding to `diags` for every rule the config breaks on `node`; `desired` is what
+// resolve(config, node) made of it (spec/load.h does both).
+void check_config(const Config& config, const Desired& desired, const NodeReport& node, Diagnostics& diags,
+                  const CheckOptions& options = {});
 
 }  // namespace cupool

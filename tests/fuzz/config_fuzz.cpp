@@ -10,8 +10,8 @@
 #include "device/sim_backend.h"
 #include "holder/holder.h"
 #include "process/process.h"
-#include "spec/check.h"
 #include "spec/config.h"
+#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -23,13 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return n;
   }();
   const cupool::SourceFile file("fuzz.yaml", std::string(reinterpret_cast<const char*>(data), size));
-  cupool::Diagnostics diags;
-  const cupool::Config config = cupool::parse_config(file, diags);
-  if (!diags.has_invalid_input()) {
-    cupool::CheckOptions options;
-    options.deep = (size % 2) == 0;
-    cupool::check_config(config, node, diags, options);
-  }
+  cupool::CheckOptions options;
+  options.deep = (size % 2) == 0;
+  const cupool::Judged judged = cupool::judge_config(file, [] { return node; }, cupool::Scope::all, options);
+  const cupool::Diagnostics& diags = judged.diags;
+  const cupool::Config& config = judged.config;
   if (!diags.has_invalid_input() && !diags.has_errors() && config.process) {
     cupool::SimBackend sim(node);
     try {

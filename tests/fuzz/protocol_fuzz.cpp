@@ -29,6 +29,7 @@
 #include "holder/conversation.h"
 #include "holder/holder.h"
 #include "protocol/protocol.h"
+#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 namespace {
@@ -137,7 +138,7 @@ void check_export(const cupool::Holder& holder, const cupool::NodeReport& node, 
   const std::string text = holder.export_config();
   cupool::Desired again;
   try {
-    again = cupool::desired_from_config(text, "export.yaml", node);
+    again = cupool::load_config(cupool::SourceFile("export.yaml", text), node, cupool::Scope::all).desired;
   } catch (const cupool::ConfigRejected& e) {
     finding("export is not a config that apply accepts:\n" + e.rendered() + "\n" + text);
   }
@@ -163,7 +164,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     spdlog::set_level(spdlog::level::off);
     return cupool::test::two_gpu_node();
   }();
-  static const cupool::Desired want = cupool::desired_from_config(kConfig, "fuzz.yaml", node);
+  static const cupool::Desired want = cupool::load_config(cupool::SourceFile("fuzz.yaml", kConfig), node, cupool::Scope::all).desired;
   if (size == 0) return 0;
 
   cupool::SimBackend sim(node);

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "base/units.h"
 #include "cli/holder_render.h"
 #include "spec/diagnostics.h"
 

@@ -499,3 +499,21 @@ TEST_CASE("a failed probe is explained where the report is made") {
   ExportProbe other{HandleType::posix_fd, false, "CUDA_ERROR_LAUNCH_FAILED", "cuMemAllocFromPoolAsync", "", "unspecified launch failure"};
   CHECK(explain_probe(other) == "unspecified launch failure");
 }
+
+TEST_CASE("pool settings: one equality, one diff in the config's words") {
+  PoolSettings a;
+  PoolSettings b = a;
+  CHECK(a == b);
+  b.release_threshold = UINT64_MAX;
+  b.allow_internal_dependencies = false;
+  CHECK(a != b);
+  const auto diff = diff_settings(a, b);
+  REQUIRE(diff.size() == 2);
+  CHECK(diff[0].field == "release_threshold");
+  CHECK(diff[0].from == "0 B");
+  CHECK(diff[0].to == "max");
+  CHECK(diff[1].field == "reuse.allow_internal_dependencies");
+  CHECK(diff[1].from == "true");
+  CHECK(diff[1].to == "false");
+  CHECK(diff_settings(b, b).empty());
+}

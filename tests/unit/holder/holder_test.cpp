@@ -5,6 +5,7 @@
 
 #include "device/sim_backend.h"
 #include "holder/holder.h"
+#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;
@@ -47,7 +48,7 @@ struct Fixture {
   Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000};
 
   Fixture() { holder.adopt_holder_settings(want().holder); }
-  Desired want(const std::string& text = kConfig) { return desired_from_config(text, "test.yaml", test::two_gpu_node()); }
+  Desired want(const std::string& text = kConfig) { return load_config(SourceFile("test.yaml", text), test::two_gpu_node(), Scope::all).desired; }
 
   std::uint64_t client(const Peer& p) {
     const std::uint64_t id = holder.connect(p);
@@ -202,7 +203,7 @@ TEST_CASE("export is a config that applies to the same holder with no changes") 
   f.holder.apply(f.want());
   const std::string exported = f.holder.export_config();
   CHECK(exported.find("name: kv") != std::string::npos);
-  const Desired back = desired_from_config(exported, "export.yaml", test::two_gpu_node());
+  const Desired back = load_config(SourceFile("export.yaml", exported), test::two_gpu_node(), Scope::all).desired;
   const auto changes = f.holder.plan(back);
   for (const auto& c : changes) INFO(c.to_json().dump());
   CHECK(changes.empty());
@@ -301,7 +302,7 @@ TEST_CASE("a pool name is replaced on all its devices or on none") {
   f.holder.apply(f.want(bigger));
   for (std::size_t i = before; i < f.sim.calls().size(); ++i) CHECK(f.sim.calls()[i].rfind("destroy_pool", 0) != 0);
   // export still describes one pool that applies to itself unchanged.
-  CHECK(f.holder.plan(desired_from_config(f.holder.export_config(), "export.yaml", test::two_gpu_node())).empty());
+  CHECK(f.holder.plan(load_config(SourceFile("export.yaml", f.holder.export_config()), test::two_gpu_node(), Scope::all).desired).empty());
 }
 
 TEST_CASE("connection limits: per user for everyone but admins, and a reserve that keeps admins in") {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "spec/check.h"
+#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;
@@ -11,10 +11,9 @@ namespace {
 
 // Parses `text` (which must be valid) and checks it against `node`; returns the finding codes.
 std::vector<std::string> codes(const std::string& text, const NodeReport& node, const CheckOptions& o = {}) {
-  Diagnostics d;
-  const Config c = parse_config(SourceFile("t.yaml", text), d);
+  const Judged j = judge_config(SourceFile("t.yaml", text), [&] { return node; }, Scope::all, o);
+  const Diagnostics& d = j.diags;
   REQUIRE_MESSAGE(!d.has_invalid_input(), render_text(d, SourceFile("t.yaml", text)));
-  check_config(c, node, d, o);
   std::vector<std::string> out;
   for (const auto& f : d.sorted()) out.push_back(f.code);
   return out;
@@ -119,9 +118,8 @@ TEST_CASE("findings name the node they were judged against") {
   n.source.simulated = true;
   n.source.profile_path = "p.yaml";
   n.peer_access[1][0] = false;
-  Diagnostics d;
   const std::string text = "version: 1\npools: [{name: a, devices: [0], access: [1]}]\n";
-  check_config(parse_config(SourceFile("t.yaml", text), d), n, d);
+  const Diagnostics d = judge_config(SourceFile("t.yaml", text), [&] { return n; }, Scope::all).diags;
   REQUIRE(d.all().size() == 1);
   CHECK(d.all()[0].fact == "cuDeviceCanAccessPeer(1, 0) = 0 on the node in p.yaml");
   CHECK(d.all()[0].loc.line == 2);

@@ -1,0 +1,44 @@
+#include "spec/load.h"
+
+namespace cupool {
+
+Judged judge_config(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope,
+                    const CheckOptions& options) {
+  Judged out;
+  out.config = parse_config(file, out.diags);
+  if (out.diags.has_invalid_input()) return out;
+  out.node = node();
+  Config judged;
+  if (scope == Scope::process) {
+    judged.version = out.config.version;
+    judged.process = out.config.process;
+  }
+  const Config& config = scope == Scope::all ? out.config : judged;
+  out.desired = resolve(config, *out.node);
+  check_config(config, *out.desired, *out.node, out.diags, options);
+  return out;
+}
+
+ConfigRejected rejection(const Diagnostics& diags, const SourceFile& file) {
+  nlohmann::ordered_json findings = nlohmann::ordered_json::array();
+  for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
+  return ConfigRejected(file.path() + ": " + summary_line(diags), findings, render_text(diags, file),
+                        diags.has_invalid_input());
+}
+
+Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope) {
+  Judged judged = judge_config(file, node, scope);
+  if (judged.rejected()) throw rejection(judged.diags, file);
+  Loaded out;
+  out.config = std::move(judged.config);
+  out.node = std::move(*judged.node);
+  out.desired = std::move(*judged.desired);
+  if (!judged.diags.all().empty()) out.warnings = render_text(judged.diags, file);
+  return out;
+}
+
+Loaded load_config(const SourceFile& file, const NodeReport& node, Scope scope) {
+  return load_config(file, [&node] { return node; }, scope);
+}
+
+}  // namespace cupool
