@@ -12,6 +12,7 @@ using E = ExitCode;
 
 // The table. Where two rows share a wire name or a C status, the first one stands for it when
 // one is read back (errc_from_wire, errc_from_c_status).
+// clang-format off
 constexpr ErrcInfo kTable[] = {
     // errc                    wire                    C status                exit here            exit, from a holder
     {Errc::invalid_input,        "bad_request",          CUPOOL_E_INVALID,       E::invalid_input,      E::invalid_input},
@@ -35,6 +36,7 @@ constexpr ErrcInfo kTable[] = {
     {Errc::draining,             "draining",             CUPOOL_E_BUSY,          E::holder_unreachable, E::holder_unreachable},
     {Errc::internal,             "internal",             CUPOOL_E_INTERNAL,      E::does_not_fit,       E::does_not_fit},
 };
+// clang-format on
 
 // Every code has its row, at its own index.
 constexpr bool table_complete() {

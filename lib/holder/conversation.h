@@ -7,9 +7,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "base/fd.h"
 #include "protocol/protocol.h"
@@ -26,7 +25,8 @@ struct OutFrame {
 };
 
 // The reply frame for an error: {"id": id, "ok": false, "error": {"code", "message"}}.
-nlohmann::ordered_json error_body(const nlohmann::ordered_json& id, const std::string& code, const std::string& message);
+nlohmann::ordered_json error_body(const nlohmann::ordered_json& id, const std::string& code,
+                                  const std::string& message);
 
 class Conversation {
  public:

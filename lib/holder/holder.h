@@ -145,16 +145,41 @@ class Holder {
   void require_not_draining(const char* op) const;
   std::string device_uuid(int device) const;
 
-  Json op_hello(Client& c, proto::Args& a);
-  Json op_list(Client& c);
-  Json op_import_pool(Client& c, proto::Args& a, int& fd_out);
-  Json op_alloc(std::uint64_t id, Client& c, proto::Args& a);
-  Json op_free(Client& c, proto::Args& a);
-  Json op_buffer_open(Client& c, proto::Args& a);
-  Json op_buffer_close(Client& c, proto::Args& a);
-  Json op_buffer_create(Client& c, proto::Args& a);
-  Json op_buffer_remove(Client& c, proto::Args& a);
-  Json op_plan(Client& c, proto::Args& a, bool apply);
+  // One request being served: its connection, its arguments, and where a reply's descriptor goes.
+  struct Request {
+    std::uint64_t id;
+    Client& client;
+    proto::Args& args;
+    int& fd_out;
+  };
+  // A row of the request table (requests.cpp): an operation's name and the member that serves it.
+  struct Operation {
+    const char* name;
+    Json (Holder::*serve)(Request&);
+  };
+  static const std::vector<Operation>& operations();
+
+  Json op_hello(Request& r);
+  Json op_list(Request& r);
+  Json op_import_pool(Request& r);
+  Json op_alloc(Request& r);
+  Json op_free(Request& r);
+  Json op_buffer_open(Request& r);
+  Json op_buffer_close(Request& r);
+  Json op_status(Request& r);
+  Json op_stats(Request& r);
+  Json op_trim(Request& r);
+  Json op_plan(Request& r);
+  Json op_apply(Request& r);
+  Json op_export(Request& r);
+  Json op_buffer_create(Request& r);
+  Json op_buffer_remove(Request& r);
+  Json plan_or_apply(Request& r, bool apply);
+
+  // Allocates for client `id` from `p` and records the lease (leases.cpp); returns its id and the
+  // allocation. Throws limit_exceeded, quota_exceeded, out_of_memory or CudaError.
+  std::pair<std::uint64_t, SharedAllocation> grant_lease(std::uint64_t id, Client& c, HeldPool& p, std::uint64_t size,
+                                                         bool synchronize);
 
   void free_lease(std::uint64_t lease) noexcept;
   void create_pool(const PoolWant& w);

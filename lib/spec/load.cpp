@@ -38,7 +38,8 @@ Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& no
 }
 
 Loaded load_config(const SourceFile& file, const NodeReport& node, Scope scope) {
-  return load_config(file, [&node] { return node; }, scope);
+  return load_config(
+      file, [&node] { return node; }, scope);
 }
 
 }  // namespace cupool

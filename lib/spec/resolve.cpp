@@ -38,7 +38,8 @@ SettingsPatch resolve_settings(const At<Threshold>& threshold, const std::option
   if (reuse) {
     if (reuse->follow_event_dependencies.set) out.follow_event_dependencies = reuse->follow_event_dependencies.value;
     if (reuse->allow_opportunistic.set) out.allow_opportunistic = reuse->allow_opportunistic.value;
-    if (reuse->allow_internal_dependencies.set) out.allow_internal_dependencies = reuse->allow_internal_dependencies.value;
+    if (reuse->allow_internal_dependencies.set)
+      out.allow_internal_dependencies = reuse->allow_internal_dependencies.value;
   }
   return out;
 }

@@ -1,0 +1,130 @@
+// The holder's clients and their leases: who is connected, what each one holds and what it may
+// still take (lease limits, quotas), and freeing it all when a client leaves.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "base/error.h"
+#include "base/units.h"
+#include "holder/holder.h"
+#include "holder/names.h"
+
+namespace cupool {
+
+std::uint64_t Holder::connect(const Peer& peer) {
+  const bool admin = peer.uid == 0 || peer.uid == self_uid_;
+  if (clients_.size() >= limits_.max_clients + (admin ? limits_.admin_reserve : 0))
+    throw Error(Errc::limit_exceeded,
+                "the holder serves at most " + std::to_string(limits_.max_clients) + " connections" +
+                    (admin ? " (and " + std::to_string(limits_.admin_reserve) + " more for admins)" : ""));
+  if (!admin) {
+    const auto same_user =
+        std::count_if(clients_.begin(), clients_.end(), [&](const auto& kv) { return kv.second.peer.uid == peer.uid; });
+    if (static_cast<std::size_t>(same_user) >= limits_.max_clients_per_user)
+      throw Error(Errc::limit_exceeded, "the holder serves at most " + std::to_string(limits_.max_clients_per_user) +
+                                            " connections per user, and user " + peer.user + " (uid " +
+                                            std::to_string(peer.uid) + ") has them all");
+  }
+  Client c;
+  c.peer = peer;
+  c.admin = admin;
+  c.connected_at = now_s();
+  clients_[++next_client_] = std::move(c);
+  return next_client_;
+}
+
+void Holder::disconnect(std::uint64_t id) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) return;
+  const std::set<std::uint64_t> leases = it->second.leases;
+  for (std::uint64_t l : leases) free_lease(l);
+  for (const auto& [name, opens] : it->second.open_buffers) {
+    auto b = buffers_.find(name);
+    if (b != buffers_.end()) b->second.opens -= std::min(b->second.opens, opens);
+  }
+  if (!leases.empty())
+    spdlog::info("client {} (pid {}) left; freed {} lease{}", id, it->second.peer.pid, leases.size(),
+                 leases.size() == 1 ? "" : "s");
+  clients_.erase(it);
+}
+
+Holder::Client& Holder::client(std::uint64_t id) {
+  auto it = clients_.find(id);
+  if (it == clients_.end()) throw Error(Errc::internal, "unknown connection");
+  return it->second;
+}
+
+// Allocates `size` bytes from `p` for client `id` and records the lease: counted against the
+// client's lease limit and the pool's quota, freed when the client frees it or leaves.
+std::pair<std::uint64_t, SharedAllocation> Holder::grant_lease(std::uint64_t id, Client& c, HeldPool& p,
+                                                               std::uint64_t size, bool synchronize) {
+  if (c.leases.size() >= limits_.max_leases_per_client)
+    throw Error(Errc::limit_exceeded,
+                "a connection may hold at most " + std::to_string(limits_.max_leases_per_client) + " leases");
+  const PoolKey key{p.want.name, p.want.device};
+  const std::uint64_t held = c.bytes_in_pool[key];
+  const std::uint64_t quota = p.want.share.quota_per_client;
+  if (quota && (size > quota || held > quota - size))
+    throw Error(Errc::quota_exceeded, "pool " + p.want.name + " on device " + std::to_string(p.want.device) + ": " +
+                                          format_bytes(quota) + " quota per client; this client holds " +
+                                          format_bytes(held) + " and asked for " + format_bytes(size));
+  SharedAllocation s;
+  try {
+    s = backend_.allocate_shared(p.handle, size);
+  } catch (const CudaError& e) {
+    if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
+      throw Error(Errc::out_of_memory, "pool " + p.want.name + " on device " + std::to_string(p.want.device) +
+                                           " has no room for " + format_bytes(size) + " (" + e.what() + ")");
+    throw;
+  }
+  if (synchronize) {
+    try {
+      backend_.synchronize(p.want.device);
+    } catch (...) {
+      try {
+        backend_.free_shared(p.handle, s.address);
+      } catch (...) {
+      }
+      throw;
+    }
+  }
+  const std::uint64_t lease = ++next_lease_;
+  leases_[lease] = Lease{id, p.want.name, p.want.device, size, s.address};
+  c.leases.insert(lease);
+  c.bytes_in_pool[key] = held + size;
+  p.leases += 1;
+  p.leased_bytes += size;
+  return {lease, s};
+}
+
+void Holder::free_lease(std::uint64_t id) noexcept {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return;
+  const Lease l = it->second;
+  leases_.erase(it);
+  auto p = pools_.find({l.pool, l.device});
+  if (p != pools_.end()) {
+    try {
+      backend_.free_shared(p->second.handle, l.address);
+    } catch (const std::exception& e) {
+      spdlog::error("freeing lease {} in pool {}: {}", id, l.pool, e.what());
+    }
+    p->second.leases -= 1;
+    p->second.leased_bytes -= l.size;
+  }
+  auto c = clients_.find(l.client);
+  if (c != clients_.end()) {
+    c->second.leases.erase(id);
+    auto& bytes = c->second.bytes_in_pool[{l.pool, l.device}];
+    bytes -= std::min(bytes, l.size);
+  }
+}
+
+std::size_t Holder::lease_count() const { return leases_.size(); }
+
+std::uint64_t Holder::leased_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& [id, l] : leases_) total += l.size;
+  return total;
+}
+}  // namespace cupool

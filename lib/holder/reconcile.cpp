@@ -1,0 +1,288 @@
+// Reconciling: what a config asks for (spec/resolve.h) against what the holder holds. plan() says
+// what would change; apply() changes it, in order, and only what differs.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <set>
+
+#include "base/error.h"
+#include "base/text.h"
+#include "base/units.h"
+#include "holder/holder.h"
+#include "holder/names.h"
+
+namespace cupool {
+
+std::vector<Change> Holder::plan(const Desired& want) const {
+  std::vector<Change> changes;
+  auto lease_note = [&](const HeldPool& h) {
+    std::set<std::uint64_t> holders;
+    for (const auto& [id, l] : leases_)
+      if (l.pool == h.want.name && l.device == h.want.device) holders.insert(l.client);
+    std::string why;
+    if (h.leases)
+      why = std::to_string(h.leases) + (h.leases == 1 ? " lease" : " leases") + " held by " +
+            std::to_string(holders.size()) + (holders.size() == 1 ? " client" : " clients");
+    return why;
+  };
+  auto buffers_in = [&](const PoolKey& key, const Desired* keep) {
+    std::vector<std::string> names;
+    for (const auto& [name, b] : buffers_) {
+      if (b.want.pool != key.first || b.want.device != key.second) continue;
+      // A buffer the new config drops (and nobody has open) goes before its pool does.
+      bool kept = false;
+      if (keep)
+        for (const auto& bw : keep->buffers)
+          if (bw.name == name && bw.pool == b.want.pool && bw.device == b.want.device && bw.size == b.want.size)
+            kept = true;
+      if (kept || b.opens > 0 || !keep) names.push_back(name);
+    }
+    return names;
+  };
+  auto blocked_reason = [&](const PoolKey& key, const HeldPool& h) {
+    std::vector<std::string> why;
+    const std::string leases = lease_note(h);
+    if (!leases.empty()) why.push_back(leases);
+    const auto names = buffers_in(key, &want);
+    if (!names.empty())
+      why.push_back("buffer" + std::string(names.size() == 1 ? " " : "s ") + join(names, ", ") + " in it");
+    return join(why, "; ");
+  };
+
+  if (want.holder.socket != holder_.socket)
+    changes.push_back({"update", "holder", "holder", -1, "socket", holder_.socket, want.holder.socket,
+                       "the socket path changes only when the holder restarts"});
+  if (want.holder.mode != holder_.mode) {
+    char from[8], to[8];
+    std::snprintf(from, sizeof from, "%04o", holder_.mode);
+    std::snprintf(to, sizeof to, "%04o", want.holder.mode);
+    changes.push_back({"update", "holder", "holder", -1, "mode", from, to, ""});
+  }
+  if (want.holder.group != holder_.group)
+    changes.push_back({"update", "holder", "holder", -1, "group", holder_.group.empty() ? "(none)" : holder_.group,
+                       want.holder.group.empty() ? "(none)" : want.holder.group, ""});
+
+  // Buffers that go away or change (before pools, so their pools can go).
+  for (const auto& [name, b] : buffers_) {
+    const BufferWant* w = nullptr;
+    for (const auto& bw : want.buffers)
+      if (bw.name == name) w = &bw;
+    const std::string busy = b.opens ? std::to_string(b.opens) + " open handle" + (b.opens == 1 ? "" : "s") : "";
+    if (!w) {
+      changes.push_back({"remove", "buffer", name, b.want.device, "", "", "", busy});
+    } else if (w->pool != b.want.pool || w->device != b.want.device || w->size != b.want.size) {
+      changes.push_back(
+          {"replace", "buffer", name, w->device, "size", format_bytes(b.want.size), format_bytes(w->size), busy});
+    }
+  }
+
+  for (const auto& entry : pools_) {
+    // Named references, not a structured binding: the lambdas below capture them (C++17 doesn't
+    // allow capturing structured bindings; clang refuses it).
+    const PoolKey& key = entry.first;
+    const HeldPool& h = entry.second;
+    const PoolWant* w = nullptr;
+    for (const auto& pw : want.pools)
+      if (pw.name == key.first && pw.device == key.second) w = &pw;
+    if (!w) {
+      changes.push_back({"remove", "pool", key.first, key.second, "", "", "", blocked_reason(key, h)});
+      continue;
+    }
+    const PoolProps& a = h.want.props;
+    const PoolProps& b = w->props;
+    auto replace = [&](const char* field, const std::string& from, const std::string& to) {
+      changes.push_back({"replace", "pool", key.first, key.second, field, from, to, blocked_reason(key, h)});
+    };
+    if (a.location != b.location || a.location_id != b.location_id)
+      replace("location", location_text(a), location_text(b));
+    else if (a.managed != b.managed)
+      replace("alloc_type", a.managed ? "managed" : "pinned", b.managed ? "managed" : "pinned");
+    else if (a.handle_types != b.handle_types)
+      replace("handle_types", handle_names_json(a.handle_types).dump(), handle_names_json(b.handle_types).dump());
+    else if (a.max_size != b.max_size)
+      replace("max_size", a.max_size ? format_bytes(a.max_size) : "default",
+              b.max_size ? format_bytes(b.max_size) : "default");
+    else {
+      auto update = [&](const char* field, const std::string& from, const std::string& to) {
+        changes.push_back({"update", "pool", key.first, key.second, field, from, to, ""});
+      };
+      for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
+        // The threshold as the files wrote it ("75%"), not only its bytes.
+        if (ch.field == "release_threshold")
+          update("release_threshold", h.want.threshold_text, w->threshold_text);
+        else
+          update(ch.field.c_str(), ch.from, ch.to);
+      }
+      if (h.want.access != w->access) {
+        // Access can be given but not taken back from memory already handed out.
+        bool revokes = false;
+        for (int peer : h.want.access)
+          if (std::find(w->access.begin(), w->access.end(), peer) == w->access.end()) revokes = true;
+        changes.push_back({"update", "pool", key.first, key.second, "access", list_text(h.want.access),
+                           list_text(w->access),
+                           revokes ? "peer access is not revoked from a live pool; remove and recreate the pool" : ""});
+      }
+      if (!(h.want.share == w->share)) update("share", share_text(h.want.share), share_text(w->share));
+      if (h.want.reserve != w->reserve) update("reserve", format_bytes(h.want.reserve), format_bytes(w->reserve));
+    }
+  }
+  // A pool name is one unit: if its replacement is blocked on one device, it is kept on all of
+  // them, so the pool's devices never end up with different properties (export writes one entry).
+  for (Change& c : changes) {
+    if (c.object != "pool" || c.action != "replace" || !c.blocked.empty()) continue;
+    for (const Change& other : changes)
+      if (other.object == "pool" && other.action == "replace" && other.name == c.name && !other.blocked.empty()) {
+        c.blocked = "pool " + c.name + " is replaced on all its devices or on none; on device " +
+                    std::to_string(other.device) + ": " + other.blocked;
+        break;
+      }
+  }
+  for (const auto& w : want.pools)
+    if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", "", "", ""});
+  for (const auto& w : want.buffers) {
+    auto it = buffers_.find(w.name);
+    if (it == buffers_.end()) changes.push_back({"create", "buffer", w.name, w.device, "", "", "", ""});
+  }
+  return changes;
+}
+
+std::vector<Change> Holder::apply(const Desired& want) {
+  std::vector<Change> changes = plan(want);
+  auto find_want = [&](const std::string& name, int device) -> const PoolWant* {
+    for (const auto& pw : want.pools)
+      if (pw.name == name && pw.device == device) return &pw;
+    return nullptr;
+  };
+  // 1. holder settings, 2. buffers out, 3. pools out or replaced, 4. pools in, 5. updates, 6. buffers in.
+  for (const Change& c : changes) {
+    if (c.object != "holder" || !c.blocked.empty()) continue;
+    if (c.field == "mode") holder_.mode = want.holder.mode;
+    if (c.field == "group") holder_.group = want.holder.group;
+  }
+  for (const Change& c : changes)
+    if (c.object == "buffer" && (c.action == "remove" || c.action == "replace") && c.blocked.empty())
+      destroy_buffer(c.name);
+  for (const Change& c : changes) {
+    if (c.object != "pool" || !c.blocked.empty()) continue;
+    const PoolKey key{c.name, c.device};
+    if (c.action == "remove") {
+      // Buffers the new config no longer wants in this pool were removed above; any left are kept
+      // only if wanted, and then the pool is blocked (plan says so).
+      destroy_pool(key);
+    } else if (c.action == "replace") {
+      destroy_pool(key);
+      create_pool(*find_want(c.name, c.device));
+    }
+  }
+  for (const Change& c : changes)
+    if (c.object == "pool" && c.action == "create") create_pool(*find_want(c.name, c.device));
+  std::set<PoolKey> updated;
+  for (const Change& c : changes)
+    if (c.object == "pool" && c.action == "update" && c.blocked.empty() && updated.insert({c.name, c.device}).second)
+      update_pool(pools_.at({c.name, c.device}), *find_want(c.name, c.device));
+  for (const auto& w : want.buffers)
+    if (!buffers_.count(w.name)) {
+      bool blocked = false;
+      for (const Change& c : changes)
+        if (c.object == "buffer" && c.name == w.name && !c.blocked.empty()) blocked = true;
+      if (!blocked) create_buffer(w);
+    }
+  return changes;
+}
+
+void Holder::create_pool(const PoolWant& w) {
+  HeldPool held;
+  held.want = w;
+  held.handle = backend_.create_pool(w.device, w.props);
+  PoolKey key{w.name, w.device};
+  try {
+    backend_.set_pool_settings(held.handle, w.settings);
+    for (int peer : w.access) backend_.set_pool_access(held.handle, peer);
+    if (w.reserve > 0) {
+      // Map the reserve and give it back to the pool: it stays reserved because the release
+      // threshold is at least the reserve (check enforces it). Read back what really stayed.
+      const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
+      backend_.free(held.handle, address);
+      held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_current;
+      if (held.reserved_after_reserve < w.reserve)
+        spdlog::warn("pool {} on device {}: reserved {} but only {} stayed reserved after a synchronize", w.name,
+                     w.device, format_bytes(w.reserve), format_bytes(held.reserved_after_reserve));
+    }
+  } catch (...) {
+    try {
+      backend_.destroy_pool(held.handle);
+    } catch (...) {
+    }
+    throw;
+  }
+  pools_[key] = std::move(held);
+  spdlog::info("created pool {} on device {}", w.name, w.device);
+}
+
+void Holder::update_pool(HeldPool& held, const PoolWant& w) {
+  if (held.want.settings != w.settings) {
+    backend_.set_pool_settings(held.handle, w.settings);
+    held.want.settings = w.settings;
+    held.want.threshold_text = w.threshold_text;
+  }
+  for (int peer : w.access)
+    if (std::find(held.want.access.begin(), held.want.access.end(), peer) == held.want.access.end()) {
+      backend_.set_pool_access(held.handle, peer);
+      held.want.access.push_back(peer);
+    }
+  std::sort(held.want.access.begin(), held.want.access.end());
+  held.want.share = w.share;
+  if (w.reserve > held.want.reserve) {
+    const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
+    backend_.free(held.handle, address);
+    held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_current;
+  }
+  held.want.reserve = w.reserve;
+}
+
+void Holder::destroy_pool(const PoolKey& key) {
+  auto it = pools_.find(key);
+  if (it == pools_.end()) return;
+  // Buffers that remain in it go first (apply only gets here when none is open).
+  std::vector<std::string> names;
+  for (const auto& [name, b] : buffers_)
+    if (b.want.pool == key.first && b.want.device == key.second) names.push_back(name);
+  for (const auto& n : names) destroy_buffer(n);
+  backend_.synchronize(key.second);
+  backend_.destroy_pool(it->second.handle);
+  pools_.erase(it);
+  spdlog::info("removed pool {} on device {}", key.first, key.second);
+}
+
+void Holder::create_buffer(const BufferWant& w) {
+  auto it = pools_.find({w.pool, w.device});
+  if (it == pools_.end()) throw Error(Errc::not_found, "no pool " + w.pool + " on device " + std::to_string(w.device));
+  HeldBuffer b;
+  b.want = w;
+  // A buffer in a pool without an IPC handle type is only kept (check warns about it).
+  b.shared = (it->second.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
+  if (b.shared) {
+    b.allocation = backend_.allocate_shared(it->second.handle, w.size);
+    // Buffers are opened long after: make them ready now, so opening one needs no event.
+    backend_.synchronize(w.device);
+  } else {
+    b.allocation.address = backend_.allocate(it->second.handle, w.size);
+  }
+  buffers_[w.name] = b;
+  spdlog::info("created buffer {} ({}) in pool {} on device {}", w.name, format_bytes(w.size), w.pool, w.device);
+}
+
+void Holder::destroy_buffer(const std::string& name) {
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) return;
+  auto p = pools_.find({it->second.want.pool, it->second.want.device});
+  if (p != pools_.end()) {
+    if (it->second.shared)
+      backend_.free_shared(p->second.handle, it->second.allocation.address);
+    else
+      backend_.free(p->second.handle, it->second.allocation.address);
+  }
+  buffers_.erase(it);
+  spdlog::info("removed buffer {}", name);
+}
+}  // namespace cupool

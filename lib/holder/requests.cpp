@@ -1,0 +1,320 @@
+// The request table and its handlers: each request of docs/protocol.md parsed, checked against who
+// sent it and answered. The state they read and change lives in the other files of holder/.
+#include <algorithm>
+
+#include "base/error.h"
+#include "base/text.h"
+#include "base/units.h"
+#include "holder/holder.h"
+#include "holder/names.h"
+#include "spec/load.h"
+
+namespace cupool {
+
+namespace {
+
+constexpr std::uint64_t kMaxAllocation = 1ULL << 48;
+
+}  // namespace
+
+// The request table: every operation of docs/protocol.md and the member that serves it.
+const std::vector<Holder::Operation>& Holder::operations() {
+  static const std::vector<Operation> table = {
+      {"hello", &Holder::op_hello},
+      {"list", &Holder::op_list},
+      {"import_pool", &Holder::op_import_pool},
+      {"alloc", &Holder::op_alloc},
+      {"free", &Holder::op_free},
+      {"buffer_open", &Holder::op_buffer_open},
+      {"buffer_close", &Holder::op_buffer_close},
+      {"status", &Holder::op_status},
+      {"stats", &Holder::op_stats},
+      {"trim", &Holder::op_trim},
+      {"plan", &Holder::op_plan},
+      {"apply", &Holder::op_apply},
+      {"export", &Holder::op_export},
+      {"buffer_create", &Holder::op_buffer_create},
+      {"buffer_remove", &Holder::op_buffer_remove},
+  };
+  return table;
+}
+
+Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
+  fd_out = -1;
+  Client& c = client(id);
+  proto::Args a(request);
+  auto op_it = request.find("op");
+  if (op_it == request.end() || !op_it->is_string()) throw Error(Errc::bad_request, "a request needs \"op\", a string");
+  const std::string op = op_it->get<std::string>();
+  if (auto id_it = request.find("id"); id_it == request.end() || !id_it->is_number_integer() ||
+                                       id_it->get<std::int64_t>() < 0 || id_it->get<std::int64_t>() >= (1LL << 53))
+    throw Error(Errc::bad_request, "a request needs \"id\", an integer from 0 to 2^53-1");
+  if (!c.greeted && op != "hello")
+    throw Error(Errc::hello_required, "the first request on a connection must be \"hello\"");
+
+  const std::vector<Operation>& table = operations();
+  const auto it = std::find_if(table.begin(), table.end(), [&](const Operation& o) { return op == o.name; });
+  if (it == table.end()) {
+    std::vector<std::string> names;
+    for (const Operation& o : table) names.emplace_back(o.name);
+    const std::string hint = did_you_mean(op, names);
+    throw Error(Errc::unknown_op, "unknown operation \"" + valid_utf8(op) + "\"" +
+                                      (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+  }
+  Request r{id, c, a, fd_out};
+  Json out = (this->*(it->serve))(r);
+  a.finish();
+  return out;
+}
+
+Json Holder::op_hello(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::uint64_t version = a.u64("protocol", 0, 65535);
+  const auto name = a.optional_string("client", kMaxName);
+  a.finish();
+  if (version != proto::kVersion)
+    throw Error(Errc::unsupported_protocol, "this holder speaks protocol version 1, not " + std::to_string(version));
+  if (name) {
+    for (char ch : *name)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+        throw Error(Errc::bad_request, "\"client\" must be printable");
+    c.name = *name;
+  }
+  c.greeted = true;
+  Json out;
+  out["protocol"] = proto::kVersion;
+  out["holder"] = std::string("cupool ") + CUPOOL_VERSION;
+  out["pid"] = identity_.value("pid", 0);
+  out["backend"] = backend_.simulated() ? "simulated" : "cuda";
+  out["peer"] = {
+      {"pid", c.peer.pid}, {"uid", c.peer.uid}, {"gid", c.peer.gid}, {"user", c.peer.user}, {"admin", c.admin}};
+  out["limits"] = {{"max_payload", proto::kMaxPayload},
+                   {"max_leases", limits_.max_leases_per_client},
+                   {"max_open_buffers", limits_.max_open_buffers_per_client},
+                   {"frame_timeout_ms", 5000},
+                   {"max_queued_bytes", 1 << 20}};
+  return out;
+}
+
+Json Holder::op_list(Request& r) {
+  Client& c = r.client;
+  r.args.finish();
+  Json out;
+  out["pools"] = Json::array();
+  for (const auto& [key, p] : pools_) {
+    out["pools"].push_back({{"name", key.first},
+                            {"device", key.second},
+                            {"uuid", device_uuid(key.second)},
+                            {"location", location_text(p.want.props)},
+                            {"handle_types", handle_names_json(p.want.props.handle_types)},
+                            {"max_size", p.want.props.max_size},
+                            {"permitted", p.want.props.handle_types != 0 && permitted(c, p)}});
+  }
+  out["buffers"] = Json::array();
+  for (const auto& [name, b] : buffers_) {
+    auto p = pools_.find({b.want.pool, b.want.device});
+    out["buffers"].push_back({{"name", name},
+                              {"pool", b.want.pool},
+                              {"device", b.want.device},
+                              {"uuid", device_uuid(b.want.device)},
+                              {"size", b.want.size},
+                              {"opens", b.opens},
+                              {"permitted", b.shared && p != pools_.end() && permitted(c, p->second)}});
+  }
+  return out;
+}
+
+Json Holder::op_import_pool(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string name = a.string("pool", kMaxName);
+  const int device = a.device("device", -1);
+  a.finish();
+  require_not_draining("import_pool");
+  HeldPool& p = pool_for(c, name, device, true);
+  Json out;
+  out["pool"] = p.want.name;
+  out["device"] = p.want.device;
+  out["uuid"] = device_uuid(p.want.device);
+  out["handle_type"] = "posix_fd";
+  out["access"] = Json::array();
+  for (int peer : p.want.access) out["access"].push_back({{"device", peer}, {"uuid", device_uuid(peer)}});
+  out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
+  r.fd_out = backend_.export_pool_fd(p.handle);
+  return out;
+}
+
+Json Holder::op_alloc(Request& r) {
+  proto::Args& a = r.args;
+  const std::string name = a.string("pool", kMaxName);
+  const int device = a.device("device", -1);
+  const std::uint64_t size = a.u64("size", 1, kMaxAllocation);
+  const bool synchronize = a.boolean("synchronize", false);
+  a.finish();
+  require_not_draining("alloc");
+  HeldPool& p = pool_for(r.client, name, device, true);
+  const auto [lease, s] = grant_lease(r.id, r.client, p, size, synchronize);
+  Json out;
+  out["lease"] = lease;
+  out["size"] = size;
+  out["pool"] = p.want.name;
+  out["device"] = p.want.device;
+  out["uuid"] = device_uuid(p.want.device);
+  out["export_data"] = proto::to_hex(s.export_data);
+  out["ready"] = synchronize;
+  out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
+  return out;
+}
+
+Json Holder::op_free(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::uint64_t lease = a.u64("lease", 1, UINT64_MAX);
+  a.finish();
+  auto it = leases_.find(lease);
+  if (it == leases_.end() || !c.leases.count(lease))
+    throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not held by this connection");
+  const std::uint64_t size = it->second.size;
+  free_lease(lease);
+  return {{"lease", lease}, {"size", size}};
+}
+
+Json Holder::op_buffer_open(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string name = a.string("name", kMaxName);
+  a.finish();
+  require_not_draining("buffer_open");
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
+  HeldBuffer& b = it->second;
+  HeldPool& p = pool_for(c, b.want.pool, b.want.device, true);
+  auto open = c.open_buffers.find(name);
+  if (open == c.open_buffers.end() && c.open_buffers.size() >= limits_.max_open_buffers_per_client)
+    throw Error(Errc::limit_exceeded, "a connection may have at most " +
+                                          std::to_string(limits_.max_open_buffers_per_client) + " buffers open");
+  c.open_buffers[name] += 1;
+  b.opens += 1;
+  Json out;
+  out["name"] = name;
+  out["pool"] = b.want.pool;
+  out["device"] = b.want.device;
+  out["uuid"] = device_uuid(b.want.device);
+  out["size"] = b.want.size;
+  out["export_data"] = proto::to_hex(b.allocation.export_data);
+  out["ready"] = true;
+  out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
+  return out;
+}
+
+Json Holder::op_buffer_close(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string name = a.string("name", kMaxName);
+  a.finish();
+  auto open = c.open_buffers.find(name);
+  if (open == c.open_buffers.end())
+    throw Error(Errc::not_found, "buffer \"" + valid_utf8(name) + "\" is not open on this connection");
+  if (--open->second == 0) c.open_buffers.erase(open);
+  auto it = buffers_.find(name);
+  if (it != buffers_.end() && it->second.opens > 0) it->second.opens -= 1;
+  return {{"name", name}};
+}
+
+Json Holder::op_buffer_create(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string name = a.string("name", kMaxName);
+  const std::string pool = a.string("pool", kMaxName);
+  const int device = a.device("device", -1);
+  const std::uint64_t size = a.u64("size", 1, kMaxAllocation);
+  a.finish();
+  require_admin(c, "buffer_create");
+  require_not_draining("buffer_create");
+  if (!valid_name(name))
+    throw Error(Errc::bad_request,
+                "buffer name \"" + valid_utf8(name) + "\" must match [a-z0-9][a-z0-9._-]* (at most 64 characters)");
+  if (buffers_.count(name)) throw Error(Errc::exists, "a buffer named " + name + " exists");
+  HeldPool& p = pool_for(c, pool, device, true);  // a buffer is for sharing: an IPC pool
+  BufferWant w{name, pool, p.want.device, size};
+  try {
+    create_buffer(w);
+  } catch (const CudaError& e) {
+    if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
+      throw Error(Errc::out_of_memory,
+                  "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
+    throw;
+  }
+  return {{"name", name}, {"pool", pool}, {"device", p.want.device}, {"size", size}};
+}
+
+Json Holder::op_buffer_remove(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string name = a.string("name", kMaxName);
+  const bool force = a.boolean("force", false);
+  a.finish();
+  require_admin(c, "buffer_remove");
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
+  if (it->second.opens > 0 && !force)
+    throw Error(Errc::busy, "buffer " + name + " is open " + std::to_string(it->second.opens) +
+                                (it->second.opens == 1 ? " time" : " times") + "; close it first, or pass force");
+  const BufferWant w = it->second.want;
+  for (auto& [id, cl] : clients_) cl.open_buffers.erase(name);
+  destroy_buffer(name);
+  return {{"name", w.name}, {"pool", w.pool}, {"device", w.device}, {"size", w.size}};
+}
+
+Json Holder::op_status(Request& r) {
+  r.args.finish();
+  return status();
+}
+
+Json Holder::op_stats(Request& r) {
+  const bool reset = r.args.boolean("reset_peaks", false);
+  if (reset) require_admin(r.client, "stats with reset_peaks");
+  r.args.finish();
+  return stats(reset);
+}
+
+Json Holder::op_trim(Request& r) {
+  require_admin(r.client, "trim");
+  const std::uint64_t keep = r.args.optional_u64("keep", 0, UINT64_MAX).value_or(0);
+  const auto pool = r.args.optional_string("pool", kMaxName);
+  const bool graph = r.args.boolean("graph", true);
+  r.args.finish();
+  return trim(keep, pool, graph);
+}
+
+Json Holder::op_export(Request& r) {
+  r.args.finish();
+  return {{"config", export_config()}};
+}
+
+Json Holder::op_plan(Request& r) { return plan_or_apply(r, false); }
+
+Json Holder::op_apply(Request& r) { return plan_or_apply(r, true); }
+
+Json Holder::plan_or_apply(Request& r, bool apply) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string text = a.string("config", proto::kMaxPayload);
+  const std::string path = a.optional_string("path", 4096).value_or("<request>");
+  a.finish();
+  if (apply) {
+    require_admin(c, "apply");
+    require_not_draining("apply");
+  }
+  // A ConfigRejected goes up: the conversation answers invalid_config with the findings.
+  const Loaded loaded = load_config(SourceFile(valid_utf8(path), text), node_, Scope::all);
+  std::vector<Change> changes = apply ? this->apply(loaded.desired) : plan(loaded.desired);
+  Json out;
+  out["applied"] = apply;
+  out["changes"] = Json::array();
+  for (const auto& ch : changes) out["changes"].push_back(ch.to_json());
+  out["warnings"] = loaded.warnings;
+  return out;
+}
+}  // namespace cupool
