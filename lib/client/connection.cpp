@@ -1,0 +1,212 @@
+#include "client/connection.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <system_error>
+
+#include "base/error.h"
+#include "cupool/client.h"
+#include "device/node.h"
+#include "device/sim_backend.h"
+#include "protocol/protocol.h"
+
+using cupool::client::EventUnusable;
+using cupool::client::Failure;
+using cupool::client::Json;
+
+namespace {
+
+// The C status of an error code a holder sent (the table in lib/base/error.cpp).
+int status_of(const std::string& code) { return cupool::c_status_of_wire(code); }
+
+}  // namespace
+
+namespace cupool::client {
+
+std::uint64_t next_serial() {
+  static std::atomic<std::uint64_t> next{1};
+  return next++;
+}
+
+}  // namespace cupool::client
+
+cupool_conn::~cupool_conn() {
+  if (fd >= 0) ::close(fd);
+}
+
+// One request, its reply (notices in between are noted). Throws Failure on transport errors.
+Json cupool_conn::request(Json body, int* fd_out) {
+  if (fd < 0) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
+  const std::uint64_t id = next_id++;
+  body["id"] = id;
+  try {
+    cupool::proto::send_all(fd, cupool::proto::encode(cupool::proto::Kind::request, body));
+    while (true) {
+      int received = -1;
+      auto [header, reply] = cupool::proto::receive_frame(fd, received);
+      if (header.kind == cupool::proto::Kind::notice) {
+        if (received >= 0) ::close(received);
+        if (reply.value("notice", "") == "draining") draining = true;
+        continue;
+      }
+      const auto rid = reply.find("id");
+      if (rid == reply.end() || !rid->is_number_unsigned() || rid->get<std::uint64_t>() != id) {
+        if (received >= 0) ::close(received);
+        // A reply without our id is the holder telling us why it is closing the connection.
+        if (reply.value("ok", true) == false && reply.contains("error")) {
+          const Json& e = reply["error"];
+          throw Failure{status_of(e.value("code", "")), e.value("message", "the holder refused the request")};
+        }
+        throw Failure{CUPOOL_E_PROTOCOL, "the holder answered a different request"};
+      }
+      if (fd_out)
+        *fd_out = received;
+      else if (received >= 0)
+        ::close(received);
+      return reply;
+    }
+  } catch (const cupool::Error& e) {
+    // The frame layer: bad_frame, or unreachable when the holder closed the connection.
+    close_socket();
+    throw Failure{e.c_status(), e.what()};
+  } catch (const std::system_error& e) {
+    close_socket();
+    throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
+  }
+}
+
+// A request whose reply must be ok; a holder error becomes a Failure.
+Json cupool_conn::call(Json body, int* fd_out) {
+  Json reply = request(std::move(body), fd_out);
+  if (!reply.value("ok", false)) {
+    const Json e = reply.value("error", Json::object());
+    throw Failure{status_of(e.value("code", "")), e.value("message", "the holder refused the request")};
+  }
+  return reply;
+}
+
+void cupool_conn::close_socket() {
+  if (fd >= 0) ::close(fd);
+  fd = -1;
+}
+
+cupool::Backend& cupool_conn::backend() {
+  if (!importer) {
+    if (backend_kind == "simulated") {
+      // Importing needs no node description: the simulated pool's memory is the memfd.
+      importer = std::make_unique<cupool::SimBackend>(cupool::NodeReport{});
+    } else {
+      importer = cupool::make_cuda_backend();
+      importer->init();
+    }
+  }
+  return *importer;
+}
+
+// This process's ordinal of the device with `uuid` (the holder's ordinal on a simulated node).
+int cupool_conn::local_device(const std::string& uuid, int holder_device) {
+  if (backend_kind == "simulated") return holder_device;
+  cupool::Backend& b = backend();
+  for (int i = 0; i < b.device_count(); ++i)
+    if (b.device_info(i).uuid == uuid) return i;
+  throw Failure{CUPOOL_E_NOT_FOUND, "device " + uuid + " (the holder's device " + std::to_string(holder_device) +
+                                        ") is not visible in this process; check CUDA_VISIBLE_DEVICES"};
+}
+
+cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, int device) {
+  for (auto& [key, imp] : pools)
+    if (key.first == pool && (device < 0 || key.second == device)) return imp;
+  int fd_in = -1;
+  Json reply = call({{"op", "import_pool"}, {"pool", pool}, {"device", device}}, &fd_in);
+  if (fd_in < 0) throw Failure{CUPOOL_E_PROTOCOL, "the holder's import_pool reply carried no file descriptor"};
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd_in};
+  const int holder_device = reply.value("device", 0);
+  Imported imp;
+  imp.local_device = local_device(reply.value("uuid", ""), holder_device);
+  imp.handle = backend().import_pool_fd(imp.local_device, fd_in);
+  Imported& kept = pools[{reply.value("pool", pool), holder_device}] = imp;
+  // An imported pool is reachable only from its own device until this process gives access:
+  // give the peers the config names, where this process can see them.
+  if (backend_kind != "simulated" && reply.contains("access") && reply["access"].is_array())
+    for (const Json& peer : reply["access"]) {
+      const std::string uuid = peer.value("uuid", "");
+      cupool::Backend& b = backend();
+      for (int i = 0; i < b.device_count(); ++i)
+        if (i != kept.local_device && b.device_info(i).uuid == uuid) b.set_pool_access(kept.handle, i);
+    }
+  return kept;
+}
+
+// Imports an allocation and waits until it is ready.
+void cupool_conn::map(cupool_lease& lease, const Json& reply) {
+  const auto data = cupool::proto::from_hex(reply.value("export_data", ""));
+  const auto event = cupool::proto::from_hex(reply.value("ready_event", ""));
+  if (!data || !event) throw Failure{CUPOOL_E_PROTOCOL, "the holder sent malformed export data"};
+  Imported& imp = import_pool(lease.pool, lease.holder_device);
+  lease.local_device = imp.local_device;
+  lease.imported = imp.handle;
+  lease.address = backend().import_pointer(imp.handle, *data);
+  if (reply.value("ready", false)) return;  // the holder waited for it
+  try {
+    backend().wait_ready(imp.local_device, *event);
+  } catch (const cupool::CudaError& e) {
+    backend().free_imported(imp.handle, lease.address);
+    if (e.api() == "cuIpcOpenEventHandle") throw EventUnusable{e.what()};
+    throw;
+  } catch (...) {
+    backend().free_imported(imp.handle, lease.address);
+    throw;
+  }
+}
+
+// Allocates and maps a lease; when the ready event can't be used here, asks the holder to
+// wait for its allocations instead (from then on, for this connection).
+std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int device, std::uint64_t size) {
+  for (int attempt = 0;; ++attempt) {
+    Json reply =
+        call({{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size", size}, {"synchronize", holder_waits}});
+    auto lease = std::make_unique<cupool_lease>();
+    lease->id = reply.value("lease", std::uint64_t{0});
+    lease->pool = reply.value("pool", pool);
+    lease->holder_device = reply.value("device", 0);
+    lease->size = reply.value("size", size);
+    try {
+      map(*lease, reply);
+      return lease;
+    } catch (const EventUnusable& e) {
+      call({{"op", "free"}, {"lease", lease->id}});
+      if (attempt > 0) throw Failure{CUPOOL_E_CUDA, e.message};
+      holder_waits = true;
+    } catch (...) {
+      try {
+        call({{"op", "free"}, {"lease", lease->id}});
+      } catch (...) {
+      }
+      throw;
+    }
+  }
+}
+
+// Frees the mapping here, then tells the holder.
+void cupool_conn::release(cupool_lease* lease) {
+  std::unique_ptr<cupool_lease> owned(lease);
+  leases.erase(lease);
+  std::string unmap_error;
+  try {
+    backend().free_imported(lease->imported, lease->address);
+  } catch (const std::exception& e) {
+    unmap_error = e.what();
+  }
+  if (fd >= 0) {
+    if (lease->buffer)
+      call({{"op", "buffer_close"}, {"name", lease->name}});
+    else
+      call({{"op", "free"}, {"lease", lease->id}});
+  }
+  if (!unmap_error.empty()) throw Failure{CUPOOL_E_CUDA, "unmapping the lease here failed: " + unmap_error};
+}

@@ -1,0 +1,87 @@
+// A connection to the holder, as the C API's opaque cupool_conn (include/cupool/client.h): the
+// requests on it, the pools imported through it and the leases mapped in this process.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "device/backend.h"
+
+namespace cupool::client {
+
+using Json = nlohmann::ordered_json;
+
+// A failure with its C status (cupool_status).
+struct Failure {
+  int status;
+  std::string message;
+};
+
+// The holder's ready event can't be opened in this process (measured: cuIpcOpenEventHandle
+// answers CUDA_ERROR_MAP_FAILED when the client runs as another user than the holder).
+struct EventUnusable {
+  std::string message;
+};
+
+// A number no other connection of this process had: tells a connection from a later one at the
+// same address.
+std::uint64_t next_serial();
+
+}  // namespace cupool::client
+
+// An allocation (or an opened buffer) mapped in this process.
+struct cupool_lease {
+  std::uint64_t id = 0;  // holder lease id; 0 for a buffer
+  bool buffer = false;
+  std::string name;  // buffer name
+  std::string pool;
+  int holder_device = 0;
+  int local_device = 0;
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  cupool::PoolHandle imported = 0;
+};
+
+struct cupool_conn {
+  int fd = -1;  // the socket; -1 once lost or closed
+  mutable std::mutex mu;
+  const std::uint64_t serial = cupool::client::next_serial();
+  std::string last_error;
+  std::string backend_kind;
+  std::uint64_t next_id = 1;
+  bool draining = false;
+  bool holder_waits = false;  // alloc with "synchronize": the ready event is unusable here
+  std::unique_ptr<cupool::Backend> importer;
+  struct Imported {
+    cupool::PoolHandle handle = 0;
+    int local_device = 0;
+  };
+  std::map<std::pair<std::string, int>, Imported> pools;  // by (pool, holder device)
+  std::set<cupool_lease*> leases;
+
+  ~cupool_conn();
+  // One request, its reply (notices in between are noted). Throws Failure on transport errors.
+  cupool::client::Json request(cupool::client::Json body, int* fd_out = nullptr);
+  // A request whose reply must be ok; a holder error becomes a Failure.
+  cupool::client::Json call(cupool::client::Json body, int* fd_out = nullptr);
+  void close_socket();
+  // The backend that imports here: the driver, or a simulated importer when the holder runs on a
+  // simulated node (made on first use).
+  cupool::Backend& backend();
+  // This process's ordinal of the device with `uuid` (the holder's ordinal on a simulated node).
+  int local_device(const std::string& uuid, int holder_device);
+  // The pool imported through this connection (asked of the holder the first time; -1: its first device).
+  Imported& import_pool(const std::string& pool, int device);
+  // Imports an allocation and waits until it is ready.
+  void map(cupool_lease& lease, const cupool::client::Json& reply);
+  // Allocates and maps a lease; when the ready event can't be used here, asks the holder to
+  // wait for its allocations instead (from then on, for this connection).
+  std::unique_ptr<cupool_lease> alloc(const std::string& pool, int device, std::uint64_t size);
+  // Frees the mapping here, then tells the holder.
+  void release(cupool_lease* lease);
+};

@@ -1,0 +1,259 @@
+// The C API's calls on a connection to the holder (include/cupool/client.h). No exception crosses
+// the C boundary: every entry point catches and turns failures into a status and a message on the
+// connection.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "base/error.h"
+#include "client/api.h"
+#include "client/connection.h"
+#include "cupool/client.h"
+#include "protocol/protocol.h"
+#include "spec/config.h"
+
+using cupool::client::Failure;
+using cupool::client::Json;
+
+namespace {
+
+// The message of the last call this thread made on a connection. A connection may be used from
+// several threads at once: the message one thread reads with cupool_last_error must be its own
+// call's, not cleared or replaced by another thread's call in between (and not read while another
+// thread writes it). `serial` tells a connection from a later one at the same address.
+struct LastError {
+  const cupool_conn* conn = nullptr;
+  std::uint64_t serial = 0;
+  std::string message;
+};
+thread_local LastError t_last_error;
+
+}  // namespace
+
+namespace {
+
+template <class F>
+int guarded_locked(cupool_conn* conn, F&& body) {
+  conn->last_error.clear();
+  try {
+    body();
+    return CUPOOL_OK;
+  } catch (const Failure& f) {
+    conn->last_error = f.message;
+    return f.status;
+  } catch (const cupool::Error& e) {
+    conn->last_error = e.what();
+    return e.c_status();
+  } catch (const std::bad_alloc&) {
+    conn->last_error = "out of host memory";
+    return CUPOOL_E_INTERNAL;
+  } catch (const std::exception& e) {
+    conn->last_error = e.what();
+    return CUPOOL_E_INTERNAL;
+  }
+}
+
+// Serialises calls on a connection and keeps the call's message for this thread.
+template <class F>
+int guarded(cupool_conn* conn, F&& body) {
+  if (!conn) return CUPOOL_E_INVALID;
+  std::lock_guard<std::mutex> lock(conn->mu);
+  const int status = guarded_locked(conn, body);
+  t_last_error.conn = conn;
+  t_last_error.serial = conn->serial;
+  t_last_error.message = conn->last_error;
+  return status;
+}
+
+}  // namespace
+
+extern "C" {
+
+int cupool_connect(const char* socket_path, const char* client_name, cupool_conn** out) {
+  if (!out) return CUPOOL_E_INVALID;
+  *out = nullptr;
+  cupool::client::no_connection_error().clear();
+  std::string path = socket_path && *socket_path ? socket_path : "";
+  if (path.empty()) {
+    const char* env = std::getenv("CUPOOL_SOCKET");
+    path = env && *env ? env : cupool::kDefaultSocket;
+  }
+  try {
+    auto conn = std::make_unique<cupool_conn>();
+    sockaddr_un addr{};
+    if (path.size() >= sizeof addr.sun_path) {
+      cupool::client::no_connection_error() = "socket path " + path + " is too long";
+      return CUPOOL_E_INVALID;
+    }
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    conn->fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (conn->fd < 0) {
+      cupool::client::no_connection_error() = std::string("socket: ") + std::strerror(errno);
+      return CUPOOL_E_UNREACHABLE;
+    }
+    if (::connect(conn->fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+      const int err = errno;
+      if (err == EACCES || err == EPERM) {
+        cupool::client::no_connection_error() =
+            "permission denied on " + path +
+            ": this user may not open the holder's socket (see holder.mode and holder.group)";
+        return CUPOOL_E_REFUSED;
+      }
+      cupool::client::no_connection_error() =
+          "no holder is listening on " + path + " (" + std::strerror(err) +
+          "); is 'cupool hold' running? Set --socket or CUPOOL_SOCKET for another path";
+      return CUPOOL_E_UNREACHABLE;
+    }
+    Json hello = {{"op", "hello"}, {"protocol", CUPOOL_PROTOCOL_VERSION}};
+    if (client_name) hello["client"] = std::string(client_name).substr(0, 64);
+    try {
+      Json reply = conn->call(hello);
+      conn->backend_kind = reply.value("backend", "cuda");
+    } catch (const Failure& f) {
+      cupool::client::no_connection_error() = f.message;
+      return f.status;
+    }
+    *out = conn.release();
+    return CUPOOL_OK;
+  } catch (const std::exception& e) {
+    cupool::client::no_connection_error() = e.what();
+    return CUPOOL_E_INTERNAL;
+  }
+}
+
+void cupool_disconnect(cupool_conn* conn) {
+  if (!conn) return;
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    // Unmap everything here first; closing the socket then makes the holder free its side.
+    for (cupool_lease* lease : conn->leases) {
+      try {
+        if (conn->importer) conn->importer->free_imported(lease->imported, lease->address);
+      } catch (...) {
+      }
+      delete lease;
+    }
+    conn->leases.clear();
+    for (auto& [key, imp] : conn->pools) {
+      try {
+        if (conn->importer) conn->importer->destroy_pool(imp.handle);
+      } catch (...) {
+      }
+    }
+    conn->pools.clear();
+    conn->close_socket();
+  }
+  delete conn;
+}
+
+const char* cupool_last_error(const cupool_conn* conn) {
+  if (!conn) return cupool::client::no_connection_error().c_str();
+  // This thread's last call on `conn`; a thread that made none gets the connection's latest.
+  if (t_last_error.conn != conn || t_last_error.serial != conn->serial) {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    t_last_error.conn = conn;
+    t_last_error.serial = conn->serial;
+    t_last_error.message = conn->last_error;
+  }
+  return t_last_error.message.c_str();
+}
+
+const char* cupool_backend(const cupool_conn* conn) { return conn ? conn->backend_kind.c_str() : ""; }
+
+int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size, cupool_lease** out) {
+  if (out) *out = nullptr;
+  return guarded(conn, [&] {
+    if (!pool || !out) throw Failure{CUPOOL_E_INVALID, "pool and out must not be NULL"};
+    if (size == 0) throw Failure{CUPOOL_E_INVALID, "size must be at least 1 byte"};
+    // Import the pool before asking for memory, so a refusal costs the holder nothing.
+    conn->import_pool(pool, device);
+    std::unique_ptr<cupool_lease> lease = conn->alloc(pool, device, size);
+    conn->leases.insert(lease.get());
+    *out = lease.release();
+  });
+}
+
+int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_lease** out) {
+  if (out) *out = nullptr;
+  return guarded(conn, [&] {
+    if (!name || !out) throw Failure{CUPOOL_E_INVALID, "name and out must not be NULL"};
+    Json reply = conn->call({{"op", "buffer_open"}, {"name", name}});
+    auto lease = std::make_unique<cupool_lease>();
+    lease->buffer = true;
+    lease->name = name;
+    lease->pool = reply.value("pool", "");
+    lease->holder_device = reply.value("device", 0);
+    lease->size = reply.value("size", std::uint64_t{0});
+    try {
+      conn->map(*lease, reply);
+    } catch (...) {
+      try {
+        conn->call({{"op", "buffer_close"}, {"name", name}});
+      } catch (...) {
+      }
+      throw;
+    }
+    conn->leases.insert(lease.get());
+    *out = lease.release();
+  });
+}
+
+int cupool_release(cupool_conn* conn, cupool_lease* lease) {
+  if (!lease) return CUPOOL_OK;
+  return guarded(conn, [&] {
+    if (!conn->leases.count(lease)) throw Failure{CUPOOL_E_INVALID, "the lease does not belong to this connection"};
+    conn->release(lease);
+  });
+}
+
+uint64_t cupool_lease_address(const cupool_lease* lease) { return lease ? lease->address : 0; }
+uint64_t cupool_lease_size(const cupool_lease* lease) { return lease ? lease->size : 0; }
+uint64_t cupool_lease_id(const cupool_lease* lease) { return lease ? lease->id : 0; }
+int cupool_lease_device(const cupool_lease* lease) { return lease ? lease->local_device : -1; }
+
+int cupool_write(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, const void* source, uint64_t bytes) {
+  return guarded(conn, [&] {
+    if (!lease || (!source && bytes)) throw Failure{CUPOOL_E_INVALID, "lease and source must not be NULL"};
+    if (offset > lease->size || bytes > lease->size - offset)
+      throw Failure{CUPOOL_E_INVALID, "the range is outside the lease (" + std::to_string(lease->size) + " bytes)"};
+    if (bytes) conn->backend().write(lease->local_device, lease->address + offset, source, bytes);
+  });
+}
+
+int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, void* target, uint64_t bytes) {
+  return guarded(conn, [&] {
+    if (!lease || (!target && bytes)) throw Failure{CUPOOL_E_INVALID, "lease and target must not be NULL"};
+    if (offset > lease->size || bytes > lease->size - offset)
+      throw Failure{CUPOOL_E_INVALID, "the range is outside the lease (" + std::to_string(lease->size) + " bytes)"};
+    if (bytes) conn->backend().read(lease->local_device, lease->address + offset, target, bytes);
+  });
+}
+
+int cupool_request(cupool_conn* conn, const char* request_json, char** reply) {
+  if (reply) *reply = nullptr;
+  return guarded(conn, [&] {
+    if (!request_json || !reply) throw Failure{CUPOOL_E_INVALID, "request and reply must not be NULL"};
+    Json body = Json::parse(request_json, nullptr, false);
+    if (body.is_discarded() || !body.is_object()) throw Failure{CUPOOL_E_INVALID, "the request is not a JSON object"};
+    const std::string op = body.value("op", "");
+    if (op == "hello" || op == "import_pool" || op == "alloc" || op == "free" || op == "buffer_open" ||
+        op == "buffer_close")
+      throw Failure{CUPOOL_E_INVALID,
+                    "use cupool_connect, cupool_alloc, cupool_open_buffer or cupool_release for \"" + op + "\""};
+    const std::string text = conn->request(body).dump(-1, ' ', false, Json::error_handler_t::replace);
+    char* copy = static_cast<char*>(std::malloc(text.size() + 1));
+    if (!copy) throw std::bad_alloc();
+    std::memcpy(copy, text.c_str(), text.size() + 1);
+    *reply = copy;
+  });
+}
+
+}  // extern "C"
