@@ -27,7 +27,7 @@ const char* const kExitCodes =
 
 std::unique_ptr<cupool::Backend> make_backend(const std::string& profile) {
   if (!profile.empty()) return std::make_unique<cupool::SimBackend>(cupool::load_profile(profile));
-  return cupool::make_cuda_backend();
+  return cupool::make_cuda_backend([](const std::string& line) { spdlog::debug("{}", line); });
 }
 
 }  // namespace

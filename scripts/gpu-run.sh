@@ -157,6 +157,8 @@ main() {
 
   # ------------------------------------------------------------------ build
   step "configure and build"
+  # yaml-cpp, static and position-independent, from the source tarball carried in .deps/.
+  run bash scripts/deps.sh || fail "scripts/deps.sh (the static yaml-cpp of the client and preload libraries)"
   local generator=(-G Ninja)
   command -v ninja >/dev/null 2>&1 || { echo "ninja not found: default generator"; generator=(); }
   local built=0

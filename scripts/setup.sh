@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 
 # Debian/Ubuntu packages the build and the tests need.
-PACKAGES=(cmake g++ ninja-build pkg-config libyaml-cpp-dev libcli11-dev libspdlog-dev doctest-dev
+# (yaml-cpp is built from source by scripts/deps.sh: it goes statically into the client library.)
+PACKAGES=(cmake g++ ninja-build pkg-config curl xz-utils libcli11-dev libspdlog-dev doctest-dev
           nlohmann-json3-dev python3 python3-jsonschema python3-yaml zsh fish clang libclang-rt-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -27,6 +28,9 @@ if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ] && ! command -v nvcc 
   echo "       Install it from NVIDIA's repository, or set CUDA_HOME / CUDAToolkit_ROOT to where it is." >&2
   exit 1
 fi
+
+# yaml-cpp as a static, position-independent library (.deps/yaml-cpp), for the client library.
+bash scripts/deps.sh
 
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"} >/dev/null
 cmake --build "$BUILD"

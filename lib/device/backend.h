@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -294,7 +295,11 @@ class Backend {
 // CUDA_VERSION of the headers cupool was built with (13000 for 13.0).
 int built_with_cuda_version();
 
+// Where a backend's debug lines go (the CLI sends them to its log); none when empty. The libraries
+// that other processes load log nothing.
+using DebugLog = std::function<void(const std::string&)>;
+
 // The real backend over the CUDA driver API, loaded at run time from libcuda.so.1.
-std::unique_ptr<Backend> make_cuda_backend();
+std::unique_ptr<Backend> make_cuda_backend(DebugLog debug = {});
 
 }  // namespace cupool

@@ -20,7 +20,6 @@
 #include "base/error.h"
 #include "device/backend.h"
 
-#include <spdlog/spdlog.h>
 
 namespace cupool {
 
@@ -89,6 +88,8 @@ class Library {
 
 class CudaBackend final : public Backend {
  public:
+  explicit CudaBackend(DebugLog debug) : debug_(std::move(debug)) {}
+
   ReportSource source() const override {
     ReportSource s;
     s.description = "CUDA driver (libcuda.so.1)";
@@ -706,7 +707,7 @@ class CudaBackend final : public Backend {
     probe.handle_type = type;
     const char* type_name = handle_type_name(type);
     const CUdevice dev = device(ordinal);
-    spdlog::debug("probe {} on GPU {}: cuDevicePrimaryCtxRetain", type_name, ordinal);
+    debug(type_name, ordinal, "cuDevicePrimaryCtxRetain");
     PrimaryContext ctx(api_, dev);
     CUresult r = ctx.result();
     if (r != CUDA_SUCCESS) return failed(probe, "cuDevicePrimaryCtxRetain", r);
@@ -718,7 +719,7 @@ class CudaBackend final : public Backend {
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     props.location.id = ordinal;
     CUmemoryPool pool = nullptr;
-    spdlog::debug("probe {} on GPU {}: cuMemPoolCreate", type_name, ordinal);
+    debug(type_name, ordinal, "cuMemPoolCreate");
     r = api_.cuMemPoolCreate(&pool, &props);
     if (r != CUDA_SUCCESS) return failed(probe, "cuMemPoolCreate", r);
     PoolGuard guard(api_, pool);
@@ -726,14 +727,14 @@ class CudaBackend final : public Backend {
     // Export first: an IPC pool that can't be exported is the finding that matters.
     if (type == HandleType::posix_fd) {
       int fd = -1;
-      spdlog::debug("probe {} on GPU {}: cuMemPoolExportToShareableHandle", type_name, ordinal);
+      debug(type_name, ordinal, "cuMemPoolExportToShareableHandle");
       r = api_.cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
       if (fd >= 0 && r == CUDA_SUCCESS) ::close(fd);
       if (r != CUDA_SUCCESS) return failed(probe, "cuMemPoolExportToShareableHandle", r);
     } else if (type == HandleType::fabric) {
       CUmemFabricHandle handle;
       std::memset(&handle, 0, sizeof handle);
-      spdlog::debug("probe {} on GPU {}: cuMemPoolExportToShareableHandle", type_name, ordinal);
+      debug(type_name, ordinal, "cuMemPoolExportToShareableHandle");
       r = api_.cuMemPoolExportToShareableHandle(&handle, pool, CU_MEM_HANDLE_TYPE_FABRIC, 0);
       if (r != CUDA_SUCCESS) {
         // Measured on driver 580.159.04 (H100): cuMemPoolDestroy crashes inside libcuda on a fabric
@@ -745,14 +746,14 @@ class CudaBackend final : public Backend {
 
     // A small allocation proves the pool serves memory, not only that it was created.
     CUdeviceptr ptr = 0;
-    spdlog::debug("probe {} on GPU {}: cuMemAllocFromPoolAsync", type_name, ordinal);
+    debug(type_name, ordinal, "cuMemAllocFromPoolAsync");
     r = api_.cuMemAllocFromPoolAsync(&ptr, 2u << 20, pool, nullptr);
     if (r != CUDA_SUCCESS) return failed(probe, "cuMemAllocFromPoolAsync", r);
-    spdlog::debug("probe {} on GPU {}: cuMemFreeAsync + cuStreamSynchronize", type_name, ordinal);
+    debug(type_name, ordinal, "cuMemFreeAsync + cuStreamSynchronize");
     r = api_.cuMemFreeAsync(ptr, nullptr);
     if (r == CUDA_SUCCESS) r = api_.cuStreamSynchronize(nullptr);
     if (r != CUDA_SUCCESS) return failed(probe, "cuMemFreeAsync", r);
-    spdlog::debug("probe {} on GPU {}: ok", type_name, ordinal);
+    debug(type_name, ordinal, "ok");
     probe.ok = true;
     return probe;
   }
@@ -1007,6 +1008,12 @@ class CudaBackend final : public Backend {
     nvml_ready_ = nvml_.init && nvml_.shutdown && nvml_.by_uuid && nvml_.memory && nvml_.init() == 0;
   }
 
+  // A step of a probe, for --log-level debug.
+  void debug(const char* type, int ordinal, const char* step) const {
+    if (debug_) debug_(std::string("probe ") + type + " on GPU " + std::to_string(ordinal) + ": " + step);
+  }
+
+  DebugLog debug_;
   std::unique_ptr<Library> cuda_;
   std::unique_ptr<Library> nvml_lib_;
   DriverApi api_;
@@ -1022,6 +1029,6 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(DebugLog debug) { return std::make_unique<CudaBackend>(std::move(debug)); }
 
 }  // namespace cupool
