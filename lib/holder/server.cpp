@@ -1,15 +1,10 @@
 #include "holder/server.h"
 
-#include <fcntl.h>
-#include <grp.h>
 #include <poll.h>
-#include <pwd.h>
 #include <signal.h>
-#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -17,22 +12,18 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
-#include <deque>
-#include <fstream>
 #include <map>
-#include <sstream>
 
 #include <spdlog/spdlog.h>
 
 #include "base/error.h"
 #include "base/fd.h"
-#include "base/text.h"
-#include "base/units.h"
 #include "device/query.h"
 #include "holder/conversation.h"
 #include "holder/holder.h"
+#include "holder/peer.h"
+#include "holder/socket_file.h"
 #include "protocol/protocol.h"
-#include "spec/diagnostics.h"
 #include "spec/load.h"
 
 namespace cupool {
@@ -45,52 +36,6 @@ constexpr rlim_t kWantedFiles = 4096;
 using proto::Json;
 
 std::string errno_text() { return std::strerror(errno); }
-
-std::string user_name(uid_t uid) {
-  std::vector<char> buf(16384);
-  passwd pw{};
-  passwd* out = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &out) == 0 && out) return out->pw_name;
-  return "";
-}
-
-std::string group_name(gid_t gid) {
-  std::vector<char> buf(16384);
-  group gr{};
-  group* out = nullptr;
-  if (getgrgid_r(gid, &gr, buf.data(), buf.size(), &out) == 0 && out) return out->gr_name;
-  return "";
-}
-
-// The peer's identity from the kernel: SO_PEERCRED, and SO_PEERGROUPS for its other groups.
-Peer peer_of(int fd) {
-  Peer p;
-  ucred cred{};
-  socklen_t len = sizeof cred;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) throw std::runtime_error("SO_PEERCRED: " + errno_text());
-  p.pid = cred.pid;
-  p.uid = cred.uid;
-  p.gid = cred.gid;
-  p.user = user_name(cred.uid);
-  std::vector<gid_t> groups{cred.gid};
-#ifdef SO_PEERGROUPS
-  std::vector<gid_t> more(64);
-  socklen_t glen = static_cast<socklen_t>(more.size() * sizeof(gid_t));
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, more.data(), &glen) != 0 && errno == ERANGE) {
-    more.resize(glen / sizeof(gid_t) + 1);
-    glen = static_cast<socklen_t>(more.size() * sizeof(gid_t));
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, more.data(), &glen) != 0) glen = 0;
-  }
-  more.resize(glen / sizeof(gid_t));
-  groups.insert(groups.end(), more.begin(), more.end());
-#endif
-  for (gid_t g : groups) {
-    const std::string name = group_name(g);
-    if (!name.empty() && std::find(p.group_names.begin(), p.group_names.end(), name) == p.group_names.end())
-      p.group_names.push_back(name);
-  }
-  return p;
-}
 
 std::string iso_now() {
   const std::time_t t = std::time(nullptr);
@@ -119,9 +64,6 @@ class Server {
   int run();
 
  private:
-  void open_lock(const std::string& socket);
-  void listen_on(const std::string& socket);
-  void set_socket_permissions();
   void accept_clients();
   void read_from(Connection& c);
   void queue(Connection& c, const Json& body, proto::Kind kind = proto::Kind::reply);
@@ -137,10 +79,7 @@ class Server {
   Backend& backend_;
   ServerOptions options_;
   std::unique_ptr<Holder> holder_;
-  std::string socket_path_;
-  std::string lock_path_;
-  Fd lock_;
-  Fd listener_;
+  std::unique_ptr<SocketFile> socket_;
   std::map<int, Connection> connections_;  // by fd
   bool draining_ = false;
   Clock::time_point drain_deadline_{};
@@ -153,89 +92,12 @@ class Server {
   std::string started_;
 };
 
-void Server::open_lock(const std::string& socket) {
-  lock_path_ = socket + ".lock";
-  const std::string dir = socket.substr(0, socket.rfind('/') == std::string::npos ? 0 : socket.rfind('/'));
-  if (!dir.empty()) {
-    struct stat st{};
-    if (::stat(dir.c_str(), &st) != 0) {
-      if (::mkdir(dir.c_str(), 0755) != 0)
-        throw Error(Errc::unreachable,
-                    "can't create the socket directory " + dir + ": " + errno_text() +
-                        " (create it, run as a user who may, or choose another path with --socket)");
-    }
-  }
-  // O_NOFOLLOW: the holder (often root) truncates and writes this file; a symbolic link planted
-  // in its place must not point that at another file.
-  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
-  if (!lock_)
-    throw Error(Errc::unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
-                                                  " (is the socket directory writable?)");
-  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
-    std::string pid;
-    std::ifstream in(lock_path_);
-    std::getline(in, pid);
-    throw Error(Errc::unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
-                                                  " is serving " + socket + "; stop it first, or use another --socket");
-  }
-  const std::string me = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(lock_.get(), 0) != 0 || ::pwrite(lock_.get(), me.data(), me.size(), 0) < 0)
-    spdlog::warn("can't write the pid into {}: {}", lock_path_, errno_text());
-}
-
-void Server::listen_on(const std::string& socket) {
-  sockaddr_un addr{};
-  if (socket.size() >= sizeof(addr.sun_path))
-    throw Error(Errc::invalid_input, "socket path " + socket + " is longer than " +
-                                             std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
-
-  // We hold the lock, so a socket file left here belongs to a holder that died: remove it.
-  struct stat st{};
-  if (::lstat(socket.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      throw Error(Errc::unreachable, socket + " exists and is not a socket; remove it or choose another --socket");
-    spdlog::info("removing the stale socket {} left by a holder that did not stop cleanly", socket);
-    if (::unlink(socket.c_str()) != 0)
-      throw Error(Errc::unreachable, "can't remove the stale socket " + socket + ": " + errno_text());
-  }
-  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!listener_) throw Error(Errc::unreachable, "socket: " + errno_text());
-  // Nobody may connect before the mode and group are set.
-  const mode_t old = ::umask(0177);
-  const int rc = ::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
-  const int bind_errno = errno;
-  ::umask(old);
-  if (rc != 0)
-    throw Error(Errc::unreachable, "can't bind " + socket + ": " + std::strerror(bind_errno) +
-                                                  " (is the directory writable by this user?)");
-  socket_path_ = socket;
-  set_socket_permissions();
-  if (::listen(listener_.get(), 128) != 0) throw Error(Errc::unreachable, "listen: " + errno_text());
-}
-
-void Server::set_socket_permissions() {
-  const HolderWant& h = holder_->holder_settings();
-  if (!h.group.empty()) {
-    std::vector<char> buf(16384);
-    group gr{};
-    group* out = nullptr;
-    if (getgrnam_r(h.group.c_str(), &gr, buf.data(), buf.size(), &out) != 0 || !out)
-      throw Error(Errc::does_not_fit, "holder.group: no group named " + h.group + " on this node");
-    if (::chown(socket_path_.c_str(), static_cast<uid_t>(-1), out->gr_gid) != 0)
-      throw Error(Errc::unreachable, "can't give " + socket_path_ + " to group " + h.group + ": " + errno_text());
-  }
-  if (::chmod(socket_path_.c_str(), static_cast<mode_t>(h.mode)) != 0)
-    throw Error(Errc::unreachable, "can't set the mode of " + socket_path_ + ": " + errno_text());
-}
-
 void Server::update_identity() {
   Json id;
   id["pid"] = ::getpid();
   id["version"] = std::string("cupool ") + CUPOOL_VERSION;
   id["config"] = options_.config_path;
-  id["socket"] = socket_path_;
+  id["socket"] = socket_->path();
   id["started"] = started_;
   id["reloads"] = reloads_;
   holder_->set_identity(id);
@@ -298,7 +160,7 @@ void Server::drop(Connection& c, const std::string& why) {
 
 void Server::accept_clients() {
   for (int i = 0; i < 64; ++i) {
-    Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    Fd fd(::accept4(socket_->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
     if (!fd) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
         // Said once per episode; new connections wait in the backlog until a descriptor is free.
@@ -402,7 +264,7 @@ void Server::reload() {
     const HolderWant before = holder_->holder_settings();
     const std::vector<Change> changes = holder_->apply(loaded.desired);
     if (before.mode != holder_->holder_settings().mode || before.group != holder_->holder_settings().group)
-      set_socket_permissions();
+      socket_->set_permissions(holder_->holder_settings());
     ++reloads_;
     update_identity();
     if (changes.empty()) spdlog::info("reload: no changes");
@@ -430,8 +292,7 @@ void Server::start_drain(const char* why) {
   sd_notify_state("STOPPING=1");
   drain_deadline_ = Clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
   // New clients can't come in; those here are asked to leave.
-  listener_.reset();
-  if (!socket_path_.empty()) ::unlink(socket_path_.c_str());
+  socket_->close();
   for (auto& [fd, c] : connections_)
     queue(c, {{"notice", "draining"}, {"message", std::string("the holder is stopping (") + why + "); release your leases"}},
           proto::Kind::notice);
@@ -474,25 +335,25 @@ int Server::run() {
   }
   if (!options_.socket.empty()) want.holder.socket = options_.socket;
 
-  open_lock(want.holder.socket);
+  socket_ = std::make_unique<SocketFile>(want.holder.socket);
   HolderLimits limits;
   limits.max_clients_per_user = options_.max_clients_per_user;
   holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
   holder_->adopt_holder_settings(want.holder);
   holder_->apply(want);
-  listen_on(want.holder.socket);
+  socket_->listen(holder_->holder_settings());
   update_identity();
   spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
                holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
-               holder_->status()["buffers"].size() == 1 ? "" : "s", options_.config_path, socket_path_);
-  sd_notify_state("READY=1\nSTATUS=listening on " + socket_path_ + "\nMAINPID=" + std::to_string(::getpid()));
+               holder_->status()["buffers"].size() == 1 ? "" : "s", options_.config_path, socket_->path());
+  sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() + "\nMAINPID=" + std::to_string(::getpid()));
 
   std::vector<pollfd> fds;
   while (true) {
     if (draining_ && (connections_.empty() || Clock::now() >= drain_deadline_)) break;
     fds.clear();
     fds.push_back({signals.get(), POLLIN, 0});
-    if (listener_ && Clock::now() >= accept_paused_until_) fds.push_back({listener_.get(), POLLIN, 0});
+    if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
     for (auto& [fd, c] : connections_)
       fds.push_back({fd, static_cast<short>(POLLIN | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
     const int n = ::poll(fds.data(), fds.size(), 250);
@@ -509,7 +370,7 @@ int Server::run() {
             start_drain(si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
           }
         }
-      } else if (listener_ && p.fd == listener_.get()) {
+      } else if (socket_->listening() && p.fd == socket_->fd()) {
         accept_clients();
       } else {
         auto it = connections_.find(p.fd);
@@ -539,10 +400,7 @@ int Server::run() {
   if (left) spdlog::warn("freed {} lease{} of clients that did not leave in time", left, left == 1 ? "" : "s");
   holder_->shutdown();
   holder_.reset();
-  if (listener_) {
-    listener_.reset();
-    ::unlink(socket_path_.c_str());
-  }
+  socket_->close();
   spdlog::info("stopped");
   return exit_code_;
 }

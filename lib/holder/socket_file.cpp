@@ -1,0 +1,107 @@
+#include "holder/socket_file.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <vector>
+
+#include "base/error.h"
+
+namespace cupool {
+
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+SocketFile::SocketFile(const std::string& socket) : path_(socket), lock_path_(socket + ".lock") {
+  const std::string dir = socket.substr(0, socket.rfind('/') == std::string::npos ? 0 : socket.rfind('/'));
+  if (!dir.empty()) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+      if (::mkdir(dir.c_str(), 0755) != 0)
+        throw Error(Errc::unreachable, "can't create the socket directory " + dir + ": " + errno_text() +
+                                           " (create it, run as a user who may, or choose another path with --socket)");
+    }
+  }
+  // O_NOFOLLOW: the holder (often root) truncates and writes this file; a symbolic link planted
+  // in its place must not point that at another file.
+  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!lock_)
+    throw Error(Errc::unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
+                                       " (is the socket directory writable?)");
+  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+    std::string pid;
+    std::ifstream in(lock_path_);
+    std::getline(in, pid);
+    throw Error(Errc::unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
+                                       " is serving " + socket + "; stop it first, or use another --socket");
+  }
+  const std::string me = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_.get(), 0) != 0 || ::pwrite(lock_.get(), me.data(), me.size(), 0) < 0)
+    spdlog::warn("can't write the pid into {}: {}", lock_path_, errno_text());
+}
+
+void SocketFile::listen(const HolderWant& h) {
+  const std::string& socket = path_;
+  sockaddr_un addr{};
+  if (socket.size() >= sizeof(addr.sun_path))
+    throw Error(Errc::invalid_input,
+                "socket path " + socket + " is longer than " + std::to_string(sizeof(addr.sun_path) - 1) + " bytes");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+
+  // We hold the lock, so a socket file left here belongs to a holder that died: remove it.
+  struct stat st {};
+  if (::lstat(socket.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode))
+      throw Error(Errc::unreachable, socket + " exists and is not a socket; remove it or choose another --socket");
+    spdlog::info("removing the stale socket {} left by a holder that did not stop cleanly", socket);
+    if (::unlink(socket.c_str()) != 0)
+      throw Error(Errc::unreachable, "can't remove the stale socket " + socket + ": " + errno_text());
+  }
+  listener_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!listener_) throw Error(Errc::unreachable, "socket: " + errno_text());
+  // Nobody may connect before the mode and group are set.
+  const mode_t old = ::umask(0177);
+  const int rc = ::bind(listener_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr);
+  const int bind_errno = errno;
+  ::umask(old);
+  if (rc != 0)
+    throw Error(Errc::unreachable, "can't bind " + socket + ": " + std::strerror(bind_errno) +
+                                       " (is the directory writable by this user?)");
+  set_permissions(h);
+  if (::listen(listener_.get(), 128) != 0) throw Error(Errc::unreachable, "listen: " + errno_text());
+}
+
+void SocketFile::set_permissions(const HolderWant& h) {
+  if (!h.group.empty()) {
+    std::vector<char> buf(16384);
+    group gr{};
+    group* out = nullptr;
+    if (getgrnam_r(h.group.c_str(), &gr, buf.data(), buf.size(), &out) != 0 || !out)
+      throw Error(Errc::does_not_fit, "holder.group: no group named " + h.group + " on this node");
+    if (::chown(path_.c_str(), static_cast<uid_t>(-1), out->gr_gid) != 0)
+      throw Error(Errc::unreachable, "can't give " + path_ + " to group " + h.group + ": " + errno_text());
+  }
+  if (::chmod(path_.c_str(), static_cast<mode_t>(h.mode)) != 0)
+    throw Error(Errc::unreachable, "can't set the mode of " + path_ + ": " + errno_text());
+}
+
+void SocketFile::close() {
+  if (!listener_) return;
+  listener_.reset();
+  ::unlink(path_.c_str());
+}
+
+}  // namespace cupool
