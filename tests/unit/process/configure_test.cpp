@@ -90,17 +90,6 @@ TEST_CASE("configure: a file without a process section changes nothing; a driver
                   CudaError);
 }
 
-TEST_CASE("process_stats reports the default pool of each used device") {
-  SimBackend sim(test::two_gpu_node());
-  configure_process(sim, kSection, "p.yaml");
-  const auto stats = process_stats(sim);
-  REQUIRE(stats["devices"].size() == 1);  // only device 1 was touched
-  CHECK(stats["devices"][0]["device"] == 1);
-  CHECK(stats["devices"][0]["pools"][0]["pool"] == "default");
-  CHECK(stats["devices"][0]["pools"][0]["release_threshold"] == (40ULL << 30));
-  CHECK(stats["devices"][0]["graph"]["used_current"] == 0);
-}
-
 namespace {
 
 const char* const kCurrent = R"(version: 1
