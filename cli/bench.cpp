@@ -9,9 +9,9 @@
 #include "base/units.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "config/config.h"
 #include "device/bench.h"
 #include "device/query.h"
-#include "spec/config.h"
 
 namespace cupool::cli {
 

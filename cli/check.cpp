@@ -5,9 +5,9 @@
 #include "base/output.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "config/config.h"
+#include "config/load.h"
 #include "device/query.h"
-#include "spec/config.h"
-#include "spec/load.h"
 
 namespace cupool::cli {
 

@@ -11,12 +11,12 @@
 #include "base/error.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "config/config.h"
+#include "config/config.h"
+#include "config/diagnostics.h"
+#include "config/diagnostics.h"
 #include "device/sim_backend.h"
 #include "process/process.h"
-#include "spec/config.h"
-#include "spec/config.h"
-#include "spec/diagnostics.h"
-#include "spec/diagnostics.h"
 
 namespace cupool::cli {
 

@@ -9,7 +9,7 @@
 #include "base/output.h"
 #include "base/text.h"
 #include "base/units.h"
-#include "spec/diagnostics.h"
+#include "config/diagnostics.h"
 
 namespace cupool {
 

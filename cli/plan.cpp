@@ -6,8 +6,8 @@
 #include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
-#include "spec/config.h"
-#include "spec/diagnostics.h"
+#include "config/config.h"
+#include "config/diagnostics.h"
 
 namespace cupool::cli {
 

@@ -15,9 +15,9 @@
 #include "base/error.h"
 #include "client/api.h"
 #include "client/connection.h"
+#include "config/config.h"
 #include "cupool/client.h"
 #include "protocol/protocol.h"
-#include "spec/config.h"
 
 using cupool::client::Failure;
 using cupool::client::Json;

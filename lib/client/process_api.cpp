@@ -7,13 +7,13 @@
 
 #include "base/error.h"
 #include "client/api.h"
+#include "config/config.h"
+#include "config/diagnostics.h"
 #include "cupool/client.h"
 #include "device/backend.h"
 #include "device/node.h"
 #include "device/sim_backend.h"
 #include "process/process.h"
-#include "spec/config.h"
-#include "spec/diagnostics.h"
 
 using Json = nlohmann::ordered_json;
 

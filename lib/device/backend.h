@@ -94,7 +94,7 @@ struct PoolProps {
 
 // A pool's settable attributes (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD and the reuse policies). The
 // defaults are the driver's for a new pool. The one value that the config's settings become
-// (spec/resolve.h) and that the holder, the in-process apply and the backends use.
+// (config/resolve.h) and that the holder, the in-process apply and the backends use.
 struct PoolSettings {
   std::uint64_t release_threshold = 0;  // bytes; UINT64_MAX for the config's max
   bool follow_event_dependencies = true;

@@ -3,8 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include "base/text.h"
+#include "config/diagnostics.h"
 #include "holder/holder.h"
-#include "spec/diagnostics.h"
 
 namespace cupool {
 

@@ -12,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
+#include "config/resolve.h"
 #include "device/backend.h"
 #include "device/node.h"
 #include "protocol/protocol.h"
-#include "spec/config.h"
-#include "spec/resolve.h"
 
 namespace cupool {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "config/resolve.h"
 #include "device/backend.h"
-#include "spec/resolve.h"
 
 namespace cupool {
 

@@ -1,4 +1,4 @@
-// Reconciling: what a config asks for (spec/resolve.h) against what the holder holds. plan() says
+// Reconciling: what a config asks for (config/resolve.h) against what the holder holds. plan() says
 // what would change; apply() changes it, in order, and only what differs.
 #include <spdlog/spdlog.h>
 

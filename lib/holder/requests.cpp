@@ -5,9 +5,9 @@
 #include "base/error.h"
 #include "base/text.h"
 #include "base/units.h"
+#include "config/load.h"
 #include "holder/holder.h"
 #include "holder/names.h"
-#include "spec/load.h"
 
 namespace cupool {
 

@@ -18,13 +18,13 @@
 
 #include "base/error.h"
 #include "base/fd.h"
+#include "config/load.h"
 #include "device/query.h"
 #include "holder/conversation.h"
 #include "holder/holder.h"
 #include "holder/peer.h"
 #include "holder/socket_file.h"
 #include "protocol/protocol.h"
-#include "spec/load.h"
 
 namespace cupool {
 

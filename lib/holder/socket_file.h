@@ -5,7 +5,7 @@
 #include <string>
 
 #include "base/fd.h"
-#include "spec/resolve.h"
+#include "config/resolve.h"
 
 namespace cupool {
 

@@ -1,4 +1,4 @@
-// The process: section applied inside an application: judged on this node (spec/load.h), then
+// The process: section applied inside an application: judged on this node (config/load.h), then
 // changed on each selected device, only where it differs, all or nothing.
 #include "process/process.h"
 
@@ -6,8 +6,8 @@
 #include <functional>
 
 #include "base/units.h"
+#include "config/load.h"
 #include "device/query.h"
-#include "spec/load.h"
 
 namespace cupool {
 

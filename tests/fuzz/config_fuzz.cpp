@@ -7,11 +7,11 @@
 #include <string>
 
 #include "base/output.h"
+#include "config/config.h"
+#include "config/load.h"
 #include "device/sim_backend.h"
 #include "holder/holder.h"
 #include "process/process.h"
-#include "spec/config.h"
-#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {

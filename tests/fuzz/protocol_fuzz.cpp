@@ -24,12 +24,12 @@
 #include <spdlog/spdlog.h>
 
 #include "base/error.h"
+#include "config/load.h"
 #include "device/backend.h"
 #include "device/sim_backend.h"
 #include "holder/conversation.h"
 #include "holder/holder.h"
 #include "protocol/protocol.h"
-#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 namespace {

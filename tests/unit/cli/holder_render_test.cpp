@@ -2,7 +2,7 @@
 
 #include "base/units.h"
 #include "cli/holder_render.h"
-#include "spec/diagnostics.h"
+#include "config/diagnostics.h"
 
 using namespace cupool;
 using json = nlohmann::ordered_json;

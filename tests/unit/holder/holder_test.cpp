@@ -3,9 +3,9 @@
 
 #include <string>
 
+#include "config/load.h"
 #include "device/sim_backend.h"
 #include "holder/holder.h"
-#include "spec/load.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;

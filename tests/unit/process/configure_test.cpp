@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <string>
 
+#include "config/diagnostics.h"
 #include "device/sim_backend.h"
 #include "process/process.h"
-#include "spec/diagnostics.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;

@@ -1,4 +1,4 @@
-#include "spec/resolve.h"
+#include "config/resolve.h"
 
 #include <algorithm>
 

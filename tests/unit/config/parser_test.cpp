@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "spec/config.h"
+#include "config/config.h"
 
 using namespace cupool;
 

@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "spec/diagnostics.h"
+#include "config/diagnostics.h"
 
 using namespace cupool;
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "config/diagnostics.h"
 #include "device/backend.h"
 #include "device/node.h"
-#include "spec/diagnostics.h"
 
 namespace cupool {
 

@@ -1,4 +1,4 @@
-#include "spec/diagnostics.h"
+#include "config/diagnostics.h"
 
 #include <algorithm>
 #include <cerrno>

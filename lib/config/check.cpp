@@ -1,4 +1,4 @@
-#include "spec/check.h"
+#include "config/check.h"
 
 #include <algorithm>
 #include <map>

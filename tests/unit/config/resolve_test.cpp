@@ -1,8 +1,8 @@
-#include "spec/resolve.h"
+#include "config/resolve.h"
 
 #include <doctest/doctest.h>
 
-#include "spec/load.h"
+#include "config/load.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;

@@ -1,10 +1,10 @@
 // `cupool check`: judges a parsed config against a node, every finding at once, nothing created.
 #pragma once
 
+#include "config/config.h"
+#include "config/diagnostics.h"
+#include "config/resolve.h"
 #include "device/node.h"
-#include "spec/config.h"
-#include "spec/diagnostics.h"
-#include "spec/resolve.h"
 
 namespace cupool {
 
@@ -14,7 +14,7 @@ struct CheckOptions {
 };
 
 // Adds a finding to `diags` for every rule the config breaks on `node`; `desired` is what
-// resolve(config, node) made of it (spec/load.h does both).
+// resolve(config, node) made of it (config/load.h does both).
 void check_config(const Config& config, const Desired& desired, const NodeReport& node, Diagnostics& diags,
                   const CheckOptions& options = {});
 

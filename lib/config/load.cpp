@@ -1,4 +1,4 @@
-#include "spec/load.h"
+#include "config/load.h"
 
 namespace cupool {
 

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "spec/load.h"
+#include "config/load.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;

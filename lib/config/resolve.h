@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "device/backend.h"
 #include "device/node.h"
-#include "spec/config.h"
 
 namespace cupool {
 

@@ -7,11 +7,11 @@
 #include <optional>
 #include <string>
 
+#include "config/check.h"
+#include "config/config.h"
+#include "config/diagnostics.h"
+#include "config/resolve.h"
 #include "device/node.h"
-#include "spec/check.h"
-#include "spec/config.h"
-#include "spec/diagnostics.h"
-#include "spec/resolve.h"
 
 namespace cupool {
 
