@@ -45,7 +45,7 @@ command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 cmake -S "$src" -B "$src/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX="$PWD/$PREFIX" \
   -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=OFF -DYAML_CPP_BUILD_CONTRIB=OFF -DYAML_BUILD_SHARED_LIBS=OFF \
   -DYAML_CPP_INSTALL=ON -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DCMAKE_CXX_VISIBILITY_PRESET=hidden \
-  -DCMAKE_VISIBILITY_INLINES_HIDDEN=ON >/dev/null
+  -DCMAKE_VISIBILITY_INLINES_HIDDEN=ON -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >/dev/null
 cmake --build "$src/build" -j "$(nproc)" >/dev/null
 cmake --install "$src/build" >/dev/null
 touch "$STAMP"

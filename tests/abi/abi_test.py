@@ -78,6 +78,10 @@ def main():
         ap.add_argument(a, required=True)
     ap.add_argument("--sanitized", action="store_true")
     args = ap.parse_args()
+    # The test programs find the stand-in driver (libcuda.so.1) through their RUNPATH; a directory on
+    # LD_LIBRARY_PATH that holds the real driver (as on the GPU machines) would be searched first.
+    os.environ["LD_LIBRARY_PATH"] = ":".join(
+        d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and not os.path.exists(os.path.join(d, "libcuda.so.1")))
     failures = []
 
     soname = re.search(r"\(SONAME\)\s+Library soname: \[([^\]]+)\]", readelf("-d", args.client))

@@ -32,6 +32,10 @@ def main():
     ap.add_argument("--fake-cuda", required=True)
     ap.add_argument("--sanitized", action="store_true", help="the build is sanitized: skip (exit 77)")
     args = ap.parse_args()
+    # The test programs find the stand-in driver (libcuda.so.1) through their RUNPATH; a directory on
+    # LD_LIBRARY_PATH that holds the real driver (as on the GPU machines) would be searched first.
+    os.environ["LD_LIBRARY_PATH"] = ":".join(
+        d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and not os.path.exists(os.path.join(d, "libcuda.so.1")))
     if args.sanitized:
         print("skipped: a sanitized preload library can't be loaded into an unsanitized python3")
         return 77

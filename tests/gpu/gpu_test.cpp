@@ -326,7 +326,7 @@ std::string describe(const cupool::ExportProbe& p) {
   std::ostringstream out;
   out << cupool::handle_type_name(p.handle_type) << ": ";
   if (p.ok) out << "ok";
-  else out << "failed in " << p.api << " with " << p.error << " (" << p.reason << ")";
+  else out << "failed in " << p.api << " with " << p.error << " (" << p.description << "; " << cupool::explain_probe(p) << ")";
   return out.str();
 }
 
@@ -777,15 +777,25 @@ TEST_CASE("deep probes: pools of each handle type are created and exported, or f
                             (!info.fabric_handle && fabric.error == "CUDA_ERROR_INVALID_VALUE");
       CHECK_MESSAGE(expected, "fabric probe failed with an unexpected error: " << describe(fabric));
       CHECK_MESSAGE(!fabric.api.empty(), "a failed probe must name the call that failed");
-      CHECK_MESSAGE(!fabric.reason.empty(), "a failed probe must give a reason: " << describe(fabric));
+      CHECK_MESSAGE(!fabric.description.empty(), "a failed probe must carry the driver's words: " << describe(fabric));
+      // The backend reports the driver's answer; the report (build_report) says what it means.
+      const std::string reason = cupool::explain_probe(fabric);
+      CHECK_MESSAGE(!reason.empty(), "a failed probe must be explained: " << describe(fabric));
       if (fabric.error == "CUDA_ERROR_NOT_PERMITTED")
-        CHECK_MESSAGE(fabric.reason.find("IMEX") != std::string::npos,
+        CHECK_MESSAGE(reason.find("IMEX") != std::string::npos,
                       "NOT_PERMITTED for fabric handles must be explained by IMEX: " << describe(fabric));
     }
 
     // The probes say they release their context; the driver must agree.
     CHECK_MESSAGE(!drv.primary_active(d), "device " << d << ": a primary context is still active after the probes");
   }
+  // In the report (query --deep), every failed probe comes with its explanation.
+  cupool::QueryOptions deep;
+  deep.deep = true;
+  const cupool::NodeReport report = cupool::build_report(backend(), deep);
+  for (const auto& dev : report.devices)
+    for (const auto& probe : dev.probes)
+      if (!probe.ok) CHECK_MESSAGE(!probe.reason.empty(), "device " << dev.info.ordinal << ": " << describe(probe));
   CHECK_MESSAGE(!drv.any_current_context(), "a CUDA context is still current after the probes");
 }
 
