@@ -10,6 +10,7 @@
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "config/config.h"
+#include "config/resolve.h"
 #include "device/bench.h"
 #include "device/query.h"
 
@@ -104,7 +105,7 @@ Verb add_bench(CLI::App& app) {
       else if (config.process && config.process->default_pool && config.process->default_pool->release_threshold.set)
         t = &config.process->default_pool->release_threshold;
       if (t) {
-        o.threshold = t->value.resolve(node.device(o.device)->info.total_memory);
+        o.threshold = *resolve_settings(*t, std::nullopt, node.device(o.device)->info.total_memory).release_threshold;
         o.threshold_text = t->value.text;
       }
     }
