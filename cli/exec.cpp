@@ -98,7 +98,7 @@ Verb add_exec(CLI::App& app) {
 
   return {sub, [args, sub](Context& ctx) -> int {
     // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
-    const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
+    const SourceFile file = SourceFile::read_regular(args->config, kMaxConfigBytes);
     {
       auto backend = ctx.make_backend(args->profile);
       try {

@@ -71,7 +71,7 @@ void throw_reply_error(const json& reply) {
   std::string message = message_it != error.end() && message_it->is_string() ? message_it->get<std::string>() : "";
   if (message.empty()) message = "the holder refused the request" + (code.empty() ? "" : " (" + code + ")");
 
-  if (code == "invalid_config") {
+  if (code == "invalid_config" || code == "does_not_fit") {
     const auto rendered = error.find("rendered");
     if (rendered != error.end() && rendered->is_string() && !rendered->get<std::string>().empty()) {
       const std::string text = rendered->get<std::string>();

@@ -48,11 +48,12 @@ int run_plan(const PlanArgs& args, bool apply) {
     const std::string code = error.is_object() && error.contains("code") && error["code"].is_string()
                                  ? error["code"].get<std::string>()
                                  : "";
-    if (format != Format::table && code == "invalid_config") {
+    if (format != Format::table && (code == "invalid_config" || code == "does_not_fit")) {
       print_reply(format, reply, render_plan);
       const std::string message = error.contains("message") && error["message"].is_string()
                                       ? error["message"].get<std::string>()
-                                      : file.path() + ": not a valid cupool config";
+                                      : file.path() + (code == "invalid_config" ? ": not a valid cupool config"
+                                                                                : ": does not fit the holder's node");
       throw Error::reported(code, message);
     }
     throw_reply_error(reply);

@@ -17,7 +17,7 @@ constexpr ErrcInfo kTable[] = {
     // errc                    wire                    C status                exit here            exit, from a holder
     {Errc::invalid_input,        "bad_request",          CUPOOL_E_INVALID,       E::invalid_input,      E::invalid_input},
     {Errc::invalid_config,       "invalid_config",       CUPOOL_E_INVALID,       E::invalid_input,      E::invalid_input},
-    {Errc::does_not_fit,         "invalid_config",       CUPOOL_E_INVALID,       E::does_not_fit,       E::invalid_input},
+    {Errc::does_not_fit,         "does_not_fit",         CUPOOL_E_INVALID,       E::does_not_fit,       E::does_not_fit},
     {Errc::cuda,                 "cuda_error",           CUPOOL_E_CUDA,          E::no_driver,          E::does_not_fit},
     {Errc::no_driver,            "cuda_error",           CUPOOL_E_CUDA,          E::no_driver,          E::does_not_fit},
     {Errc::unreachable,          "unreachable",          CUPOOL_E_UNREACHABLE,   E::holder_unreachable, E::holder_unreachable},

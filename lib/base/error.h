@@ -24,7 +24,7 @@ enum class ExitCode : int {
 enum class Errc {
   invalid_input,         // a bad command line, an unreadable or oversized file, a bad value
   invalid_config,        // the config file is not a valid config (it comes with findings)
-  does_not_fit,          // the config does not fit the node, or the holder's state differs from it
+  does_not_fit,          // the config does not fit the node (it comes with findings), or drift
   cuda,                  // a CUDA driver call failed
   no_driver,             // no usable NVIDIA driver or device in this process
   unreachable,           // no holder listens, or the connection to it was lost or can't be made

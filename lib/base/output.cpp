@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/text.h"
 
 namespace cupool {
 
@@ -127,7 +128,13 @@ json yaml_to_json(const YAML::Node& node) {
 
 Table::Table(std::vector<std::string> header) { rows_.push_back(std::move(header)); }
 
-void Table::add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+void Table::add(std::vector<std::string> row) {
+  // Cells can carry text from elsewhere (a client's name, a file's path): a terminal shows it as
+  // text, never as a control sequence or a reordering of the line.
+  for (auto& cell : row)
+    if (!displays_as_is(cell)) cell = safe_for_display(cell);
+  rows_.push_back(std::move(row));
+}
 
 std::string Table::str(const std::string& indent) const {
   std::vector<std::size_t> width;

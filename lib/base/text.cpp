@@ -38,27 +38,34 @@ std::string did_you_mean(std::string_view word, const std::vector<std::string>& 
   return best_distance <= limit ? best : std::string();
 }
 
+std::size_t decode_utf8(std::string_view s, std::size_t at, std::uint32_t* code_point) {
+  if (at >= s.size()) return 0;
+  const auto c = static_cast<unsigned char>(s[at]);
+  std::size_t len = 0;
+  std::uint32_t min = 0;
+  if (c < 0x80) len = 1;
+  else if ((c & 0xe0) == 0xc0) len = 2, min = 0x80;
+  else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800;
+  else if ((c & 0xf8) == 0xf0) len = 4, min = 0x10000;
+  if (len == 0 || at + len > s.size()) return 0;
+  std::uint32_t cp = len == 1 ? c : (c & (0x7fu >> len));
+  for (std::size_t k = 1; k < len; ++k) {
+    const auto cc = static_cast<unsigned char>(s[at + k]);
+    if ((cc & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  if ((len > 1 && cp < min) || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  if (code_point) *code_point = cp;
+  return len;
+}
+
 std::string valid_utf8(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   std::size_t i = 0;
   while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    std::size_t len = 0;
-    std::uint32_t min = 0;
-    if (c < 0x80) len = 1;
-    else if ((c & 0xe0) == 0xc0) len = 2, min = 0x80;
-    else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800;
-    else if ((c & 0xf8) == 0xf0) len = 4, min = 0x10000;
-    bool ok = len > 0 && i + len <= s.size();
-    std::uint32_t cp = len == 1 ? c : (c & (0x7fu >> len));
-    for (std::size_t k = 1; ok && k < len; ++k) {
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      ok = (cc & 0xc0) == 0x80;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    ok = ok && (len == 1 || cp >= min) && cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
-    if (ok) {
+    const std::size_t len = decode_utf8(s, i, nullptr);
+    if (len) {
       out.append(s.substr(i, len));
       i += len;
     } else {
@@ -67,6 +74,52 @@ std::string valid_utf8(std::string_view s) {
     }
   }
   return out;
+}
+
+bool display_safe(std::uint32_t cp) {
+  if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return false;  // C0, DEL, C1
+  if (cp == 0x061c || cp == 0x200e || cp == 0x200f) return false;  // bidirectional marks
+  if (cp >= 0x202a && cp <= 0x202e) return false;                  // embeddings and overrides
+  if (cp >= 0x2066 && cp <= 0x2069) return false;                  // isolates
+  if (cp == 0x2028 || cp == 0x2029 || cp == 0xfeff) return false;  // line, paragraph separators; BOM
+  return true;
+}
+
+bool displays_as_is(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::uint32_t cp = 0;
+    const std::size_t len = decode_utf8(s, i, &cp);
+    if (!len || !display_safe(cp)) return false;
+    i += len;
+  }
+  return true;
+}
+
+std::string safe_for_display(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::uint32_t cp = 0;
+    const std::size_t len = decode_utf8(s, i, &cp);
+    if (len && display_safe(cp)) {
+      out.append(s.substr(i, len));
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      i += len ? len : 1;
+    }
+  }
+  return out;
+}
+
+std::string utf8_prefix(std::string_view s, std::size_t max_bytes) {
+  if (s.size() <= max_bytes) return std::string(s);
+  std::size_t end = max_bytes;
+  // Back up over continuation bytes to the start of the character that does not fit.
+  while (end > 0 && (static_cast<unsigned char>(s[end]) & 0xc0) == 0x80) --end;
+  return std::string(s.substr(0, end));
 }
 
 std::string to_lower(std::string_view s) {

@@ -42,7 +42,14 @@ Json cupool_conn::request(Json body, int* fd_out) {
   const std::uint64_t id = next_id++;
   body["id"] = id;
   try {
-    cupool::proto::send_all(fd, cupool::proto::encode(cupool::proto::Kind::request, body));
+    try {
+      cupool::proto::send_all(fd, cupool::proto::encode(cupool::proto::Kind::request, body));
+    } catch (const std::system_error& e) {
+      // The holder may have refused this connection (a limit) and closed it before reading what
+      // we sent: its reason was sent first and is waiting here. Say that, not "unreachable".
+      if (auto reason = closing_reason()) throw *reason;
+      throw;
+    }
     while (true) {
       int received = -1;
       auto [header, reply] = cupool::proto::receive_frame(fd, received);
@@ -75,6 +82,24 @@ Json cupool_conn::request(Json body, int* fd_out) {
     close_socket();
     throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
   }
+}
+
+// The error a holder sent before it closed the connection, if one is waiting to be read.
+std::optional<Failure> cupool_conn::closing_reason() {
+  try {
+    int received = -1;
+    auto [header, reply] = cupool::proto::receive_frame(fd, received);
+    if (received >= 0) ::close(received);
+    if (header.kind == cupool::proto::Kind::reply && reply.value("ok", true) == false && reply.contains("error") &&
+        reply["error"].is_object()) {
+      const Json& e = reply["error"];
+      close_socket();
+      return Failure{status_of(e.value("code", "")), e.value("message", "the holder refused the connection")};
+    }
+  } catch (const std::exception&) {
+    // Nothing was waiting, or it was not a frame: the connection is just gone.
+  }
+  return std::nullopt;
 }
 
 // A request whose reply must be ok; a holder error becomes a Failure.

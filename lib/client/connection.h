@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -70,6 +71,8 @@ struct cupool_conn {
   // A request whose reply must be ok; a holder error becomes a Failure.
   cupool::client::Json call(cupool::client::Json body, int* fd_out = nullptr);
   void close_socket();
+  // The error reply a holder sent before it closed the connection, if one is waiting.
+  std::optional<cupool::client::Failure> closing_reason();
   // The backend that imports here: the driver, or a simulated importer when the holder runs on a
   // simulated node (made on first use).
   cupool::Backend& backend();

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/text.h"
 #include "client/api.h"
 #include "client/connection.h"
 #include "config/config.h"
@@ -113,7 +114,8 @@ int cupool_connect(const char* socket_path, const char* client_name, cupool_conn
       return CUPOOL_E_UNREACHABLE;
     }
     Json hello = {{"op", "hello"}, {"protocol", CUPOOL_PROTOCOL_VERSION}};
-    if (client_name) hello["client"] = std::string(client_name).substr(0, 64);
+    // The holder takes at most 64 bytes: cut at a character boundary, not inside one.
+    if (client_name) hello["client"] = cupool::utf8_prefix(client_name, 64);
     try {
       Json reply = conn->call(hello);
       conn->backend_kind = reply.value("backend", "cuda");

@@ -66,7 +66,7 @@ int cupool_configure(const char* path, char** report) {
   if (report) *report = nullptr;
   return process_guarded([&] {
     if (!path || !*path) throw cupool::InputError("cupool_configure: no config file given");
-    const cupool::SourceFile file = cupool::SourceFile::read(path, cupool::kMaxConfigBytes);
+    const cupool::SourceFile file = cupool::SourceFile::read_regular(path, cupool::kMaxConfigBytes);
     const cupool::ConfigureResult r = cupool::configure_process(process_backend(), file.text(), file.path());
     if (report) *report = cupool::client::copy_string(r.to_json().dump(-1, ' ', false, Json::error_handler_t::replace));
   });

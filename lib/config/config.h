@@ -138,6 +138,7 @@ constexpr std::size_t kMaxConfigBytes = 1 << 20;  // 1 MiB
 constexpr int kMaxNesting = 32;                   // flow/block nesting depth
 constexpr std::size_t kMaxPools = 1024;
 constexpr std::size_t kMaxBuffers = 4096;
+constexpr std::size_t kMaxValues = 100000;  // values read (map entries, list items), aliases repeated
 
 // Parses and validates a config's shape (keys, types, units, enums). Every problem goes into
 // `diags` as an invalid-input finding; the result holds everything that could be read.

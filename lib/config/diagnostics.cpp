@@ -1,5 +1,9 @@
 #include "config/diagnostics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -9,6 +13,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "base/text.h"
 
 namespace cupool {
@@ -39,6 +44,29 @@ SourceFile::SourceFile(std::string path, std::string text) : path_(std::move(pat
   if (!cur.empty()) lines_.push_back(cur);
 }
 
+SourceFile SourceFile::read_regular(const std::string& path, std::size_t limit) {
+  // O_NONBLOCK: opening a FIFO with no writer must not wait; it is refused below anyway.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!fd) throw InputError("cannot read '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw InputError("cannot read '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw InputError("'" + path + "' is not a regular file");
+  if (static_cast<std::uint64_t>(st.st_size) > limit)
+    throw InputError(path + ": file is larger than " + std::to_string(limit >> 10) + " KiB; a config this big is not a config");
+  std::string text;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw InputError("cannot read '" + path + "': " + std::strerror(errno));
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+    if (text.size() > limit)
+      throw InputError(path + ": file is larger than " + std::to_string(limit >> 10) + " KiB; a config this big is not a config");
+  }
+  return SourceFile(path, std::move(text));
+}
+
 SourceFile SourceFile::read(const std::string& path, std::size_t limit) {
   std::string text;
   std::istream* in = &std::cin;
@@ -65,11 +93,27 @@ std::string SourceFile::line(int n) const {
   return lines_[static_cast<std::size_t>(n - 1)];
 }
 
+namespace {
+
+// Text a finding carries is bounded: messages quote the file, and a file can hold a 60 KiB key.
+std::string bounded(const std::string& text) {
+  if (text.size() <= kMaxFindingText) return valid_utf8(text);
+  return valid_utf8(utf8_prefix(text, kMaxFindingText)) + "...";
+}
+
+}  // namespace
+
 void Diagnostics::add(Diagnostic d) {
+  ++counts_[static_cast<std::size_t>(d.severity)];
+  invalid_input_ = invalid_input_ || d.invalid_input;
+  if (items_.size() >= kMaxFindings) {
+    ++dropped_;
+    return;
+  }
   // Messages quote the file, which may hold anything: keep them printable as JSON and YAML.
-  d.message = valid_utf8(d.message);
-  d.fact = valid_utf8(d.fact);
-  d.help = valid_utf8(d.help);
+  d.message = bounded(d.message);
+  d.fact = bounded(d.fact);
+  d.help = bounded(d.help);
   items_.push_back(std::move(d));
 }
 
@@ -115,13 +159,9 @@ std::vector<Diagnostic> Diagnostics::sorted() const {
   return out;
 }
 
-int Diagnostics::count(Severity s) const {
-  return static_cast<int>(std::count_if(items_.begin(), items_.end(), [s](const Diagnostic& d) { return d.severity == s; }));
-}
+int Diagnostics::count(Severity s) const { return static_cast<int>(counts_[static_cast<std::size_t>(s)]); }
 
-bool Diagnostics::has_invalid_input() const {
-  return std::any_of(items_.begin(), items_.end(), [](const Diagnostic& d) { return d.invalid_input; });
-}
+bool Diagnostics::has_invalid_input() const { return invalid_input_; }
 
 std::string render_text(const Diagnostic& d, const SourceFile& file) {
   std::ostringstream out;
@@ -135,8 +175,24 @@ std::string render_text(const Diagnostic& d, const SourceFile& file) {
     std::string text = file.line(d.loc.line);
     // Tabs would shift the caret; show them as one space each.
     std::replace(text.begin(), text.end(), '\t', ' ');
-    out << ' ' << number << " | " << text << '\n';
-    out << gutter << " | " << std::string(static_cast<std::size_t>(std::max(0, d.loc.column - 1)), ' ') << "^\n";
+    // A long line is shown as a window around the column, so that a 60 KiB line is not printed
+    // once per finding on it.
+    std::size_t caret = static_cast<std::size_t>(std::max(0, d.loc.column - 1));
+    if (text.size() > kMaxQuotedLine) {
+      std::size_t from = caret > kMaxQuotedLine / 2 ? caret - kMaxQuotedLine / 2 : 0;
+      while (from > 0 && (static_cast<unsigned char>(text[from]) & 0xc0) == 0x80) --from;  // a character's start
+      std::string window = utf8_prefix(std::string_view(text).substr(std::min(from, text.size())), kMaxQuotedLine);
+      const bool cut_after = from + window.size() < text.size();
+      caret = caret >= from ? caret - from : 0;
+      if (from > 0) {
+        window = "..." + window;
+        caret += 3;
+      }
+      if (cut_after) window += "...";
+      text = std::move(window);
+    }
+    out << ' ' << number << " | " << safe_for_display(text) << '\n';
+    out << gutter << " | " << std::string(caret, ' ') << "^\n";
   }
   if (!d.fact.empty()) out << gutter << " = note: " << d.fact << '\n';
   if (!d.help.empty()) out << gutter << " = help: " << d.help << '\n';
@@ -154,6 +210,9 @@ std::string summary_line(const Diagnostics& ds) {
 std::string render_text(const Diagnostics& ds, const SourceFile& file) {
   std::string out;
   for (const auto& d : ds.sorted()) out += render_text(d, file) + "\n";
+  if (ds.dropped() > 0)
+    out += file.path() + ": ... and " + std::to_string(ds.dropped()) + " more findings, not shown (the first " +
+           std::to_string(kMaxFindings) + " are)\n\n";
   return out;
 }
 

@@ -36,6 +36,9 @@ class SourceFile {
   SourceFile(std::string path, std::string text);
   // Reads `path` ("-" for standard input), at most `limit` bytes. Throws InputError.
   static SourceFile read(const std::string& path, std::size_t limit = 1 << 20);
+  // The same for a file that must be a regular file (what a daemon or a library reads unattended):
+  // anything else (a FIFO, a device) is refused at once, without waiting on it. Throws InputError.
+  static SourceFile read_regular(const std::string& path, std::size_t limit = 1 << 20);
   const std::string& path() const { return path_; }
   const std::string& text() const { return text_; }
   // Line `n` (1-based) without its newline; "" if out of range.
@@ -47,6 +50,12 @@ class SourceFile {
   std::vector<std::string> lines_;
 };
 
+// Bounds on what findings cost, whatever the file: the findings kept (the rest are counted), the
+// text each carries (message, fact and help each), and the part of a long source line quoted.
+constexpr std::size_t kMaxFindings = 1000;
+constexpr std::size_t kMaxFindingText = 512;
+constexpr std::size_t kMaxQuotedLine = 160;
+
 class Diagnostics {
  public:
   void add(Diagnostic d);
@@ -56,18 +65,25 @@ class Diagnostics {
   void warning(const std::string& code, Loc loc, std::string message, std::string fact = "", std::string help = "");
   void note(const std::string& code, Loc loc, std::string message, std::string fact = "", std::string help = "");
 
-  // In file order (line, column), stable for findings at the same place.
+  // The findings kept (the first kMaxFindings made), in file order (line, column), stable for
+  // findings at the same place.
   std::vector<Diagnostic> sorted() const;
   const std::vector<Diagnostic>& all() const { return items_; }
+  // Counts of every finding made, kept or not.
   int count(Severity s) const;
   bool has_invalid_input() const;
   bool has_errors() const { return count(Severity::error) > 0; }
+  // Findings made beyond kMaxFindings (counted, not kept).
+  std::size_t dropped() const { return dropped_; }
 
  private:
   std::vector<Diagnostic> items_;
+  std::size_t counts_[3] = {0, 0, 0};  // by Severity
+  std::size_t dropped_ = 0;
+  bool invalid_input_ = false;
 };
 
-// One finding as text, with the quoted line and a caret under the column.
+// One finding as text, with the quoted line (a window of it, when long) and a caret under the column.
 std::string render_text(const Diagnostic& d, const SourceFile& file);
 // All findings in file order and a closing count line ("2 errors, 1 warning").
 std::string render_text(const Diagnostics& ds, const SourceFile& file);

@@ -5,7 +5,9 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <sstream>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "base/text.h"
@@ -39,6 +41,11 @@ Loc loc_of(const YAML::Node& n, Loc fallback = {}) {
   const YAML::Mark m = n.Mark();
   if (m.line < 0 || m.column < 0) return fallback;
   return Loc{m.line + 1, m.column + 1};
+}
+
+std::string hex_byte(unsigned char c) {
+  static const char digits[] = "0123456789abcdef";
+  return {digits[c >> 4], digits[c & 15]};
 }
 
 // A scalar written without quotes (YAML resolves its type) vs a quoted one (always a string).
@@ -96,6 +103,9 @@ struct Field {
   Loc value_loc;
 };
 
+// Thrown by Parser::visit when a file expands to more values than a config can hold.
+struct TooLarge {};
+
 class Parser {
  public:
   explicit Parser(Diagnostics& d) : d_(d) {}
@@ -143,6 +153,7 @@ class Parser {
     for (auto it = map.begin(); it != map.end(); ++it) {
       const YAML::Node key = it->first;
       const Loc key_loc = loc_of(key, map_loc);
+      visit(key_loc);
       if (!key.IsScalar()) {
         d_.invalid("wrong-type", key_loc, "keys in " + where + " must be plain words");
         continue;
@@ -164,6 +175,17 @@ class Parser {
     for (const auto& r : required)
       if (!out.count(r)) d_.invalid("missing-key", map_loc, where + " needs '" + r + "'");
     return out;
+  }
+
+  // Counts one value read. YAML aliases repeat what they name, so a few KiB of nested aliases can
+  // stand for billions of values: past kMaxValues the file is refused, and reading stops.
+  void visit(Loc loc) {
+    if (++visited_ <= kMaxValues) return;
+    d_.invalid("too-large", loc,
+               "the file expands to more than " + std::to_string(kMaxValues) +
+                   " values (YAML aliases repeat what they name); a config this big is not a config",
+               "write the values out, or use fewer and smaller aliases");
+    throw TooLarge{};
   }
 
   static const Field* get(const Fields& f, const std::string& key) {
@@ -225,6 +247,15 @@ class Parser {
         } else if (s->size() > 107) {
           d_.invalid("invalid-value", v->value_loc,
                      "socket path is " + std::to_string(s->size()) + " bytes; a Unix socket path holds at most 107");
+        } else if (const auto bad = std::find_if(s->begin(), s->end(), [](char c) {
+                     return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+                   });
+                   bad != s->end()) {
+          // A NUL would end the path the kernel sees early; other control bytes are never wanted.
+          d_.invalid("invalid-value", v->value_loc,
+                     "socket path holds a control character (byte " + std::to_string(bad - s->begin()) +
+                         " is 0x" + hex_byte(static_cast<unsigned char>(*bad)) + ")",
+                     std::string("write a plain path, e.g. socket: ") + kDefaultSocket);
         } else {
           h.socket = {*s, v->value_loc, true};
         }
@@ -416,6 +447,7 @@ class Parser {
     if (!items) return out;
     for (const auto& item : *items) {
       const Loc loc = loc_of(item, f.value_loc);
+      visit(loc);
       if (item.IsScalar() && is_plain(item) && item.Scalar() == "all") {
         out.all = true;
         continue;
@@ -457,6 +489,7 @@ class Parser {
     Loc none_loc;
     for (const auto& item : *items) {
       const Loc loc = loc_of(item, f.value_loc);
+      visit(loc);
       if (!item.IsScalar()) {
         d_.invalid("wrong-type", loc, std::string("a handle type must be a word, found ") + kind_name(item));
         continue;
@@ -573,6 +606,7 @@ class Parser {
     if (!items) return out;
     for (const auto& item : *items) {
       const Loc loc = loc_of(item, f.value_loc);
+      visit(loc);
       if (!item.IsScalar() || !matches_account(item.Scalar())) {
         d_.invalid("invalid-value", loc,
                    (item.IsScalar() ? "'" + item.Scalar() + "'" : std::string(kind_name(item))) + " is not a " +
@@ -601,6 +635,7 @@ class Parser {
   }
 
   Diagnostics& d_;
+  std::size_t visited_ = 0;
 };
 
 // Flow collections nested deeper than `limit` are refused before yaml-cpp sees them (its
@@ -643,6 +678,48 @@ bool nesting_within(const std::string& text, int limit, Loc* where) {
   return true;
 }
 
+// Events of no interest: has_second_document only asks whether the parser finds a document.
+class IgnoreEvents : public YAML::EventHandler {
+ public:
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t, const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+// Whether the stream holds a second document. It asks for two documents and no more: on some
+// malformed streams yaml-cpp's LoadAll makes documents without end (measured: 24 GB before the
+// OOM killer, tests/fuzz/regressions/config/loadall-runaway.yaml). A malformed second
+// document throws YAML::Exception like any other syntax error.
+bool has_second_document(const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  IgnoreEvents ignore;
+  return parser.HandleNextDocument(ignore) && parser.HandleNextDocument(ignore);
+}
+
+// Where the second document of a YAML stream starts: its "---" line (the first one may open the
+// first document).
+Loc second_document_marker(const std::string& text) {
+  int line = 0, markers = 0, content_lines = 0;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    const std::string_view l(text.data() + start, end - start);
+    ++line;
+    const bool marker = l.substr(0, 3) == "---" && (l.size() == 3 || l[3] == ' ' || l[3] == '\t' || l[3] == '\r');
+    if (marker && (++markers > 1 || content_lines > 0)) return Loc{line, 1};
+    if (!marker && !l.empty() && l[0] != '#' && l.find_first_not_of(" \t\r") != std::string_view::npos) ++content_lines;
+    start = end + 1;
+  }
+  return {};
+}
+
 }  // namespace
 
 Config parse_config(const SourceFile& file, Diagnostics& diags) {
@@ -654,6 +731,13 @@ Config parse_config(const SourceFile& file, Diagnostics& diags) {
   YAML::Node root;
   try {
     root = YAML::Load(file.text());
+    if (has_second_document(file.text())) {
+      // A second document would be ignored: say so rather than apply half of what was written.
+      diags.invalid("multiple-documents", second_document_marker(file.text()),
+                    "the file holds more than one YAML document; a config is one document",
+                    "remove the '---' line and merge the documents, or keep each config in its own file");
+      return {};
+    }
   } catch (const YAML::Exception& e) {
     Loc loc{e.mark.line + 1, e.mark.column + 1};
     if (e.mark.line < 0) loc = {};
@@ -666,6 +750,8 @@ Config parse_config(const SourceFile& file, Diagnostics& diags) {
   }
   try {
     return Parser(diags).parse(root);
+  } catch (const TooLarge&) {
+    return {};
   } catch (const YAML::Exception& e) {
     diags.invalid("yaml-syntax", {e.mark.line + 1, e.mark.column + 1}, "invalid YAML: " + e.msg);
     return {};

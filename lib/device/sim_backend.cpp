@@ -247,12 +247,19 @@ PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
   p.settings.release_threshold = 0;
   p.arena = Arena(std::min(round_up(arena, kGranule), kMaxArena));
   if (props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) {
-    p.memfd = ::memfd_create("cupool-sim-pool", MFD_CLOEXEC);
+    p.memfd = ::memfd_create("cupool-sim-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (p.memfd < 0) throw system_error("cuMemPoolCreate", "memfd_create", errno, "CUDA_ERROR_OUT_OF_MEMORY");
     if (::ftruncate(p.memfd, static_cast<off_t>(p.arena.size)) != 0) {
       const int code = errno;
       ::close(p.memfd);
       throw system_error("cuMemPoolCreate", "ftruncate of the pool's memfd", code, "CUDA_ERROR_OUT_OF_MEMORY");
+    }
+    // Importers get this descriptor: none of them may shrink the pool under the others' mappings
+    // (they would die of SIGBUS), or grow it. A real pool's shareable handle can't be resized either.
+    if (::fcntl(p.memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+      const int code = errno;
+      ::close(p.memfd);
+      throw system_error("cuMemPoolCreate", "sealing the pool's memfd", code, "CUDA_ERROR_OUT_OF_MEMORY");
     }
   }
   pools_[++last_pool_] = std::move(p);

@@ -20,7 +20,7 @@ Json error_body(const Json& id, const std::string& code, const std::string& mess
 
 namespace {
 
-// The invalid_config reply of a rejected config. A reply must fit in one frame: at most 100
+// The invalid_config (or does_not_fit) reply of a rejected config. A reply must fit in one frame: at most 100
 // findings and the text cut at 32 KiB; if that is still too long (long findings, long paths), as
 // many findings as fit, halving, then no text.
 Json rejected_body(const Json& id, const ConfigRejected& e) {

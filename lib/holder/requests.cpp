@@ -76,9 +76,10 @@ Json Holder::op_hello(Request& r) {
   if (version != proto::kVersion)
     throw Error(Errc::unsupported_protocol, "this holder speaks protocol version 1, not " + std::to_string(version));
   if (name) {
-    for (char ch : *name)
-      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
-        throw Error(Errc::bad_request, "\"client\" must be printable");
+    // Shown to admins in `status`: no control characters (C0, DEL, C1), no bidirectional overrides.
+    if (!displays_as_is(*name))
+      throw Error(Errc::bad_request,
+                  "\"client\" must be printable text (no control or bidirectional formatting characters)");
     c.name = *name;
   }
   c.greeted = true;
@@ -307,7 +308,7 @@ Json Holder::plan_or_apply(Request& r, bool apply) {
     require_admin(c, "apply");
     require_not_draining("apply");
   }
-  // A ConfigRejected goes up: the conversation answers invalid_config with the findings.
+  // A ConfigRejected goes up: the conversation answers invalid_config (or does_not_fit) with the findings.
   const Loaded loaded = load_config(SourceFile(valid_utf8(path), text), node_, Scope::all);
   std::vector<Change> changes = apply ? this->apply(loaded.desired) : plan(loaded.desired);
   Json out;

@@ -258,7 +258,7 @@ void Server::reload() {
   sd_notify_state("RELOADING=1\nMONOTONIC_USEC=" +
                   std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count()));
   try {
-    const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
+    const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
     const Loaded loaded = load_config(file, [this] { return build_report(backend_); }, Scope::all);
     if (!loaded.warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, loaded.warnings);
     const HolderWant before = holder_->holder_settings();
@@ -322,7 +322,7 @@ int Server::run() {
       spdlog::warn("can't raise the open-files limit from {}: {}", before, errno_text());
   }
 
-  const SourceFile file = SourceFile::read(options_.config_path, kMaxConfigBytes);
+  const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
   const NodeReport node = build_report(backend_);
   Desired want;
   try {
@@ -355,7 +355,9 @@ int Server::run() {
     fds.push_back({signals.get(), POLLIN, 0});
     if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
     for (auto& [fd, c] : connections_)
-      fds.push_back({fd, static_cast<short>(POLLIN | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
+      // A closing conversation (after a malformed frame) reads nothing more: asking for POLLIN there
+      // would wake the loop for every byte the peer sends and never take it.
+      fds.push_back({fd, static_cast<short>((c.talk.closing() ? 0 : POLLIN) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
     const int n = ::poll(fds.data(), fds.size(), 250);
     if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
     for (const pollfd& p : fds) {
@@ -375,8 +377,13 @@ int Server::run() {
       } else {
         auto it = connections_.find(p.fd);
         if (it == connections_.end()) continue;
-        if (p.revents & POLLOUT) pump(it->second);
-        if (p.revents & (POLLIN | POLLHUP | POLLERR)) read_from(it->second);
+        Connection& c = it->second;
+        if (p.revents & POLLOUT) pump(c);
+        if (c.talk.closing()) {
+          if (p.revents & (POLLHUP | POLLERR)) drop(c, "");  // it will never read the rest
+        } else if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+          read_from(c);
+        }
       }
     }
     // Timeouts: a frame started and not finished; replies nobody reads.

@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <vector>
 
 #include "base/error.h"
@@ -35,15 +34,23 @@ SocketFile::SocketFile(const std::string& socket) : path_(socket), lock_path_(so
     }
   }
   // O_NOFOLLOW: the holder (often root) truncates and writes this file; a symbolic link planted
-  // in its place must not point that at another file.
-  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  // in its place must not point that at another file. O_NONBLOCK: a FIFO planted there must not
+  // make the open wait; only a regular file is taken.
+  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
   if (!lock_)
     throw Error(Errc::unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
                                        " (is the socket directory writable?)");
+  struct stat st {};
+  if (::fstat(lock_.get(), &st) != 0 || !S_ISREG(st.st_mode))
+    throw Error(Errc::unreachable, "the lock file " + lock_path_ +
+                                       " is not a regular file; remove it, or choose another --socket");
   if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+    // The pid its holder wrote: read from the file already open, at most a few bytes, digits only
+    // (anyone who can write the directory can write the file).
+    char buf[24] = {};
+    const ssize_t n = ::pread(lock_.get(), buf, sizeof buf - 1, 0);
     std::string pid;
-    std::ifstream in(lock_path_);
-    std::getline(in, pid);
+    for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9'; ++i) pid += buf[i];
     throw Error(Errc::unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
                                        " is serving " + socket + "; stop it first, or use another --socket");
   }

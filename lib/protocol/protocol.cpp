@@ -69,6 +69,9 @@ Header decode_header(const std::uint8_t* bytes, Kind expect) {
 
 Json parse_payload(std::string_view payload) {
   if (valid_utf8(payload) != payload) bad_frame("the payload is not valid UTF-8");
+  // JSON text never holds a raw NUL (strings escape it as \u0000), and a parser may take one for
+  // the end of its input: "{...}\0junk" would pass as "{...}".
+  if (payload.find('\0') != std::string_view::npos) bad_frame("the payload holds a NUL byte");
   // Requests are flat; deep nesting only costs stack (in parsing and in destruction).
   const Json::parser_callback_t limit_depth = [](int depth, Json::parse_event_t, Json&) {
     if (depth > kMaxDepth) bad_frame("the payload nests deeper than " + std::to_string(kMaxDepth) + " levels");
@@ -187,8 +190,12 @@ std::uint64_t Args::u64(const char* key, std::uint64_t min, std::uint64_t max) {
 int Args::device(const char* key, int fallback) {
   const Json* v = find(key);
   if (!v) return fallback;
-  if (!v->is_number_integer() || v->get<std::int64_t>() < -1 || v->get<std::int64_t>() > 4096)
-    bad_request(std::string("\"") + key + "\" must be a device ordinal (an integer, -1 for the pool's first device)");
+  // An unsigned value is read as unsigned: 2^64-1 must not wrap to -1 ("the pool's first device").
+  const bool in_range = v->is_number_unsigned() ? v->get<std::uint64_t>() <= kMaxDevice
+                        : v->is_number_integer() && v->get<std::int64_t>() >= -1 && v->get<std::int64_t>() <= kMaxDevice;
+  if (!in_range)
+    bad_request(std::string("\"") + key + "\" must be a device ordinal from 0 to " + std::to_string(kMaxDevice) +
+                ", or -1 for the pool's first device");
   return static_cast<int>(v->get<std::int64_t>());
 }
 

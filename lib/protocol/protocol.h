@@ -26,6 +26,7 @@ constexpr std::size_t kHeaderSize = 16;
 constexpr std::size_t kMaxPayload = 65536;
 constexpr std::size_t kMinPayload = 2;  // "{}"
 constexpr int kMaxDepth = 16;           // JSON nesting in a payload
+constexpr int kMaxDevice = 4096;        // the largest device ordinal an argument may name
 constexpr std::uint8_t kMagic[4] = {'C', 'U', 'P', 'L'};
 
 enum class Kind : std::uint16_t { request = 1, reply = 2, notice = 3 };

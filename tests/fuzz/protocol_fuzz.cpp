@@ -126,7 +126,7 @@ void judge(const Json& request, const Json& reply, Effects& effects) {
   if (code == "bad_frame" || code == "internal") finding("a whole frame was answered " + code + ": " + reply.dump());
   // Refusals come before anything was changed; anything else from apply may come half-way.
   if (op == "apply" && code != "not_permitted" && code != "bad_request" && code != "draining" &&
-      code != "hello_required" && code != "invalid_config")
+      code != "hello_required" && code != "invalid_config" && code != "does_not_fit")
     effects.partial = true;
 }
 

@@ -686,7 +686,7 @@ def test_invalid_config_reply_fits_one_frame(tmp):
         text = "version: 1\npools:\n" + pools
         body, _ = c.request("plan", config=text, path="many.yaml")
         err = body.get("error", {})
-        check(err.get("code") == "invalid_config", body)
+        check(err.get("code") == "does_not_fit", body)  # valid, but device 7 is not on the node
         sent = err.get("findings", [])
         print(f"      {len(sent)} of 600 findings sent, rendered {len(err['rendered'])} bytes")
         check(err.get("findings_total") == 600 and 10 <= len(sent) <= 100,
@@ -697,7 +697,7 @@ def test_invalid_config_reply_fits_one_frame(tmp):
         long_path = "/" + "d" * 4000 + "/many.yaml"
         body, _ = c.request("plan", config=text, path=long_path)
         err = body.get("error", {})
-        check(err.get("code") == "invalid_config" and err.get("findings_total") == 600
+        check(err.get("code") == "does_not_fit" and err.get("findings_total") == 600
               and len(err.get("findings", [])) < 16, f"{str(body)[:500]}")
         # The connection is still usable afterwards.
         body, _ = c.request("status")

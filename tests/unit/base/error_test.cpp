@@ -28,7 +28,7 @@ TEST_CASE("every error code has one row: its wire name, C status and exit codes"
   // The codes of docs/protocol.md.
   for (const char* w : {"bad_frame", "bad_request", "unknown_op", "unsupported_protocol", "hello_required",
                         "not_permitted", "not_found", "exists", "quota_exceeded", "out_of_memory", "limit_exceeded",
-                        "busy", "draining", "invalid_config", "cuda_error", "internal"})
+                        "busy", "draining", "invalid_config", "does_not_fit", "cuda_error", "internal"})
     CHECK(wires.count(w) == 1);
 }
 
@@ -44,6 +44,9 @@ TEST_CASE("the exit codes of the interface") {
   CHECK(Error::reported("draining", "x").exit_code() == ExitCode::holder_unreachable);
   CHECK(Error::reported("bad_request", "x").exit_code() == ExitCode::invalid_input);
   CHECK(Error::reported("invalid_config", "x").exit_code() == ExitCode::invalid_input);
+  // A valid file that does not fit exits 1 whether check or the holder judged it.
+  CHECK(Error::reported("does_not_fit", "x").exit_code() == ExitCode::does_not_fit);
+  CHECK(Error(Errc::does_not_fit, "x").exit_code() == ExitCode::does_not_fit);
   CHECK(Error::reported("not_found", "x").exit_code() == ExitCode::does_not_fit);
   // A code this version does not know.
   CHECK(Error::reported("something_new", "x").exit_code() == ExitCode::does_not_fit);

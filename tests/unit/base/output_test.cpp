@@ -29,3 +29,14 @@ TEST_CASE("parse_format") {
   CHECK(parse_format("json") == Format::json);
   CHECK_THROWS(parse_format("xml"));
 }
+
+TEST_CASE("a table shows text from elsewhere as text: no control sequences, no reordering") {
+  Table t({"NAME", "PID"});
+  t.add({"evil\x1b]0;owned\x07", "1"});
+  t.add({"a\xe2\x80\xae" "b", "2"});
+  const std::string out = t.str();
+  CHECK(out.find('\x1b') == std::string::npos);
+  CHECK(out.find('\x07') == std::string::npos);
+  CHECK(out.find("\xe2\x80\xae") == std::string::npos);
+  CHECK(out.find("a\xef\xbf\xbd" "b") != std::string::npos);
+}

@@ -1,6 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include "base/error.h"
 #include "config/diagnostics.h"
+#include "tests/unit/fixtures.h"
 
 using namespace cupool;
 
@@ -48,4 +54,21 @@ TEST_CASE("counts, order and JSON") {
 TEST_CASE("SourceFile reads a file, refuses a huge one") {
   CHECK_THROWS(SourceFile::read("/nonexistent/x.yaml"));
   CHECK_THROWS(SourceFile::read("/dev/zero", 1024));
+}
+
+TEST_CASE("read_regular: what a daemon reads unattended is a regular file, and nothing makes it wait") {
+  const std::string dir = test::temp_path("dir");
+  REQUIRE(::mkdir(dir.c_str(), 0700) == 0);
+  const std::string file = dir + "/c.yaml", fifo = dir + "/fifo";
+  std::FILE* f = std::fopen(file.c_str(), "w");
+  REQUIRE(f);
+  std::fputs("version: 1\n", f);
+  std::fclose(f);
+  CHECK(SourceFile::read_regular(file).text() == "version: 1\n");
+  // A FIFO with no writer: refused at once (SourceFile::read would wait for a writer).
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH_AS(SourceFile::read_regular(fifo), doctest::Contains("not a regular file"), InputError);
+  CHECK_THROWS_WITH_AS(SourceFile::read_regular(dir), doctest::Contains("not a regular file"), InputError);
+  CHECK_THROWS_WITH_AS(SourceFile::read_regular("/dev/zero"), doctest::Contains("not a regular file"), InputError);
+  CHECK_THROWS_WITH_AS(SourceFile::read_regular(file, 4), doctest::Contains("larger than"), InputError);
 }

@@ -142,6 +142,51 @@ TEST_CASE("bounded input: nesting and counts") {
   CHECK(first(d4).find("too-deep") != std::string::npos);
 }
 
+TEST_CASE("bounded input: aliases are counted as often as they are used") {
+  // 300 uses of a pool entry that lists 1,200 values: 5.8 KiB of YAML standing for 360,000 values.
+  std::string devices, users;
+  for (int i = 0; i < 400; ++i) {
+    devices += (i ? ", " : "") + std::string("0");
+    users += (i ? ", u" : "u") + std::to_string(i);
+  }
+  std::string text = "version: 1\npools:\n  - &p {name: kv, handle_types: [posix_fd], devices: [" + devices +
+                     "],\n        share: {users: &u [" + users + "], groups: *u}}\n";
+  for (int i = 0; i < 300; ++i) text += "  - *p\n";
+  Diagnostics d;
+  parse(text, d);
+  CHECK(d.all().size() == 1);
+  CHECK(first(d).find("too-large: the file expands to more than 100000 values") != std::string::npos);
+  // The same pool written once is fine.
+  Diagnostics ok;
+  parse(text.substr(0, text.find("  - *p")), ok);
+  CHECK_MESSAGE(!ok.has_invalid_input(), first(ok));
+}
+
+TEST_CASE("findings are bounded: how many are kept, what each carries, what of a line is quoted") {
+  // 5,000 unknown keys with 200-byte names on one 1 MiB-ish line.
+  std::string text = "version: 1\npools: [{name: kv, devices: [0]";
+  for (int i = 0; i < 5000; ++i) text += ", k" + std::to_string(i) + std::string(200, 'x') + ": 1";
+  text += "}]\n";
+  const SourceFile file("t.yaml", text);
+  Diagnostics d;
+  parse_config(file, d);
+  CHECK(d.count(Severity::error) == 5000);
+  CHECK(d.all().size() == kMaxFindings);
+  CHECK(d.dropped() == 5000 - kMaxFindings);
+  CHECK(d.has_invalid_input());
+  for (const auto& f : d.all()) CHECK(f.message.size() <= kMaxFindingText + 3);
+  const std::string out = render_text(d, file);
+  // 1,000 findings, each quoting at most a 160-byte window of the 1 MiB line.
+  CHECK(out.size() < kMaxFindings * 1200);
+  CHECK(out.find("and 4000 more findings, not shown (the first 1000 are)") != std::string::npos);
+  const std::string one = render_text(d.sorted()[500], file);
+  CHECK(one.find("...") != std::string::npos);
+  // The caret still points at the key: the character under it in the window is its first.
+  const auto quoted = one.substr(one.find(" | ") + 3, one.find('\n', one.find(" | ")) - one.find(" | ") - 3);
+  const std::size_t caret = one.find('^') - one.rfind('|', one.find('^')) - 2;
+  CHECK(quoted.substr(caret, 1) == "k");
+}
+
 TEST_CASE("an empty file and a non-mapping are invalid") {
   Diagnostics d;
   parse("", d);

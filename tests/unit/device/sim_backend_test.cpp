@@ -1,4 +1,5 @@
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -284,6 +285,12 @@ TEST_CASE("export_pool_fd needs a posix_fd pool; the fd is a new one each time")
   CHECK(fd2 >= 0);
   CHECK(fd1 != fd2);
   struct stat st;
+  REQUIRE(::fstat(fd1, &st) == 0);
+  CHECK(static_cast<std::uint64_t>(st.st_size) == 64 * kMiB);
+  // A pool user holds this descriptor: it may not resize the pool under everyone's mappings.
+  CHECK(::ftruncate(fd1, 0) != 0);
+  CHECK(::ftruncate(fd1, static_cast<off_t>(128 * kMiB)) != 0);
+  CHECK(::fcntl(fd1, F_ADD_SEALS, F_SEAL_WRITE) != 0);
   REQUIRE(::fstat(fd1, &st) == 0);
   CHECK(static_cast<std::uint64_t>(st.st_size) == 64 * kMiB);
   ::close(fd1);

@@ -258,6 +258,17 @@ TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
   CHECK(list["pools"].size() == 4);
 }
 
+TEST_CASE("hello: a client name is shown to admins, so it must show as itself") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto id = f.holder.connect(peer(1001, "alice"));
+  // C0, DEL, C1 (U+009B is CSI), and the right-to-left override U+202E are refused.
+  for (const char* bad : {"a\x1b[2Jb", "a\x7f", "a\xc2\x9b" "31m", "evil\xe2\x80\xaegnp.exe", "a\xe2\x81\xa6" "b"})
+    CHECK_MESSAGE(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", bad}}) == "bad_request", bad);
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86"}}) == "ok");
+  CHECK(f.holder.status()["clients"][0]["name"] == "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86");
+}
+
 TEST_CASE("draining refuses new work but lets clients free") {
   Fixture f;
   f.holder.apply(f.want());

@@ -72,6 +72,8 @@ TEST_CASE("malformed frames are refused with bad_frame and a reason") {
   CHECK(bad_frame_message(header(1, 1, 2, 0) + "[]").find("object") != std::string::npos);
   CHECK(bad_frame_message(header(1, 1, 3, 0) + "{x}").find("JSON") != std::string::npos);
   CHECK(bad_frame_message(header(1, 1, 4, 0) + "\"\xff\"}").find("UTF-8") != std::string::npos);
+  // A NUL after the object: a parser could stop there and take "{}" (hostile review, 2026-11).
+  CHECK(bad_frame_message(header(1, 1, 7, 0) + std::string("{}\0junk", 7)).find("NUL") != std::string::npos);
   std::string deep(40, '[');
   deep = "{\"a\":" + deep + std::string(40, ']') + "}";
   CHECK(bad_frame_message(header(1, 1, static_cast<std::uint32_t>(deep.size()), 0) + deep).find("nests") != std::string::npos);
@@ -107,6 +109,14 @@ TEST_CASE("Args: typed, bounded, and unknown arguments are refused with a hint")
   CHECK_THROWS_WITH_AS(b.u64("big", 1, 1ULL << 48), doctest::Contains("between"), Error);
   CHECK_THROWS_WITH_AS(b.boolean("flag", false), doctest::Contains("true or false"), Error);
   CHECK_THROWS_WITH_AS(b.string("missing", 64), doctest::Contains("missing argument"), Error);
+  // 2^64-1 is not -1 (the pool's first device), nor is any other huge or negative value a device.
+  const Json devices = {{"max", UINT64_MAX}, {"big", 4097}, {"neg", -2}, {"ok", 7}, {"any", -1}};
+  Args d(devices);
+  CHECK_THROWS_WITH_AS(d.device("max", 0), doctest::Contains("device ordinal"), Error);
+  CHECK_THROWS_WITH_AS(d.device("big", 0), doctest::Contains("device ordinal"), Error);
+  CHECK_THROWS_WITH_AS(d.device("neg", 0), doctest::Contains("device ordinal"), Error);
+  CHECK(d.device("ok", 0) == 7);
+  CHECK(d.device("any", 0) == -1);
 }
 
 TEST_CASE("a descriptor rides with a frame over a socket pair, and only one is kept") {
