@@ -14,6 +14,7 @@ struct HoldArgs {
   std::string profile;
   double drain_timeout = 30;
   std::size_t max_clients_per_user = 256;
+  bool no_kernel_refusal = false;
 };
 }  // namespace
 
@@ -54,6 +55,9 @@ Verb add_hold(CLI::App& app) {
                   "Connections one user (not root, not the holder's user) may hold at once")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  // For the hostile-peer tests: behave as on kernels before 6.16, which can't refuse descriptors
+  // that clients send (tests/holder/hostile_test.py). Not shown in --help.
+  sub->add_flag("--no-kernel-descriptor-refusal", args->no_kernel_refusal)->group("");
 
   return {sub, [args](Context& ctx) {
     auto backend = ctx.make_backend(args->profile);
@@ -62,6 +66,7 @@ Verb add_hold(CLI::App& app) {
     options.socket = args->socket;
     options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
     options.max_clients_per_user = args->max_clients_per_user;
+    options.refuse_descriptors_in_kernel = !args->no_kernel_refusal;
     return run_holder(*backend, options);
   }};
 }

@@ -60,6 +60,36 @@ std::size_t Conversation::receive(const char* data, std::size_t size) {
   }
 }
 
+void Conversation::deliver(const char* data, std::size_t size) {
+  if (closing_) return;
+  inbox_.append(data, size);
+  pull();
+}
+
+void Conversation::pull() {
+  try {
+    std::size_t used = 0;
+    while (!decoder_.ready() && used < inbox_.size()) used += decoder_.feed(inbox_.data() + used, inbox_.size() - used);
+    inbox_.erase(0, used);
+  } catch (const Error& e) {
+    inbox_.clear();
+    refuse(e.what());
+  }
+}
+
+void Conversation::work() {
+  if (!has_work()) return;
+  try {
+    handle(decoder_.take().second);
+  } catch (const Error& e) {
+    // Only the payload parser throws here: a malformed frame.
+    inbox_.clear();
+    refuse(e.what());
+    return;
+  }
+  pull();
+}
+
 void Conversation::handle(const std::string& payload) {
   const Json request = proto::parse_payload(payload);  // bad_frame goes up
   Json id = Json();
@@ -105,12 +135,16 @@ void Conversation::queue(const Json& body, proto::Kind kind, int fd) {
     f.bytes = proto::encode(kind, error_body(body.value("id", Json()), errc_info(Errc::internal).wire, e.what()));
   }
   queued_ += f.bytes.size();
+  if (f.fd) ++fds_queued_;
   out_.push_back(std::move(f));
 }
 
 void Conversation::sent(std::size_t n) {
   OutFrame& f = out_.front();
-  f.fd.reset();  // it went with the first byte
+  if (f.fd) {
+    f.fd.reset();  // it went with the first byte
+    --fds_queued_;
+  }
   f.sent += n;
   queued_ -= n;
   if (f.sent == f.bytes.size()) out_.pop_front();

@@ -35,8 +35,20 @@ class Conversation {
 
   // Takes received bytes, at most up to the end of one frame, and returns how many it took. When
   // they complete a frame, the request is handled and its reply queued. A malformed frame queues a
-  // bad_frame reply and the conversation is closing: it takes no more bytes.
+  // bad_frame reply and the conversation is closing: it takes no more bytes. (The fuzzer's way in;
+  // the server uses deliver() and work().)
   std::size_t receive(const char* data, std::size_t size);
+
+  // Keeps received bytes until work() takes them. The server delivers only while wants_input().
+  void deliver(const char* data, std::size_t size);
+  // Whether to read more from the peer: not closing, and less than kMaxInbox bytes waiting.
+  bool wants_input() const { return !closing_ && inbox_.size() < kMaxInbox; }
+  // A whole request is waiting and may be handled now: not while kMaxQueuedFds replies that carry
+  // a descriptor wait for the peer to read them (a peer that asks for descriptors and never reads
+  // can't make the holder keep more).
+  bool has_work() const { return !closing_ && decoder_.ready() && fds_queued_ < kMaxQueuedFds; }
+  // Handles one waiting request, if has_work(). A malformed frame closes the conversation.
+  void work();
   // Refuses the stream: queues a bad_frame reply saying `why`; the conversation is closing.
   void refuse(const std::string& why);
   // Queues a reply or notice. A body that does not fit a frame is replaced by an "internal" error
@@ -55,18 +67,25 @@ class Conversation {
   // Between a frame's first byte and its last.
   bool mid_frame() const { return decoder_.mid_frame(); }
 
+  static constexpr std::size_t kMaxInbox = 64 * 1024;  // received bytes kept before reading stops
+  static constexpr std::size_t kMaxQueuedFds = 1;      // unread replies that carry a descriptor
+
   // Called after each request was handled, with the request and its reply (for tests and
   // fuzzers that judge what requests did).
   std::function<void(const nlohmann::ordered_json& request, const nlohmann::ordered_json& reply)> on_reply;
 
  private:
   void handle(const std::string& payload);
+  // Moves inbox bytes into the decoder, up to the end of the next frame.
+  void pull();
 
   Holder& holder_;
   std::uint64_t client_;
   proto::FrameDecoder decoder_{proto::Kind::request};
+  std::string inbox_;
   std::deque<OutFrame> out_;
   std::size_t queued_ = 0;
+  std::size_t fds_queued_ = 0;
   bool closing_ = false;
 };
 

@@ -44,6 +44,17 @@ struct Change {
   Json to_json() const;
 };
 
+// Who may connect: the socket's mode and group, as the server's socket file sets them (a fake in
+// tests). apply() goes through it, so an answer says "applied" only for what was made true.
+class SocketPermissions {
+ public:
+  virtual ~SocketPermissions() = default;
+  // Gives the socket `mode` and `group` ("": the holder's own group, as a new socket has) and
+  // reads them back.
+  // Throws cupool::Error saying what could not be done.
+  virtual void set(unsigned mode, const std::string& group) = 0;
+};
+
 // Bounds on what clients can make the holder keep.
 struct HolderLimits {
   std::size_t max_leases_per_client = 65536;
@@ -77,6 +88,8 @@ class Holder {
   const HolderWant& holder_settings() const { return holder_; }
   // Takes the holder section as the current one (at start: the socket is made from it).
   void adopt_holder_settings(const HolderWant& h) { holder_ = h; }
+  // The socket whose mode and group apply() changes. Without one (unit tests) apply records them.
+  void attach_socket(SocketPermissions* socket) { socket_ = socket; }
 
   // ---- connections ----
   std::uint64_t connect(const Peer& peer);
@@ -193,6 +206,7 @@ class Holder {
   std::uint32_t self_uid_;
   Limits limits_;
   HolderWant holder_;
+  SocketPermissions* socket_ = nullptr;
   std::map<PoolKey, HeldPool> pools_;
   std::map<std::string, HeldBuffer> buffers_;
   std::map<std::uint64_t, Lease> leases_;

@@ -154,10 +154,19 @@ std::vector<Change> Holder::apply(const Desired& want) {
     return nullptr;
   };
   // 1. holder settings, 2. buffers out, 3. pools out or replaced, 4. pools in, 5. updates, 6. buffers in.
-  for (const Change& c : changes) {
-    if (c.object != "holder" || !c.blocked.empty()) continue;
-    if (c.field == "mode") holder_.mode = want.holder.mode;
-    if (c.field == "group") holder_.group = want.holder.group;
+  // Mode and group are made true on the socket and read back before they count as applied; what
+  // could not be done is reported as blocked, with why.
+  std::vector<Change*> socket_changes;
+  for (Change& c : changes)
+    if (c.object == "holder" && c.blocked.empty() && (c.field == "mode" || c.field == "group")) socket_changes.push_back(&c);
+  if (!socket_changes.empty()) {
+    try {
+      if (socket_) socket_->set(want.holder.mode, want.holder.group);
+      holder_.mode = want.holder.mode;
+      holder_.group = want.holder.group;
+    } catch (const Error& e) {
+      for (Change* c : socket_changes) c->blocked = std::string("not applied: ") + e.what();
+    }
   }
   for (const Change& c : changes)
     if (c.object == "buffer" && (c.action == "remove" || c.action == "replace") && c.blocked.empty())

@@ -20,6 +20,7 @@
 #include "base/fd.h"
 #include "config/load.h"
 #include "device/query.h"
+#include "holder/closer.h"
 #include "holder/conversation.h"
 #include "holder/holder.h"
 #include "holder/peer.h"
@@ -31,6 +32,13 @@ namespace cupool {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// SO_PASSRIGHTS (Linux 6.16): whether a socket takes SCM_RIGHTS. Older headers lack the name.
+constexpr int kSoPassRights = 83;
+// SCM_MAX_FD: the most descriptors one message carries.
+constexpr std::size_t kMaxFdsPerMessage = 253;
+// Descriptors of one user still being closed, past which its new connections are refused. A user
+// that never sends descriptors has at most the sockets of connections it just closed.
+constexpr std::size_t kMaxPendingClosesPerUser = 16;
 // Open files the holder asks for (RLIMIT_NOFILE): 1024 connections and room for the rest.
 constexpr rlim_t kWantedFiles = 4096;
 using proto::Json;
@@ -46,11 +54,15 @@ std::string iso_now() {
   return buf;
 }
 
-// A connected client: its socket and its conversation with the holder.
+// A connected client: its socket, who it is, and its conversation with the holder.
 struct Connection {
-  Connection(Fd socket, Holder& holder, std::uint64_t client) : fd(std::move(socket)), talk(holder, client) {}
+  Connection(Fd socket, Holder& holder, std::uint64_t client, uid_t peer_uid, bool is_admin)
+      : fd(std::move(socket)), talk(holder, client), uid(peer_uid), admin(is_admin) {}
   Fd fd;
   Conversation talk;
+  uid_t uid;
+  bool admin;
+  bool peer_gone = false;  // the peer closed its end: serve what it sent, then drop it
   Clock::time_point frame_started{};
   Clock::time_point last_progress{};  // the last byte sent, or when the queue stopped being empty
   bool sending = false;                // replies were waiting after the last pump
@@ -65,7 +77,14 @@ class Server {
 
  private:
   void accept_clients();
+  // Hands a socket of a peer of `uid` to the closer (it may hold descriptors the peer sent).
+  void let_go(uid_t uid, Fd fd);
+  // Whether to read from the connection now: it wants input, and its user has no descriptors
+  // waiting to be closed (a user that sent descriptors is read again once they are closed).
+  bool reading(const Connection& c) const;
   void read_from(Connection& c);
+  // Handles waiting requests, one per user and round, until none is left or the turn's time is up.
+  void serve_requests();
   void queue(Connection& c, const Json& body, proto::Kind kind = proto::Kind::reply);
   // Sends what the conversation queued as far as the socket takes it; drops a peer that has more
   // than max_queued_bytes unread.
@@ -80,7 +99,9 @@ class Server {
   ServerOptions options_;
   std::unique_ptr<Holder> holder_;
   std::unique_ptr<SocketFile> socket_;
+  Closer closer_;
   std::map<int, Connection> connections_;  // by fd
+  std::map<uid_t, int> next_of_user_;      // the fd whose request is served next for each user
   bool draining_ = false;
   Clock::time_point drain_deadline_{};
   // accept() failing for want of descriptors (EMFILE, ENFILE): the listener stays readable, so it
@@ -158,6 +179,12 @@ void Server::drop(Connection& c, const std::string& why) {
   holder_->disconnect(c.talk.client());
 }
 
+void Server::let_go(uid_t uid, Fd fd) { closer_.close(uid, fd.release()); }
+
+bool Server::reading(const Connection& c) const {
+  return !c.dead && !c.peer_gone && c.talk.wants_input() && (c.admin || closer_.pending(c.uid) == 0);
+}
+
 void Server::accept_clients() {
   for (int i = 0; i < 64; ++i) {
     Fd fd(::accept4(socket_->fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
@@ -176,24 +203,41 @@ void Server::accept_clients() {
       spdlog::info("accepting connections again ({} clients connected)", connections_.size());
       accept_failing_ = false;
     }
+    // The kernel refuses descriptors sent to this socket (Linux 6.16 and later): nothing a peer
+    // sends can then make closing it wait. Older kernels answer ENOPROTOOPT: the closer covers them.
+    if (options_.refuse_descriptors_in_kernel) {
+      const int off = 0;
+      (void)::setsockopt(fd.get(), SOL_SOCKET, kSoPassRights, &off, sizeof off);
+    }
     std::uint64_t client = 0;
+    uid_t uid = 0;
+    bool admin = false;
     try {
       const Peer peer = peer_of(fd.get());
+      uid = peer.uid;
+      admin = peer.uid == 0 || peer.uid == ::geteuid();
+      // A user whose earlier descriptors are still being closed gets no new connections: each
+      // could bring more.
+      if (!admin && closer_.pending(uid) > kMaxPendingClosesPerUser)
+        throw Error(Errc::limit_exceeded, "the descriptors user " + peer.user + " (uid " + std::to_string(uid) +
+                                              ") sent are still being closed; try again later");
       client = holder_->connect(peer);
       spdlog::debug("client {} connected: pid {}, uid {} ({})", client, peer.pid, peer.uid, peer.user);
     } catch (const Error& e) {
-      // Over the connection limit: say so and close.
+      // Over a limit: say so and close.
       const std::string bytes = proto::encode(proto::Kind::reply, error_body(Json(), e.wire_code(), e.what()));
       (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       spdlog::warn("refused a connection: {}", e.what());
+      let_go(uid, std::move(fd));
       continue;
     } catch (const std::exception& e) {
       spdlog::warn("refused a connection: {}", e.what());
+      let_go(uid, std::move(fd));
       continue;
     }
     const int key = fd.get();
     Connection& c = connections_.emplace(std::piecewise_construct, std::forward_as_tuple(key),
-                                         std::forward_as_tuple(std::move(fd), *holder_, client))
+                                         std::forward_as_tuple(std::move(fd), *holder_, client, uid, admin))
                         .first->second;
     if (draining_)
       queue(c, {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}}, proto::Kind::notice);
@@ -202,13 +246,15 @@ void Server::accept_clients() {
 
 void Server::read_from(Connection& c) {
   char buf[16384];
-  // Read at most a few buffers per wake-up, so one busy peer can't starve the others.
-  for (int round = 0; round < 8 && !c.dead && !c.talk.closing(); ++round) {
+  // Room for as many descriptors as one message can carry (SCM_MAX_FD): descriptors that do not fit
+  // would be dropped by the kernel, which closes them in this thread, where a close may wait.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
+  // Read at most a few buffers per wake-up, and only while the conversation wants more.
+  for (int round = 0; round < 4 && reading(c); ++round) {
     iovec iov{buf, sizeof buf};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     const ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
@@ -220,36 +266,61 @@ void Server::read_from(Connection& c) {
     }
     bool got_fds = (msg.msg_flags & MSG_CTRUNC) != 0;
     for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-        got_fds = true;
-        const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (std::size_t i = 0; i < count; ++i) {
-          int fd = -1;
-          std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-          ::close(fd);
-        }
+      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+      got_fds = true;
+      const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+        // Never closed here: a socket is made quick to close, and all of them go to the closer.
+        Closer::make_close_quick(fd);
+        closer_.close(c.uid, fd);
       }
     }
-    if (n == 0) {
-      drop(c, "");
-      return;
-    }
     if (got_fds) {
-      // Nothing a client sends is kept: its descriptors were closed above, and the frame is refused.
       c.talk.refuse("clients may not send file descriptors");
       pump(c);
       return;
     }
-    std::size_t used = 0;
-    const auto size = static_cast<std::size_t>(n);
-    while (used < size && !c.dead && !c.talk.closing()) {
-      const bool was_mid = c.talk.mid_frame();
-      used += c.talk.receive(buf + used, size - used);
-      if (!was_mid && c.talk.mid_frame()) c.frame_started = Clock::now();
-      if (!c.talk.out().empty()) pump(c);
+    if (n == 0) {
+      c.peer_gone = true;
+      return;
     }
-    if (c.talk.closing()) return;
+    const bool was_mid = c.talk.mid_frame();
+    c.talk.deliver(buf, static_cast<std::size_t>(n));
+    if (!was_mid && c.talk.mid_frame()) c.frame_started = Clock::now();
+    if (c.talk.closing()) {
+      pump(c);
+      return;
+    }
     if (static_cast<std::size_t>(n) < sizeof buf) return;
+  }
+}
+
+void Server::serve_requests() {
+  // Round robin over users, not connections: a user with 256 connections gets one request served
+  // per round, like a user with one. A round ends early only when the turn's time is up.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(20);
+  while (Clock::now() < deadline) {
+    std::map<uid_t, std::vector<Connection*>> ready;
+    for (auto& [fd, c] : connections_)
+      if (!c.dead && c.talk.has_work()) ready[c.uid].push_back(&c);
+    if (ready.empty()) return;
+    for (auto& [uid, list] : ready) {
+      // This user's next connection after the one served last.
+      const int after = next_of_user_.count(uid) ? next_of_user_[uid] : -1;
+      Connection* pick = list.front();
+      for (Connection* c : list)
+        if (c->fd.get() > after) {
+          pick = c;
+          break;
+        }
+      next_of_user_[uid] = pick->fd.get();
+      const bool was_mid = pick->talk.mid_frame();
+      pick->talk.work();
+      if (!was_mid && pick->talk.mid_frame()) pick->frame_started = Clock::now();
+      if (!pick->talk.out().empty()) pump(*pick);
+    }
   }
 }
 
@@ -261,10 +332,7 @@ void Server::reload() {
     const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
     const Loaded loaded = load_config(file, [this] { return build_report(backend_); }, Scope::all);
     if (!loaded.warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, loaded.warnings);
-    const HolderWant before = holder_->holder_settings();
     const std::vector<Change> changes = holder_->apply(loaded.desired);
-    if (before.mode != holder_->holder_settings().mode || before.group != holder_->holder_settings().group)
-      socket_->set_permissions(holder_->holder_settings());
     ++reloads_;
     update_identity();
     if (changes.empty()) spdlog::info("reload: no changes");
@@ -342,6 +410,7 @@ int Server::run() {
   holder_->adopt_holder_settings(want.holder);
   holder_->apply(want);
   socket_->listen(holder_->holder_settings());
+  holder_->attach_socket(socket_.get());
   update_identity();
   spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
                holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
@@ -354,11 +423,16 @@ int Server::run() {
     fds.clear();
     fds.push_back({signals.get(), POLLIN, 0});
     if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
-    for (auto& [fd, c] : connections_)
-      // A closing conversation (after a malformed frame) reads nothing more: asking for POLLIN there
-      // would wake the loop for every byte the peer sends and never take it.
-      fds.push_back({fd, static_cast<short>((c.talk.closing() ? 0 : POLLIN) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
-    const int n = ::poll(fds.data(), fds.size(), 250);
+    bool work_waiting = false;
+    for (auto& [fd, c] : connections_) {
+      // POLLIN only while the connection is read: one that is not (closing after a malformed frame,
+      // its inbox full, its user's descriptors still closing) would wake the loop for every byte.
+      fds.push_back({fd, static_cast<short>((reading(c) ? POLLIN : 0) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
+      work_waiting = work_waiting || c.talk.has_work() || (c.peer_gone && !c.dead);
+    }
+    // Requests already received and a user's closes to wait for: look again soon.
+    const int timeout = work_waiting ? 0 : closer_.pending() > 0 ? 50 : 250;
+    const int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
     for (const pollfd& p : fds) {
       if (p.revents == 0) continue;
@@ -381,11 +455,14 @@ int Server::run() {
         if (p.revents & POLLOUT) pump(c);
         if (c.talk.closing()) {
           if (p.revents & (POLLHUP | POLLERR)) drop(c, "");  // it will never read the rest
-        } else if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+        } else if (p.revents & POLLIN) {
           read_from(c);
+        } else if (p.revents & (POLLHUP | POLLERR)) {
+          c.peer_gone = true;  // serve what it sent (a last "free"), then drop it
         }
       }
     }
+    serve_requests();
     // Timeouts: a frame started and not finished; replies nobody reads.
     const auto now = Clock::now();
     for (auto& [fd, c] : connections_) {
@@ -394,15 +471,24 @@ int Server::run() {
       if (!c.dead && !c.talk.out().empty() && now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
         drop(c, "it did not read its replies for " + std::to_string(options_.write_stall_timeout_ms / 1000) + " s");
     }
+    for (auto& [fd, c] : connections_)
+      if (c.peer_gone && !c.dead && !c.talk.has_work()) drop(c, "");
     for (auto it = connections_.begin(); it != connections_.end();) {
-      if (it->second.dead) it = connections_.erase(it);
-      else ++it;
+      if (it->second.dead) {
+        let_go(it->second.uid, std::move(it->second.fd));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
 
   // Drained (or timed out): free what is left in order, then the pools.
   const std::size_t left = holder_->lease_count();
-  for (auto& [fd, c] : connections_) holder_->disconnect(c.talk.client());
+  for (auto& [fd, c] : connections_) {
+    holder_->disconnect(c.talk.client());
+    let_go(c.uid, std::move(c.fd));
+  }
   connections_.clear();
   if (left) spdlog::warn("freed {} lease{} of clients that did not leave in time", left, left == 1 ? "" : "s");
   holder_->shutdown();

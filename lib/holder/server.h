@@ -17,6 +17,9 @@ struct ServerOptions {
   int write_stall_timeout_ms = 30000;  // a reply may wait this long for a peer that doesn't read
   std::size_t max_queued_bytes = 1 << 20;  // unread replies per peer before it is dropped
   std::size_t max_clients_per_user = 256;   // connections of one non-admin user (HolderLimits)
+  // Ask the kernel to refuse descriptors sent to the holder (SO_PASSRIGHTS, Linux 6.16+). Off only
+  // in tests of what the holder does without it (cupool hold --no-kernel-descriptor-refusal).
+  bool refuse_descriptors_in_kernel = true;
 };
 
 // Runs the holder until SIGTERM or SIGINT. Returns the exit code (0 after SIGTERM, 130 after

@@ -4,12 +4,15 @@
 
 #include <string>
 
+#include <sys/types.h>
+
 #include "base/fd.h"
 #include "config/resolve.h"
+#include "holder/holder.h"
 
 namespace cupool {
 
-class SocketFile {
+class SocketFile final : public SocketPermissions {
  public:
   // Takes the lock of `socket` (creating the socket's directory if it is missing). Throws
   // Error(unreachable) when another holder holds it or the lock file can't be made.
@@ -22,8 +25,9 @@ class SocketFile {
   // Binds the socket (a stale one left by a holder that died is removed: we hold the lock), gives
   // it `h`'s mode and group before anyone can connect, and listens. Throws cupool::Error.
   void listen(const HolderWant& h);
-  // Gives the socket `h`'s mode and group. Throws cupool::Error.
-  void set_permissions(const HolderWant& h);
+  // Gives the socket file the holder made `mode` and `group` ("": the holder's own group) and reads
+  // them back, through the file it opened, never through the path. Throws cupool::Error.
+  void set(unsigned mode, const std::string& group) override;
   // Stops listening and removes the socket file; new clients can no longer connect.
   void close();
 
@@ -32,10 +36,16 @@ class SocketFile {
   int fd() const { return listener_.get(); }
 
  private:
+  // Whether the path still names the socket file the holder made.
+  bool still_at_path() const;
+
   std::string path_;
   std::string lock_path_;
   Fd lock_;
   Fd listener_;
+  Fd file_;  // the socket file, O_PATH: what mode and group changes are made on
+  ino_t inode_ = 0;
+  dev_t device_ = 0;
 };
 
 }  // namespace cupool

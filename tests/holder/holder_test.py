@@ -26,243 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
-ARGS = None
-PROFILE = None  # the simulated node's profile; None with --gpu (the real driver)
-
-CONFIG = """version: 1
-holder:
-  socket: {socket}
-  mode: "0666"
-pools:
-  - name: kv
-    devices: [0]
-    handle_types: [posix_fd]
-    max_size: 1GiB
-    release_threshold: max
-    reserve: 64MiB
-    share: {{users: [{user}], quota_per_client: 512MiB}}
-  - name: private
-    devices: [0]
-    handle_types: [posix_fd]
-    max_size: 256MiB
-buffers:
-  - {{name: shared, pool: kv, device: 0, size: 8MiB}}
-"""
-
-
-class Failure(Exception):
-    pass
-
-
-def check(condition, message):
-    if not condition:
-        raise Failure(message)
-
-
-# ---- a client written from docs/protocol.md ----
-
-class RawClient:
-    MAGIC = b"CUPL"
-
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10)
-        deadline = time.time() + 10
-        while True:
-            try:
-                self.sock.connect(path)
-                break
-            except BlockingIOError:  # the listen backlog is full (a timeout makes the socket non-blocking)
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.01)
-        self.next_id = 1
-        self.notices = []
-
-    def send_frame(self, body, kind=1):
-        payload = json.dumps(body).encode()
-        self.sock.sendall(self.MAGIC + struct.pack("<HHII", 1, kind, len(payload), 0) + payload)
-
-    def _recv_exact(self, n, fds):
-        data = b""
-        while len(data) < n:
-            msg, got_fds, _flags, _addr = socket.recv_fds(self.sock, n - len(data), 4)
-            if not msg:
-                raise EOFError("the holder closed the connection")
-            fds.extend(got_fds)
-            data += msg
-        return data
-
-    def receive(self):
-        """One frame: (kind, body, fds)."""
-        fds = []
-        header = self._recv_exact(16, fds)
-        check(header[:4] == self.MAGIC, "bad magic from the holder")
-        version, kind, length, nfds = struct.unpack("<HHII", header[4:])
-        check(version == 1 and kind in (2, 3) and nfds <= 1, f"bad header {header!r}")
-        body = json.loads(self._recv_exact(length, fds))
-        check(len(fds) == nfds, f"header says {nfds} descriptors, got {len(fds)}")
-        return kind, body, fds
-
-    def request(self, op, **args):
-        rid = self.next_id
-        self.next_id += 1
-        self.send_frame(dict(id=rid, op=op, **args))
-        while True:
-            kind, body, fds = self.receive()
-            if kind == 3:
-                self.notices.append(body)
-                continue
-            check(body.get("id") == rid, f"reply for {body.get('id')} while waiting for {rid}")
-            return body, fds
-
-    def hello(self):
-        body, _ = self.request("hello", protocol=1, client="raw-python")
-        check(body["ok"], f"hello refused: {body}")
-        return body
-
-    def close(self):
-        self.sock.close()
-
-
-# ---- running things ----
-
-class Holder:
-    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None):
-        self.tmp = tmp
-        self.socket = os.path.join(tmp, "cupool.sock")
-        self.config = os.path.join(tmp, "cupool.yaml")
-        if config_text is None:
-            config_text = CONFIG.format(socket=self.socket, user="cupool-test-nobody")
-        with open(self.config, "w") as f:
-            f.write(config_text)
-        self.log_path = os.path.join(tmp, "holder.log")
-        self.log = open(self.log_path, "a")
-        node = ["--profile", PROFILE] if PROFILE else []
-        self.proc = subprocess.Popen([ARGS.cupool, "--log-level", "info", "hold", self.config, "--drain-timeout", "3"]
-                                     + node + list(extra),
-                                     stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None)
-        self.wait_ready()
-
-    def wait_ready(self):
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise Failure(f"holder exited with {self.proc.returncode}:\n{self.text()}")
-            try:
-                c = RawClient(self.socket)
-                c.hello()
-                c.close()
-                return
-            except (OSError, EOFError):
-                time.sleep(0.05)
-        raise Failure("holder did not start listening:\n" + self.text())
-
-    def text(self):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()
-
-    def stop(self, sig=signal.SIGTERM, timeout=15):
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                raise Failure("holder did not stop within %d s:\n%s" % (timeout, self.text()))
-        self.log.close()
-        # A sanitizer build (CUPOOL_TSAN, CUPOOL_SANITIZE) reports into the holder's log.
-        text = self.text()
-        for marker in ("WARNING: ThreadSanitizer", "ERROR: AddressSanitizer", "runtime error:", "ERROR: LeakSanitizer"):
-            check(marker not in text, f"the holder's log has a sanitizer report:\n{text}")
-        return self.proc.returncode
-
-    def fds(self):
-        """How many descriptors the holder has open (/proc/PID/fd)."""
-        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
-
-    def fd_list(self):
-        out = []
-        for name in sorted(os.listdir(f"/proc/{self.proc.pid}/fd"), key=int):
-            try:
-                out.append(f"{name} -> {os.readlink(f'/proc/{self.proc.pid}/fd/{name}')}")
-            except OSError:
-                pass
-        return out
-
-    def idle_fds(self, pool="kv"):
-        """The holder's descriptor count once no client but a checker has come and gone: waits until
-        status shows only itself and the count stays the same for a while. First one client imports
-        `pool` and allocates from it, so what a driver opens on first use is open already."""
-        warm = RawClient(self.socket)
-        warm.hello()
-        body, fds = warm.request("import_pool", pool=pool, device=0)
-        for fd in fds:
-            os.close(fd)
-        body, _ = warm.request("alloc", pool=pool, device=0, size=1 << 20)
-        check(body["ok"], f"warm-up alloc: {body}")
-        warm.request("free", lease=body["lease"])
-        warm.close()
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            if len(status(self)["clients"]) == 1:
-                counts = []
-                for _ in range(4):
-                    time.sleep(0.05)
-                    counts.append(self.fds())
-                if len(set(counts)) == 1:
-                    return counts[0]
-            time.sleep(0.05)
-        raise Failure("the holder's descriptors did not settle: " + "; ".join(self.fd_list()))
-
-    def wait_fds(self, expected, timeout=10):
-        """Waits until the holder has `expected` descriptors open; fails with the list otherwise."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.fds() == expected:
-                return
-            time.sleep(0.05)
-        raise Failure(f"the holder has {self.fds()} descriptors open, {expected} before (leaked?): "
-                      + "; ".join(self.fd_list()))
-
-
-def cupool(*args, socket_path=None, stdin=None, check_rc=None):
-    env = dict(os.environ)
-    if socket_path:
-        env["CUPOOL_SOCKET"] = socket_path
-    r = subprocess.run([ARGS.cupool] + list(args), capture_output=True, text=True, env=env, input=stdin, timeout=60)
-    if check_rc is not None and r.returncode != check_rc:
-        raise Failure(f"cupool {' '.join(args)}: exit {r.returncode}, expected {check_rc}\n{r.stdout}{r.stderr}")
-    return r
-
-
-def client(holder, *args, user=None, input_text=None, timeout=60):
-    cmd = [ARGS.testclient_copy, holder.socket] + [str(a) for a in args]
-    if user:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups"] + cmd
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.testclient_copy))
-    return subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=timeout, env=env)
-
-
-def status(holder):
-    return json.loads(cupool("status", "--format", "json", socket_path=holder.socket, check_rc=0).stdout)
-
-
-def stats(holder):
-    return json.loads(cupool("stats", "--format", "json", socket_path=holder.socket, check_rc=0).stdout)
-
-
-def pool_stat(holder, name, device=0):
-    for p in stats(holder)["pools"]:
-        if p["name"] == name and p["device"] == device:
-            return p
-    raise Failure(f"no pool {name} on device {device} in stats")
+import harness as H
+from harness import CONFIG, Failure, Holder, RawClient, check, client, cupool, other_user, pool_stat, stats, status
 
 
 # ---- scenarios ----
@@ -274,7 +40,7 @@ def test_buffer_shared_between_processes(tmp):
         check(w.returncode == 0, f"writer failed: {w.stdout}{w.stderr}")
         r = client(h, "read", "shared", 7)
         check(r.returncode == 0, f"reader did not see the writer's bytes: {r.stdout}{r.stderr}")
-        check(("backend simulated" if PROFILE else "backend cuda") in r.stdout, r.stdout)
+        check(("backend simulated" if H.PROFILE else "backend cuda") in r.stdout, r.stdout)
         # The check can fail: another pattern is a mismatch.
         bad = client(h, "read", "shared", 8)
         check(bad.returncode == 1 and "mismatch" in bad.stdout, f"a wrong pattern was not caught: {bad.stdout}{bad.stderr}")
@@ -299,9 +65,9 @@ def test_sigkill_frees_leases(tmp):
     h = Holder(tmp)
     try:
         before = pool_stat(h, "kv")["used_current"]
-        p = subprocess.Popen([ARGS.testclient_copy, h.socket, "alloc", "kv", "0", str(64 << 20), "3"],
+        p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "alloc", "kv", "0", str(64 << 20), "3"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.testclient_copy)))
+                             env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
         line = p.stdout.readline()
         check(line.startswith("testclient: ready") and len(line.split()) == 5, f"client did not allocate: {line!r}")
         s = status(h)
@@ -330,18 +96,6 @@ def test_quota_and_errors(tmp):
         check(r.returncode == 0, f"max_size not enforced: {r.stdout}{r.stderr}")
     finally:
         h.stop()
-
-
-def other_user():
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        return None
-    for name in ("nobody", "daemon"):
-        try:
-            pwd.getpwnam(name)
-            return name
-        except KeyError:
-            pass
-    return None
 
 
 def test_other_user_refused(tmp):
@@ -428,7 +182,7 @@ def test_malformed_frame_isolated(tmp):
 def test_protocol_client_from_the_document(tmp):
     """A Python client maps a buffer's memfd and sees what the C client wrote."""
     import mmap
-    if not PROFILE:
+    if not H.PROFILE:
         print("    skipped: the memfd mapping is the simulated node's; on a GPU the C client covers it")
         return
     h = Holder(tmp)
@@ -460,7 +214,7 @@ def test_verbs(tmp):
     sock = h.socket
     try:
         s = status(h)
-        check(len(s["pools"]) == 2 and s["holder"]["backend"] == ("simulated" if PROFILE else "cuda"), s)
+        check(len(s["pools"]) == 2 and s["holder"]["backend"] == ("simulated" if H.PROFILE else "cuda"), s)
         prom = cupool("stats", "--format", "prometheus", socket_path=sock, check_rc=0).stdout
         check('cupool_pool_reserved_bytes{pool="kv"' in prom, prom)
         table = cupool("stats", socket_path=sock, check_rc=0).stdout
@@ -469,7 +223,7 @@ def test_verbs(tmp):
         t = json.loads(cupool("trim", "--format", "json", socket_path=sock, check_rc=0).stdout)
         kv = [p for p in t["pools"] if p["name"] == "kv"][0]
         check(kv["released"] == kv["reserved_before"] - kv["reserved_after"], t)
-        if PROFILE:
+        if H.PROFILE:
             check(kv["released"] >= 32 << 20, t)  # the simulation releases whole 32 MiB chunks
         # plan/apply: none, then a change, then idempotent.
         cupool("plan", h.config, socket_path=sock, check_rc=0)
@@ -485,9 +239,9 @@ def test_verbs(tmp):
         again = json.loads(cupool("apply", changed, "--format", "json", socket_path=sock, check_rc=0).stdout)
         check(again["changes"] == [], f"second apply changed something: {again}")
         # A pool with a lease is not removed, and the answer says so.
-        holder_client = subprocess.Popen([ARGS.testclient_copy, sock, "alloc", "private", "0", str(1 << 20), "1"],
+        holder_client = subprocess.Popen([H.ARGS.testclient_copy, sock, "alloc", "private", "0", str(1 << 20), "1"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.testclient_copy)))
+                                         env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
         check(holder_client.stdout.readline().startswith("testclient: ready"), "client did not allocate")
         without = os.path.join(tmp, "without.yaml")
         with open(without, "w") as f:
@@ -506,7 +260,7 @@ def test_verbs(tmp):
         # export: accepted by check, and applying it changes nothing.
         exported = os.path.join(tmp, "exported.yaml")
         cupool("export", "--output", exported, socket_path=sock, check_rc=0)
-        cupool("check", exported, *(["--profile", PROFILE] if PROFILE else []), check_rc=0)
+        cupool("check", exported, *(["--profile", H.PROFILE] if H.PROFILE else []), check_rc=0)
         e = json.loads(cupool("plan", exported, "--format", "json", socket_path=sock, check_rc=0).stdout)
         check(e["changes"] == [], e)
         # buffers
@@ -535,7 +289,7 @@ def nvml_used_mib(device=0):
 
 def test_trim_matches_device_memory(tmp):
     """On a GPU: what trim reports as released is what the device gets back (NVML's used memory)."""
-    if PROFILE:
+    if H.PROFILE:
         print("    skipped: needs a real device")
         return
     h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="x").replace("reserve: 64MiB", "reserve: 512MiB"))
@@ -562,12 +316,11 @@ def test_trim_matches_device_memory(tmp):
 def test_peer_access(tmp):
     """Two GPUs: a pool on device 0 that the config opens to device 1. The holder gives access in
     its process; the C library gives it again on the imported pool (it does not carry over)."""
-    global PROFILE
-    saved = PROFILE
-    if PROFILE:
-        PROFILE = os.path.join(ARGS.root, "configs", "profiles", "h200x2.yaml")
+    saved = H.PROFILE
+    if H.PROFILE:
+        H.PROFILE = os.path.join(H.ARGS.root, "configs", "profiles", "h200x2.yaml")
     else:
-        q = json.loads(subprocess.run([ARGS.cupool, "query", "--format", "json"], capture_output=True, text=True,
+        q = json.loads(subprocess.run([H.ARGS.cupool, "query", "--format", "json"], capture_output=True, text=True,
                                       timeout=120).stdout)
         if len(q["devices"]) < 2 or not q["peer_access"][1][0]:
             print("    skipped: needs two devices with peer access")
@@ -584,7 +337,7 @@ def test_peer_access(tmp):
         finally:
             h.stop()
     finally:
-        PROFILE = saved
+        H.PROFILE = saved
 
 
 def test_unreachable(tmp):
@@ -598,15 +351,15 @@ def test_single_instance_and_stale_socket(tmp):
     plainly that nobody listens, a client of the dead holder gets CUPOOL_E_UNREACHABLE on its next
     request, and a new holder replaces the socket, takes the lock and rebuilds the pools from the file."""
     h = Holder(tmp)
-    second = subprocess.run([ARGS.cupool, "hold", h.config] + (["--profile", PROFILE] if PROFILE else []),
+    second = subprocess.run([H.ARGS.cupool, "hold", h.config] + (["--profile", H.PROFILE] if H.PROFILE else []),
                             capture_output=True, text=True, timeout=60)
     check(second.returncode == 4 and "another holder" in second.stderr and str(h.proc.pid) in second.stderr,
           f"second holder: {second.returncode} {second.stderr}")
     before = status(h)
     used_before = {(p["name"], p["device"]): p["used_current"] for p in stats(h)["pools"]}
-    old_client = subprocess.Popen([ARGS.testclient_copy, h.socket, "next", "kv", "0", str(16 << 20)],
+    old_client = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "next", "kv", "0", str(16 << 20)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.testclient_copy)))
+                                  env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
     try:
         line = old_client.stdout.readline()
         check(line.startswith("testclient: ready"), f"the client did not allocate: {line!r}")
@@ -628,7 +381,7 @@ def test_single_instance_and_stale_socket(tmp):
             out, _ = old_client.communicate("\n", timeout=30)
             check(old_client.returncode == 0, out)
             check("testclient: next CUPOOL_E_UNREACHABLE: lost the connection to the holder" in out, out)
-            if PROFILE:  # freed here; the holder that had it is gone (a driver may complain about the unmap)
+            if H.PROFILE:  # freed here; the holder that had it is gone (a driver may complain about the unmap)
                 check("testclient: release CUPOOL_OK" in out, out)
             # The new holder rebuilt the pools and buffers from the file, and knows nothing of old leases.
             after = status(h2)
@@ -713,7 +466,7 @@ def test_stats_watch(tmp):
     h = Holder(tmp)
     env = dict(os.environ, CUPOOL_SOCKET=h.socket)
     try:
-        p = subprocess.Popen([ARGS.cupool, "stats", "--format", "json", "--watch=0.2"], stdout=subprocess.PIPE,
+        p = subprocess.Popen([H.ARGS.cupool, "stats", "--format", "json", "--watch=0.2"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
         time.sleep(1.5)
         p.send_signal(signal.SIGINT)
@@ -724,7 +477,7 @@ def test_stats_watch(tmp):
 
         import pty
         master, slave = pty.openpty()
-        p = subprocess.Popen([ARGS.cupool, "stats", "--watch=0.2"], stdout=slave, stderr=subprocess.PIPE, env=env)
+        p = subprocess.Popen([H.ARGS.cupool, "stats", "--watch=0.2"], stdout=slave, stderr=subprocess.PIPE, env=env)
         os.close(slave)
         screen = b""
         deadline = time.time() + 1.5
@@ -747,7 +500,7 @@ def test_stats_watch(tmp):
         redraws = screen.count(b"\033[H\033[2J")
         check(redraws >= 3 and b"kv" in screen, f"the table is redrawn on a terminal: {redraws} redraws: {screen[:300]!r}")
 
-        p = subprocess.Popen([ARGS.cupool, "stats", "--format", "json", "--watch=0.2"], stdout=subprocess.PIPE,
+        p = subprocess.Popen([H.ARGS.cupool, "stats", "--format", "json", "--watch=0.2"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env)
         time.sleep(0.6)
         h.stop()
@@ -847,7 +600,7 @@ def test_load_256_clients(tmp):
     back, release) against one holder: every one succeeds, and the holder ends where it started
     (used memory, descriptors, leases, clients). Simulated node only: on a GPU each client process
     would hold a context (scripts/holder-bench.sh runs 64 clients there)."""
-    if not PROFILE:
+    if not H.PROFILE:
         print("    skipped: 256 CUDA contexts don't fit on one GPU; scripts/holder-bench.sh is the GPU load test")
         return
     h = Holder(tmp, LOAD_CONFIG.format(socket=os.path.join(tmp, "cupool.sock")))
@@ -858,10 +611,10 @@ def test_load_256_clients(tmp):
         fds_before = h.idle_fds("load")
         fifo = os.path.join(tmp, "go")
         os.mkfifo(fifo)
-        env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.testclient_copy))
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy))
         for _ in range(LOAD_CLIENTS):
             procs.append(subprocess.Popen(
-                [ARGS.testclient_copy, h.socket, "load", "load", "0", str(LOAD_SIZE), str(LOAD_CYCLES), fifo],
+                [H.ARGS.testclient_copy, h.socket, "load", "load", "0", str(LOAD_SIZE), str(LOAD_CYCLES), fifo],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env))
         # Each client connects and does one untimed cycle (it imports the pool), then blocks opening
         # the FIFO; opening it here releases them all at once.
@@ -1102,14 +855,14 @@ def test_half_frame_times_out(tmp):
 def test_socket_directory_unusable(tmp):
     """`cupool hold` with a socket whose directory can't be made or written: exit 4, and the
     message names the path."""
-    node = ["--profile", PROFILE] if PROFILE else []
+    node = ["--profile", H.PROFILE] if H.PROFILE else []
     config = os.path.join(tmp, "cupool.yaml")
     with open(config, "w") as f:
         f.write(CONFIG.format(socket=os.path.join(tmp, "unused.sock"), user="x"))
     # The directory's place is taken by a regular file (root can't write there either).
     blocker = os.path.join(tmp, "not-a-directory")
     open(blocker, "w").close()
-    r = subprocess.run([ARGS.cupool, "hold", config, "--socket", os.path.join(blocker, "cupool.sock")] + node,
+    r = subprocess.run([H.ARGS.cupool, "hold", config, "--socket", os.path.join(blocker, "cupool.sock")] + node,
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 4 and f"can't open the lock file {blocker}/cupool.sock.lock: Not a directory" in r.stderr,
           f"exit {r.returncode}: {r.stderr}")
@@ -1119,7 +872,7 @@ def test_socket_directory_unusable(tmp):
     with open(victim, "w") as f:
         f.write("precious\n")
     os.symlink(victim, os.path.join(tmp, "planted.sock.lock"))
-    r = subprocess.run([ARGS.cupool, "hold", config, "--socket", os.path.join(tmp, "planted.sock")] + node,
+    r = subprocess.run([H.ARGS.cupool, "hold", config, "--socket", os.path.join(tmp, "planted.sock")] + node,
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 4 and "can't open the lock file" in r.stderr, f"exit {r.returncode}: {r.stderr}")
     with open(victim) as f:
@@ -1132,10 +885,10 @@ def test_socket_directory_unusable(tmp):
     os.chmod(tmp, 0o755)
     readonly = os.path.join(tmp, "root-only")
     os.mkdir(readonly, 0o755)
-    bindir = os.path.dirname(ARGS.testclient_copy)
+    bindir = os.path.dirname(H.ARGS.testclient_copy)
     env = dict(os.environ, LD_LIBRARY_PATH=bindir)
     as_user = ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups"]
-    cupool_copy = shutil.copy(ARGS.cupool, bindir)
+    cupool_copy = shutil.copy(H.ARGS.cupool, bindir)
     for sock, expected in ((os.path.join(readonly, "cupool.sock"), f"can't open the lock file {readonly}/cupool.sock.lock"),
                            (os.path.join(readonly, "sub", "cupool.sock"), f"can't create the socket directory {readonly}/sub")):
         r = subprocess.run(as_user + [cupool_copy, "hold", config, "--socket", sock] + node,
@@ -1154,7 +907,7 @@ def test_descriptor_limit(tmp):
     """The holder raises its open-files limit for 1024 connections; where the hard limit is lower
     and accept() runs out of descriptors, it neither spins nor floods its log, new connections wait,
     and are served once others leave."""
-    if not PROFILE:
+    if not H.PROFILE:
         print("    skipped: the driver's own descriptors make a limit of 40 meaningless on a GPU")
         return
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
@@ -1298,25 +1051,40 @@ def test_connection_limit_per_user(tmp):
 
 
 def test_descriptor_from_client_refused(tmp):
-    """A client may not send the holder a descriptor: bad_frame, the connection closed, and the
-    descriptor is not kept (the holder's count is back where it was)."""
-    h = Holder(tmp)
-    try:
-        fds_before = h.idle_fds()
-        c = RawClient(h.socket)
-        c.hello()
-        payload = json.dumps(dict(id=2, op="list")).encode()
-        r, w = os.pipe()
-        socket.send_fds(c.sock, [b"CUPL" + struct.pack("<HHII", 1, 1, len(payload), 0) + payload], [r, w])
-        os.close(r)
-        os.close(w)
-        kind, reply, fds = c.receive()
-        check(reply["ok"] is False and reply["error"]["code"] == "bad_frame" and not fds, reply)
-        check(c.sock.recv(1) == b"", "the holder kept a connection that sent descriptors")
-        c.close()
-        h.wait_fds(fds_before)
-    finally:
-        h.stop()
+    """A client may not send the holder a descriptor. Where the kernel can refuse them for the holder
+    (SO_PASSRIGHTS, Linux 6.16) the send itself fails and the connection goes on; elsewhere (here:
+    the holder told to act as on an older kernel) the frame is bad_frame and the connection closed.
+    Either way no descriptor is kept (the holder's count is back where it was)."""
+    for extra in ((), ("--no-kernel-descriptor-refusal",)):
+        sub = tempfile.mkdtemp(dir=tmp)
+        h = Holder(sub, extra=extra)
+        try:
+            fds_before = h.idle_fds()
+            c = RawClient(h.socket)
+            c.hello()
+            payload = json.dumps(dict(id=2, op="list")).encode()
+            r, w = os.pipe()
+            try:
+                socket.send_fds(c.sock, [b"CUPL" + struct.pack("<HHII", 1, 1, len(payload), 0) + payload], [r, w])
+                refused_by_kernel = False
+            except PermissionError:
+                refused_by_kernel = True
+            os.close(r)
+            os.close(w)
+            if refused_by_kernel:
+                check(not extra, "the kernel refused descriptors the holder asked to take")
+                body, _ = c.request("list")
+                check(body["ok"], f"the connection is unusable after the kernel refused: {body}")
+            else:
+                kind, reply, fds = c.receive()
+                check(reply["ok"] is False and reply["error"]["code"] == "bad_frame" and not fds, reply)
+                check(c.sock.recv(1) == b"", "the holder kept a connection that sent descriptors")
+            print(f"    {'kernel refusal' if not extra else 'no kernel refusal'}: "
+                  f"{'the send failed (EPERM)' if refused_by_kernel else 'bad_frame'}")
+            c.close()
+            h.wait_fds(fds_before)
+        finally:
+            h.stop()
 
 
 def test_socket_mode_keeps_others_out(tmp):
@@ -1355,7 +1123,6 @@ def test_one_connection_many_threads(tmp):
 
 
 def main():
-    global ARGS, PROFILE
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupool", required=True)
     ap.add_argument("--testclient", required=True)
@@ -1363,37 +1130,18 @@ def main():
     ap.add_argument("--root", required=True)
     ap.add_argument("-k", default="")
     ap.add_argument("--gpu", action="store_true", help="hold pools on the real driver (exit 77 without one)")
-    ARGS = ap.parse_args()
-    ARGS.cupool = os.path.abspath(ARGS.cupool)
-    PROFILE = None if ARGS.gpu else os.path.join(ARGS.root, "configs", "profiles", "h100.yaml")
-    if ARGS.gpu:
-        q = subprocess.run([ARGS.cupool, "query"], capture_output=True, text=True, timeout=120)
+    args = ap.parse_args()
+    if args.gpu:
+        q = subprocess.run([os.path.abspath(args.cupool), "query"], capture_output=True, text=True, timeout=120)
         if q.returncode == 3:
             print("skipped: no usable CUDA driver or device here")
             return 77
-    # The client and its library are copied where any user may run them (another-user test).
-    bindir = tempfile.mkdtemp(prefix="cupool-bin-")
-    os.chmod(bindir, 0o755)
-    ARGS.testclient_copy = shutil.copy(ARGS.testclient, bindir)
-    lib = os.path.realpath(ARGS.client_lib)
-    shutil.copy(lib, os.path.join(bindir, "libcupool-client.so.1"))
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and ARGS.k in n]
-    failed = []
-    for name, fn in tests:
-        tmp = tempfile.mkdtemp(prefix="cupool-holder-")
-        start = time.time()
-        try:
-            fn(tmp)
-            print(f"ok    {name} ({time.time() - start:.1f} s)")
-        except Exception as e:  # noqa: BLE001 - report every scenario
-            failed.append(name)
-            print(f"FAIL  {name}: {e}")
-            traceback.print_exc()
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(bindir, ignore_errors=True)
-    print(f"{len(tests) - len(failed)} of {len(tests)} holder scenarios passed")
-    return 1 if failed else 0
+    bindir = H.setup(args, args.gpu)
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and args.k in n]
+    try:
+        return H.run_scenarios(tests, "holder scenarios")
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
 
 
 if __name__ == "__main__":

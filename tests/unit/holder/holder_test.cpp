@@ -349,3 +349,50 @@ TEST_CASE("connection limits: per user for everyone but admins, and a reserve th
   CHECK(refused(peer(1000, "holder")).empty());
   CHECK(refused(peer(1000, "holder")).find("(and 2 more for admins)") != std::string::npos);
 }
+
+namespace {
+
+// A socket whose mode and group can be set, or that refuses (as a socket file replaced or gone).
+struct FakeSocket : SocketPermissions {
+  unsigned mode = 0666;
+  std::string group;
+  bool refuse = false;
+  void set(unsigned m, const std::string& g) override {
+    if (refuse) throw Error(Errc::unreachable, "can't set the mode of /tmp/cupool-unit.sock: Operation not permitted");
+    mode = m;
+    group = g.empty() ? "(the holder's)" : g;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("apply changes the socket's mode and group, and says so only when they were made true") {
+  Fixture f;
+  FakeSocket socket;
+  f.holder.attach_socket(&socket);
+  f.holder.apply(f.want());
+  std::string tighter = kConfig;
+  tighter.replace(tighter.find("mode: \"0666\""), 12, "mode: \"0600\", group: gpu");
+  auto changes = f.holder.apply(f.want(tighter));
+  REQUIRE(changes.size() == 2);
+  CHECK(changes[0].field == "mode");
+  CHECK(changes[0].blocked.empty());
+  CHECK(socket.mode == 0600);
+  CHECK(socket.group == "gpu");
+  CHECK(f.holder.plan(f.want(tighter)).empty());
+  CHECK(f.holder.export_config().find("mode: \"0600\"") != std::string::npos);
+
+  // The socket refuses: the changes are reported as not made, and the holder keeps what is true.
+  socket.refuse = true;
+  changes = f.holder.apply(f.want());
+  REQUIRE(changes.size() == 2);
+  for (const Change& c : changes) CHECK(c.blocked.find("not applied: can't set the mode") == 0);
+  CHECK(socket.mode == 0600);
+  CHECK(f.holder.holder_settings().mode == 0600);
+  CHECK(f.holder.plan(f.want()).size() == 2);  // still to do
+  socket.refuse = false;
+  CHECK(f.holder.apply(f.want()).size() == 2);
+  CHECK(socket.mode == 0666);
+  CHECK(socket.group == "(the holder's)");
+  CHECK(f.holder.plan(f.want()).empty());
+}

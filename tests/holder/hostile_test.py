@@ -1,0 +1,714 @@
+#!/usr/bin/env python3
+"""Attacks on the holder by peers that may connect (docs/security.md, "What a peer can make the
+holder spend"). Each scenario runs one attack against a holder on a simulated node while an
+observer, a client of its own, asks the holder for something every 20 ms (a list, and an alloc and
+free in a shared pool). Every scenario asserts that each of the observer's requests was answered
+within 1 s while the attack ran, and that the holder's descriptors, its resident memory and the
+pool's used bytes come back to where they started. The attacks come from a second user (nobody,
+through setpriv) where that matters and the suite runs as root; the raw client speaks the protocol
+as docs/protocol.md writes it.
+
+At the end the observer's latency per attack (median and p99, milliseconds) is printed as a table;
+README.md quotes it.
+
+  hostile_test.py --cupool build/cupool --testclient build/tests/holder/testclient \\
+                  --client-lib build/libcupool-client.so --root . [-k NAME]
+"""
+import argparse
+import ctypes
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import harness as H
+from harness import CONFIG, Holder, RawClient, check, cupool, other_user, pool_stat, status
+
+LATENCY = {}  # attack -> (median ms, p99 ms, max ms, requests)
+
+
+# ---- the observer and the measures ----
+
+class Observer(threading.Thread):
+    """A client that keeps being served while an attack runs: list, then alloc and free in kv."""
+
+    def __init__(self, socket_path):
+        super().__init__(daemon=True)
+        self.client = RawClient(socket_path)
+        self.client.sock.settimeout(30)
+        self.client.hello()
+        self.stop_flag = threading.Event()
+        self.latencies = []
+        self.errors = []
+
+    def run(self):
+        n = 0
+        while not self.stop_flag.is_set():
+            try:
+                t0 = time.monotonic()
+                body, _ = self.client.request("list")
+                check(body["ok"], f"list: {body}")
+                if n % 4 == 0:
+                    body, _ = self.client.request("alloc", pool="kv", device=0, size=1 << 20)
+                    check(body["ok"], f"alloc: {body}")
+                    body, _ = self.client.request("free", lease=body["lease"])
+                    check(body["ok"], f"free: {body}")
+                self.latencies.append(time.monotonic() - t0)
+            except Exception as e:  # noqa: BLE001 - an observer that can't be served is the finding
+                self.errors.append(repr(e))
+                return
+            n += 1
+            time.sleep(0.02)
+
+    def finish(self, name):
+        self.stop_flag.set()
+        self.join(60)
+        self.client.close()
+        check(not self.errors, f"the observer was not served: {self.errors[0] if self.errors else ''}")
+        check(self.latencies, "the observer made no request")
+        lat = sorted(self.latencies)
+        median = lat[len(lat) // 2] * 1000
+        p99 = lat[min(len(lat) - 1, (len(lat) * 99) // 100)] * 1000
+        worst = lat[-1] * 1000
+        LATENCY[name] = (median, p99, worst, len(lat))
+        print(f"    observer: {len(lat)} requests, median {median:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
+        check(worst < 1000, f"an observer request waited {worst:.0f} ms while the attack ran (limit 1000 ms)")
+
+
+def rss_kib(h):
+    with open(f"/proc/{h.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(h):
+    with open(f"/proc/{h.proc.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Baseline:
+    """What the holder holds before an attack, to compare with after it."""
+
+    def __init__(self, h):
+        self.h = h
+        self.fds = h.idle_fds()
+        self.used = pool_stat(h, "kv")["used_current"]
+        self.rss = rss_kib(h)
+
+    def restored(self, rss_slack_mib=64, timeout=15):
+        self.h.wait_fds(self.fds, timeout)
+        used = pool_stat(self.h, "kv")["used_current"]
+        check(used == self.used, f"the pool's used bytes are {used}, {self.used} before the attack")
+        rss = rss_kib(self.h)
+        check(rss <= self.rss + rss_slack_mib * 1024,
+              f"the holder's resident memory is {rss // 1024} MiB, {self.rss // 1024} MiB before the attack")
+        check(status(self.h)["clients_total"] == 1, "clients of the attack are still connected")
+
+
+def attacked(tmp, name, attack, config=None, extra=(), rss_slack_mib=64):
+    """Runs `attack(h)` against a fresh holder while an observer is served; checks what came back."""
+    if config is None:
+        config = CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody")
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, config, extra=extra)
+    try:
+        base = Baseline(h)
+        observer = Observer(h.socket)
+        observer.start()
+        try:
+            attack(h)
+        finally:
+            observer.finish(name)
+        base.restored(rss_slack_mib)
+    finally:
+        h.stop()
+
+
+def as_other_user(code, *args, timeout=60):
+    """Runs Python `code` as the second user (nobody); returns the CompletedProcess. Skips (None)
+    when this suite can't switch users."""
+    user = other_user()
+    if not user:
+        return None
+    return subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
+                           sys.executable, "-c", code] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# Python that attack scripts share (run as another user, so as text).
+ATTACK_LIB = r'''
+import json, socket, struct, sys, time
+def frame(body):
+    p = json.dumps(body).encode()
+    return b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p
+def connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(path); return s
+def lingering(seconds):
+    """A TCP socket whose last close() waits `seconds`: unsent data to a peer that does not read."""
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+    cli = socket.socket(); cli.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    cli.connect(srv.getsockname()); peer, _ = srv.accept()
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    cli.setblocking(False)
+    try:
+        while True: cli.send(b"x" * 65536)
+    except BlockingIOError: pass
+    cli.setblocking(True)
+    cli.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, seconds))
+    return cli, (peer, srv)
+'''
+
+
+def lib_functions():
+    ns = {}
+    exec(ATTACK_LIB, ns)  # noqa: S102 - our own text, shared with the scripts run as another user
+    return ns
+
+
+# ---- 1. descriptors whose close waits ----
+
+def test_descriptor_whose_close_waits(tmp):
+    """A frame carrying a TCP socket with unsent data and SO_LINGER: the last close() of it waits out
+    the linger time. The holder never closes what a peer sent on its serving thread (sockets are
+    made quick to close and closed on the user's closer thread). With the kernel's refusal
+    (SO_PASSRIGHTS) the send fails at once; without it (as on kernels before 6.16) the frame is
+    refused and the holder goes on serving. Measured before the fix: every client stalled 15-40 s."""
+    lib = lib_functions()
+
+    def attack(h):
+        tcp, keep = lib["lingering"](20)
+        s = lib["connect"](h.socket)
+        try:
+            socket.send_fds(s, [lib["frame"](dict(id=1, op="hello", protocol=1))], [tcp.fileno()])
+            sent = True
+        except PermissionError:
+            sent = False  # refused by the kernel: nothing reached the holder
+            tcp.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # ours is the last copy
+        tcp.close()  # when sent, the holder's copy is the last one
+        if sent:
+            s.settimeout(5)
+            reply = s.recv(65536)
+            check(b"bad_frame" in reply, f"a frame with a descriptor was answered {reply[:200]!r}")
+        time.sleep(2)  # the observer keeps asking meanwhile
+        s.close()
+        for k in keep:
+            k.close()
+
+    attacked(tmp, "descriptor whose close waits (kernel refusal)", attack)
+    sub = tempfile.mkdtemp(dir=tmp)
+    attacked(sub, "descriptor whose close waits", attack, extra=("--no-kernel-descriptor-refusal",))
+
+
+def test_descriptors_inside_a_descriptor(tmp):
+    """Unix sockets sent to the holder, each with a lingering TCP socket queued inside it: making
+    the outer socket quick to close does not help (closing it closes what it carries), so the
+    closer's thread for that user waits, one second for each. While any of a user's descriptors are
+    being closed the holder reads nothing from that user's connections, and past 16 of them it
+    refuses the user's new connections (limit_exceeded). Other users notice nothing; once the
+    descriptors are closed the user is served again."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    code = ATTACK_LIB + r'''
+path = sys.argv[1]
+keep, conns = [], []
+for i in range(17):
+    tcp, k = lingering(1)
+    keep.append(k)
+    a, b = socket.socketpair()
+    socket.send_fds(a, [b"x"], [tcp.fileno()])   # the lingering socket now sits in b's queue
+    tcp.close(); a.close()
+    s = connect(path)
+    socket.send_fds(s, [frame(dict(id=1, op="hello", protocol=1))], [b.fileno()])
+    b.close()
+    conns.append(s)
+for s in conns:
+    s.close()        # the holder drops them: 17 sockets, each with a lingering socket inside
+time.sleep(0.5)
+t = connect(path); t.settimeout(10)
+t.sendall(frame(dict(id=1, op="hello", protocol=1)))
+print("while closing", json.loads(t.recv(65536)[16:]).get("error", {}).get("code"))
+t.close()
+start = time.time()
+while True:
+    u = connect(path); u.settimeout(60)
+    u.sendall(frame(dict(id=1, op="hello", protocol=1)))
+    reply = json.loads(u.recv(65536)[16:])
+    u.close()
+    if reply.get("ok"):
+        break
+    time.sleep(0.5)
+print("served again after %.1f s" % (time.time() - start))
+for k in keep:
+    for x in k: x.close()
+'''
+    result = {}
+
+    def attack(h):
+        r = as_other_user(code, h.socket, timeout=120)
+        result["out"] = r.stdout + r.stderr
+        check(r.returncode == 0, f"the attack script failed: {r.stdout}{r.stderr}")
+        print("    attacker: " + " / ".join(r.stdout.strip().splitlines()))
+
+    attacked(tmp, "descriptors inside descriptors", attack, extra=("--no-kernel-descriptor-refusal",))
+    out = result["out"]
+    check("while closing limit_exceeded" in out, f"the user's new connection was not refused while closing: {out}")
+    check("served again after" in out, f"the user was not served again afterwards: {out}")
+
+
+def test_descriptors_queued_in_a_dropped_connection(tmp):
+    """After a malformed frame the holder reads no more from a connection; a descriptor the peer
+    sends then stays queued in the connection, and closing the connection would close it. The
+    connection is closed on the closer's thread."""
+    lib = lib_functions()
+
+    def attack(h):
+        s = lib["connect"](h.socket)
+        s.sendall(b"GARBAGE-GARBAGE!")  # malformed: the holder stops reading and will drop it
+        tcp, keep = lib["lingering"](3)
+        try:
+            socket.send_fds(s, [b"xxxx"], [tcp.fileno()])
+        except (PermissionError, BrokenPipeError, ConnectionResetError):
+            pass
+        tcp.close()
+        time.sleep(1)
+        s.close()
+        time.sleep(3.5)
+        for k in keep:
+            k.close()
+
+    attacked(tmp, "descriptor queued in a dropped connection", attack, extra=("--no-kernel-descriptor-refusal",))
+
+
+# ---- 2. costs of a request: findings, aliases, many connections ----
+
+def test_plan_of_a_file_with_endless_findings(tmp):
+    """Unprivileged plan requests of 64 KiB files built to make findings: one long line of unknown
+    keys (each finding quoted that whole line), and nested aliases. Measured before the bounds: one
+    such request held every client 18 s and 5.9 GB; an aliased one 37 s, then bad_alloc."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    code = ATTACK_LIB + r'''
+path, seconds = sys.argv[1], float(sys.argv[2])
+line = "version: 1\npools: [{name: kv, devices: [0]"
+i = 0
+while len(line) < 60000:
+    line += ", k%d: 1" % i; i += 1
+line += "}]\n"
+users = ", ".join("u%d" % i for i in range(300))
+alias = "version: 1\npools:\n  - &p {name: kv, handle_types: [posix_fd], devices: [0], share: {users: &u [" + users + "], groups: *u}}\n" + "  - *p\n" * 900
+conns = [connect(path) for _ in range(8)]
+for s in conns:
+    s.sendall(frame(dict(id=1, op="hello", protocol=1))); s.recv(65536)
+end, n, worst = time.time() + seconds, 0, 0.0
+while time.time() < end:
+    for s in conns:
+        text = line if n % 2 else alias
+        t0 = time.time()
+        s.sendall(frame(dict(id=2, op="plan", config=text)))
+        header = b""
+        while len(header) < 16: header += s.recv(16 - len(header))
+        length = struct.unpack("<I", header[8:12])[0]
+        body = b""
+        while len(body) < length: body += s.recv(length - len(body))
+        reply = json.loads(body)
+        assert reply["ok"] is False and reply["error"]["code"] == "invalid_config", reply
+        worst = max(worst, time.time() - t0); n += 1
+print("plans", n, "slowest %.3f" % worst)
+'''
+    result = {}
+
+    def attack(h):
+        r = as_other_user(code, h.socket, 4)
+        result["out"] = r.stdout + r.stderr
+        check(r.returncode == 0, f"the attack script failed: {r.stdout}{r.stderr}")
+        print("    attacker: " + r.stdout.strip())
+
+    attacked(tmp, "plan of files made for findings", attack)
+
+
+def test_many_connections_of_one_user(tmp):
+    """One user with 128 connections, each pipelining status and list requests without pause: the
+    holder serves one request per user and round, so the observer's user waits for one request of
+    theirs at most, not for 128."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    code = ATTACK_LIB + r'''
+import select
+path, seconds = sys.argv[1], float(sys.argv[2])
+conns = [connect(path) for _ in range(128)]
+for s in conns:
+    s.sendall(frame(dict(id=1, op="hello", protocol=1)))
+for s in conns:
+    s.setblocking(False)
+burst = b"".join(frame(dict(id=i, op="status" if i % 2 else "list")) for i in range(2, 34))
+end, replies = time.time() + seconds, 0
+while time.time() < end:
+    for s in conns:
+        try: s.send(burst)
+        except BlockingIOError: pass
+        try:
+            while True:
+                data = s.recv(1 << 20)
+                if not data: break
+                replies += data.count(b"CUPL")
+        except BlockingIOError: pass
+print("replies", replies)
+'''
+
+    def attack(h):
+        r = as_other_user(code, h.socket, 4)
+        check(r.returncode == 0, f"the attack script failed: {r.stdout}{r.stderr}")
+        print("    attacker: " + r.stdout.strip())
+
+    attacked(tmp, "128 connections of one user pipelining", attack)
+
+
+# ---- 3, 4. the socket's mode and group ----
+
+def test_apply_changes_the_socket_it_says_it_changes(tmp):
+    """apply of a file with mode 0600 (was 0666) makes the socket 0600, read back from the file;
+    another user can't connect any more; plan then says no changes, and a reload of the first file
+    gives the socket 0666 again. Before: the answer said applied and the socket stayed 0666."""
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody"))
+    try:
+        check(stat.S_IMODE(os.stat(h.socket).st_mode) == 0o666, "the socket does not start as 0666")
+        tight = os.path.join(tmp, "tight.yaml")
+        with open(h.config) as f, open(tight, "w") as g:
+            g.write(f.read().replace('mode: "0666"', 'mode: "0600"'))
+        r = cupool("apply", tight, "--format", "json", socket_path=h.socket, check_rc=0)
+        changes = json.loads(r.stdout)["changes"]
+        check([c["field"] for c in changes] == ["mode"] and "blocked" not in changes[0], changes)
+        check(stat.S_IMODE(os.stat(h.socket).st_mode) == 0o600, f"the answer said applied, the socket is "
+              f"{oct(stat.S_IMODE(os.stat(h.socket).st_mode))}")
+        check(json.loads(cupool("plan", tight, "--format", "json", socket_path=h.socket, check_rc=0).stdout)["changes"] == [],
+              "plan after apply still has changes")
+        if other_user():
+            r = as_other_user("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect(sys.argv[1]); print('in')\n"
+                              "except PermissionError: print('refused')\n", h.socket)
+            check("refused" in r.stdout, f"another user still connects to a 0600 socket: {r.stdout}{r.stderr}")
+        h.proc.send_signal(signal.SIGHUP)  # the file on disk still says 0666
+        deadline = time.time() + 10
+        while time.time() < deadline and stat.S_IMODE(os.stat(h.socket).st_mode) != 0o666:
+            time.sleep(0.05)
+        check(stat.S_IMODE(os.stat(h.socket).st_mode) == 0o666, "a reload of the 0666 file did not set 0666")
+    finally:
+        h.stop()
+
+
+def test_reload_does_not_follow_a_link_at_the_socket_path(tmp):
+    """Someone who can write the socket's directory replaces the socket with a link to a 0600 file
+    of root's; a reload that changes the mode must change the holder's socket, not that file.
+    Before: the file became 0666."""
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody"))
+    try:
+        victim = os.path.join(tmp, "victim")
+        with open(victim, "w") as f:
+            f.write("root's\n")
+        os.chmod(victim, 0o600)
+        moved = os.path.join(tmp, "moved.sock")
+        os.rename(h.socket, moved)  # the holder's socket, moved aside
+        os.symlink(victim, h.socket)
+        with open(h.config) as f:
+            text = f.read()
+        with open(h.config, "w") as f:
+            f.write(text.replace('mode: "0666"', 'mode: "0660"'))
+        h.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while time.time() < deadline and "reload:" not in h.text():
+            time.sleep(0.05)
+        time.sleep(0.2)
+        check(stat.S_IMODE(os.stat(victim).st_mode) == 0o600,
+              f"the reload changed the linked file to {oct(stat.S_IMODE(os.stat(victim).st_mode))}")
+        check(stat.S_IMODE(os.stat(moved).st_mode) == 0o660, "the holder's own socket did not get 0660")
+        check("is no longer the holder's socket" in h.text(), "the replaced socket was not reported:\n" + h.text())
+        os.unlink(h.socket)
+        os.rename(moved, h.socket)
+    finally:
+        h.stop()
+    check(os.path.exists(victim), "stopping the holder removed the file the link pointed to")
+
+
+# ---- 6. descriptors hoarded in replies nobody reads ----
+
+def test_import_pool_replies_nobody_reads(tmp):
+    """Two connections pipeline 400 import_pool requests each and read nothing: each reply carries a
+    duplicated pool descriptor. The holder keeps at most one such reply unread per connection (it
+    reads no further requests from it meanwhile), so its descriptors stay bounded. Before: two
+    connections held all 4,096 of the holder's descriptors for 30 s."""
+
+    def attack(h):
+        base = h.fds()
+        conns = []
+        for _ in range(2):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(h.socket)
+            s.setblocking(False)
+            conns.append(s)
+            p = json.dumps(dict(id=1, op="hello", protocol=1)).encode()
+            s.send(b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p)
+        frames = b""
+        for i in range(400):
+            p = json.dumps(dict(id=i + 2, op="import_pool", pool="kv", device=0)).encode()
+            frames += b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p
+        for s in conns:
+            try:
+                s.send(frames)
+            except BlockingIOError:
+                pass
+        most = 0
+        for _ in range(30):
+            most = max(most, h.fds() - base)
+            time.sleep(0.05)
+        print(f"    the holder held at most {most} descriptors more than before")
+        check(most <= 2 * 2 + 2, f"the holder held {most} more descriptors for two connections that don't read")
+        for s in conns:
+            s.close()
+
+    attacked(tmp, "import_pool replies nobody reads", attack)
+
+
+# ---- 8. the smaller ones ----
+
+def test_bytes_after_a_malformed_frame_cost_no_cpu(tmp):
+    """A peer with replies queued sends a malformed frame and then keeps sending bytes: the holder
+    reads nothing more from it and spends no CPU on it until it is dropped. Before: 100% of a core
+    for the 30 s until the drop."""
+
+    def attack(h):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(h.socket)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        p = json.dumps(dict(id=1, op="hello", protocol=1)).encode()
+        s.sendall(b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p)
+        for i in range(200):  # replies it never reads: they stay queued
+            p = json.dumps(dict(id=i + 2, op="status")).encode()
+            s.sendall(b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p)
+        s.sendall(b"GARBAGE-GARBAGE!")
+        s.setblocking(False)
+        before = cpu_seconds(h)
+        end = time.time() + 2
+        while time.time() < end:
+            try:
+                s.send(b"x" * 1024)
+            except BlockingIOError:
+                time.sleep(0.01)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        spent = cpu_seconds(h) - before
+        print(f"    the holder spent {spent:.2f} s of CPU in 2 s")
+        check(spent < 0.5, f"the holder spent {spent:.2f} s of CPU in 2 s on a connection it reads no more")
+        s.close()
+
+    attacked(tmp, "bytes after a malformed frame", attack)
+
+
+def test_reload_of_a_fifo_does_not_wait(tmp):
+    """SIGHUP when the config path has become a FIFO with no writer: the reload is refused at once
+    (not a regular file) and the holder keeps serving. Before: the holder waited for a writer."""
+
+    def attack(h):
+        os.unlink(h.config)
+        os.mkfifo(h.config)
+        h.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 5
+        while time.time() < deadline and "is not a regular file" not in h.text():
+            time.sleep(0.05)
+        check("is not a regular file" in h.text(), "the reload of a FIFO was not refused:\n" + h.text())
+        time.sleep(1)
+
+    attacked(tmp, "reload of a FIFO", attack)
+
+
+def test_lock_file_that_is_not_a_file(tmp):
+    """A FIFO at the lock path: the holder refuses to start at once (exit 4) instead of hanging. A
+    lock held by another holder whose file holds escape sequences and megabytes: the error names the
+    pid's digits and nothing else."""
+    sock = os.path.join(tmp, "cupool.sock")
+    config = os.path.join(tmp, "c.yaml")
+    with open(config, "w") as f:
+        f.write(CONFIG.format(socket=sock, user="nobody"))
+    os.mkfifo(sock + ".lock")
+    r = subprocess.run([H.ARGS.cupool, "hold", config, "--profile", H.PROFILE], capture_output=True, text=True,
+                       timeout=10)
+    check(r.returncode == 4 and "is not a regular file" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    os.unlink(sock + ".lock")
+    h = Holder(tmp, CONFIG.format(socket=sock, user="nobody"))
+    try:
+        with open(sock + ".lock", "w") as f:
+            f.write(f"{h.proc.pid}\x1b[31mRED" + "A" * (4 << 20))
+        r = subprocess.run([H.ARGS.cupool, "hold", config, "--profile", H.PROFILE], capture_output=True, text=True,
+                           timeout=10)
+        check(r.returncode == 4 and f"(pid {h.proc.pid})" in r.stderr and "\x1b" not in r.stderr
+              and len(r.stderr) < 1000, f"exit {r.returncode}: {r.stderr[:300]!r} ({len(r.stderr)} bytes)")
+    finally:
+        h.stop()
+
+
+def test_payloads_the_parser_could_misread(tmp):
+    """A NUL after the JSON object, and a device of 2^64-1 (which wrapped to -1, "the pool's first
+    device"), are refused."""
+
+    def attack(h):
+        c = RawClient(h.socket)
+        c.hello()
+        p = json.dumps(dict(id=2, op="list")).encode() + b"\x00junk"
+        c.sock.sendall(b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p)
+        _, reply, _ = c.receive()
+        check(reply["error"]["code"] == "bad_frame" and "NUL" in reply["error"]["message"], reply)
+        c.close()
+        c = RawClient(h.socket)
+        c.hello()
+        body, _ = c.request("alloc", pool="kv", device=2 ** 64 - 1, size=4096)
+        check(body["ok"] is False and body["error"]["code"] == "bad_request", body)
+        c.close()
+
+    attacked(tmp, "payloads the parser could misread", attack)
+
+
+def test_client_names_that_would_fool_a_terminal(tmp):
+    """hello refuses names with control or bidirectional formatting characters, so `cupool status`
+    never prints one; a 64-byte name that ends in a two-byte character is cut before it, not inside
+    it (the library used to send half a character, and the connection failed)."""
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody"))
+    try:
+        for name in ("evil\u202egnp.exe", "a\u009b31mred", "x\x1b]0;title\x07"):
+            c = RawClient(h.socket)
+            body, _ = c.request("hello", protocol=1, client=name)
+            check(body["ok"] is False and body["error"]["code"] == "bad_request", f"{name!r}: {body}")
+            c.close()
+        lib = ctypes.CDLL(H.ARGS.client_lib_copy)
+        lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.cupool_last_error.restype = ctypes.c_char_p
+        conn = ctypes.c_void_p()
+        name = ("a" * 63 + "é").encode()
+        rc = lib.cupool_connect(h.socket.encode(), name, ctypes.byref(conn))
+        check(rc == 0, f"a 64-byte name ending in 'é' failed to connect: {rc} {lib.cupool_last_error(None)}")
+        shown = [c["name"] for c in status(h)["clients"]]
+        check("a" * 63 in shown, f"status shows {shown}")
+        lib.cupool_disconnect(conn)
+        table = cupool("status", socket_path=h.socket, check_rc=0).stdout
+        check("\x1b" not in table and "\u202e" not in table, "status printed a control character")
+    finally:
+        h.stop()
+
+
+def test_pool_descriptor_can_not_be_resized(tmp):
+    """On a simulated node a pool user gets the pool's memfd: it may not shrink it under the other
+    users' mappings (they would die of SIGBUS) or grow it."""
+
+    def attack(h):
+        c = RawClient(h.socket)
+        c.hello()
+        body, fds = c.request("import_pool", pool="kv", device=0)
+        check(body["ok"] and len(fds) == 1, body)
+        size = os.fstat(fds[0]).st_size
+        for length in (0, size * 2):
+            try:
+                os.ftruncate(fds[0], length)
+                check(False, f"a pool user resized the pool's memfd to {length}")
+            except PermissionError:
+                pass
+        check(os.fstat(fds[0]).st_size == size, "the memfd changed size")
+        os.close(fds[0])
+        c.close()
+
+    if H.PROFILE:
+        attacked(tmp, "resizing the pool's descriptor", attack)
+
+
+def test_connections_past_the_limit_are_told_busy(tmp):
+    """Past the per-user connection limit cupool_connect says CUPOOL_E_BUSY every time (it said
+    CUPOOL_E_UNREACHABLE when the holder had closed before the library's hello went out)."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the limit is for users who are not admins)")
+        return
+    code = r'''
+import ctypes, socket, sys, time
+path, lib_path = sys.argv[1], sys.argv[2]
+held = []
+for _ in range(8):
+    s = socket.socket(socket.AF_UNIX); s.connect(path); held.append(s)
+time.sleep(0.3)
+lib = ctypes.CDLL(lib_path)
+lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+codes = []
+for _ in range(40):
+    c = ctypes.c_void_p()
+    codes.append(lib.cupool_connect(path.encode(), b"past-the-limit", ctypes.byref(c)))
+print(" ".join(str(x) for x in codes))
+'''
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody"),
+               extra=("--max-clients-per-user", "8"))
+    try:
+        r = as_other_user(code, h.socket, H.ARGS.client_lib_copy)
+        check(r.returncode == 0, r.stdout + r.stderr)
+        codes = set(r.stdout.split())
+        check(codes == {"-9"}, f"cupool_connect past the limit returned {sorted(codes)}, always -9 (CUPOOL_E_BUSY) expected")
+    finally:
+        h.stop()
+
+
+def test_second_document_and_misfits(tmp):
+    """plan of a file with a second YAML document is invalid_config (exit 2); of a valid file that
+    does not fit the node, does_not_fit (exit 1, as in check)."""
+    h = Holder(tmp)
+    try:
+        two = os.path.join(tmp, "two.yaml")
+        with open(h.config) as f, open(two, "w") as g:
+            g.write(f.read() + "---\nversion: 1\n")
+        r = cupool("plan", two, socket_path=h.socket)
+        check(r.returncode == 2 and "[multiple-documents]" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+        far = os.path.join(tmp, "far.yaml")
+        with open(h.config) as f, open(far, "w") as g:
+            g.write(f.read().replace("devices: [0]", "devices: [5]", 1))
+        r = cupool("plan", far, socket_path=h.socket)
+        check(r.returncode == 1 and "[unknown-device]" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+        r2 = cupool("check", far, "--profile", H.PROFILE)
+        check(r2.returncode == r.returncode, f"check exits {r2.returncode}, plan {r.returncode}")
+    finally:
+        h.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cupool", required=True)
+    ap.add_argument("--testclient", required=True)
+    ap.add_argument("--client-lib", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("-k", default="")
+    args = ap.parse_args()
+    bindir = H.setup(args, gpu=False)
+    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and args.k in n]
+    try:
+        rc = H.run_scenarios(tests, "hostile scenarios")
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
+    if LATENCY:
+        print("\nthe observer's latency while each attack ran (ms):")
+        print(f"  {'attack':48} {'median':>7} {'p99':>7} {'max':>7} {'requests':>8}")
+        for name, (median, p99, worst, n) in LATENCY.items():
+            print(f"  {name:48} {median:7.1f} {p99:7.1f} {worst:7.1f} {n:8d}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
