@@ -21,12 +21,20 @@ struct PlanArgs {
   std::string config;
 };
 
-// A request carries at most this many payload bytes (docs/protocol.md, "Limits").
-constexpr std::size_t kMaxPayload = 65536;
-// Room left in a frame for the "id" the library adds.
+// A request carries at most this many payload bytes (docs/protocol.md, "Limits"). Over 64 KiB it
+// goes in parts, which the holder takes from admins only: others are told so by the holder.
+constexpr std::size_t kMaxRequest = 4 * 1024 * 1024;
+// Room left for the "id" the library adds.
 constexpr std::size_t kIdRoom = 32;
-// The longest "path" the holder takes.
-constexpr std::size_t kMaxPath = 4096;
+// The longest "path" the holder takes (proto::kMaxConfigName): a longer one is sent as its end.
+constexpr std::size_t kMaxPath = 256;
+
+std::string shown_path(const std::string& path) {
+  if (path.size() <= kMaxPath) return path;
+  std::size_t from = path.size() - (kMaxPath - 3);
+  while (from < path.size() && (static_cast<unsigned char>(path[from]) & 0xc0) == 0x80) ++from;  // a character's start
+  return "..." + path.substr(from);
+}
 
 int run_plan(const PlanArgs& args, bool apply) {
   const Format format = parse_format(args.format);
@@ -34,11 +42,11 @@ int run_plan(const PlanArgs& args, bool apply) {
   const SourceFile file = SourceFile::read(args.config, kMaxConfigBytes);
 
   json request = {{"op", op}, {"config", file.text()}};
-  if (file.path().size() <= kMaxPath) request["path"] = file.path();
+  request["path"] = shown_path(file.path());
   const std::size_t size = request.dump(-1, ' ', false, json::error_handler_t::replace).size();
-  if (size + kIdRoom > kMaxPayload)
+  if (size + kIdRoom > kMaxRequest)
     throw InputError(file.path() + ": too large to send to the holder: the request would be " + std::to_string(size) +
-                     " bytes, and a request is at most 64 KiB (the config's text, JSON escapes included)");
+                     " bytes, and a request is at most 4 MiB (the config's text, JSON escapes included)");
 
   HolderClient holder = HolderClient::connect(args.socket, std::string("cupool ") + op);
   const json reply = holder.request_raw(request);

@@ -41,9 +41,15 @@ Json cupool_conn::request(Json body, int* fd_out) {
   if (fd < 0) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
   const std::uint64_t id = next_id++;
   body["id"] = id;
+  std::string frames;
+  try {
+    frames = cupool::proto::encode(cupool::proto::Kind::request, body);
+  } catch (const cupool::Error& e) {
+    throw Failure{CUPOOL_E_INVALID, e.what()};  // too long to send; the connection is fine
+  }
   try {
     try {
-      cupool::proto::send_all(fd, cupool::proto::encode(cupool::proto::Kind::request, body));
+      cupool::proto::send_all(fd, frames);
     } catch (const std::system_error& e) {
       // The holder may have refused this connection (a limit) and closed it before reading what
       // we sent: its reason was sent first and is waiting here. Say that, not "unreachable".
@@ -56,6 +62,13 @@ Json cupool_conn::request(Json body, int* fd_out) {
       if (header.kind == cupool::proto::Kind::notice) {
         if (received >= 0) ::close(received);
         if (reply.value("notice", "") == "draining") draining = true;
+        if (reply.value("notice", "") == "pool_gone") {
+          // A pool we imported was replaced or removed: our import maps the old pool's memory.
+          const std::pair<std::string, int> key{reply.value("pool", ""), reply.value("device", -1)};
+          auto imp = pools.find(key);
+          if (imp != pools.end() && imp->second.generation == reply.value("generation", imp->second.generation))
+            retire(key);
+        }
         continue;
       }
       const auto rid = reply.find("id");
@@ -81,6 +94,23 @@ Json cupool_conn::request(Json body, int* fd_out) {
   } catch (const std::system_error& e) {
     close_socket();
     throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
+  }
+}
+
+void cupool_conn::retire(const std::pair<std::string, int>& key) {
+  auto it = pools.find(key);
+  if (it == pools.end()) return;
+  const cupool::PoolHandle handle = it->second.handle;
+  pools.erase(it);
+  for (cupool_lease* lease : leases)
+    if (lease->imported == handle) {
+      retired.push_back(handle);
+      return;
+    }
+  try {
+    backend().destroy_pool(handle);
+  } catch (...) {
+    // The import is gone from our books either way; the driver keeps what it can't release.
   }
 }
 
@@ -154,6 +184,7 @@ cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, int dev
   Imported imp;
   imp.local_device = local_device(reply.value("uuid", ""), holder_device);
   imp.handle = backend().import_pool_fd(imp.local_device, fd_in);
+  imp.generation = reply.value("generation", std::uint64_t{0});
   Imported& kept = pools[{reply.value("pool", pool), holder_device}] = imp;
   // An imported pool is reachable only from its own device until this process gives access:
   // give the peers the config names, where this process can see them.
@@ -172,7 +203,17 @@ void cupool_conn::map(cupool_lease& lease, const Json& reply) {
   const auto data = cupool::proto::from_hex(reply.value("export_data", ""));
   const auto event = cupool::proto::from_hex(reply.value("ready_event", ""));
   if (!data || !event) throw Failure{CUPOOL_E_PROTOCOL, "the holder sent malformed export data"};
-  Imported& imp = import_pool(lease.pool, lease.holder_device);
+  Imported* found = &import_pool(lease.pool, lease.holder_device);
+  // The memory is in the pool the holder holds now; an import of one it replaced would map
+  // something else (the notice comes first; this holds even if it did not).
+  const std::uint64_t generation = reply.value("generation", found->generation);
+  if (found->generation != generation) {
+    retire({lease.pool, lease.holder_device});
+    found = &import_pool(lease.pool, lease.holder_device);
+    if (found->generation != generation)
+      throw Failure{CUPOOL_E_PROTOCOL, "the holder's pool " + lease.pool + " changed while it was being imported"};
+  }
+  Imported& imp = *found;
   lease.local_device = imp.local_device;
   lease.imported = imp.handle;
   lease.address = backend().import_pointer(imp.handle, *data);

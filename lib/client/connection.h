@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "device/backend.h"
 
@@ -61,8 +62,10 @@ struct cupool_conn {
   struct Imported {
     cupool::PoolHandle handle = 0;
     int local_device = 0;
+    std::uint64_t generation = 0;  // the holder's pool it came from (a replaced pool has another)
   };
   std::map<std::pair<std::string, int>, Imported> pools;  // by (pool, holder device)
+  std::vector<cupool::PoolHandle> retired;  // imports of pools the holder no longer holds, still mapped
   std::set<cupool_lease*> leases;
 
   ~cupool_conn();
@@ -80,6 +83,9 @@ struct cupool_conn {
   int local_device(const std::string& uuid, int holder_device);
   // The pool imported through this connection (asked of the holder the first time; -1: its first device).
   Imported& import_pool(const std::string& pool, int device);
+  // Forgets the import of a pool the holder replaced or removed: released now, or at disconnect
+  // when a lease still maps memory through it.
+  void retire(const std::pair<std::string, int>& key);
   // Imports an allocation and waits until it is ready.
   void map(cupool_lease& lease, const cupool::client::Json& reply);
   // Allocates and maps a lease; when the ready event can't be used here, asks the holder to

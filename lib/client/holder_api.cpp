@@ -151,6 +151,13 @@ void cupool_disconnect(cupool_conn* conn) {
       }
     }
     conn->pools.clear();
+    for (cupool::PoolHandle handle : conn->retired) {
+      try {
+        if (conn->importer) conn->importer->destroy_pool(handle);
+      } catch (...) {
+      }
+    }
+    conn->retired.clear();
     conn->close_socket();
   }
   delete conn;

@@ -95,10 +95,12 @@ std::string SourceFile::line(int n) const {
 
 namespace {
 
-// Text a finding carries is bounded: messages quote the file, and a file can hold a 60 KiB key.
+// Text a finding carries is bounded: messages quote the file, and a file can hold a 60 KiB key,
+// or control characters (escaped "\x1b" in YAML): shown as U+FFFD, they can neither move a
+// terminal's cursor nor grow sixfold as JSON escapes ("\u001b").
 std::string bounded(const std::string& text) {
-  if (text.size() <= kMaxFindingText) return valid_utf8(text);
-  return valid_utf8(utf8_prefix(text, kMaxFindingText)) + "...";
+  if (text.size() <= kMaxFindingText) return safe_for_display(text);
+  return safe_for_display(utf8_prefix(text, kMaxFindingText)) + "...";
 }
 
 }  // namespace

@@ -18,43 +18,43 @@ Json error_body(const Json& id, const std::string& code, const std::string& mess
   return j;
 }
 
-namespace {
-
-// The invalid_config (or does_not_fit) reply of a rejected config. A reply must fit in one frame: at most 100
-// findings and the text cut at 32 KiB; if that is still too long (long findings, long paths), as
-// many findings as fit, halving, then no text.
-Json rejected_body(const Json& id, const ConfigRejected& e) {
+Json rejected_body(const Json& id, const ConfigRejected& e, std::size_t limit) {
   Json body = error_body(id, e.wire_code(), e.what());
-  Json findings = Json::array();
-  for (const auto& f : e.findings()) {
-    if (findings.size() == 100) break;
-    findings.push_back(f);
-  }
   body["error"]["findings_total"] = e.findings().size();
-  body["error"]["findings"] = findings;
-  std::string rendered = e.rendered();
-  if (rendered.size() > 32768)
-    rendered = valid_utf8(rendered.substr(0, 32768)) + "\n... (cut: the full list is in 'cupool check')\n";
-  body["error"]["rendered"] = rendered;
-  auto too_long = [&] { return body.dump(-1, ' ', false, Json::error_handler_t::replace).size() > proto::kMaxPayload; };
-  while (too_long() && !body["error"]["findings"].empty()) {
-    Json& list = body["error"]["findings"];
-    list.erase(list.begin() + static_cast<std::ptrdiff_t>(list.size() / 2), list.end());
+  body["error"]["findings"] = e.findings();
+  body["error"]["rendered"] = e.rendered();
+  // Diagnostics are bounded (kMaxFindings; kMaxFindingText, kMaxQuotedLine per finding; the path
+  // kMaxConfigName, without control characters), so this is about 10 MiB at the very most, under
+  // kMaxReply. Should it not be, the reply still goes: the text is cut, then the last findings.
+  auto size = [&] { return body.dump(-1, ' ', false, Json::error_handler_t::replace).size(); };
+  const std::string note = "\n... (cut: a reply is at most " + std::to_string(limit) + " bytes)\n";
+  std::size_t total = size();
+  if (total <= limit) return body;
+  const std::string rendered = e.rendered();
+  const std::size_t without = total - body["error"]["rendered"].dump().size() + 2;
+  body["error"]["rendered"] = without + note.size() + 64 < limit
+                                  ? utf8_prefix(rendered, (limit - without - note.size() - 64) / 6) + note
+                                  : note;
+  while (size() > limit && !body["error"]["findings"].empty()) {
+    const Json& all = body["error"]["findings"];
+    Json first = Json::array();
+    for (std::size_t i = 0; i < all.size() / 2; ++i) first.push_back(all[i]);
+    body["error"]["findings"] = std::move(first);
   }
-  if (too_long()) body["error"]["rendered"] = "(too long for one reply: run 'cupool check' on the file)\n";
   return body;
 }
-
-}  // namespace
 
 std::size_t Conversation::receive(const char* data, std::size_t size) {
   if (closing_) return 0;
   try {
     const std::size_t used = decoder_.feed(data, size);
-    if (decoder_.ready()) handle(decoder_.take().second);
+    if (decoder_.ready()) {
+      auto [header, payload] = decoder_.take();
+      take(header, std::move(payload));
+    }
     return used;
   } catch (const Error& e) {
-    // Only the frame decoder and the payload parser throw here: a malformed frame.
+    // Only the frame decoder, the payload parser and the parts' bounds throw here: a malformed frame.
     refuse(e.what());
     return size;
   }
@@ -80,14 +80,37 @@ void Conversation::pull() {
 void Conversation::work() {
   if (!has_work()) return;
   try {
-    handle(decoder_.take().second);
+    auto [header, payload] = decoder_.take();
+    take(header, std::move(payload));
   } catch (const Error& e) {
-    // Only the payload parser throws here: a malformed frame.
+    // Only the payload parser and the parts' bounds throw here: a malformed frame.
     inbox_.clear();
     refuse(e.what());
     return;
   }
   pull();
+}
+
+void Conversation::take(const proto::Header& header, std::string payload) {
+  if (header.kind == proto::Kind::part) {
+    // Parts cost the holder memory until the request is whole: only admins may send them, and
+    // only up to kMaxRequest (others send requests of one frame, as every request but a large
+    // plan or apply is).
+    if (!parts_started_ && !holder_.admin(client_))
+      throw Error(Errc::bad_frame, "a request longer than one frame (" + std::to_string(proto::kMaxPayload) +
+                                       " bytes) is taken from admins only (root or the holder's user)");
+    parts_started_ = true;
+  }
+  if (parts_started_) {
+    if (parts_.size() + payload.size() > proto::kMaxRequest)
+      throw Error(Errc::bad_frame, "a request in parts exceeds " + std::to_string(proto::kMaxRequest) + " bytes");
+    parts_ += payload;
+    if (header.kind == proto::Kind::part) return;
+    payload = std::move(parts_);
+    parts_.clear();
+    parts_started_ = false;
+  }
+  handle(payload);
 }
 
 void Conversation::handle(const std::string& payload) {
@@ -123,6 +146,9 @@ void Conversation::refuse(const std::string& why) {
   spdlog::warn("client {} sent a malformed frame: {}", client_, why);
   queue(error_body(Json(), errc_info(Errc::bad_frame).wire, why));
   closing_ = true;
+  parts_.clear();
+  parts_.shrink_to_fit();
+  parts_started_ = false;
 }
 
 void Conversation::queue(const Json& body, proto::Kind kind, int fd) {

@@ -15,7 +15,14 @@
 
 namespace cupool {
 
+class ConfigRejected;
 class Holder;
+
+// The invalid_config (or does_not_fit) reply of a rejected config: every finding and the rendered
+// text, as `cupool check` prints them; over `limit` (never, by the diagnostics' bounds), the text
+// is cut and then the last findings (findings_total still counts them all).
+nlohmann::ordered_json rejected_body(const nlohmann::ordered_json& id, const ConfigRejected& e,
+                                     std::size_t limit = proto::kMaxReply);
 
 // A frame to send; `fd` rides with its first byte (SCM_RIGHTS).
 struct OutFrame {
@@ -64,8 +71,9 @@ class Conversation {
   std::uint64_t client() const { return client_; }
   // After a malformed frame: close once the queue is flushed.
   bool closing() const { return closing_; }
-  // Between a frame's first byte and its last.
-  bool mid_frame() const { return decoder_.mid_frame(); }
+  // Between a frame's first byte and its last (for a request in parts: the first part's first
+  // byte and the last frame's last).
+  bool mid_frame() const { return decoder_.mid_frame() || parts_started_; }
 
   static constexpr std::size_t kMaxInbox = 64 * 1024;  // received bytes kept before reading stops
   static constexpr std::size_t kMaxQueuedFds = 1;      // unread replies that carry a descriptor
@@ -75,6 +83,9 @@ class Conversation {
   std::function<void(const nlohmann::ordered_json& request, const nlohmann::ordered_json& reply)> on_reply;
 
  private:
+  // Takes a whole frame: a part is kept (from admins; from others it is refused), a request is
+  // handled with the parts before it.
+  void take(const proto::Header& header, std::string payload);
   void handle(const std::string& payload);
   // Moves inbox bytes into the decoder, up to the end of the next frame.
   void pull();
@@ -87,6 +98,8 @@ class Conversation {
   std::size_t queued_ = 0;
   std::size_t fds_queued_ = 0;
   bool closing_ = false;
+  std::string parts_;  // the payloads of the parts of a request so far
+  bool parts_started_ = false;
 };
 
 }  // namespace cupool

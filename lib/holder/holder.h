@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -90,12 +91,17 @@ class Holder {
   void adopt_holder_settings(const HolderWant& h) { holder_ = h; }
   // The socket whose mode and group apply() changes. Without one (unit tests) apply records them.
   void attach_socket(SocketPermissions* socket) { socket_ = socket; }
+  // Where notices to a client go (the server queues them on its connection): a pool it imported
+  // was replaced or removed (docs/protocol.md, "Notices").
+  void on_notice(std::function<void(std::uint64_t client, const Json& notice)> send) { notice_ = std::move(send); }
 
   // ---- connections ----
   std::uint64_t connect(const Peer& peer);
   // Frees the client's leases and closes its buffers.
   void disconnect(std::uint64_t client);
   std::size_t client_count() const { return clients_.size(); }
+  // Root or the holder's user (false for a client it does not know).
+  bool admin(std::uint64_t client) const;
 
   // Handles one request (the payload's JSON) from `client`. Returns the reply's fields (the
   // server adds "id" and "ok"). A reply that carries a descriptor sets `fd_out` (the server
@@ -122,6 +128,7 @@ class Holder {
   struct HeldPool {
     PoolWant want;
     PoolHandle handle = 0;
+    std::uint64_t generation = 0;  // unique per pool the holder made: a replaced pool gets a new one
     std::uint64_t leases = 0;
     std::uint64_t leased_bytes = 0;
     std::uint64_t reserved_after_reserve = 0;  // reserved bytes read back after mapping `reserve`
@@ -148,6 +155,7 @@ class Holder {
     std::set<std::uint64_t> leases;
     std::map<std::pair<std::string, int>, std::uint64_t> bytes_in_pool;
     std::map<std::string, std::uint64_t> open_buffers;  // name -> opens
+    std::map<std::pair<std::string, int>, std::uint64_t> imported;  // pools it imported -> generation
   };
   using PoolKey = std::pair<std::string, int>;
 
@@ -207,6 +215,8 @@ class Holder {
   Limits limits_;
   HolderWant holder_;
   SocketPermissions* socket_ = nullptr;
+  std::function<void(std::uint64_t, const Json&)> notice_;
+  std::uint64_t next_generation_ = 0;
   std::map<PoolKey, HeldPool> pools_;
   std::map<std::string, HeldBuffer> buffers_;
   std::map<std::uint64_t, Lease> leases_;

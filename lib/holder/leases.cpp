@@ -48,6 +48,11 @@ void Holder::disconnect(std::uint64_t id) {
   clients_.erase(it);
 }
 
+bool Holder::admin(std::uint64_t id) const {
+  auto it = clients_.find(id);
+  return it != clients_.end() && it->second.admin;
+}
+
 Holder::Client& Holder::client(std::uint64_t id) {
   auto it = clients_.find(id);
   if (it == clients_.end()) throw Error(Errc::internal, "unknown connection");

@@ -203,6 +203,7 @@ void Holder::create_pool(const PoolWant& w) {
   HeldPool held;
   held.want = w;
   held.handle = backend_.create_pool(w.device, w.props);
+  held.generation = ++next_generation_;
   PoolKey key{w.name, w.device};
   try {
     backend_.set_pool_settings(held.handle, w.settings);
@@ -259,6 +260,21 @@ void Holder::destroy_pool(const PoolKey& key) {
   for (const auto& n : names) destroy_buffer(n);
   backend_.synchronize(key.second);
   backend_.destroy_pool(it->second.handle);
+  // Clients that imported it must not go on using their import: tell them (their next import_pool
+  // of the name gets whatever is held then).
+  const std::uint64_t generation = it->second.generation;
+  for (auto& [id, c] : clients_) {
+    auto imp = c.imported.find(key);
+    if (imp == c.imported.end() || imp->second != generation) continue;
+    c.imported.erase(imp);
+    if (notice_)
+      notice_(id, {{"notice", "pool_gone"},
+                   {"pool", key.first},
+                   {"device", key.second},
+                   {"generation", generation},
+                   {"message", "pool " + key.first + " on device " + std::to_string(key.second) +
+                                   " was replaced or removed: drop your import of it"}});
+  }
   pools_.erase(it);
   spdlog::info("removed pool {} on device {}", key.first, key.second);
 }

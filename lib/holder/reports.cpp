@@ -11,12 +11,6 @@
 
 namespace cupool {
 
-namespace {
-
-constexpr std::size_t kStatusClients = 256;  // clients listed in a status reply
-
-}  // namespace
-
 Json Holder::status() const {
   Json out;
   out["holder"] = identity_;
@@ -54,10 +48,7 @@ Json Holder::status() const {
   out["clients"] = Json::array();
   out["clients_total"] = clients_.size();
   const std::int64_t now = now_s();
-  std::size_t shown = 0;
   for (const auto& [id, c] : clients_) {
-    // A reply must fit in one frame: the first kStatusClients clients are listed, all are counted.
-    if (++shown > kStatusClients) break;
     std::uint64_t bytes = 0;
     for (const auto& [k, v] : c.bytes_in_pool) bytes += v;
     std::uint64_t opens = 0;

@@ -91,6 +91,10 @@ Json Holder::op_hello(Request& r) {
   out["peer"] = {
       {"pid", c.peer.pid}, {"uid", c.peer.uid}, {"gid", c.peer.gid}, {"user", c.peer.user}, {"admin", c.admin}};
   out["limits"] = {{"max_payload", proto::kMaxPayload},
+                   // A message longer than a frame comes in parts (docs/protocol.md, Frames): replies
+                   // up to max_reply; requests up to max_request (in parts from admins only).
+                   {"max_reply", proto::kMaxReply},
+                   {"max_request", c.admin ? proto::kMaxRequest : proto::kMaxPayload},
                    {"max_leases", limits_.max_leases_per_client},
                    {"max_open_buffers", limits_.max_open_buffers_per_client},
                    {"frame_timeout_ms", 5000},
@@ -141,8 +145,10 @@ Json Holder::op_import_pool(Request& r) {
   out["handle_type"] = "posix_fd";
   out["access"] = Json::array();
   for (int peer : p.want.access) out["access"].push_back({{"device", peer}, {"uuid", device_uuid(peer)}});
+  out["generation"] = p.generation;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
   r.fd_out = backend_.export_pool_fd(p.handle);
+  c.imported[{p.want.name, p.want.device}] = p.generation;
   return out;
 }
 
@@ -162,6 +168,7 @@ Json Holder::op_alloc(Request& r) {
   out["pool"] = p.want.name;
   out["device"] = p.want.device;
   out["uuid"] = device_uuid(p.want.device);
+  out["generation"] = p.generation;
   out["export_data"] = proto::to_hex(s.export_data);
   out["ready"] = synchronize;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
@@ -203,6 +210,7 @@ Json Holder::op_buffer_open(Request& r) {
   out["device"] = b.want.device;
   out["uuid"] = device_uuid(b.want.device);
   out["size"] = b.want.size;
+  out["generation"] = p.generation;
   out["export_data"] = proto::to_hex(b.allocation.export_data);
   out["ready"] = true;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
@@ -301,15 +309,16 @@ Json Holder::op_apply(Request& r) { return plan_or_apply(r, true); }
 Json Holder::plan_or_apply(Request& r, bool apply) {
   Client& c = r.client;
   proto::Args& a = r.args;
-  const std::string text = a.string("config", proto::kMaxPayload);
-  const std::string path = a.optional_string("path", 4096).value_or("<request>");
+  const std::string text = a.string("config", kMaxConfigBytes);  // what `cupool check` reads of a file
+  // The name findings use (each finding repeats it): bounded, and shown without control characters.
+  const std::string path = safe_for_display(a.optional_string("path", proto::kMaxConfigName).value_or("<request>"));
   a.finish();
   if (apply) {
     require_admin(c, "apply");
     require_not_draining("apply");
   }
   // A ConfigRejected goes up: the conversation answers invalid_config (or does_not_fit) with the findings.
-  const Loaded loaded = load_config(SourceFile(valid_utf8(path), text), node_, Scope::all);
+  const Loaded loaded = load_config(SourceFile(path, text), node_, Scope::all);
   std::vector<Change> changes = apply ? this->apply(loaded.desired) : plan(loaded.desired);
   Json out;
   out["applied"] = apply;

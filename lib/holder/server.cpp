@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <map>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -85,9 +86,11 @@ class Server {
   void read_from(Connection& c);
   // Handles waiting requests, one per user and round, until none is left or the turn's time is up.
   void serve_requests();
+  // The users whose unread replies take more than max_queued_bytes_per_user: not served for now.
+  std::set<uid_t> users_waiting_to_read() const;
   void queue(Connection& c, const Json& body, proto::Kind kind = proto::Kind::reply);
   // Sends what the conversation queued as far as the socket takes it; drops a peer that has more
-  // than max_queued_bytes unread.
+  // than max_queued_bytes unread between the reply being sent and the newest.
   void pump(Connection& c);
   void flush(Connection& c);
   void drop(Connection& c, const std::string& why);
@@ -133,7 +136,14 @@ void Server::pump(Connection& c) {
   if (!c.sending) c.last_progress = Clock::now();
   flush(c);
   c.sending = !c.talk.out().empty();
-  if (!c.dead && c.talk.queued_bytes() > options_.max_queued_bytes) drop(c, "it does not read its replies (over 1 MiB queued)");
+  // A reply may be long (up to kMaxReply): the one being sent and the newest are not counted, so a
+  // client that reads one long reply at a time is never dropped for it; what waits between them is
+  // what the peer asked for without reading.
+  const auto& out = c.talk.out();
+  std::size_t waiting = c.talk.queued_bytes();
+  if (!out.empty()) waiting -= out.front().bytes.size() - out.front().sent;
+  if (out.size() > 1) waiting -= out.back().bytes.size();
+  if (!c.dead && waiting > options_.max_queued_bytes) drop(c, "it does not read its replies (over 1 MiB queued)");
 }
 
 void Server::flush(Connection& c) {
@@ -297,14 +307,26 @@ void Server::read_from(Connection& c) {
   }
 }
 
+std::set<uid_t> Server::users_waiting_to_read() const {
+  std::map<uid_t, std::size_t> queued;
+  for (const auto& [fd, c] : connections_)
+    if (!c.dead && !c.peer_gone) queued[c.uid] += c.talk.queued_bytes();  // a gone peer is dropped soon
+  std::set<uid_t> over;
+  for (const auto& [uid, bytes] : queued)
+    if (bytes > options_.max_queued_bytes_per_user) over.insert(uid);
+  return over;
+}
+
 void Server::serve_requests() {
   // Round robin over users, not connections: a user with 256 connections gets one request served
-  // per round, like a user with one. A round ends early only when the turn's time is up.
+  // per round, like a user with one. A round ends early only when the turn's time is up. A user
+  // whose unread replies are over its budget is not served until its peers read some.
   const auto deadline = Clock::now() + std::chrono::milliseconds(20);
   while (Clock::now() < deadline) {
+    const std::set<uid_t> waiting = users_waiting_to_read();
     std::map<uid_t, std::vector<Connection*>> ready;
     for (auto& [fd, c] : connections_)
-      if (!c.dead && c.talk.has_work()) ready[c.uid].push_back(&c);
+      if (!c.dead && c.talk.has_work() && !waiting.count(c.uid)) ready[c.uid].push_back(&c);
     if (ready.empty()) return;
     for (auto& [uid, list] : ready) {
       // This user's next connection after the one served last.
@@ -411,6 +433,16 @@ int Server::run() {
   holder_->apply(want);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());
+  // Notices come from inside a request (apply, reload): they are only queued here, never sent or
+  // dropped on the spot, which could disconnect a client while the holder walks its clients.
+  holder_->on_notice([this](std::uint64_t client, const Json& notice) {
+    for (auto& [fd, c] : connections_)
+      if (c.talk.client() == client && !c.dead) {
+        c.talk.queue(notice, proto::Kind::notice);
+        if (!c.sending) c.last_progress = Clock::now();
+        c.sending = true;
+      }
+  });
   update_identity();
   spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
                holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
@@ -424,11 +456,12 @@ int Server::run() {
     fds.push_back({signals.get(), POLLIN, 0});
     if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
     bool work_waiting = false;
+    const std::set<uid_t> over_budget = users_waiting_to_read();  // their requests wait for POLLOUT
     for (auto& [fd, c] : connections_) {
       // POLLIN only while the connection is read: one that is not (closing after a malformed frame,
       // its inbox full, its user's descriptors still closing) would wake the loop for every byte.
       fds.push_back({fd, static_cast<short>((reading(c) ? POLLIN : 0) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
-      work_waiting = work_waiting || c.talk.has_work() || (c.peer_gone && !c.dead);
+      work_waiting = work_waiting || (c.talk.has_work() && !over_budget.count(c.uid)) || (c.peer_gone && !c.dead);
     }
     // Requests already received and a user's closes to wait for: look again soon.
     const int timeout = work_waiting ? 0 : closer_.pending() > 0 ? 50 : 250;

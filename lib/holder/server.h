@@ -15,7 +15,10 @@ struct ServerOptions {
   int drain_timeout_ms = 30000;     // how long SIGTERM waits for clients to leave
   int frame_timeout_ms = 5000;      // a frame must be complete this long after its first byte
   int write_stall_timeout_ms = 30000;  // a reply may wait this long for a peer that doesn't read
-  std::size_t max_queued_bytes = 1 << 20;  // unread replies per peer before it is dropped
+  std::size_t max_queued_bytes = 1 << 20;  // unread replies per peer (besides the one being sent and the newest) before it is dropped
+  // Unread replies of one user, all its connections together: past it, that user's requests wait
+  // (they are served once its peers read), so its replies take at most this plus one reply.
+  std::size_t max_queued_bytes_per_user = 16 << 20;
   std::size_t max_clients_per_user = 256;   // connections of one non-admin user (HolderLimits)
   // Ask the kernel to refuse descriptors sent to the holder (SO_PASSRIGHTS, Linux 6.16+). Off only
   // in tests of what the holder does without it (cupool hold --no-kernel-descriptor-refusal).

@@ -33,18 +33,36 @@ std::uint32_t get32(const std::uint8_t* p) {
 
 }  // namespace
 
-std::string encode(Kind kind, const Json& body, std::uint32_t fds) {
-  const std::string payload = body.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (payload.size() > kMaxPayload)
-    throw Error(Errc::internal, "reply of " + std::to_string(payload.size()) + " bytes exceeds the frame limit");
-  std::string out;
-  out.reserve(kHeaderSize + payload.size());
+namespace {
+void put_header(std::string& out, Kind kind, std::size_t length, std::uint32_t fds) {
   out.append(reinterpret_cast<const char*>(kMagic), 4);
   put16(out, kVersion);
   put16(out, static_cast<std::uint16_t>(kind));
-  put32(out, static_cast<std::uint32_t>(payload.size()));
+  put32(out, static_cast<std::uint32_t>(length));
   put32(out, fds);
-  out += payload;
+}
+}  // namespace
+
+std::string encode(Kind kind, const Json& body, std::uint32_t fds) {
+  const std::string payload = body.dump(-1, ' ', false, Json::error_handler_t::replace);
+  const bool may_split = (kind == Kind::reply || kind == Kind::request) && fds == 0;
+  const std::size_t limit = !may_split ? kMaxPayload : kind == Kind::reply ? kMaxReply : kMaxRequest;
+  if (payload.size() > limit)
+    throw Error(kind == Kind::request ? Errc::bad_request : Errc::internal,
+                std::string("a ") + (kind == Kind::request ? "request" : "reply") + " of " +
+                    std::to_string(payload.size()) + " bytes exceeds the protocol's limit of " + std::to_string(limit));
+  // Frames of equal length (give or take a byte): none is shorter than kMinPayload.
+  const std::size_t frames = (payload.size() + kMaxPayload - 1) / kMaxPayload;
+  std::string out;
+  out.reserve(frames * kHeaderSize + payload.size());
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < frames; ++i) {
+    const std::size_t end = payload.size() * (i + 1) / frames;
+    const bool last = i + 1 == frames;
+    put_header(out, last ? kind : Kind::part, end - at, last ? fds : 0);
+    out.append(payload, at, end - at);
+    at = end;
+  }
   return out;
 }
 
@@ -55,14 +73,14 @@ Header decode_header(const std::uint8_t* bytes, Kind expect) {
   if (h.version != kVersion)
     bad_frame("frame version " + std::to_string(h.version) + " is not supported (this holder speaks version 1)");
   const std::uint16_t kind = get16(bytes + 6);
-  const bool ok = expect == Kind::request ? kind == 1 : (kind == 2 || kind == 3);
+  const bool ok = kind == 4 || (expect == Kind::request ? kind == 1 : (kind == 2 || kind == 3));
   if (!ok) bad_frame("unexpected frame kind " + std::to_string(kind));
   h.kind = static_cast<Kind>(kind);
   h.length = get32(bytes + 8);
   if (h.length < kMinPayload || h.length > kMaxPayload)
     bad_frame("payload length " + std::to_string(h.length) + " is outside 2..65536");
   h.fds = get32(bytes + 12);
-  if (expect == Kind::request ? h.fds != 0 : h.fds > 1)
+  if (expect == Kind::request || h.kind == Kind::part ? h.fds != 0 : h.fds > 1)
     bad_frame("a frame may not carry " + std::to_string(h.fds) + " file descriptors");
   return h;
 }
@@ -285,16 +303,24 @@ void receive_exact(int socket, char* data, std::size_t size, int& fd) {
 std::pair<Header, Json> receive_frame(int socket, int& fd) {
   fd = -1;
   try {
-    std::uint8_t header[kHeaderSize];
-    receive_exact(socket, reinterpret_cast<char*>(header), kHeaderSize, fd);
-    const Header h = decode_header(header, Kind::reply);
-    std::string payload(h.length, '\0');
-    receive_exact(socket, payload.data(), payload.size(), fd);
-    if (h.fds == 0 && fd >= 0) {
-      ::close(fd);
-      fd = -1;
+    std::string payload;
+    for (;;) {
+      std::uint8_t header[kHeaderSize];
+      receive_exact(socket, reinterpret_cast<char*>(header), kHeaderSize, fd);
+      const Header h = decode_header(header, Kind::reply);
+      if (h.kind == Kind::notice && !payload.empty()) bad_frame("a notice came between the parts of a reply");
+      if (payload.size() + h.length > kMaxReply)
+        bad_frame("a reply in parts exceeds " + std::to_string(kMaxReply) + " bytes");
+      const std::size_t at = payload.size();
+      payload.resize(at + h.length);
+      receive_exact(socket, payload.data() + at, h.length, fd);
+      if (h.kind == Kind::part) continue;
+      if (h.fds == 0 && fd >= 0) {
+        ::close(fd);
+        fd = -1;
+      }
+      return {h, parse_payload(payload)};
     }
-    return {h, parse_payload(payload)};
   } catch (...) {
     if (fd >= 0) ::close(fd);
     fd = -1;

@@ -23,13 +23,20 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::uint16_t kVersion = 1;
 constexpr std::size_t kHeaderSize = 16;
-constexpr std::size_t kMaxPayload = 65536;
+constexpr std::size_t kMaxPayload = 65536;       // one frame's payload
+constexpr std::size_t kMaxReply = 16 * 1024 * 1024;   // a reply's payloads together, parts included
+// The longest "path" of a plan or apply request: the name its findings give the file.
+constexpr std::size_t kMaxConfigName = 256;
+constexpr std::size_t kMaxRequest = 4 * 1024 * 1024;  // a request's, from an admin (others: one frame)
 constexpr std::size_t kMinPayload = 2;  // "{}"
 constexpr int kMaxDepth = 16;           // JSON nesting in a payload
 constexpr int kMaxDevice = 4096;        // the largest device ordinal an argument may name
 constexpr std::uint8_t kMagic[4] = {'C', 'U', 'P', 'L'};
 
-enum class Kind : std::uint16_t { request = 1, reply = 2, notice = 3 };
+// A message longer than kMaxPayload goes as parts: frames of kind `part` carrying consecutive
+// slices of its JSON text, then one of the message's kind with the last slice (docs/protocol.md,
+// "Frames"). Replies and requests may be sent in parts; notices never are.
+enum class Kind : std::uint16_t { request = 1, reply = 2, notice = 3, part = 4 };
 
 struct Header {
   std::uint16_t version = 0;
@@ -38,12 +45,16 @@ struct Header {
   std::uint32_t fds = 0;
 };
 
-// The 16 header bytes followed by the payload (the JSON text of `body`).
-// Throws Error(Errc::internal) when the payload would exceed kMaxPayload.
+// The 16 header bytes followed by the payload (the JSON text of `body`). A reply or request longer
+// than a frame becomes parts and a last frame, back to back, each at least kMaxPayload / 2 long;
+// a descriptor rides only with a reply that fits one frame. Throws Error(Errc::internal) for a
+// reply, Error(Errc::bad_request) for a request, when the text exceeds kMaxPayload (kMaxReply or
+// kMaxRequest when it may be split).
 std::string encode(Kind kind, const Json& body, std::uint32_t fds = 0);
 
-// Reads and validates a header. `expect` is the only kind accepted (requests at the holder;
-// replies and notices are both accepted when `expect` is reply). Throws Error(Errc::bad_frame).
+// Reads and validates a header. `expect` is the only kind accepted besides parts (requests at the
+// holder; replies and notices when `expect` is reply). Only a reply may carry a descriptor.
+// Throws Error(Errc::bad_frame).
 Header decode_header(const std::uint8_t* bytes, Kind expect);
 
 // Parses a payload: a JSON object in valid UTF-8. Throws Error(Errc::bad_frame).
@@ -107,7 +118,8 @@ class Args {
 // Sends all of `bytes`; when `fd` >= 0 it rides as SCM_RIGHTS on the first byte.
 // Throws std::system_error.
 void send_all(int socket, std::string_view bytes, int fd = -1);
-// Receives one frame of kind reply or notice; a received descriptor is returned in `fd` (else -1).
+// Receives one reply (its parts joined, at most kMaxReply bytes) or notice; a received descriptor
+// is returned in `fd` (else -1). The header returned is the last frame's.
 // Throws Error(Errc::bad_frame), Error(Errc::unreachable) on EOF, or std::system_error.
 std::pair<Header, Json> receive_frame(int socket, int& fd);
 

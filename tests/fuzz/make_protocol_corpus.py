@@ -32,6 +32,19 @@ def hello(i=1):
     return frame({"id": i, "op": "hello", "protocol": 1, "client": "fuzz-seed"})
 
 
+def parts(request, n):
+    """`request` in n frames: n - 1 of kind 4 (parts), then the last of kind 1."""
+    payload = json.dumps(request, separators=(",", ":")).encode()
+    cuts = [len(payload) * i // n for i in range(n + 1)]
+    return b"".join(header(cuts[i + 1] - cuts[i], kind=4 if i + 1 < n else 1) + payload[cuts[i]:cuts[i + 1]]
+                    for i in range(n))
+
+
+# A config longer than a frame (its comments): a plan of it is sent in parts.
+BIG_CONFIG = "version: 1\n" + "".join(f"# comment {i:05d} " + "." * 60 + "\n" for i in range(1000)) + \
+    "pools:\n  - {name: kv, devices: [0, 1], handle_types: [posix_fd], max_size: 1GiB}\n"
+
+
 def session(peer, *requests):
     out = bytes([peer]) + hello()
     for i, r in enumerate(requests, start=2):
@@ -150,6 +163,12 @@ SEEDS = {
     "truncated": session(ALICE, frame({"id": 2, "op": "list"})[:-3]),
     "hello-required": bytes([ALICE]) + frame({"id": 1, "op": "list"}),
     "bad-hello": bytes([ALICE]) + frame({"id": 1, "op": "hello", "protocol": 2, "client": "x\u0001"}),
+    # requests in parts (frames of kind 4, then the last): joined for admins, refused for others
+    "parts-admin": session(ROOT, parts({"id": 2, "op": "plan", "config": BIG_CONFIG}, 2)),
+    "parts-stranger": session(EVE, parts({"id": 2, "op": "plan", "config": BIG_CONFIG}, 2)),
+    "parts-small": session(ROOT, parts({"id": 2, "op": "status"}, 3), frame({"id": 3, "op": "list"})),
+    "parts-cut": session(ROOT, parts({"id": 2, "op": "status"}, 3)[:-20]),
+    "parts-then-hello": bytes([ROOT]) + parts({"id": 1, "op": "hello", "protocol": 1}, 2),
 }
 
 

@@ -2,8 +2,8 @@
 // frame decoder, the payload parser, Holder::handle and the reply frames, exactly what the server
 // runs for a connection), on a simulated two-GPU node holding a small config. The holder may refuse
 // anything, but only in the documented ways (an error reply with a code from docs/protocol.md);
-// a crash, a leak, a reply frame that does not decode, a reply under the frame limit that could
-// not be encoded, an "internal" or "bad_frame" answer to a whole frame, leases and opens left
+// a crash, a leak, a reply frame that does not decode (its parts joined), a reply under the reply
+// limit that could not be encoded, an "internal" or "bad_frame" answer to a whole frame, leases and opens left
 // behind after the client is gone, or (after a change) an export that doesn't apply as a no-op
 // is a finding. Built like config_fuzz.cpp: with libFuzzer when CUPOOL_FUZZ=ON, and always as a
 // deterministic driver (mutate_main.cpp --frames) under CTest. Seeds: protocol-corpus/
@@ -77,28 +77,48 @@ cupool::Peer peer(std::uint32_t uid, const char* user, std::vector<std::string> 
 // CUPOOL_FUZZ_VERBOSE=1: print every reply (to see what a seed or a finding does).
 const bool verbose = std::getenv("CUPOOL_FUZZ_VERBOSE") != nullptr;
 
-// A reply under the frame limit must encode (the conversation replaces one that doesn't with an
-// "internal" error, so the encoding is tried here first to tell the two apart).
+// Walks the frames of one encoded message (a reply in parts is frames of kind 4, then the last):
+// each must decode, only the last may carry a descriptor or say what the message is, and the
+// payloads joined must be `text` when given. Returns the joined payload.
+std::string walk_frames(const std::string& bytes, bool carries_fd, const std::string* text) {
+  std::string joined;
+  std::size_t at = 0;
+  while (true) {
+    if (bytes.size() - at < proto::kHeaderSize) finding("a reply frame shorter than a header");
+    const proto::Header h = proto::decode_header(reinterpret_cast<const std::uint8_t*>(bytes.data() + at), proto::Kind::reply);
+    if (h.length > bytes.size() - at - proto::kHeaderSize) finding("a reply frame's length exceeds the bytes queued");
+    joined.append(bytes, at + proto::kHeaderSize, h.length);
+    at += proto::kHeaderSize + h.length;
+    if (h.kind != proto::Kind::part) {
+      if (at != bytes.size()) finding("bytes queued after the last frame of a reply");
+      if ((h.fds != 0) != carries_fd) finding("a reply frame's fds field differs from the descriptor it carries");
+      break;
+    }
+    if (h.length < proto::kMaxPayload / 2) finding("a part of a reply shorter than half a frame");
+  }
+  if (text && joined != *text) finding("the parts of a reply don't join to its text");
+  return joined;
+}
+
+// A reply under the reply limit must encode (the conversation replaces one that doesn't with an
+// "internal" error, so the encoding is tried here first to tell the two apart): in parts when it
+// is longer than a frame.
 void check_encodes(const Json& reply) {
   const std::string text = reply.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (verbose) std::fprintf(stderr, "reply (%zu bytes): %.300s\n", text.size(), text.c_str());
   try {
-    const std::string frame = proto::encode(proto::Kind::reply, reply);
-    if (frame.size() != proto::kHeaderSize + text.size()) finding("encoded frame has the wrong size");
+    (void)walk_frames(proto::encode(proto::Kind::reply, reply), false, &text);
   } catch (const cupool::Error& e) {
-    if (text.size() <= proto::kMaxPayload) finding(std::string("encode refused a reply under the limit: ") + e.what());
+    if (text.size() <= proto::kMaxReply) finding(std::string("encode refused a reply under the limit: ") + e.what());
   }
 }
 
-// Takes every frame the conversation queued, as the peer would: each must decode to a reply.
+// Takes every message the conversation queued, as the peer would: each must decode (its parts
+// joined) to a reply or a notice.
 void take_frames(cupool::Conversation& talk) {
   while (!talk.out().empty()) {
     const cupool::OutFrame& f = talk.out().front();
-    if (f.bytes.size() < proto::kHeaderSize) finding("a reply frame shorter than a header");
-    const proto::Header h = proto::decode_header(reinterpret_cast<const std::uint8_t*>(f.bytes.data()), proto::Kind::reply);
-    if (h.length != f.bytes.size() - proto::kHeaderSize) finding("a reply frame's length differs from its header's");
-    if ((h.fds != 0) != static_cast<bool>(f.fd)) finding("a reply frame's fds field differs from the descriptor it carries");
-    (void)proto::parse_payload(std::string_view(f.bytes).substr(proto::kHeaderSize));
+    (void)proto::parse_payload(walk_frames(f.bytes, static_cast<bool>(f.fd), nullptr));
     talk.sent(f.bytes.size() - f.sent);
   }
 }

@@ -43,6 +43,10 @@ class Failure(Exception):
     pass
 
 
+class Skip(Exception):
+    """A scenario that can't run here (no second user, no GPU, a sanitized library)."""
+
+
 def check(condition, message):
     if not condition:
         raise Failure(message)
@@ -67,6 +71,7 @@ class RawClient:
                 time.sleep(0.01)
         self.next_id = 1
         self.notices = []
+        self.parts = 0  # kind 4 frames before the last reply
 
     def send_frame(self, body, kind=1):
         payload = json.dumps(body).encode()
@@ -83,15 +88,23 @@ class RawClient:
         return data
 
     def receive(self):
-        """One frame: (kind, body, fds)."""
-        fds = []
-        header = self._recv_exact(16, fds)
-        check(header[:4] == self.MAGIC, "bad magic from the holder")
-        version, kind, length, nfds = struct.unpack("<HHII", header[4:])
-        check(version == 1 and kind in (2, 3) and nfds <= 1, f"bad header {header!r}")
-        body = json.loads(self._recv_exact(length, fds))
-        check(len(fds) == nfds, f"header says {nfds} descriptors, got {len(fds)}")
-        return kind, body, fds
+        """One message: (kind, body, fds). A reply in parts (kind 4 frames, then kind 2) is joined."""
+        fds, payload, parts = [], b"", 0
+        while True:
+            header = self._recv_exact(16, fds)
+            check(header[:4] == self.MAGIC, "bad magic from the holder")
+            version, kind, length, nfds = struct.unpack("<HHII", header[4:])
+            check(version == 1 and kind in (2, 3, 4) and 2 <= length <= 65536, f"bad header {header!r}")
+            check(nfds == 0 or (nfds == 1 and kind != 4), f"{nfds} descriptors on a frame of kind {kind}")
+            check(kind != 3 or parts == 0, "a notice between the parts of a reply")
+            payload += self._recv_exact(length, fds)
+            check(len(payload) <= 16 << 20, "a reply over 16 MiB")
+            if kind == 4:
+                parts += 1
+                continue
+            check(len(fds) == nfds, f"header says {nfds} descriptors, got {len(fds)}")
+            self.parts = parts
+            return kind, json.loads(payload), fds
 
     def request(self, op, **args):
         rid = self.next_id
@@ -280,6 +293,31 @@ def setup(args, gpu):
     return bindir
 
 
+def sanitized(name=""):
+    """Whether the binaries run under a sanitizer (any, or the one named)."""
+    return bool(ARGS.sanitizer) and (not name or name in ARGS.sanitizer.split(","))
+
+
+def slowness():
+    """How much slower than build/ the binaries run: a sanitized tree is a Debug build (ASan,
+    UBSan) or instrumented (TSan); limits of time are multiplied by this there."""
+    return 10 if ARGS.sanitizer else 1
+
+
+def client_library_path():
+    """The C client library's path, for ctypes in this process or in a Python run as another user.
+    A sanitized library can't go into an unsanitized python3 (the sanitizer's runtime must come
+    first): the scenario is skipped there; the C test client covers the library in those trees."""
+    if ARGS.sanitizer:
+        raise Skip("a sanitized client library can't be loaded into python3 (build/ runs it)")
+    return ARGS.client_lib_copy
+
+
+def client_library():
+    import ctypes
+    return ctypes.CDLL(client_library_path())
+
+
 def run_scenarios(scenarios, what):
     """Runs each (name, function) with a fresh temporary folder; returns the exit status."""
     failed = []
@@ -289,6 +327,8 @@ def run_scenarios(scenarios, what):
         try:
             fn(tmp)
             print(f"ok    {name} ({time.time() - start:.1f} s)", flush=True)
+        except Skip as e:
+            print(f"skip  {name}: {e}", flush=True)
         except Exception as e:  # noqa: BLE001 - report every scenario
             failed.append(name)
             print(f"FAIL  {name}: {e}", flush=True)
@@ -297,3 +337,34 @@ def run_scenarios(scenarios, what):
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(scenarios) - len(failed)} of {len(scenarios)} {what} passed")
     return 1 if failed else 0
+
+
+def main(scenarios, what, gpu_option=False, after=None):
+    """A suite's command line: runs the test_* functions of `scenarios` (a module's globals())."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cupool", required=True)
+    ap.add_argument("--testclient", required=True)
+    ap.add_argument("--client-lib", required=True)
+    ap.add_argument("--root", required=True)
+    ap.add_argument("-k", default="", help="run only the scenarios whose name contains this")
+    ap.add_argument("--sanitizer", default="",
+                    help="the binaries' sanitizers: address,undefined (CUPOOL_SANITIZE) or thread (CUPOOL_TSAN)")
+    if gpu_option:
+        ap.add_argument("--gpu", action="store_true", help="hold pools on the real driver (exit 77 without one)")
+    args = ap.parse_args()
+    gpu = gpu_option and args.gpu
+    if gpu:
+        q = subprocess.run([os.path.abspath(args.cupool), "query"], capture_output=True, text=True, timeout=120)
+        if q.returncode == 3:
+            print("skipped: no usable CUDA driver or device here")
+            return 77
+    bindir = setup(args, gpu)
+    tests = [(n, f) for n, f in sorted(scenarios.items()) if n.startswith("test_") and args.k in n]
+    try:
+        rc = run_scenarios(tests, what)
+    finally:
+        shutil.rmtree(bindir, ignore_errors=True)
+    if after:
+        after()
+    return rc

@@ -12,8 +12,9 @@ build (-DCUPOOL_TSAN=ON) test_one_connection_many_threads checks the client libr
   holder_test.py --cupool build/cupool --testclient build/tests/holder/testclient \
                  --client-lib build/libcupool-client.so --root . [-k NAME]
 """
-import argparse
+import ctypes
 import json
+import mmap
 import os
 import pwd
 import resource
@@ -400,6 +401,66 @@ def test_single_instance_and_stale_socket(tmp):
             old_client.wait()
 
 
+def test_a_replaced_pool_is_imported_again(tmp):
+    """A client (the C library) imported a pool and holds no lease in it; an admin's apply replaces
+    the pool (a new max_size). The holder tells the client (notice pool_gone), and the client's next
+    allocation maps the new pool: what it writes there, another process reads there (simulated
+    node: from the new pool's memfd), and it reads back what it wrote (real driver). Before: with a
+    new handle type every call succeeded while the client wrote into the old pool's memory, which
+    nobody saw; with a new max_size every call failed with CUPOOL_E_CUDA until it reconnected."""
+    h = Holder(tmp)
+    try:
+        lib = H.client_library()
+        lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        lib.cupool_alloc.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64,
+                                     ctypes.POINTER(ctypes.c_void_p)]
+        lib.cupool_release.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cupool_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+        lib.cupool_read.argtypes = lib.cupool_write.argtypes
+        lib.cupool_last_error.argtypes = [ctypes.c_void_p]
+        lib.cupool_last_error.restype = ctypes.c_char_p
+        lib.cupool_disconnect.argtypes = [ctypes.c_void_p]
+        conn = ctypes.c_void_p()
+        check(lib.cupool_connect(h.socket.encode(), b"replaced-pool", ctypes.byref(conn)) == 0, "connect")
+
+        def alloc():
+            lease = ctypes.c_void_p()
+            rc = lib.cupool_alloc(conn, b"private", 0, 1 << 20, ctypes.byref(lease))
+            check(rc == 0, f"alloc: {rc} {lib.cupool_last_error(conn)}")
+            return lease
+
+        lib.cupool_release(conn, alloc())  # the pool is imported now, and no lease is held in it
+        bigger = os.path.join(tmp, "bigger.yaml")
+        with open(h.config) as f, open(bigger, "w") as g:
+            g.write(f.read().replace("max_size: 256MiB", "max_size: 512MiB"))
+        r = cupool("apply", bigger, "--format", "json", socket_path=h.socket, check_rc=0)
+        changes = json.loads(r.stdout)["changes"]
+        check([(c["action"], c["name"]) for c in changes] == [("replace", "private")] and "blocked" not in changes[0],
+              changes)
+        lease = alloc()
+        pattern = bytes(range(256)) * 16
+        buf = ctypes.create_string_buffer(pattern, len(pattern))
+        check(lib.cupool_write(conn, lease, 0, buf, len(pattern)) == 0, f"write: {lib.cupool_last_error(conn)}")
+        back = ctypes.create_string_buffer(len(pattern))
+        check(lib.cupool_read(conn, lease, 0, back, len(pattern)) == 0, f"read: {lib.cupool_last_error(conn)}")
+        check(back.raw == pattern, "the client did not read back what it wrote")
+        if H.PROFILE:
+            # Another process maps the pool the holder holds now: the first allocation in it is at 0.
+            other = RawClient(h.socket)
+            other.hello()
+            body, fds = other.request("import_pool", pool="private", device=0)
+            check(body["ok"] and len(fds) == 1, body)
+            seen = mmap.mmap(fds[0], len(pattern), mmap.MAP_SHARED, mmap.PROT_READ)
+            check(seen[:len(pattern)] == pattern, "the client wrote into memory that is not the held pool's")
+            seen.close()
+            os.close(fds[0])
+            other.close()
+        lib.cupool_release(conn, lease)
+        lib.cupool_disconnect(conn)
+    finally:
+        h.stop()
+
+
 def test_sighup_reload(tmp):
     h = Holder(tmp)
     try:
@@ -427,36 +488,96 @@ def test_sighup_reload(tmp):
         h.stop()
 
 
-def test_invalid_config_reply_fits_one_frame(tmp):
-    """A plan of a file with hundreds of findings is answered in one frame: the first findings (at
-    most 100, fewer when they don't fit), the count of all, the text cut at 32 KiB; findings that
-    each carry a 4 KiB path: fewer of them still."""
+def test_invalid_config_reply_in_parts(tmp):
+    """A plan of a file with hundreds of findings is answered with all of them and the whole text,
+    in parts when it is longer than a frame (before: at most 100 findings and the text cut at
+    32 KiB, to fit one frame); with a 256-byte path (the longest taken) in every finding too."""
     h = Holder(tmp)
     try:
         c = RawClient(h.socket)
         c.hello()
         pools = "".join(f"  - {{name: p{i}, devices: [7]}}\n" for i in range(600))
         text = "version: 1\npools:\n" + pools
-        body, _ = c.request("plan", config=text, path="many.yaml")
-        err = body.get("error", {})
-        check(err.get("code") == "does_not_fit", body)  # valid, but device 7 is not on the node
-        sent = err.get("findings", [])
-        print(f"      {len(sent)} of 600 findings sent, rendered {len(err['rendered'])} bytes")
-        check(err.get("findings_total") == 600 and 10 <= len(sent) <= 100,
-              f"findings: total {err.get('findings_total')}, sent {len(sent)}")
-        check([f["line"] for f in sent] == list(range(3, 3 + len(sent))), "the first findings, in file order")
-        check(err["rendered"].endswith("(cut: the full list is in 'cupool check')\n") and len(err["rendered"]) < 33000,
-              f"rendered text of {len(err['rendered'])} bytes: {err['rendered'][-200:]}")
-        long_path = "/" + "d" * 4000 + "/many.yaml"
-        body, _ = c.request("plan", config=text, path=long_path)
-        err = body.get("error", {})
-        check(err.get("code") == "does_not_fit" and err.get("findings_total") == 600
-              and len(err.get("findings", [])) < 16, f"{str(body)[:500]}")
+        for path in ("many.yaml", "/" + "d" * 245 + "/many.yaml"):
+            body, _ = c.request("plan", config=text, path=path)
+            err = body.get("error", {})
+            check(err.get("code") == "does_not_fit", str(body)[:500])  # valid, but device 7 is not on the node
+            sent = err.get("findings", [])
+            print(f"      path of {len(path)} bytes: {len(sent)} findings, rendered {len(err['rendered'])} bytes, "
+                  f"{c.parts + 1} frames")
+            check(err.get("findings_total") == 600 and len(sent) == 600,
+                  f"findings: total {err.get('findings_total')}, sent {len(sent)}")
+            check([f["line"] for f in sent] == list(range(3, 603)), "the findings, in file order")
+            check(all(f["file"] == path for f in sent), "a finding names another file")
+            check(err["rendered"].count(path + ":") == 600 and err["rendered"].count("unknown-device") == 600,
+                  f"rendered text of {len(err['rendered'])} bytes ends {err['rendered'][-200:]!r}")
+            check(c.parts > 0, "a reply longer than a frame came in one frame")
         # The connection is still usable afterwards.
         body, _ = c.request("status")
-        check(body["ok"], body)
+        check(body["ok"] and c.parts == 0, body)
         c.close()
     finally:
+        h.stop()
+
+
+def test_replies_of_a_full_holder(tmp):
+    """A holder at its limits answers every report whole: 1,024 pools and 2,048 buffers with
+    64-character names, and 1,024 connections with 64-byte names. status, list, stats, export and
+    buffer ls are longer than a frame (they come in parts); the CLI prints them, and the exported
+    file is the held state. Before: status, export and buffer ls failed from 300 pools on, list
+    and stats at 1,024, and status listed 256 clients."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2048:
+        print(f"    skipped: 1,024 connections need 2,048 descriptors (hard limit {hard})")
+        return
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    socket_path = os.path.join(tmp, "cupool.sock")
+    name = lambda kind, i: f"{kind}-{i:04d}-" + "x" * (64 - len(kind) - 6)  # noqa: E731
+    text = f"version: 1\nholder:\n  socket: {socket_path}\n  mode: \"0666\"\npools:\n"
+    text += "".join(f"  - {{name: {name('pool', i)}, devices: [0], handle_types: [posix_fd], max_size: 64MiB}}\n"
+                    for i in range(1024))
+    text += "buffers:\n" + "".join(
+        f"  - {{name: {name('buffer', i)}, pool: {name('pool', i % 1024)}, device: 0, size: 4KiB}}\n"
+        for i in range(2048))
+    h = Holder(tmp, config_text=text)
+    conns = []
+    try:
+        client_name = "é" * 32  # 64 bytes
+        for _ in range(1024):
+            c = RawClient(h.socket)
+            body, _ = c.request("hello", protocol=1, client=client_name)
+            check(body["ok"], body)
+            conns.append(c)
+        probe = RawClient(h.socket)
+        probe.hello()
+        sizes = {}
+        for op in ("status", "list", "stats", "export"):
+            body, _ = probe.request(op)
+            check(body["ok"], f"{op}: {str(body)[:300]}")
+            sizes[op] = (len(json.dumps(body, ensure_ascii=False).encode()), probe.parts + 1)
+        print("      reply bytes (frames): " + ", ".join(f"{op} {b} ({n})" for op, (b, n) in sizes.items()))
+        check(all(n > 1 for _, n in sizes.values()), "every one of these replies is longer than a frame")
+        st = status(h)
+        check(len(st["pools"]) == 1024 and len(st["buffers"]) == 2048, "status lists every pool and buffer")
+        check(len(st["clients"]) == st["clients_total"] == 1026, f"status lists {len(st['clients'])} clients")
+        check(sum(c["name"] == client_name for c in st["clients"]) == 1024, "the clients' names")
+        table = cupool("status", socket_path=h.socket, check_rc=0).stdout
+        check(table.count(client_name) == 1024 and name("pool", 1023) in table, "status table")
+        check(len(json.loads(cupool("stats", "--format", "json", socket_path=h.socket, check_rc=0).stdout)["pools"])
+              == 1024, "stats lists every pool")
+        listed = json.loads(cupool("buffer", "ls", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(len(listed["buffers"]) == 2048, "buffer ls lists every buffer")
+        exported = os.path.join(tmp, "exported.yaml")
+        with open(exported, "w") as f:
+            f.write(cupool("export", socket_path=h.socket, check_rc=0).stdout)
+        r = cupool("plan", exported, "--format", "json", socket_path=h.socket)
+        check(r.returncode == 0 and json.loads(r.stdout)["changes"] == [],
+              f"the exported file is not the held state: {r.returncode} {r.stdout[:300]}{r.stderr[:300]}")
+        probe.close()
+    finally:
+        for c in conns:
+            c.close()
         h.stop()
 
 
@@ -921,6 +1042,12 @@ def test_descriptor_limit(tmp):
     finally:
         h.stop()
     tmp2 = tempfile.mkdtemp(prefix="cupool-holder-", dir=tmp)
+    if H.sanitized("undefined"):
+        # UBSan's vptr check probes an object's vtable through a pipe before reading it; a process
+        # with no free descriptor gets no pipe, and the check reports "invalid vptr" (seen on a
+        # closer thread's std::thread state; its suppressions don't apply to an invalid vptr).
+        print("    out of descriptors: skipped under UBSan, whose vptr check can't probe memory then (build/ runs it)")
+        return
     h = Holder(tmp2, nofile=(40, 40))
     clients = []
     try:
@@ -1122,27 +1249,5 @@ def test_one_connection_many_threads(tmp):
         h.stop()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cupool", required=True)
-    ap.add_argument("--testclient", required=True)
-    ap.add_argument("--client-lib", required=True)
-    ap.add_argument("--root", required=True)
-    ap.add_argument("-k", default="")
-    ap.add_argument("--gpu", action="store_true", help="hold pools on the real driver (exit 77 without one)")
-    args = ap.parse_args()
-    if args.gpu:
-        q = subprocess.run([os.path.abspath(args.cupool), "query"], capture_output=True, text=True, timeout=120)
-        if q.returncode == 3:
-            print("skipped: no usable CUDA driver or device here")
-            return 77
-    bindir = H.setup(args, args.gpu)
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and args.k in n]
-    try:
-        return H.run_scenarios(tests, "holder scenarios")
-    finally:
-        shutil.rmtree(bindir, ignore_errors=True)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(H.main(globals(), "holder scenarios", gpu_option=True))

@@ -1,6 +1,5 @@
 #!/usr/bin/env python3
-"""Attacks on the holder by peers that may connect (docs/security.md, "What a peer can make the
-holder spend"). Each scenario runs one attack against a holder on a simulated node while an
+"""Attacks on the holder by peers that may connect (docs/security.md, "The hostile-peer suite"). Each scenario runs one attack against a holder on a simulated node while an
 observer, a client of its own, asks the holder for something every 20 ms (a list, and an alloc and
 free in a shared pool). Every scenario asserts that each of the observer's requests was answered
 within 1 s while the attack ran, and that the holder's descriptors, its resident memory and the
@@ -12,9 +11,8 @@ At the end the observer's latency per attack (median and p99, milliseconds) is p
 README.md quotes it.
 
   hostile_test.py --cupool build/cupool --testclient build/tests/holder/testclient \\
-                  --client-lib build/libcupool-client.so --root . [-k NAME]
+                  --client-lib build/libcupool-client.so.1 --root . [-k NAME]
 """
-import argparse
 import ctypes
 import json
 import os
@@ -81,7 +79,8 @@ class Observer(threading.Thread):
         worst = lat[-1] * 1000
         LATENCY[name] = (median, p99, worst, len(lat))
         print(f"    observer: {len(lat)} requests, median {median:.1f} ms, p99 {p99:.1f} ms, max {worst:.1f} ms")
-        check(worst < 1000, f"an observer request waited {worst:.0f} ms while the attack ran (limit 1000 ms)")
+        limit = 1000 * H.slowness()
+        check(worst < limit, f"an observer request waited {worst:.0f} ms while the attack ran (limit {limit} ms)")
 
 
 def rss_kib(h):
@@ -90,6 +89,26 @@ def rss_kib(h):
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     return 0
+
+
+def peak_rss_kib(h):
+    with open(f"/proc/{h.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def settled(h, quiet=0.5, timeout=60):
+    """Waits until the holder spends no CPU for `quiet` seconds (it has done what it will do)."""
+    end = time.time() + timeout
+    last = cpu_seconds(h)
+    while time.time() < end:
+        time.sleep(quiet)
+        now = cpu_seconds(h)
+        if now - last < 0.02:
+            return
+        last = now
 
 
 def cpu_seconds(h):
@@ -112,8 +131,13 @@ class Baseline:
         used = pool_stat(self.h, "kv")["used_current"]
         check(used == self.used, f"the pool's used bytes are {used}, {self.used} before the attack")
         rss = rss_kib(self.h)
-        check(rss <= self.rss + rss_slack_mib * 1024,
-              f"the holder's resident memory is {rss // 1024} MiB, {self.rss // 1024} MiB before the attack")
+        if H.sanitized("address"):
+            # ASan keeps freed memory in quarantine (256 MiB) and adds shadow memory: RSS says
+            # nothing of the holder's own bounds there (build/ checks them).
+            print(f"    resident memory {self.rss // 1024} MiB before, {rss // 1024} MiB after (not checked under ASan)")
+        else:
+            check(rss <= self.rss + rss_slack_mib * 1024,
+                  f"the holder's resident memory is {rss // 1024} MiB, {self.rss // 1024} MiB before the attack")
         check(status(self.h)["clients_total"] == 1, "clients of the attack are still connected")
 
 
@@ -147,6 +171,27 @@ def as_other_user(code, *args, timeout=60):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def started_as_other_user(code, *args):
+    """Starts Python `code` as the second user; returns the process once it printed "ready" (it
+    then waits for its standard input to close). None when this suite can't switch users."""
+    user = other_user()
+    if not user:
+        return None
+    p = subprocess.Popen(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
+                          sys.executable, "-c", code] + [str(a) for a in args],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if line.strip() != "ready":
+        p.kill()
+        raise H.Failure(f"the attack script failed: {line}{p.communicate()[1]}")
+    return p
+
+
+def finished(p):
+    p.stdin.close()
+    p.wait(30)
+
+
 # Python that attack scripts share (run as another user, so as text).
 ATTACK_LIB = r'''
 import json, socket, struct, sys, time
@@ -155,6 +200,28 @@ def frame(body):
     return b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p
 def connect(path):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(path); return s
+def exact(s, n):
+    data = b""
+    while len(data) < n:
+        chunk = s.recv(n - len(data))
+        if not chunk: raise EOFError("the holder closed the connection")
+        data += chunk
+    return data
+def findings_file():
+    """60 KB of config on one line of unknown keys: a thousand findings (a 780 KB reply)."""
+    line = "version: 1\npools: [{name: kv, devices: [0]"
+    i = 0
+    while len(line) < 60000:
+        line += ", k%d: 1" % i; i += 1
+    return line + "}]\n"
+def receive(s):
+    """One reply: frames of kind 4 (parts) joined up to the last one."""
+    body = b""
+    while True:
+        header = exact(s, 16)
+        kind, length = struct.unpack("<HI", header[6:12])
+        body += exact(s, length)
+        if kind != 4: return json.loads(body)
 def lingering(seconds):
     """A TCP socket whose last close() waits `seconds`: unsent data to a peer that does not read."""
     srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
@@ -303,11 +370,7 @@ def test_plan_of_a_file_with_endless_findings(tmp):
         return
     code = ATTACK_LIB + r'''
 path, seconds = sys.argv[1], float(sys.argv[2])
-line = "version: 1\npools: [{name: kv, devices: [0]"
-i = 0
-while len(line) < 60000:
-    line += ", k%d: 1" % i; i += 1
-line += "}]\n"
+line = findings_file()
 users = ", ".join("u%d" % i for i in range(300))
 alias = "version: 1\npools:\n  - &p {name: kv, handle_types: [posix_fd], devices: [0], share: {users: &u [" + users + "], groups: *u}}\n" + "  - *p\n" * 900
 conns = [connect(path) for _ in range(8)]
@@ -319,12 +382,7 @@ while time.time() < end:
         text = line if n % 2 else alias
         t0 = time.time()
         s.sendall(frame(dict(id=2, op="plan", config=text)))
-        header = b""
-        while len(header) < 16: header += s.recv(16 - len(header))
-        length = struct.unpack("<I", header[8:12])[0]
-        body = b""
-        while len(body) < length: body += s.recv(length - len(body))
-        reply = json.loads(body)
+        reply = receive(s)
         assert reply["ok"] is False and reply["error"]["code"] == "invalid_config", reply
         worst = max(worst, time.time() - t0); n += 1
 print("plans", n, "slowest %.3f" % worst)
@@ -376,6 +434,98 @@ print("replies", replies)
         print("    attacker: " + r.stdout.strip())
 
     attacked(tmp, "128 connections of one user pipelining", attack)
+
+
+def test_status_of_a_user_with_256_long_named_connections(tmp):
+    """A user who is not an admin opens 256 connections (its limit), each named with 64 bytes:
+    root's `cupool status` lists every one (the reply comes in parts), `--format json` too. The
+    user's own request in parts is refused (parts are for admins). Before: the status reply
+    did not fit a frame, and root's `cupool status` failed."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    code = ATTACK_LIB + r'''
+path, n = sys.argv[1], int(sys.argv[2])
+conns = []
+for i in range(n):
+    s = connect(path)
+    s.sendall(frame(dict(id=1, op="hello", protocol=1, client=("long-name-%03d-" % i).ljust(64, "x"))))
+    assert receive(s)["ok"]
+    conns.append(s)
+# A request in parts from this user: refused with bad_frame, and that connection is closed.
+extra = conns.pop()
+payload = json.dumps(dict(id=2, op="status")).encode()
+extra.sendall(b"CUPL" + struct.pack("<HHII", 1, 4, 10, 0) + payload[:10])
+reply = receive(extra)
+assert reply["ok"] is False and reply["error"]["code"] == "bad_frame", reply
+assert extra.recv(1) == b"", "the connection stayed open after a refused part"
+extra.close()
+conns.append(connect(path))
+conns[-1].sendall(frame(dict(id=1, op="hello", protocol=1, client=("long-name-%03d-" % (n - 1)).ljust(64, "x"))))
+assert receive(conns[-1])["ok"]
+print("ready", flush=True)
+sys.stdin.read()  # until the test is done with status
+'''
+    n = 256
+    names = {("long-name-%03d-" % i).ljust(64, "x") for i in range(n)}
+
+    def attack(h):
+        p = started_as_other_user(code, h.socket, n)
+        try:
+            r = cupool("status", "--format", "json", socket_path=h.socket, check_rc=0)
+            body = json.loads(r.stdout)
+            shown = {c["name"] for c in body["clients"]}
+            check(names <= shown, f"status lists {len(names & shown)} of the user's {n} connections")
+            check(body["clients_total"] == len(body["clients"]), f"clients_total {body['clients_total']}, "
+                  f"{len(body['clients'])} listed")
+            table = cupool("status", socket_path=h.socket, check_rc=0).stdout
+            check(all(name in table for name in names), "the status table lacks some of the user's connections")
+            print(f"    status: {len(body['clients'])} clients listed, {len(r.stdout)} bytes of JSON")
+        finally:
+            finished(p)
+
+    attacked(tmp, "256 long-named connections, then status", attack)
+
+
+def test_long_replies_nobody_reads(tmp):
+    """A user opens 48 connections and sends each two plan requests whose replies are long (a file
+    of a thousand findings: 780 KB each) and never reads. The holder stops serving that user once
+    16 MiB of its replies wait (max_queued_bytes_per_user), so its peak resident memory grows by
+    about that, not by two replies per connection: 36 MiB measured. Before: every connection kept
+    the reply being sent and the newest one: 82 MiB here, and up to 32 MiB a connection, 256
+    connections a user."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    code = ATTACK_LIB + r'''
+path, n = sys.argv[1], int(sys.argv[2])
+line = findings_file()
+conns = []
+for _ in range(n):
+    s = connect(path)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.sendall(frame(dict(id=1, op="hello", protocol=1))); receive(s)
+    conns.append(s)
+for s in conns:
+    s.sendall(frame(dict(id=2, op="plan", config=line)) + frame(dict(id=3, op="plan", config=line)))
+print("ready", flush=True)
+sys.stdin.read()
+'''
+    result = {}
+
+    def attack(h):
+        base = peak_rss_kib(h)
+        p = started_as_other_user(code, h.socket, 48)
+        try:
+            settled(h)
+            result["grew"] = (peak_rss_kib(h) - base) // 1024
+            print(f"    peak resident memory grew {result['grew']} MiB while 96 long replies waited")
+        finally:
+            finished(p)
+
+    attacked(tmp, "long replies nobody reads", attack)
+    if not H.sanitized("address"):  # ASan's quarantine and shadow memory (see Baseline.restored)
+        check(result["grew"] < 48, f"the holder's peak resident memory grew {result['grew']} MiB (limit 48 MiB)")
 
 
 # ---- 3, 4. the socket's mode and group ----
@@ -594,7 +744,7 @@ def test_client_names_that_would_fool_a_terminal(tmp):
             body, _ = c.request("hello", protocol=1, client=name)
             check(body["ok"] is False and body["error"]["code"] == "bad_request", f"{name!r}: {body}")
             c.close()
-        lib = ctypes.CDLL(H.ARGS.client_lib_copy)
+        lib = H.client_library()
         lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
         lib.cupool_last_error.restype = ctypes.c_char_p
         conn = ctypes.c_void_p()
@@ -659,7 +809,7 @@ print(" ".join(str(x) for x in codes))
     h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody"),
                extra=("--max-clients-per-user", "8"))
     try:
-        r = as_other_user(code, h.socket, H.ARGS.client_lib_copy)
+        r = as_other_user(code, h.socket, H.client_library_path())
         check(r.returncode == 0, r.stdout + r.stderr)
         codes = set(r.stdout.split())
         check(codes == {"-9"}, f"cupool_connect past the limit returned {sorted(codes)}, always -9 (CUPOOL_E_BUSY) expected")
@@ -688,27 +838,13 @@ def test_second_document_and_misfits(tmp):
         h.stop()
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cupool", required=True)
-    ap.add_argument("--testclient", required=True)
-    ap.add_argument("--client-lib", required=True)
-    ap.add_argument("--root", required=True)
-    ap.add_argument("-k", default="")
-    args = ap.parse_args()
-    bindir = H.setup(args, gpu=False)
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_") and args.k in n]
-    try:
-        rc = H.run_scenarios(tests, "hostile scenarios")
-    finally:
-        shutil.rmtree(bindir, ignore_errors=True)
+def print_latency():
     if LATENCY:
         print("\nthe observer's latency while each attack ran (ms):")
         print(f"  {'attack':48} {'median':>7} {'p99':>7} {'max':>7} {'requests':>8}")
         for name, (median, p99, worst, n) in LATENCY.items():
             print(f"  {name:48} {median:7.1f} {p99:7.1f} {worst:7.1f} {n:8d}")
-    return rc
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(H.main(globals(), "hostile scenarios", after=print_latency))

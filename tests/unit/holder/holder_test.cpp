@@ -5,6 +5,7 @@
 
 #include "config/load.h"
 #include "device/sim_backend.h"
+#include "holder/conversation.h"
 #include "holder/holder.h"
 #include "tests/unit/fixtures.h"
 
@@ -395,4 +396,154 @@ TEST_CASE("apply changes the socket's mode and group, and says so only when they
   CHECK(socket.mode == 0666);
   CHECK(socket.group == "(the holder's)");
   CHECK(f.holder.plan(f.want()).empty());
+}
+
+TEST_CASE("a client that imported a pool is told when the pool is replaced; replies say which pool they are from") {
+  Fixture f;
+  std::vector<std::pair<std::uint64_t, Json>> notices;
+  f.holder.on_notice([&](std::uint64_t client, const Json& n) { notices.emplace_back(client, n); });
+  f.holder.apply(f.want());
+  const auto admin = f.client(peer(1000, "holder"));
+  const auto other = f.client(peer(0, "root"));
+  const Json imported = f.call(admin, {{"op", "import_pool"}, {"pool", "private"}, {"device", 0}});
+  const std::uint64_t before = imported["generation"];
+  CHECK(f.call(other, {{"op", "list"}})["pools"].size() == 4);  // it imported nothing
+  // max_size can't change on a live pool: the pool is replaced (it has no leases or buffers).
+  std::string bigger = kConfig;
+  const auto at = bigger.find("max_size: 1GiB", bigger.find("name: private"));
+  bigger.replace(at, 14, "max_size: 2GiB");
+  const auto changes = f.holder.apply(f.want(bigger));
+  REQUIRE(changes.size() == 1);
+  CHECK(changes[0].action == "replace");
+  CHECK(changes[0].blocked.empty());
+  REQUIRE(notices.size() == 1);
+  CHECK(notices[0].first == admin);
+  CHECK(notices[0].second["notice"] == "pool_gone");
+  CHECK(notices[0].second["pool"] == "private");
+  CHECK(notices[0].second["device"] == 0);
+  CHECK(notices[0].second["generation"] == before);
+  const Json lease = f.call(admin, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size", 4096}});
+  CHECK(lease["generation"] != before);
+  const Json again = f.call(admin, {{"op", "import_pool"}, {"pool", "private"}, {"device", 0}});
+  CHECK(again["generation"] == lease["generation"]);
+  f.call(admin, {{"op", "free"}, {"lease", lease["lease"]}});
+}
+
+namespace {
+// Feeds `bytes` to a conversation as the server would; returns the replies it queued.
+std::vector<Json> converse(Conversation& talk, const std::string& bytes) {
+  std::size_t used = 0;
+  while (used < bytes.size()) {
+    const std::size_t n = talk.receive(bytes.data() + used, bytes.size() - used);
+    if (n == 0) break;  // closing
+    used += n;
+  }
+  std::vector<Json> replies;
+  std::string out;
+  for (auto& f : talk.out()) out += f.bytes.substr(f.sent);
+  std::size_t at = 0;
+  std::string joined;
+  while (at < out.size()) {
+    const auto h = proto::decode_header(reinterpret_cast<const std::uint8_t*>(out.data() + at), proto::Kind::reply);
+    joined += out.substr(at + proto::kHeaderSize, h.length);
+    at += proto::kHeaderSize + h.length;
+    if (h.kind == proto::Kind::part) continue;
+    replies.push_back(proto::parse_payload(joined));
+    joined.clear();
+  }
+  while (!talk.out().empty()) talk.sent(talk.out().front().bytes.size() - talk.out().front().sent);
+  return replies;
+}
+}  // namespace
+
+TEST_CASE("a request in parts is joined for admins, refused for others, and bounded") {
+  Fixture f;
+  f.holder.apply(f.want());
+  // hello says how long a message each side may send.
+  const Json admin_hello = f.call(f.holder.connect(peer(0, "root")), {{"op", "hello"}, {"protocol", 1}});
+  const Json user_hello = f.call(f.holder.connect(peer(2000, "alice", {"gpu"})), {{"op", "hello"}, {"protocol", 1}});
+  CHECK(admin_hello["limits"]["max_request"] == proto::kMaxRequest);
+  CHECK(user_hello["limits"]["max_request"] == proto::kMaxPayload);
+  CHECK(user_hello["limits"]["max_reply"] == proto::kMaxReply);
+  // The held config over 64 KiB (long comments) planned back: no changes.
+  std::string text = kConfig;
+  for (int i = 0; i < 2000; ++i) text += "# a long comment, line " + std::to_string(i) + std::string(60, '.') + "\n";
+  const Json plan = {{"id", 5}, {"op", "plan"}, {"config", text}, {"path", "big.yaml"}};
+  const std::string request = proto::encode(proto::Kind::request, plan);
+  REQUIRE(request.size() > 2 * proto::kMaxPayload);
+
+  Conversation admin(f.holder, f.client(peer(1000, "holder")));
+  const auto replies = converse(admin, request);
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0]["id"] == 5);
+  CHECK(replies[0]["ok"] == true);
+  CHECK(replies[0]["changes"].empty());
+  CHECK_FALSE(admin.closing());
+  CHECK_FALSE(admin.mid_frame());
+
+  // Another user: the first part is refused (the holder keeps none of it) and the stream ends.
+  Conversation other(f.holder, f.client(peer(2000, "alice", {"gpu"})));
+  const auto refused = converse(other, request);
+  REQUIRE(refused.size() == 1);
+  CHECK(refused[0]["error"]["code"] == "bad_frame");
+  CHECK(refused[0]["error"]["message"].get<std::string>().find("admins only") != std::string::npos);
+  CHECK(other.closing());
+
+  // Parts past kMaxRequest, from an admin: refused when the part that crosses it is whole.
+  Conversation flood(f.holder, f.client(peer(0, "root")));
+  std::string part = proto::encode(proto::Kind::request, Json{{"x", std::string(200000, 'x')}});
+  const auto first = proto::decode_header(reinterpret_cast<const std::uint8_t*>(part.data()), proto::Kind::request);
+  REQUIRE(first.kind == proto::Kind::part);
+  part.resize(proto::kHeaderSize + first.length);  // its first frame, sent again and again
+  std::size_t sent = 0;
+  while (!flood.closing() && sent < 2 * proto::kMaxRequest) {
+    converse(flood, part);
+    sent += part.size();
+  }
+  CHECK(flood.closing());
+  CHECK(sent > proto::kMaxRequest);
+  CHECK(sent <= proto::kMaxRequest + 2 * part.size());
+}
+
+TEST_CASE("the findings of a file made to be large fit a reply; the name a request gives is bounded and shown safely") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(2000, "alice", {"gpu"}));
+  // 1000 findings whose keys are control characters (YAML escapes), under a name of 256 of them:
+  // each finding quotes its key and repeats the name.
+  std::string text = "version: 1\npools:\n  - name: kv\n    devices: [0]\n";
+  for (int i = 0; i < 1000; ++i) {
+    text += "    \"";
+    for (int k = 0; k < 230; ++k) text += "\\x1b";
+    text += std::to_string(i) + "\": 1\n";
+  }
+  REQUIRE(text.size() <= kMaxConfigBytes);
+  const std::string name(proto::kMaxConfigName, '\x1b');
+  CHECK(f.error_code(alice, {{"op", "plan"}, {"config", "version: 1\n"}, {"path", name + "x"}}) == "bad_request");
+  Json reply;
+  try {
+    f.call(alice, {{"op", "plan"}, {"config", text}, {"path", name}});
+    FAIL("the file was accepted");
+  } catch (const ConfigRejected& e) {
+    reply = rejected_body(1, e);
+    const auto size = reply.dump().size();
+    MESSAGE("reply of 1000 findings with control characters: " << size << " bytes");
+    CHECK(size < proto::kMaxReply / 2);
+    CHECK(reply["error"]["findings"].size() == kMaxFindings);
+    const std::string shown = reply["error"]["findings"][0]["file"];
+    CHECK(shown.find('\x1b') == std::string::npos);
+    CHECK(shown.find("\xef\xbf\xbd") == 0);  // U+FFFD for each
+    const std::string message = reply["error"]["findings"][0]["message"];
+    CHECK(message.find('\x1b') == std::string::npos);
+    CHECK(reply["error"]["rendered"].get<std::string>().find('\x1b') == std::string::npos);
+
+    // Were a reply ever over the limit, it still goes: the text cut first, then the last findings.
+    const Json small = rejected_body(1, e, 200000);
+    CHECK(small.dump().size() <= 200000);
+    CHECK(small["error"]["findings_total"] == kMaxFindings);
+    REQUIRE_FALSE(small["error"]["findings"].empty());
+    CHECK(small["error"]["findings"].size() < kMaxFindings);
+    CHECK(small["error"]["findings"][0] == reply["error"]["findings"][0]);
+    CHECK(small["error"]["rendered"].get<std::string>().find("(cut: a reply is at most 200000 bytes)") != std::string::npos);
+  }
 }

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "protocol/protocol.h"
 
@@ -142,4 +144,94 @@ TEST_CASE("a descriptor rides with a frame over a socket pair, and only one is k
   CHECK_THROWS_AS(receive_frame(sv[1], none), Error);  // EOF: unreachable
   CHECK(none == -1);
   close(sv[1]);
+}
+
+namespace {
+// The frames of an encoded message: (kind, payload) each.
+std::vector<std::pair<int, std::string>> split_frames(const std::string& bytes, Kind expect = Kind::reply) {
+  std::vector<std::pair<int, std::string>> out;
+  std::size_t at = 0;
+  while (at < bytes.size()) {
+    const Header h = decode_header(reinterpret_cast<const std::uint8_t*>(bytes.data() + at), expect);
+    out.emplace_back(static_cast<int>(h.kind), bytes.substr(at + kHeaderSize, h.length));
+    at += kHeaderSize + h.length;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("a reply longer than a frame goes in parts that join to its text, and none is short") {
+  for (std::size_t text : {std::size_t{65536 - 40}, std::size_t{65536 - 9}, std::size_t{65536 + 1},
+                           std::size_t{3 * 65536 + 7}, std::size_t{200000}}) {
+    CAPTURE(text);
+    const Json body = {{"id", 1}, {"ok", true}, {"x", std::string(text, 'a')}};
+    const std::string dumped = body.dump();
+    const auto frames = split_frames(encode(Kind::reply, body));
+    REQUIRE(frames.size() == (dumped.size() + kMaxPayload - 1) / kMaxPayload);
+    std::string joined;
+    for (std::size_t i = 0; i < frames.size(); ++i) {
+      CHECK(frames[i].first == (i + 1 == frames.size() ? 2 : 4));
+      CHECK(frames[i].second.size() <= kMaxPayload);
+      if (frames.size() > 1) CHECK(frames[i].second.size() >= kMaxPayload / 2);
+      joined += frames[i].second;
+    }
+    CHECK(joined == dumped);
+  }
+  // A request of an admin may be long too; a notice never is, nor a reply with a descriptor.
+  const Json big = {{"op", "apply"}, {"config", std::string(100000, 'c')}};
+  CHECK(split_frames(encode(Kind::request, big), Kind::request).size() == 2);
+  CHECK_THROWS_WITH_AS(encode(Kind::notice, big), doctest::Contains("exceeds"), Error);
+  CHECK_THROWS_WITH_AS(encode(Kind::reply, big, 1), doctest::Contains("exceeds"), Error);
+  try {
+    encode(Kind::request, Json{{"config", std::string(kMaxRequest, 'c')}});
+    FAIL("a request over kMaxRequest was encoded");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::bad_request);
+  }
+  CHECK_THROWS_AS(encode(Kind::reply, Json{{"x", std::string(kMaxReply, 'x')}}), Error);
+}
+
+TEST_CASE("a part carries no descriptor, and kinds other than 1 to 4 are refused") {
+  CHECK_THROWS_WITH_AS(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 4, 2, 1).data()), Kind::reply),
+                       doctest::Contains("descriptor"), Error);
+  CHECK_THROWS_WITH_AS(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 5, 2, 0).data()), Kind::reply),
+                       doctest::Contains("kind 5"), Error);
+  CHECK(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 4, 2, 0).data()), Kind::request).kind == Kind::part);
+  CHECK_THROWS_WITH_AS(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 3, 2, 0).data()), Kind::request),
+                       doctest::Contains("kind 3"), Error);
+}
+
+TEST_CASE("receive_frame joins a reply's parts, and refuses a notice among them and parts past the bound") {
+  int sv[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  const Json body = {{"id", 9}, {"ok", true}, {"x", std::string(300000, 'z')}};
+  std::thread sender([&] { send_all(sv[0], encode(Kind::reply, body)); });
+  int fd = -1;
+  auto [h, got] = receive_frame(sv[1], fd);
+  sender.join();
+  CHECK(h.kind == Kind::reply);
+  CHECK(got == body);
+  CHECK(fd == -1);
+
+  // A notice between the parts.
+  const std::string part = header(1, 4, 2, 0) + "{\"";
+  send_all(sv[0], part + encode(Kind::notice, Json{{"notice", "draining"}}));
+  CHECK_THROWS_WITH_AS(receive_frame(sv[1], fd), doctest::Contains("between the parts"), Error);
+  close(sv[0]);
+  close(sv[1]);
+
+  // Parts past kMaxReply: refused when the frame that crosses it is announced.
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  std::thread flood([&] {
+    const std::string frame = header(1, 4, kMaxPayload, 0) + std::string(kMaxPayload, ' ');
+    try {
+      for (std::size_t sent = 0; sent <= kMaxReply; sent += kMaxPayload) send_all(sv[0], frame);
+    } catch (const std::exception&) {
+      // The receiver stopped reading and closed: expected.
+    }
+  });
+  CHECK_THROWS_WITH_AS(receive_frame(sv[1], fd), doctest::Contains("exceeds"), Error);
+  close(sv[1]);
+  flood.join();
+  close(sv[0]);
 }
