@@ -182,6 +182,9 @@ std::string render_text(const Diagnostic& d, const SourceFile& file) {
     std::size_t caret = static_cast<std::size_t>(std::max(0, d.loc.column - 1));
     if (text.size() > kMaxQuotedLine) {
       std::size_t from = caret > kMaxQuotedLine / 2 ? caret - kMaxQuotedLine / 2 : 0;
+      // A column past the line's end (the parser counts characters, or points after the line):
+      // the window is the line's end, and the caret follows it.
+      from = std::min(from, text.size() - kMaxQuotedLine);
       while (from > 0 && (static_cast<unsigned char>(text[from]) & 0xc0) == 0x80) --from;  // a character's start
       std::string window = utf8_prefix(std::string_view(text).substr(std::min(from, text.size())), kMaxQuotedLine);
       const bool cut_after = from + window.size() < text.size();
@@ -193,6 +196,7 @@ std::string render_text(const Diagnostic& d, const SourceFile& file) {
       if (cut_after) window += "...";
       text = std::move(window);
     }
+    caret = std::min(caret, text.size());  // at most just after the text shown
     out << ' ' << number << " | " << safe_for_display(text) << '\n';
     out << gutter << " | " << std::string(caret, ' ') << "^\n";
   }

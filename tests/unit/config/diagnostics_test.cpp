@@ -26,6 +26,21 @@ TEST_CASE("a finding renders like a compiler's") {
         "   = help: device indexes here are 0 to 0\n");
 }
 
+TEST_CASE("a column past the line's end puts the caret just after it, on a short line or a long one") {
+  Diagnostic d;
+  d.code = "x";
+  d.message = "m";
+  const SourceFile short_line("s.yaml", "version: 1\nab\n");
+  d.loc = {2, 1000000};
+  CHECK(render_text(d, short_line) == "s.yaml:2:1000000: error: m [x]\n 2 | ab\n   |   ^\n");
+  // A long line: the window is its end (before: read past the line, found by the config fuzzer).
+  const SourceFile long_line("l.yaml", "version: 1\n" + std::string(400, 'k') + "\n");
+  d.loc = {2, 700};
+  const std::string text = render_text(d, long_line);
+  CHECK(text.find(" 2 | ..." + std::string(kMaxQuotedLine, 'k') + "\n") != std::string::npos);
+  CHECK(text.find("   | " + std::string(kMaxQuotedLine + 3, ' ') + "^\n") != std::string::npos);
+}
+
 TEST_CASE("a whole-file finding has no location or caret") {
   const SourceFile f("-", "");
   Diagnostic d;
