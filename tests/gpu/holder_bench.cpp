@@ -10,6 +10,11 @@
 //               for the event, writes 1 byte, frees its mapping; then the exporter frees.
 //   bare-t0     bare with the exporter's release threshold at 0, and a cuStreamSynchronize after
 //               its free (without a synchronize in the owning process a threshold never releases).
+//   bare-stream bare with the importer's first use on its own stream (1-byte cuMemcpyHtoDAsync +
+//               cuStreamSynchronize of that stream) instead of the legacy stream (cuMemcpyHtoD).
+//   bare-free   bare with the importer's release by cuMemFree instead of cuMemFreeAsync +
+//               cuStreamSynchronize. bare-stream and bare-free run only when named: they say which
+//               of the importer's steps costs what (issue 12: measure before changing the path).
 //   legacy      cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle / cuMemFree.
 //   throughput  1, 8, 64 (--clients) client processes looping alloc -> write -> release through
 //               the holder for --seconds, started together at a barrier.
@@ -160,7 +165,7 @@ bool parse_size(const std::string& raw, std::uint64_t& out) {
   return true;
 }
 
-const char* const kAllPaths[] = {"holder", "bare", "bare-t0", "legacy", "throughput"};
+const char* const kAllPaths[] = {"holder", "bare", "bare-t0", "bare-stream", "bare-free", "legacy", "throughput"};
 
 void usage(std::FILE* to) {
   std::fprintf(to,
@@ -176,7 +181,8 @@ void usage(std::FILE* to) {
                "  --sizes LIST          allocation sizes (default 1MiB,64MiB,1GiB; binary units B, KiB, MiB, GiB)\n"
                "  --iterations N        timed round trips per size (default 200 up to 64 MiB, 50 above)\n"
                "  --warmup N            untimed round trips per size first, each verified by reading back (default 5)\n"
-               "  --paths LIST          any of holder,bare,bare-t0,legacy,throughput (default all)\n"
+               "  --paths LIST          any of holder,bare,bare-t0,bare-stream,bare-free,legacy,throughput\n"
+               "                        (default: all but bare-stream and bare-free)\n"
                "  --clients LIST        concurrent clients for the throughput path (default 1,8,64)\n"
                "  --seconds S           duration of each throughput run (default 3)\n"
                "  --throughput-size SZ  allocation size of the throughput path (default 1MiB)\n"
@@ -260,7 +266,8 @@ std::string parse_args(int argc, char** argv, bool& help) {
         const std::string item = trim(raw);
         bool known = false;
         for (const char* p : kAllPaths) known = known || item == p;
-        if (!known) return "--paths: unknown path '" + item + "' (known: holder, bare, bare-t0, legacy, throughput)";
+        if (!known)
+          return "--paths: unknown path '" + item + "' (known: holder, bare, bare-t0, bare-stream, bare-free, legacy, throughput)";
         if (std::find(paths.begin(), paths.end(), item) == paths.end()) paths.push_back(item);
       }
       g_opt.paths = paths;
@@ -384,7 +391,7 @@ __attribute__((noreturn, format(printf, 1, 2))) void die(const char* fmt, ...) {
   X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)      \
   X(cuStreamCreate) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)      \
   X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAlloc)          \
-  X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
+  X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync)
 
 struct Driver {
 #define BENCH_DECLARE(name) decltype(&::name) name = nullptr;
@@ -1160,8 +1167,14 @@ void pool_exporter_main(bool threshold_zero) {
   _exit(0);
 }
 
+// How the importer uses and releases each allocation (the bare-stream and bare-free paths).
+struct ImporterWay {
+  bool use_on_stream = false;  // first use: cuMemcpyHtoDAsync on its stream (else cuMemcpyHtoD)
+  bool free_sync = false;      // release: cuMemFree (else cuMemFreeAsync + cuStreamSynchronize)
+};
+
 // The other process: imports the pool once, then each allocation's pointer.
-void pool_importer_main() {
+void pool_importer_main(ImporterWay way) {
   Report rep;
   cuda_start();
   CUstream stream = nullptr;
@@ -1204,8 +1217,13 @@ void pool_importer_main() {
       const std::int64_t t_imp = now_ns();
       CU(cuEventSynchronize, event);
       const std::int64_t t_ev = now_ns();
-      CU(cuMemcpyHtoD, ptr, &byte, 1);
-      CU(cuStreamSynchronize, nullptr);  // from pageable memory the copy may return before its DMA is done
+      if (way.use_on_stream) {
+        CU(cuMemcpyHtoDAsync, ptr, &byte, 1, stream);
+        CU(cuStreamSynchronize, stream);
+      } else {
+        CU(cuMemcpyHtoD, ptr, &byte, 1);
+        CU(cuStreamSynchronize, nullptr);  // from pageable memory the copy may return before its DMA is done
+      }
       const std::int64_t t_use = now_ns();
       if (!timed) {
         unsigned char back = static_cast<unsigned char>(~byte);
@@ -1213,8 +1231,12 @@ void pool_importer_main() {
         if (back != byte) die("read back 0x%02x after writing 0x%02x to the imported allocation", back, byte);
       }
       const std::int64_t t_f0 = now_ns();
-      CU(cuMemFreeAsync, ptr, stream);
-      CU(cuStreamSynchronize, stream);
+      if (way.free_sync) {
+        CU(cuMemFree, ptr);
+      } else {
+        CU(cuMemFreeAsync, ptr, stream);
+        CU(cuStreamSynchronize, stream);
+      }
       const std::int64_t t_f1 = now_ns();
       pair_send(kFree, seq, size, nullptr, 0);
       pair_recv(kFreed, seq);
@@ -1223,9 +1245,15 @@ void pool_importer_main() {
       rep.add(size, "round trip", 0, kTotal).push_back(us(t0, t1));
       rep.add(size, "importer: cuMemPoolImportPointer (maps the allocation)", 20, kStep).push_back(us(t_rx, t_imp));
       rep.add(size, "importer: cuEventSynchronize (ready event)", 21, kStep).push_back(us(t_imp, t_ev));
-      rep.add(size, "importer: first use (1-byte cuMemcpyHtoD + cuStreamSynchronize)", 22, kStep)
+      rep.add(size,
+              way.use_on_stream ? "importer: first use (1-byte cuMemcpyHtoDAsync on its stream + cuStreamSynchronize)"
+                                : "importer: first use (1-byte cuMemcpyHtoD + cuStreamSynchronize)",
+              22, kStep)
           .push_back(us(t_ev, t_use));
-      rep.add(size, "importer: cuMemFreeAsync + cuStreamSynchronize (unmaps)", 23, kStep).push_back(us(t_f0, t_f1));
+      rep.add(size,
+              way.free_sync ? "importer: cuMemFree (unmaps)" : "importer: cuMemFreeAsync + cuStreamSynchronize (unmaps)",
+              23, kStep)
+          .push_back(us(t_f0, t_f1));
       rep.add(size, "importer: alloc request sent -> export data received (exporter steps + messaging)", 100, kInfo)
           .push_back(us(t0, t_rx));
       rep.add(size, "importer: free request sent -> acknowledgement received (exporter free + messaging)", 101, kInfo)
@@ -1680,6 +1708,9 @@ PathResult run_pair_path(const std::string& path) {
   r.path = path;
   const bool legacy = path == "legacy";
   const bool t0 = path == "bare-t0";
+  ImporterWay way;
+  way.use_on_stream = path == "bare-stream";
+  way.free_sync = path == "bare-free";
   say_progress("path %s: %s round trips (+%d warm-up each)...", path.c_str(), sizes_text().c_str(), g_opt.warmup);
   const std::int64_t start = now_ns();
   std::string err;
@@ -1719,7 +1750,7 @@ PathResult run_pair_path(const std::string& path) {
       g_peer_fd = pair[1];
       g_peer = exporter_role;
       if (legacy) legacy_importer_main();
-      else pool_importer_main();
+      else pool_importer_main(way);
     });
   }
   const int fork_errno2 = errno;
@@ -2314,7 +2345,8 @@ int main(int argc, char** argv) {
   DeviceInfo dev;
   std::string why;
   const int probe = run_probe(dev, why);
-  const bool needs_driver_here = path_selected("bare") || path_selected("bare-t0") || path_selected("legacy");
+  const bool needs_driver_here = path_selected("bare") || path_selected("bare-t0") || path_selected("bare-stream") ||
+                                 path_selected("bare-free") || path_selected("legacy");
   if (probe == kExitSkip) {
     if (g_opt.allow_simulated && !needs_driver_here) {
       notes.push_back("no GPU here (" + why + "); --allow-simulated: only the holder-side paths run");
@@ -2346,6 +2378,8 @@ int main(int argc, char** argv) {
               "              writes 1 byte, unmaps; then the exporter frees;\n"
               "       bare-t0 = bare with the exporter's threshold at 0 and a cuStreamSynchronize after its free\n"
               "              (without a synchronize in the owning process a threshold never releases anything);\n"
+              "       bare-stream, bare-free = bare with the importer's first use on its own stream, or its\n"
+              "              release by cuMemFree (run only when named);\n"
               "       legacy = cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, 1-byte write, cuIpcCloseMemHandle\n"
               "              / cuMemFree.\n\n");
   for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
