@@ -15,6 +15,10 @@
 //   bare-free   bare with the importer's release by cuMemFree instead of cuMemFreeAsync +
 //               cuStreamSynchronize. bare-stream and bare-free run only when named: they say which
 //               of the importer's steps costs what (issue 12: measure before changing the path).
+//   bare-touch  bare-free with the importer's first use made four ways in turn (round trip i uses way
+//               i % 4): a pageable cuMemcpyHtoD; the same after a 1 ms pause; cuMemsetD8Async on its
+//               stream; cuMemcpyHtoDAsync from pinned memory. Is the first use's cost the copy, or
+//               something the import left to finish? Also only when named.
 //   legacy      cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle / cuMemFree.
 //   throughput  1, 8, 64 (--clients) client processes looping alloc -> write -> release through
 //               the holder for --seconds, started together at a barrier.
@@ -165,7 +169,8 @@ bool parse_size(const std::string& raw, std::uint64_t& out) {
   return true;
 }
 
-const char* const kAllPaths[] = {"holder", "bare", "bare-t0", "bare-stream", "bare-free", "legacy", "throughput"};
+const char* const kAllPaths[] = {"holder",    "bare",   "bare-t0",   "bare-stream", "bare-free",
+                                 "bare-touch", "legacy", "throughput"};
 
 void usage(std::FILE* to) {
   std::fprintf(to,
@@ -181,8 +186,8 @@ void usage(std::FILE* to) {
                "  --sizes LIST          allocation sizes (default 1MiB,64MiB,1GiB; binary units B, KiB, MiB, GiB)\n"
                "  --iterations N        timed round trips per size (default 200 up to 64 MiB, 50 above)\n"
                "  --warmup N            untimed round trips per size first, each verified by reading back (default 5)\n"
-               "  --paths LIST          any of holder,bare,bare-t0,bare-stream,bare-free,legacy,throughput\n"
-               "                        (default: all but bare-stream and bare-free)\n"
+               "  --paths LIST          any of holder,bare,bare-t0,bare-stream,bare-free,bare-touch,legacy,\n"
+               "                        throughput (default: all but bare-stream, bare-free and bare-touch)\n"
                "  --clients LIST        concurrent clients for the throughput path (default 1,8,64)\n"
                "  --seconds S           duration of each throughput run (default 3)\n"
                "  --throughput-size SZ  allocation size of the throughput path (default 1MiB)\n"
@@ -267,7 +272,8 @@ std::string parse_args(int argc, char** argv, bool& help) {
         bool known = false;
         for (const char* p : kAllPaths) known = known || item == p;
         if (!known)
-          return "--paths: unknown path '" + item + "' (known: holder, bare, bare-t0, bare-stream, bare-free, legacy, throughput)";
+          return "--paths: unknown path '" + item +
+                 "' (known: holder, bare, bare-t0, bare-stream, bare-free, bare-touch, legacy, throughput)";
         if (std::find(paths.begin(), paths.end(), item) == paths.end()) paths.push_back(item);
       }
       g_opt.paths = paths;
@@ -391,7 +397,8 @@ __attribute__((noreturn, format(printf, 1, 2))) void die(const char* fmt, ...) {
   X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)      \
   X(cuStreamCreate) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)      \
   X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAlloc)          \
-  X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync)
+  X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync)  \
+  X(cuMemsetD8Async) X(cuMemHostAlloc) X(cuMemFreeHost)
 
 struct Driver {
 #define BENCH_DECLARE(name) decltype(&::name) name = nullptr;
@@ -1171,7 +1178,14 @@ void pool_exporter_main(bool threshold_zero) {
 struct ImporterWay {
   bool use_on_stream = false;  // first use: cuMemcpyHtoDAsync on its stream (else cuMemcpyHtoD)
   bool free_sync = false;      // release: cuMemFree (else cuMemFreeAsync + cuStreamSynchronize)
+  bool touch_ways = false;     // bare-touch: the first use made four ways in turn
 };
+
+const char* const kTouchWays[] = {
+    "importer: first use, way 0: pageable 1-byte cuMemcpyHtoD + cuStreamSynchronize",
+    "importer: first use, way 1: the same after a 1 ms pause (not counted)",
+    "importer: first use, way 2: 1-byte cuMemsetD8Async on its stream + cuStreamSynchronize",
+    "importer: first use, way 3: 1-byte cuMemcpyHtoDAsync from pinned memory + cuStreamSynchronize"};
 
 // The other process: imports the pool once, then each allocation's pointer.
 void pool_importer_main(ImporterWay way) {
@@ -1198,12 +1212,16 @@ void pool_importer_main(ImporterWay way) {
   rep.scalars.emplace_back("importer: pool import once (cuMemPoolImportFromShareableHandle)", us(i0, i1));
   rep.scalars.emplace_back("importer: ready event open once (cuIpcOpenEventHandle)", us(i1, i2));
 
+  unsigned char* pinned = nullptr;
+  if (way.touch_ways) CU(cuMemHostAlloc, reinterpret_cast<void**>(&pinned), 1, 0u);
+
   std::uint64_t seq = 0;
   for (std::uint64_t size : g_opt.sizes) {
     const int total = g_opt.warmup + iterations_for(size);
     for (int i = 0; i < total; ++i) {
       ++seq;
       g_where = where("importer", size, i, g_opt.warmup);
+      const int touch = way.touch_ways ? i % 4 : 0;
       const bool timed = i >= g_opt.warmup;
       const unsigned char byte = static_cast<unsigned char>(0xa5 ^ (seq & 0xff));
       const std::int64_t t0 = now_ns();
@@ -1216,8 +1234,16 @@ void pool_importer_main(ImporterWay way) {
       CU(cuMemPoolImportPointer, &ptr, pool, &data);
       const std::int64_t t_imp = now_ns();
       CU(cuEventSynchronize, event);
+      if (touch == 1) ::usleep(1000);
       const std::int64_t t_ev = now_ns();
-      if (way.use_on_stream) {
+      if (touch == 2) {
+        CU(cuMemsetD8Async, ptr, byte, 1, stream);
+        CU(cuStreamSynchronize, stream);
+      } else if (touch == 3) {
+        *pinned = byte;
+        CU(cuMemcpyHtoDAsync, ptr, pinned, 1, stream);
+        CU(cuStreamSynchronize, stream);
+      } else if (way.use_on_stream) {
         CU(cuMemcpyHtoDAsync, ptr, &byte, 1, stream);
         CU(cuStreamSynchronize, stream);
       } else {
@@ -1246,10 +1272,12 @@ void pool_importer_main(ImporterWay way) {
       rep.add(size, "importer: cuMemPoolImportPointer (maps the allocation)", 20, kStep).push_back(us(t_rx, t_imp));
       rep.add(size, "importer: cuEventSynchronize (ready event)", 21, kStep).push_back(us(t_imp, t_ev));
       rep.add(size,
-              way.use_on_stream ? "importer: first use (1-byte cuMemcpyHtoDAsync on its stream + cuStreamSynchronize)"
-                                : "importer: first use (1-byte cuMemcpyHtoD + cuStreamSynchronize)",
+              way.touch_ways      ? "importer: first use (four ways in turn, below)"
+              : way.use_on_stream ? "importer: first use (1-byte cuMemcpyHtoDAsync on its stream + cuStreamSynchronize)"
+                                  : "importer: first use (1-byte cuMemcpyHtoD + cuStreamSynchronize)",
               22, kStep)
           .push_back(us(t_ev, t_use));
+      if (way.touch_ways) rep.add(size, kTouchWays[touch], 102 + touch, kInfo).push_back(us(t_ev, t_use));
       rep.add(size,
               way.free_sync ? "importer: cuMemFree (unmaps)" : "importer: cuMemFreeAsync + cuStreamSynchronize (unmaps)",
               23, kStep)
@@ -1261,6 +1289,7 @@ void pool_importer_main(ImporterWay way) {
     }
   }
   g_where.clear();
+  if (pinned) CU(cuMemFreeHost, pinned);
   pair_send(kDone, seq + 1, 0, nullptr, 0);
   send_frame(kFrameReport, encode(rep));
   _exit(0);
@@ -1710,7 +1739,8 @@ PathResult run_pair_path(const std::string& path) {
   const bool t0 = path == "bare-t0";
   ImporterWay way;
   way.use_on_stream = path == "bare-stream";
-  way.free_sync = path == "bare-free";
+  way.free_sync = path == "bare-free" || path == "bare-touch";
+  way.touch_ways = path == "bare-touch";
   say_progress("path %s: %s round trips (+%d warm-up each)...", path.c_str(), sizes_text().c_str(), g_opt.warmup);
   const std::int64_t start = now_ns();
   std::string err;
@@ -2346,7 +2376,7 @@ int main(int argc, char** argv) {
   std::string why;
   const int probe = run_probe(dev, why);
   const bool needs_driver_here = path_selected("bare") || path_selected("bare-t0") || path_selected("bare-stream") ||
-                                 path_selected("bare-free") || path_selected("legacy");
+                                 path_selected("bare-free") || path_selected("bare-touch") || path_selected("legacy");
   if (probe == kExitSkip) {
     if (g_opt.allow_simulated && !needs_driver_here) {
       notes.push_back("no GPU here (" + why + "); --allow-simulated: only the holder-side paths run");
@@ -2379,7 +2409,8 @@ int main(int argc, char** argv) {
               "       bare-t0 = bare with the exporter's threshold at 0 and a cuStreamSynchronize after its free\n"
               "              (without a synchronize in the owning process a threshold never releases anything);\n"
               "       bare-stream, bare-free = bare with the importer's first use on its own stream, or its\n"
-              "              release by cuMemFree (run only when named);\n"
+              "              release by cuMemFree; bare-touch = bare-free with the first use made four ways in\n"
+              "              turn (these three run only when named);\n"
               "       legacy = cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, 1-byte write, cuIpcCloseMemHandle\n"
               "              / cuMemFree.\n\n");
   for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
