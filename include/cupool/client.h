@@ -71,8 +71,10 @@ CUPOOL_API const char* cupool_backend(const cupool_conn* conn);
 CUPOOL_API int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size, cupool_lease** out);
 /* Opens the named buffer (created with `cupool buffer create` or the config's buffers:). */
 CUPOOL_API int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_lease** out);
-/* Frees an allocation (or closes a buffer): unmapped here, then released in the holder. The
- * lease is freed even when the holder can't be told. NULL is ignored (returns CUPOOL_OK). */
+/* Frees an allocation (or closes a buffer): unmapped here, then released in the holder. Finish
+ * this process's GPU work on the lease first (synchronize the streams that use it): the release
+ * does not wait for them. The lease is freed even when the holder can't be told. NULL is ignored
+ * (returns CUPOOL_OK). */
 CUPOOL_API int cupool_release(cupool_conn* conn, cupool_lease* lease);
 
 /* The lease's address in this process (a CUdeviceptr on a real node; a host address on a

@@ -580,10 +580,12 @@ class CudaBackend final : public Backend {
       throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
                       "not an imported pointer of this pool");
     ContextScope scope(api_, context(pool.device));
-    CUstream stream = device_stream(pool.device);
-    check(api_.cuMemFreeAsync(*it, stream), "cuMemFreeAsync");
+    // cuMemFree, not cuMemFreeAsync on our stream + cuStreamSynchronize: neither waits for the
+    // caller's own streams (its work on the lease must be done; client.h says so), and on the
+    // H100 cuMemFree took 1-3 us instead of 49-940 us and made the next import of the block
+    // 1-4 us instead of 74-1288 us (tests/gpu/RESULTS.md, 2026-11-23 17:42 and 17:45).
+    check(api_.cuMemFree(*it), "cuMemFree");
     pool.imported_pointers.erase(it);
-    check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
   }
 
   void write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) override {
