@@ -19,6 +19,9 @@
 //               i % 4): a pageable cuMemcpyHtoD; the same after a 1 ms pause; cuMemsetD8Async on its
 //               stream; cuMemcpyHtoDAsync from pinned memory. Is the first use's cost the copy, or
 //               something the import left to finish? Also only when named.
+//   attach      what a process that has started CUDA already pays to begin using the holder:
+//               cupool_connect, the first cupool_alloc (import_pool included) and the first write, in
+//               10 fresh processes one after another (the first size of --sizes). Only when named.
 //   legacy      cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle / cuMemFree.
 //   throughput  1, 8, 64 (--clients) client processes looping alloc -> write -> release through
 //               the holder for --seconds, started together at a barrier.
@@ -169,8 +172,9 @@ bool parse_size(const std::string& raw, std::uint64_t& out) {
   return true;
 }
 
-const char* const kAllPaths[] = {"holder",    "bare",   "bare-t0",   "bare-stream", "bare-free",
-                                 "bare-touch", "legacy", "throughput"};
+const char* const kAllPaths[] = {"holder",     "bare",   "bare-t0",    "bare-stream", "bare-free",
+                                 "bare-touch", "attach", "legacy", "throughput"};
+constexpr int kAttachSamples = 10;
 
 void usage(std::FILE* to) {
   std::fprintf(to,
@@ -186,8 +190,9 @@ void usage(std::FILE* to) {
                "  --sizes LIST          allocation sizes (default 1MiB,64MiB,1GiB; binary units B, KiB, MiB, GiB)\n"
                "  --iterations N        timed round trips per size (default 200 up to 64 MiB, 50 above)\n"
                "  --warmup N            untimed round trips per size first, each verified by reading back (default 5)\n"
-               "  --paths LIST          any of holder,bare,bare-t0,bare-stream,bare-free,bare-touch,legacy,\n"
-               "                        throughput (default: all but bare-stream, bare-free and bare-touch)\n"
+               "  --paths LIST          any of holder,bare,bare-t0,bare-stream,bare-free,bare-touch,attach,\n"
+               "                        legacy,throughput (default: all but bare-stream, bare-free,\n"
+               "                        bare-touch and attach)\n"
                "  --clients LIST        concurrent clients for the throughput path (default 1,8,64)\n"
                "  --seconds S           duration of each throughput run (default 3)\n"
                "  --throughput-size SZ  allocation size of the throughput path (default 1MiB)\n"
@@ -273,7 +278,7 @@ std::string parse_args(int argc, char** argv, bool& help) {
         for (const char* p : kAllPaths) known = known || item == p;
         if (!known)
           return "--paths: unknown path '" + item +
-                 "' (known: holder, bare, bare-t0, bare-stream, bare-free, bare-touch, legacy, throughput)";
+                 "' (known: holder, bare, bare-t0, bare-stream, bare-free, bare-touch, attach, legacy, throughput)";
         if (std::find(paths.begin(), paths.end(), item) == paths.end()) paths.push_back(item);
       }
       g_opt.paths = paths;
@@ -1031,6 +1036,41 @@ void holder_main() {
   _exit(0);
 }
 
+// attach: one process that starts CUDA as an application would, then begins using the holder.
+void attach_main() {
+  Report rep;
+  const std::uint64_t size = g_opt.sizes.front();
+  const std::int64_t c0 = now_ns();
+  cuda_start();  // the application's own CUDA start-up (cuInit, primary context): not in the attach
+  const std::int64_t c1 = now_ns();
+  cupool_conn* conn = holder_connect("cupool_holder_bench attach");
+  const std::int64_t t1 = now_ns();
+  cupool_lease* lease = nullptr;
+  int rc = cupool_alloc(conn, g_opt.pool.c_str(), 0, size, &lease);
+  if (rc != CUPOOL_OK) die("the first cupool_alloc failed: %s: %s", cupool_status_name(rc), cupool_last_error(conn));
+  const std::int64_t t2 = now_ns();
+  const unsigned char byte = 0x3c;
+  rc = cupool_write(conn, lease, 0, &byte, 1);
+  if (rc != CUPOOL_OK) die("the first cupool_write failed: %s: %s", cupool_status_name(rc), cupool_last_error(conn));
+  const std::int64_t t3 = now_ns();
+  rc = cupool_release(conn, lease);
+  if (rc != CUPOOL_OK) die("cupool_release failed: %s: %s", cupool_status_name(rc), cupool_last_error(conn));
+  const std::int64_t t4 = now_ns();
+  rc = cupool_alloc(conn, g_opt.pool.c_str(), 0, size, &lease);
+  if (rc != CUPOOL_OK) die("the second cupool_alloc failed: %s: %s", cupool_status_name(rc), cupool_last_error(conn));
+  const std::int64_t t5 = now_ns();
+  cupool_release(conn, lease);
+  cupool_disconnect(conn);
+  rep.add(size, "attach: cupool_connect -> first lease written (CUDA started before)", 0, kTotal).push_back(us(c1, t3));
+  rep.add(size, "cupool_connect (socket, hello)", 10, kStep).push_back(us(c1, t1));
+  rep.add(size, "first cupool_alloc (import_pool, ready event, alloc, import, wait)", 20, kStep).push_back(us(t1, t2));
+  rep.add(size, "first cupool_write (first use)", 30, kStep).push_back(us(t2, t3));
+  rep.add(size, "the application's CUDA start-up before it (cuInit, primary context)", 100, kInfo).push_back(us(c0, c1));
+  rep.add(size, "a second cupool_alloc on the same connection, for comparison", 101, kInfo).push_back(us(t4, t5));
+  send_frame(kFrameReport, encode(rep));
+  _exit(0);
+}
+
 void throughput_main(int index, int clients, int barrier_fd) {
   Report rep;
   cupool_conn* conn = holder_connect("cupool_holder_bench throughput " + std::to_string(index + 1) + "/" +
@@ -1731,6 +1771,62 @@ PathResult run_holder_path() {
   return r;
 }
 
+// attach: kAttachSamples processes, one after another; their samples pooled.
+PathResult run_attach_path() {
+  PathResult r;
+  r.path = "attach";
+  if (g_opt.socket.empty()) {
+    r.status = "skipped";
+    r.note = "no --socket given: this path needs a running 'cupool hold' (scripts/holder-bench.sh starts one)";
+    say_progress("path attach: skipped: %s", r.note.c_str());
+    return r;
+  }
+  say_progress("path attach: %d processes, one after another...", kAttachSamples);
+  const std::int64_t t0 = now_ns();
+  for (int i = 0; i < kAttachSamples; ++i) {
+    std::string err;
+    int sv[2];
+    if (!make_socketpair(sv, err)) {
+      fail_path(r, err);
+      return r;
+    }
+    std::vector<Kid> kids(1);
+    kids[0].role = "attaching client " + std::to_string(i + 1);
+    kids[0].pid = spawn(kids[0].role, {sv[1]}, [&] {
+      g_result_fd = sv[1];
+      attach_main();
+    });
+    ::close(sv[1]);
+    kids[0].fd = sv[0];
+    if (kids[0].pid < 0) {
+      const std::string why = std::strerror(errno);
+      close_kid_fds(kids);
+      fail_path(r, "fork: " + why);
+      return r;
+    }
+    if (!collect(kids, kFrameReport, err)) {
+      abort_kids(kids);
+      fail_path(r, err);
+      return r;
+    }
+    const bool ended = finish_kids(kids, err);
+    for (const Series& s : kids[0].report.series) {
+      Series* into = nullptr;
+      for (Series& have : r.series)
+        if (have.size == s.size && have.name == s.name) into = &have;
+      if (into) into->us.insert(into->us.end(), s.us.begin(), s.us.end());
+      else r.series.push_back(s);
+    }
+    if (!ended) {
+      fail_path(r, err);
+      return r;
+    }
+  }
+  r.wall_s = us(t0, now_ns()) / 1e6;
+  say_progress("path attach: done in %.1f s", r.wall_s);
+  return r;
+}
+
 // bare, bare-t0, legacy: an exporter and an importer process.
 PathResult run_pair_path(const std::string& path) {
   PathResult r;
@@ -2410,7 +2506,8 @@ int main(int argc, char** argv) {
               "              (without a synchronize in the owning process a threshold never releases anything);\n"
               "       bare-stream, bare-free = bare with the importer's first use on its own stream, or its\n"
               "              release by cuMemFree; bare-touch = bare-free with the first use made four ways in\n"
-              "              turn (these three run only when named);\n"
+              "              turn; attach = 10 processes that started CUDA connect, allocate and write once\n"
+              "              (these four run only when named);\n"
               "       legacy = cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, 1-byte write, cuIpcCloseMemHandle\n"
               "              / cuMemFree.\n\n");
   for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
@@ -2433,7 +2530,7 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    PathResult r = path == "holder" ? run_holder_path() : run_pair_path(path);
+    PathResult r = path == "holder" ? run_holder_path() : path == "attach" ? run_attach_path() : run_pair_path(path);
     if (r.status == "failed") failures.push_back("path " + r.path + ": " + r.note);
     if (r.status == "skipped") notes.push_back("path " + r.path + " skipped: " + r.note);
     if (r.status == "ok" && !r.note.empty()) notes.push_back("path " + r.path + ": " + r.note);
