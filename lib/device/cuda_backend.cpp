@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -117,7 +118,8 @@ class CudaBackend final : public Backend {
       throw NoDriverError("the NVIDIA driver could not be initialised: cuInit failed with " + error_name(r) + " (" +
                           error_string(r) + ")");
     }
-    load_nvml();
+    // NVML is loaded when first needed (memory_info, kernel_driver_version): a client that only
+    // imports pools never needs it, and its nvmlInit costs a process attaching to the holder.
     initialised_ = true;
   }
 
@@ -610,7 +612,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string kernel_driver_version() override {
-    if (nvml_ready_ && nvml_.driver_version) {
+    if (nvml_ready() && nvml_.driver_version) {
       char buf[96] = {0};
       if (nvml_.driver_version(buf, sizeof buf) == 0) return buf;
     }
@@ -669,7 +671,7 @@ class CudaBackend final : public Backend {
   }
 
   std::optional<MemoryInfo> memory_info(int ordinal) override {
-    if (!nvml_ready_) return std::nullopt;
+    if (!nvml_ready()) return std::nullopt;
     const std::string uuid = device_info_uuid(ordinal);
     NvmlDevice handle = nullptr;
     if (nvml_.by_uuid(uuid.c_str(), &handle) != 0) return std::nullopt;
@@ -998,6 +1000,11 @@ class CudaBackend final : public Backend {
     if (r != CUDA_SUCCESS) throw CudaError(api, static_cast<int>(r), error_name(r), error_string(r));
   }
 
+  bool nvml_ready() {
+    std::call_once(nvml_once_, [this] { load_nvml(); });
+    return nvml_ready_;
+  }
+
   void load_nvml() {
     nvml_lib_ = std::make_unique<Library>("libnvidia-ml.so.1");
     if (!nvml_lib_->loaded()) return;
@@ -1025,7 +1032,8 @@ class CudaBackend final : public Backend {
   std::map<int, DeviceState> device_states_;
   std::map<Blob64, OpenedEvent> opened_events_;
   PoolHandle last_handle_ = 0;
-  bool nvml_ready_ = false;
+  std::once_flag nvml_once_;
+  bool nvml_ready_ = false;  // set once, in nvml_ready()
   bool initialised_ = false;
 };
 
