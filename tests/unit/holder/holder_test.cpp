@@ -520,6 +520,8 @@ TEST_CASE("the findings of a file made to be large fit a reply; the name a reque
   REQUIRE(text.size() <= kMaxConfigBytes);
   const std::string name(proto::kMaxConfigName, '\x1b');
   CHECK(f.error_code(alice, {{"op", "plan"}, {"config", "version: 1\n"}, {"path", name + "x"}}) == "bad_request");
+  // A config longer than a file `cupool check` reads (1 MiB) is refused before it is parsed.
+  CHECK(f.error_code(alice, {{"op", "plan"}, {"config", std::string(kMaxConfigBytes + 1, '#')}}) == "bad_request");
   Json reply;
   try {
     f.call(alice, {{"op", "plan"}, {"config", text}, {"path", name}});
