@@ -1726,6 +1726,43 @@ void fail_path(PathResult& r, const std::string& why) {
   say_progress("path %s FAILED: %s", r.path.c_str(), why.c_str());
 }
 
+// One child process running `body` and sending its report. `reported`: the report came (then
+// `ended` says whether the child ended well); otherwise `err` says what failed.
+struct OneKid {
+  bool reported = false;
+  bool ended = false;
+  std::string err;
+  Report report;
+};
+
+OneKid run_one_kid(const std::string& role, const std::function<void()>& body) {
+  OneKid out;
+  int sv[2];
+  if (!make_socketpair(sv, out.err)) return out;
+  std::vector<Kid> kids(1);
+  kids[0].role = role;
+  kids[0].pid = spawn(role, {sv[1]}, [&] {
+    g_result_fd = sv[1];
+    body();
+  });
+  ::close(sv[1]);
+  kids[0].fd = sv[0];
+  if (kids[0].pid < 0) {
+    const std::string why = std::strerror(errno);
+    close_kid_fds(kids);
+    out.err = "fork: " + why;
+    return out;
+  }
+  if (!collect(kids, kFrameReport, out.err)) {
+    abort_kids(kids);
+    return out;
+  }
+  out.reported = true;
+  out.ended = finish_kids(kids, out.err);
+  out.report = std::move(kids[0].report);
+  return out;
+}
+
 PathResult run_holder_path() {
   PathResult r;
   r.path = "holder";
@@ -1738,35 +1775,14 @@ PathResult run_holder_path() {
   say_progress("path holder: socket %s, pool %s on device 0, %s round trips (+%d warm-up each)...", g_opt.socket.c_str(),
                g_opt.pool.c_str(), sizes_text().c_str(), g_opt.warmup);
   const std::int64_t t0 = now_ns();
-  std::string err;
-  int sv[2];
-  if (!make_socketpair(sv, err)) {
-    fail_path(r, err);
+  OneKid kid = run_one_kid("holder client", holder_main);
+  if (!kid.reported) {
+    fail_path(r, kid.err);
     return r;
   }
-  std::vector<Kid> kids(1);
-  kids[0].role = "holder client";
-  kids[0].pid = spawn(kids[0].role, {sv[1]}, [&] {
-    g_result_fd = sv[1];
-    holder_main();
-  });
-  ::close(sv[1]);
-  kids[0].fd = sv[0];
-  if (kids[0].pid < 0) {
-    const std::string why = std::strerror(errno);
-    close_kid_fds(kids);
-    fail_path(r, "fork: " + why);
-    return r;
-  }
-  if (!collect(kids, kFrameReport, err)) {
-    abort_kids(kids);
-    fail_path(r, err);
-    return r;
-  }
-  const bool ended = finish_kids(kids, err);
-  take(r, kids[0].report);
+  take(r, kid.report);
   r.wall_s = us(t0, now_ns()) / 1e6;
-  if (!ended) fail_path(r, err);
+  if (!kid.ended) fail_path(r, kid.err);
   else say_progress("path holder: done in %.1f s", r.wall_s);
   return r;
 }
@@ -1784,41 +1800,20 @@ PathResult run_attach_path() {
   say_progress("path attach: %d processes, one after another...", kAttachSamples);
   const std::int64_t t0 = now_ns();
   for (int i = 0; i < kAttachSamples; ++i) {
-    std::string err;
-    int sv[2];
-    if (!make_socketpair(sv, err)) {
-      fail_path(r, err);
+    const OneKid kid = run_one_kid("attaching client " + std::to_string(i + 1), attach_main);
+    if (!kid.reported) {
+      fail_path(r, kid.err);
       return r;
     }
-    std::vector<Kid> kids(1);
-    kids[0].role = "attaching client " + std::to_string(i + 1);
-    kids[0].pid = spawn(kids[0].role, {sv[1]}, [&] {
-      g_result_fd = sv[1];
-      attach_main();
-    });
-    ::close(sv[1]);
-    kids[0].fd = sv[0];
-    if (kids[0].pid < 0) {
-      const std::string why = std::strerror(errno);
-      close_kid_fds(kids);
-      fail_path(r, "fork: " + why);
-      return r;
-    }
-    if (!collect(kids, kFrameReport, err)) {
-      abort_kids(kids);
-      fail_path(r, err);
-      return r;
-    }
-    const bool ended = finish_kids(kids, err);
-    for (const Series& s : kids[0].report.series) {
+    for (const Series& s : kid.report.series) {
       Series* into = nullptr;
       for (Series& have : r.series)
         if (have.size == s.size && have.name == s.name) into = &have;
       if (into) into->us.insert(into->us.end(), s.us.begin(), s.us.end());
       else r.series.push_back(s);
     }
-    if (!ended) {
-      fail_path(r, err);
+    if (!kid.ended) {
+      fail_path(r, kid.err);
       return r;
     }
   }

@@ -83,20 +83,21 @@ class Observer(threading.Thread):
         check(worst < limit, f"an observer request waited {worst:.0f} ms while the attack ran (limit {limit} ms)")
 
 
-def rss_kib(h):
+def status_kib(h, field):
+    """A field of the holder's /proc/PID/status in KiB: VmRSS (resident), VmHWM (its peak)."""
     with open(f"/proc/{h.proc.pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def rss_kib(h):
+    return status_kib(h, "VmRSS")
 
 
 def peak_rss_kib(h):
-    with open(f"/proc/{h.proc.pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
+    return status_kib(h, "VmHWM")
 
 
 def settled(h, quiet=0.5, timeout=60):
