@@ -13,6 +13,7 @@ struct HoldArgs {
   std::string socket;
   std::string profile;
   double drain_timeout = 30;
+  double drop_timeout = 5;
   std::size_t max_clients_per_user = 256;
   bool no_kernel_refusal = false;
 };
@@ -40,6 +41,11 @@ Verb add_hold(CLI::App& app) {
       "for who the peer is); root and the holder's own user have no per-user limit and 16 connections\n"
       "beyond the 1024, so 'cupool status' works on a full holder. Past a limit the peer is told\n"
       "limit_exceeded and closed.\n"
+      "\n"
+      "Cached blocks: a client (protocol 2) keeps the mappings of blocks it released, to get them again\n"
+      "without a round trip; they stay charged to it (CACHED in 'cupool status'). When the holder needs\n"
+      "them (trim, apply, an allocation that does not fit) it asks the client to drop them; a client that\n"
+      "does not answer within --drop-timeout is disconnected and its leases freed.\n"
       "\nExamples:\n"
       "  cupool hold /etc/cupool/cupool.yaml\n"
       "  cupool hold configs/ipc-multiprocess-server.yaml --socket /tmp/cupool.sock --profile configs/profiles/h200x2.yaml\n"
@@ -50,6 +56,10 @@ Verb add_hold(CLI::App& app) {
   add_profile_option(sub, args->profile, "Hold pools on");
   sub->add_option("--drain-timeout", args->drain_timeout, "Seconds SIGTERM waits for clients to leave")
       ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  sub->add_option("--drop-timeout", args->drop_timeout,
+                  "Seconds a client has to give back cached blocks when asked, before it is disconnected")
+      ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
   sub->add_option("--max-clients-per-user", args->max_clients_per_user,
                   "Connections one user (not root, not the holder's user) may hold at once")
@@ -66,6 +76,7 @@ Verb add_hold(CLI::App& app) {
     options.socket = args->socket;
     options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
     options.max_clients_per_user = args->max_clients_per_user;
+    options.drop_timeout_ms = static_cast<int>(args->drop_timeout * 1000);
     options.refuse_descriptors_in_kernel = !args->no_kernel_refusal;
     return run_holder(*backend, options);
   }};

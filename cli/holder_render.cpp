@@ -141,7 +141,10 @@ const Metric kPoolMetrics[] = {
     {"cupool_pool_release_threshold_bytes", "release_threshold",
      "Reserved bytes the pool keeps across a synchronize; 18446744073709551615 is max (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
     {"cupool_pool_leases", "leases", "Allocations that clients of the holder hold from the pool."},
-    {"cupool_pool_leased_bytes", "leased_bytes", "Bytes that clients of the holder hold from the pool."},
+    {"cupool_pool_leased_bytes", "leased_bytes", "Bytes that clients of the holder hold from the pool (cached ones included)."},
+    {"cupool_pool_cached_leases", "cached",
+     "Leases that clients released into their cache: still mapped by them and charged to them, reused without a round trip."},
+    {"cupool_pool_cached_bytes", "cached_bytes", "Bytes of the pool's cached leases."},
 };
 
 const Metric kDeviceMetrics[] = {
@@ -244,7 +247,8 @@ std::string render_status(const json& reply) {
   out << "\n" << section("Devices", dt, devices.size());
 
   const json& pools = list(reply, "pools");
-  Table pt({"POOL", "DEVICE", "LOCATION", "HANDLE TYPES", "MAX SIZE", "RELEASE THRESHOLD", "LEASES", "BUFFERS"});
+  Table pt({"POOL", "DEVICE", "LOCATION", "HANDLE TYPES", "MAX SIZE", "RELEASE THRESHOLD", "LEASES", "CACHED",
+            "BUFFERS"});
   for (const auto& p : pools) {
     std::vector<std::string> types;
     for (const auto& t : list(p, "handle_types")) types.push_back(value_text(t));
@@ -253,7 +257,7 @@ std::string render_status(const json& reply) {
     pt.add({text(p, "name"), text(p, "device"), text(p, "location"), types.empty() ? "none" : join(types, ", "),
             !max_size ? kNone : *max_size == 0 ? "default" : format_bytes(*max_size),
             threshold ? format_threshold(*threshold) : kNone, count_and_bytes(p, "leases", "leased_bytes"),
-            count_and_bytes(p, "buffers", "buffer_bytes")});
+            count_and_bytes(p, "cached", "cached_bytes"), count_and_bytes(p, "buffers", "buffer_bytes")});
   }
   out << "\n" << section("Pools", pt, pools.size());
 
@@ -264,11 +268,12 @@ std::string render_status(const json& reply) {
   out << "\n" << section("Buffers", bt, buffers.size());
 
   const json& clients = list(reply, "clients");
-  Table ct({"CLIENT", "PID", "UID", "USER", "NAME", "LEASES", "OPEN BUFFERS", "CONNECTED"});
+  Table ct({"CLIENT", "PID", "UID", "USER", "NAME", "LEASES", "CACHED", "OPEN BUFFERS", "CONNECTED"});
   for (const auto& c : clients) {
     const auto connected = u64(c, "connected_s");
     ct.add({number(c, "id"), number(c, "pid"), number(c, "uid"), text(c, "user"), text(c, "name"),
-            count_and_bytes(c, "leases", "leased_bytes"), number(c, "open_buffers"),
+            count_and_bytes(c, "leases", "leased_bytes"), count_and_bytes(c, "cached", "cached_bytes"),
+            number(c, "open_buffers"),
             connected ? format_duration(*connected) : kNone});
   }
   out << "\n" << section("Clients", ct, clients.size());
@@ -280,12 +285,13 @@ std::string render_status(const json& reply) {
 std::string render_stats(const json& reply) {
   std::ostringstream out;
   const json& pools = list(reply, "pools");
-  Table pt({"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES"});
+  Table pt({"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES",
+            "CACHED"});
   for (const auto& p : pools) {
     const auto threshold = u64(p, "release_threshold");
     pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_current"), bytes(p, "reserved_high"),
             bytes(p, "used_current"), bytes(p, "used_high"), threshold ? format_threshold(*threshold) : kNone,
-            count_and_bytes(p, "leases", "leased_bytes")});
+            count_and_bytes(p, "leases", "leased_bytes"), count_and_bytes(p, "cached", "cached_bytes")});
   }
   out << section("Pools", pt, pools.size());
 
@@ -334,6 +340,8 @@ std::string render_trim(const json& reply) {
               bytes(d, "released")});
     out << "\n" << section("Graph memory", dt, devices.size());
   }
+  if (const auto dropped = u64(reply, "cached_dropped_bytes"); dropped && *dropped)
+    out << "\nClients dropped " << format_bytes(*dropped) << " of cached blocks first.";
   out << "\nReleased " << bytes(reply, "released") << " in total.\n";
   return out.str();
 }

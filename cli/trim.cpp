@@ -16,6 +16,7 @@ struct TrimArgs {
   std::string keep;
   std::string pool;
   bool no_graph = false;
+  bool keep_cached = false;
 };
 
 }  // namespace
@@ -30,16 +31,23 @@ Verb add_trim(CLI::App& app) {
       "(cuDeviceGraphMemTrim) unless --no-graph. The holder measures the reserved bytes before and after,\n"
       "so the answer is what was really released: memory that is in use (leases, buffers) stays, and a\n"
       "pool gives memory back in whole chunks. Needs an admin (root or the holder's own user).\n"
+      "\n"
+      "Blocks that clients released into their cache (CACHED in `cupool status`) are asked back first, as\n"
+      "far as --keep needs: each client unmaps them and answers, and the trim runs then (a client that\n"
+      "does not answer within the holder's drop timeout, 5 s, is disconnected and its leases freed).\n"
+      "--keep-cached leaves them alone.\n"
       "\nExamples:\n"
       "  sudo cupool trim\n"
       "  sudo cupool trim --pool kv-cache --keep 4GiB\n"
       "  sudo cupool trim --no-graph --format json | jq .released\n"
+      "  sudo cupool trim --keep-cached\n"
       "\nExit codes: 0 trimmed, 1 no such pool, 2 bad --keep, 4 no holder is listening or it refused.");
   add_socket_option(sub, args->socket);
   add_format_option(sub, args->format);
   sub->add_option("--keep", args->keep, "What each pool may keep reserved, with a unit (e.g. 4GiB; default 0 B)");
   sub->add_option("--pool", args->pool, "Trim only the pools of this name (default: every pool)");
   sub->add_flag("--no-graph", args->no_graph, "Leave the devices' graph memory alone");
+  sub->add_flag("--keep-cached", args->keep_cached, "Do not ask clients to drop the blocks they keep cached");
 
   return {sub, [args](Context&) {
     const Format format = parse_format(args->format);
@@ -53,6 +61,7 @@ Verb add_trim(CLI::App& app) {
     nlohmann::ordered_json request = {{"op", "trim"}, {"keep", keep}};
     if (!args->pool.empty()) request["pool"] = args->pool;
     request["graph"] = !args->no_graph;
+    if (args->keep_cached) request["cached"] = false;
     HolderClient holder = HolderClient::connect(args->socket, "cupool trim");
     print_reply(format, holder.request(request), render_trim);
     return static_cast<int>(ExitCode::ok);

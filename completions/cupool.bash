@@ -38,10 +38,10 @@ __cupool_options() {
     '') echo '--help -h --version --log-level' ;;
     'query') echo '--help -h --format -o --devices -d --profile -p --profile-out --deep' ;;
     'check') echo '--help -h --profile -p --format -o --deep --strict' ;;
-    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --max-clients-per-user' ;;
+    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user' ;;
     'status') echo '--help -h --socket -s --format -o' ;;
     'stats') echo '--help -h --socket -s --format -o --reset-peaks --watch -w' ;;
-    'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph' ;;
+    'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph --keep-cached' ;;
     'plan') echo '--help -h --socket -s --format -o' ;;
     'apply') echo '--help -h --socket -s --format -o' ;;
     'export') echo '--help -h --socket -s --output' ;;
@@ -69,6 +69,7 @@ __cupool_option_value() {
     'hold|--socket' | 'hold|-s') echo 'file' ;;
     'hold|--profile' | 'hold|-p') echo 'yaml' ;;
     'hold|--drain-timeout') echo 'any' ;;
+    'hold|--drop-timeout') echo 'any' ;;
     'hold|--max-clients-per-user') echo 'any' ;;
     'status|--socket' | 'status|-s') echo 'file' ;;
     'status|--format' | 'status|-o') echo 'choices table json yaml' ;;

@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--max-clients-per-user' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -133,6 +133,7 @@ complete -c cupool -n '__cupool_at "hold"' -l 'help' -s 'h' -d 'Print this help 
 complete -c cupool -n '__cupool_at "hold"' -l 'socket' -s 's' -r -F -d 'Listen here instead of the config\'s holder.socket'
 complete -c cupool -n '__cupool_at "hold"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Hold pools on this recorded node profile instead of the driver'
 complete -c cupool -n '__cupool_at "hold"' -l 'drain-timeout' -x -d 'Seconds SIGTERM waits for clients to leave'
+complete -c cupool -n '__cupool_at "hold"' -l 'drop-timeout' -x -d 'Seconds a client has to give back cached blocks when asked, before it is disconnected'
 complete -c cupool -n '__cupool_at "hold"' -l 'max-clients-per-user' -x -d 'Connections one user (not root, not the holder\'s user) may hold at once'
 complete -c cupool -n '__cupool_at "hold" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file to hold'
 
@@ -155,6 +156,7 @@ complete -c cupool -n '__cupool_at "trim"' -l 'format' -s 'o' -x -a 'table json 
 complete -c cupool -n '__cupool_at "trim"' -l 'keep' -x -d 'What each pool may keep reserved, with a unit (e.g. 4GiB; default 0 B)'
 complete -c cupool -n '__cupool_at "trim"' -l 'pool' -x -d 'Trim only the pools of this name (default: every pool)'
 complete -c cupool -n '__cupool_at "trim"' -l 'no-graph' -d 'Leave the devices\' graph memory alone'
+complete -c cupool -n '__cupool_at "trim"' -l 'keep-cached' -d 'Do not ask clients to drop the blocks they keep cached'
 
 # cupool plan
 complete -c cupool -n '__cupool_at "plan"' -l 'help' -s 'h' -d 'Print this help message and exit'

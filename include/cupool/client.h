@@ -8,6 +8,14 @@
  * the pool's device. cupool_release frees the mapping here first, then the holder frees. When the
  * connection closes (cupool_disconnect, or the process dies) the holder frees every lease left.
  *
+ * The cache (holders that speak protocol 2): cupool_release of an allocation keeps its mapping in
+ * this process and tells the holder, which keeps the block charged to this connection (quota
+ * included; "cached" in `cupool status`). The next cupool_alloc of the same pool, device and size
+ * takes it back without waiting for the holder: no export, import or unmap. The holder asks for
+ * cached blocks when it needs the memory (trim, apply, an allocation that does not fit); a thread
+ * of this library answers while the application makes no call. cupool_set_cache_limit bounds or
+ * turns off the cache; so does CUPOOL_CLIENT_CACHE=0 in the environment (at connect).
+ *
  * Every function that can fail returns CUPOOL_OK (0) or a negative cupool_status; the message
  * of the last failure on a connection is cupool_last_error(conn). A connection may be used from
  * several threads (calls are serialised); leases belong to the connection that made them. */
@@ -27,7 +35,7 @@ extern "C" {
 #endif
 
 #define CUPOOL_CLIENT_ABI_VERSION 1
-#define CUPOOL_PROTOCOL_VERSION 1
+#define CUPOOL_PROTOCOL_VERSION 2
 
 typedef enum cupool_status {
   CUPOOL_OK = 0,
@@ -76,6 +84,12 @@ CUPOOL_API int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_le
  * does not wait for them. The lease is freed even when the holder can't be told. NULL is ignored
  * (returns CUPOOL_OK). */
 CUPOOL_API int cupool_release(cupool_conn* conn, cupool_lease* lease);
+
+/* At most `bytes` of released allocations stay cached on this connection (default: no limit; 0
+ * turns the cache off). What is cached beyond it is unmapped and freed in the holder now. */
+CUPOOL_API int cupool_set_cache_limit(cupool_conn* conn, uint64_t bytes);
+/* Bytes of released allocations this connection keeps cached now. */
+CUPOOL_API uint64_t cupool_cached_bytes(const cupool_conn* conn);
 
 /* The lease's address in this process (a CUdeviceptr on a real node; a host address on a
  * simulated node), its size in bytes, its id in the holder, and the CUDA ordinal in this process

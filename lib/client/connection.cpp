@@ -1,5 +1,9 @@
 #include "client/connection.h"
 
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,7 +37,10 @@ std::uint64_t next_serial() {
 }  // namespace cupool::client
 
 cupool_conn::~cupool_conn() {
+  stop_watcher();
+  for (cupool_lease* lease : cache) delete lease;
   if (fd >= 0) ::close(fd);
+  if (lost_fd >= 0) ::close(lost_fd);
 }
 
 // One request, its reply (notices in between are noted). Throws Failure on transport errors.
@@ -61,17 +68,19 @@ Json cupool_conn::request(Json body, int* fd_out) {
       auto [header, reply] = cupool::proto::receive_frame(fd, received);
       if (header.kind == cupool::proto::Kind::notice) {
         if (received >= 0) ::close(received);
-        if (reply.value("notice", "") == "draining") draining = true;
-        if (reply.value("notice", "") == "pool_gone") {
-          // A pool we imported was replaced or removed: our import maps the old pool's memory.
-          const std::pair<std::string, int> key{reply.value("pool", ""), reply.value("device", -1)};
-          auto imp = pools.find(key);
-          if (imp != pools.end() && imp->second.generation == reply.value("generation", imp->second.generation))
-            retire(key);
-        }
+        on_notice(reply);
         continue;
       }
       const auto rid = reply.find("id");
+      if (rid != reply.end() && rid->is_number_unsigned() && rid->get<std::uint64_t>() != id &&
+          rid->get<std::uint64_t>() < next_id && (rid->get<std::uint64_t>() < id || !reply.value("ok", true))) {
+        // A quiet request of ours that failed (a quiet request is answered only then): one sent
+        // before this request, or while it waited (a `dropped` answer).
+        if (received >= 0) ::close(received);
+        if (!reply.value("ok", true))
+          quiet_failure = reply.value("error", Json::object()).value("message", "the holder refused a request");
+        continue;
+      }
       if (rid == reply.end() || !rid->is_number_unsigned() || rid->get<std::uint64_t>() != id) {
         if (received >= 0) ::close(received);
         // A reply without our id is the holder telling us why it is closing the connection.
@@ -143,7 +152,16 @@ Json cupool_conn::call(Json body, int* fd_out) {
 }
 
 void cupool_conn::close_socket() {
-  if (fd >= 0) ::close(fd);
+  if (fd < 0) return;
+  if (watcher.joinable()) {
+    // The watcher polls this descriptor: shut it down (the watcher wakes and ends), close it later,
+    // so its number is not reused under the watcher.
+    ::shutdown(fd, SHUT_RDWR);
+    if (lost_fd >= 0) ::close(lost_fd);
+    lost_fd = fd;
+  } else {
+    ::close(fd);
+  }
   fd = -1;
 }
 
@@ -258,10 +276,27 @@ std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int de
   }
 }
 
-// Frees the mapping here, then tells the holder.
+// Frees the mapping here, then tells the holder; with protocol 2, an allocation goes into the
+// cache instead (still mapped, still charged to this connection) while it fits cache_limit.
 void cupool_conn::release(cupool_lease* lease) {
   std::unique_ptr<cupool_lease> owned(lease);
   leases.erase(lease);
+  if (protocol >= 2 && !lease->buffer && fd >= 0 && lease->size <= cache_limit) {
+    try {
+      shrink_cache(cache_limit - lease->size);
+      tell({{"op", "free"}, {"lease", lease->id}, {"cache", true}});
+    } catch (...) {
+      try {
+        backend().free_imported(lease->imported, lease->address);
+      } catch (...) {
+      }
+      throw;
+    }
+    cache.push_back(owned.release());
+    cached_bytes += lease->size;
+    start_watcher();
+    return;
+  }
   std::string unmap_error;
   try {
     backend().free_imported(lease->imported, lease->address);
@@ -271,8 +306,152 @@ void cupool_conn::release(cupool_lease* lease) {
   if (fd >= 0) {
     if (lease->buffer)
       call({{"op", "buffer_close"}, {"name", lease->name}});
+    else if (protocol >= 2)
+      tell({{"op", "free"}, {"lease", lease->id}});  // unmapped here already: nothing to wait for
     else
       call({{"op", "free"}, {"lease", lease->id}});
   }
   if (!unmap_error.empty()) throw Failure{CUPOOL_E_CUDA, "unmapping the lease here failed: " + unmap_error};
+}
+
+// ---- protocol 2: quiet requests, notices, the cache and its watcher ----
+
+void cupool_conn::tell(Json body) {
+  if (fd < 0) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
+  body["id"] = next_id++;
+  body["quiet"] = true;
+  const std::string frames = cupool::proto::encode(cupool::proto::Kind::request, body);
+  try {
+    cupool::proto::send_all(fd, frames);
+  } catch (const std::system_error& e) {
+    if (auto reason = closing_reason()) throw *reason;
+    close_socket();
+    throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
+  }
+}
+
+void cupool_conn::on_notice(const Json& notice) {
+  const std::string what = notice.value("notice", "");
+  if (what == "draining") draining = true;
+  if (what == "pool_gone") {
+    // A pool we imported was replaced or removed: our import maps the old pool's memory.
+    const std::pair<std::string, int> key{notice.value("pool", ""), notice.value("device", -1)};
+    auto imp = pools.find(key);
+    if (imp != pools.end() && imp->second.generation == notice.value("generation", imp->second.generation))
+      retire(key);
+  }
+  if (what == "drop" && notice.contains("leases") && notice["leases"].is_array()) {
+    // The holder wants cached blocks back: unmap those still cached here (one taken again since is
+    // in use: the holder saw its reuse first), then say which.
+    std::set<std::uint64_t> wanted;
+    for (const Json& id : notice["leases"])
+      if (id.is_number_unsigned()) wanted.insert(id.get<std::uint64_t>());
+    Json dropped = Json::array();
+    for (auto it = cache.begin(); it != cache.end();) {
+      cupool_lease* lease = *it;
+      if (!wanted.count(lease->id)) {
+        ++it;
+        continue;
+      }
+      try {
+        backend().free_imported(lease->imported, lease->address);
+      } catch (...) {
+        // Unmapped or not, this process will not use it again.
+      }
+      dropped.push_back(lease->id);
+      cached_bytes -= lease->size;
+      delete lease;
+      it = cache.erase(it);
+    }
+    tell({{"op", "dropped"}, {"ask", notice.value("ask", std::uint64_t{0})}, {"leases", dropped}});
+  }
+}
+
+std::unique_ptr<cupool_lease> cupool_conn::reuse(const std::string& pool, int device, std::uint64_t size) {
+  for (auto it = cache.rbegin(); it != cache.rend(); ++it) {
+    cupool_lease* lease = *it;
+    if (lease->pool != pool || lease->size != size || lease->holder_device != device) continue;
+    auto imp = pools.find({lease->pool, lease->holder_device});
+    if (imp == pools.end() || imp->second.handle != lease->imported) continue;  // its pool was replaced
+    std::unique_ptr<cupool_lease> owned(lease);
+    cache.erase(std::next(it).base());
+    cached_bytes -= size;
+    try {
+      tell({{"op", "reuse"}, {"lease", owned->id}});
+    } catch (...) {
+      // The holder can't be told: the block may be freed there; never hand it out.
+      try {
+        backend().free_imported(owned->imported, owned->address);
+      } catch (...) {
+      }
+      throw;
+    }
+    return owned;
+  }
+  return nullptr;
+}
+
+void cupool_conn::shrink_cache(std::uint64_t keep) {
+  while (cached_bytes > keep && !cache.empty()) {
+    std::unique_ptr<cupool_lease> lease(cache.front());
+    cache.erase(cache.begin());
+    cached_bytes -= lease->size;
+    try {
+      backend().free_imported(lease->imported, lease->address);
+    } catch (...) {
+    }
+    if (fd >= 0) tell({{"op", "free"}, {"lease", lease->id}});
+  }
+}
+
+void cupool_conn::read_waiting_frame() {
+  if (fd < 0) return;
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return;  // a call read it first
+  try {
+    int received = -1;
+    auto [header, body] = cupool::proto::receive_frame(fd, received);
+    if (received >= 0) ::close(received);
+    if (header.kind == cupool::proto::Kind::notice) {
+      on_notice(body);
+    } else if (!body.value("ok", true)) {
+      // A quiet request that failed, or the holder saying why it closes the connection.
+      const Json e = body.value("error", Json::object());
+      quiet_failure = e.value("message", "the holder refused a request");
+      if (body.value("id", Json()).is_null()) close_socket();
+    }
+  } catch (...) {
+    close_socket();  // the holder is gone (or closed this connection): calls will say so
+  }
+}
+
+void cupool_conn::start_watcher() {
+  if (watcher.joinable() || fd < 0) return;
+  watcher_wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (watcher_wake < 0) return;  // no watcher: drop notices are answered at the next call
+  const int socket = fd;
+  watcher = std::thread([this, socket] {
+    // Signals are for the application's threads.
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    pollfd fds[2] = {{socket, POLLIN, 0}, {watcher_wake, POLLIN, 0}};
+    while (true) {
+      fds[0].revents = fds[1].revents = 0;
+      if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+      if (fds[1].revents) return;
+      std::lock_guard<std::mutex> lock(mu);
+      if (fd < 0) return;
+      read_waiting_frame();
+    }
+  });
+}
+
+void cupool_conn::stop_watcher() {
+  if (!watcher.joinable()) return;
+  const std::uint64_t one = 1;
+  (void)!::write(watcher_wake, &one, sizeof one);
+  watcher.join();
+  ::close(watcher_wake);
+  watcher_wake = -1;
 }

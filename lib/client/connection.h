@@ -2,8 +2,10 @@
 // requests on it, the pools imported through it and the leases mapped in this process.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -52,6 +54,7 @@ struct cupool_lease {
 struct cupool_conn {
   int fd = -1;  // the socket; -1 once lost or closed
   mutable std::mutex mu;
+  int protocol = 1;  // what hello agreed on: 2 has cached blocks and quiet requests
   const std::uint64_t serial = cupool::client::next_serial();
   std::string last_error;
   std::string backend_kind;
@@ -68,12 +71,37 @@ struct cupool_conn {
   std::vector<cupool::PoolHandle> retired;  // imports of pools the holder no longer holds, still mapped
   std::set<cupool_lease*> leases;
 
+  // ---- the cache (protocol 2): leases released here and still mapped, to be given out again ----
+  std::uint64_t cache_limit = UINT64_MAX;  // bytes kept cached at most (0: no cache)
+  std::uint64_t cached_bytes = 0;
+  std::vector<cupool_lease*> cache;  // in the order they were released (a request takes the newest fit)
+  std::string quiet_failure;  // the last quiet request the holder refused (it should never)
+  // Answers the holder's drop notices while the application makes no call (started with the first
+  // cached block): it reads the socket only when no call holds `mu`.
+  std::thread watcher;
+  int watcher_wake = -1;  // an eventfd that stops it
+  int lost_fd = -1;       // the socket, shut down but kept open until the watcher has stopped
+
   ~cupool_conn();
   // One request, its reply (notices in between are noted). Throws Failure on transport errors.
   cupool::client::Json request(cupool::client::Json body, int* fd_out = nullptr);
   // A request whose reply must be ok; a holder error becomes a Failure.
   cupool::client::Json call(cupool::client::Json body, int* fd_out = nullptr);
   void close_socket();
+  // Sends a quiet request (no reply unless it fails; a failure is read later and kept in
+  // quiet_failure). Throws Failure on transport errors.
+  void tell(cupool::client::Json body);
+  // A notice from the holder: draining, pool_gone, drop.
+  void on_notice(const cupool::client::Json& notice);
+  // Reads one frame when one is waiting and no call is reading (the watcher's turn).
+  void read_waiting_frame();
+  void start_watcher();
+  // Stops the watcher (call without holding `mu`).
+  void stop_watcher();
+  // A cached lease for (pool, device, size), taken out of the cache and in use again; null when none.
+  std::unique_ptr<cupool_lease> reuse(const std::string& pool, int device, std::uint64_t size);
+  // Unmaps cached leases (the oldest first) until at most `keep` bytes are cached, and tells the holder.
+  void shrink_cache(std::uint64_t keep);
   // The error reply a holder sent before it closed the connection, if one is waiting.
   std::optional<cupool::client::Failure> closing_reason();
   // The backend that imports here: the driver, or a simulated importer when the holder runs on a

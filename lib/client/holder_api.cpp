@@ -117,8 +117,21 @@ int cupool_connect(const char* socket_path, const char* client_name, cupool_conn
     // The holder takes at most 64 bytes: cut at a character boundary, not inside one.
     if (client_name) hello["client"] = cupool::utf8_prefix(client_name, 64);
     try {
-      Json reply = conn->call(hello);
+      Json reply = conn->request(hello);
+      if (!reply.value("ok", false) &&
+          reply.value("error", Json::object()).value("code", "") == "unsupported_protocol") {
+        // A holder from before protocol 2: version 1 works, without the cache.
+        hello["protocol"] = 1;
+        reply = conn->request(hello);
+      }
+      if (!reply.value("ok", false)) {
+        const Json e = reply.value("error", Json::object());
+        throw Failure{cupool::c_status_of_wire(e.value("code", "")), e.value("message", "the holder refused hello")};
+      }
       conn->backend_kind = reply.value("backend", "cuda");
+      conn->protocol = reply.value("protocol", 1);
+      // CUPOOL_CLIENT_CACHE=0 turns the cache off (every release goes back to the holder).
+      if (const char* env = std::getenv("CUPOOL_CLIENT_CACHE"); env && std::string(env) == "0") conn->cache_limit = 0;
     } catch (const Failure& f) {
       cupool::client::no_connection_error() = f.message;
       return f.status;
@@ -133,16 +146,22 @@ int cupool_connect(const char* socket_path, const char* client_name, cupool_conn
 
 void cupool_disconnect(cupool_conn* conn) {
   if (!conn) return;
+  conn->stop_watcher();
   {
     std::lock_guard<std::mutex> lock(conn->mu);
-    // Unmap everything here first; closing the socket then makes the holder free its side.
-    for (cupool_lease* lease : conn->leases) {
+    // Unmap everything here first (cached leases too); closing the socket then makes the holder
+    // free its side.
+    auto unmap = [conn](cupool_lease* lease) {
       try {
         if (conn->importer) conn->importer->free_imported(lease->imported, lease->address);
       } catch (...) {
       }
       delete lease;
-    }
+    };
+    for (cupool_lease* lease : conn->cache) unmap(lease);
+    for (cupool_lease* lease : conn->leases) unmap(lease);
+    conn->cache.clear();
+    conn->cached_bytes = 0;
     conn->leases.clear();
     for (auto& [key, imp] : conn->pools) {
       try {
@@ -183,8 +202,14 @@ int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size,
     if (!pool || !out) throw Failure{CUPOOL_E_INVALID, "pool and out must not be NULL"};
     if (size == 0) throw Failure{CUPOOL_E_INVALID, "size must be at least 1 byte"};
     // Import the pool before asking for memory, so a refusal costs the holder nothing.
-    conn->import_pool(pool, device);
-    std::unique_ptr<cupool_lease> lease = conn->alloc(pool, device, size);
+    cupool_conn::Imported& imp = conn->import_pool(pool, device);
+    std::unique_ptr<cupool_lease> lease;
+    if (!conn->cache.empty()) {
+      // A block of this size released here before, still mapped: no holder round trip.
+      for (const auto& [key, i] : conn->pools)
+        if (&i == &imp) lease = conn->reuse(pool, key.second, size);
+    }
+    if (!lease) lease = conn->alloc(pool, device, size);
     conn->leases.insert(lease.get());
     *out = lease.release();
   });
@@ -221,6 +246,19 @@ int cupool_release(cupool_conn* conn, cupool_lease* lease) {
     if (!conn->leases.count(lease)) throw Failure{CUPOOL_E_INVALID, "the lease does not belong to this connection"};
     conn->release(lease);
   });
+}
+
+int cupool_set_cache_limit(cupool_conn* conn, uint64_t bytes) {
+  return guarded(conn, [&] {
+    conn->cache_limit = bytes;
+    conn->shrink_cache(bytes);
+  });
+}
+
+uint64_t cupool_cached_bytes(const cupool_conn* conn) {
+  if (!conn) return 0;
+  std::lock_guard<std::mutex> lock(conn->mu);
+  return conn->cached_bytes;
 }
 
 uint64_t cupool_lease_address(const cupool_lease* lease) { return lease ? lease->address : 0; }

@@ -79,6 +79,13 @@ void Conversation::pull() {
 
 void Conversation::work() {
   if (!has_work()) return;
+  if (!waiting_ && !held_.empty()) {
+    const std::string payload = std::move(held_.front());
+    held_.pop_front();
+    held_bytes_ -= payload.size();
+    handle(payload);
+    return;
+  }
   try {
     auto [header, payload] = decoder_.take();
     take(header, std::move(payload));
@@ -118,6 +125,16 @@ void Conversation::handle(const std::string& payload) {
   Json id = Json();
   if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0)
     id = *it;
+  const auto quiet_it = request.find("quiet");
+  const bool quiet = quiet_it != request.end() && quiet_it->is_boolean() && quiet_it->get<bool>();
+  if (waiting_) {
+    const std::string op = request.value("op", Json()).is_string() ? request["op"].get<std::string>() : "";
+    if (!quiet || (op != "dropped" && op != "free" && op != "reuse")) {
+      held_.push_back(payload);
+      held_bytes_ += payload.size();
+      return;
+    }
+  }
   int fd = -1;
   Json reply;
   try {
@@ -125,6 +142,9 @@ void Conversation::handle(const std::string& payload) {
     reply["id"] = id;
     reply["ok"] = true;
     for (auto& [k, v] : body.items()) reply[k] = v;
+  } catch (const Holder::Deferred&) {
+    waiting_ = true;  // Holder::on_deferred brings the reply (answer())
+    return;
   } catch (const ConfigRejected& e) {
     reply = rejected_body(id, e);
   } catch (const Error& e) {
@@ -139,7 +159,14 @@ void Conversation::handle(const std::string& payload) {
     fd = -1;
   }
   if (on_reply) on_reply(request, reply);
+  if (quiet && ok) return;  // a quiet request is answered only when it fails
   queue(reply, proto::Kind::reply, fd);
+}
+
+void Conversation::answer(const Json& reply) {
+  waiting_ = false;
+  if (on_reply) on_reply(Json{{"deferred", true}}, reply);
+  queue(reply);
 }
 
 void Conversation::refuse(const std::string& why) {

@@ -53,7 +53,14 @@ class Conversation {
   // A whole request is waiting and may be handled now: not while kMaxQueuedFds replies that carry
   // a descriptor wait for the peer to read them (a peer that asks for descriptors and never reads
   // can't make the holder keep more).
-  bool has_work() const { return !closing_ && decoder_.ready() && fds_queued_ < kMaxQueuedFds; }
+  // While a request waits for cached blocks (Holder::Deferred), quiet `dropped`, `free` and
+  // `reuse` are served at once; other requests are held (up to kMaxInbox bytes) and served in
+  // order once the waiting one is answered, so replies keep the order of requests.
+  bool has_work() const {
+    if (closing_ || fds_queued_ >= kMaxQueuedFds) return false;
+    if (waiting_) return decoder_.ready() && held_bytes_ < kMaxInbox;
+    return !held_.empty() || decoder_.ready();
+  }
   // Handles one waiting request, if has_work(). A malformed frame closes the conversation.
   void work();
   // Refuses the stream: queues a bad_frame reply saying `why`; the conversation is closing.
@@ -65,6 +72,9 @@ class Conversation {
   // Frames waiting to be sent, oldest first, and their unsent bytes.
   std::deque<OutFrame>& out() { return out_; }
   std::size_t queued_bytes() const { return queued_; }
+  // The reply of the request that waited (Holder::on_deferred): queued, and requests are served again.
+  void answer(const nlohmann::ordered_json& reply);
+  bool waiting() const { return waiting_; }
   // Records that `n` bytes of the front frame went out; pops it when all did.
   void sent(std::size_t n);
 
@@ -99,6 +109,9 @@ class Conversation {
   std::size_t fds_queued_ = 0;
   bool closing_ = false;
   std::string parts_;  // the payloads of the parts of a request so far
+  bool waiting_ = false;  // a request's reply waits for cached blocks (Holder::Deferred)
+  std::deque<std::string> held_;  // payloads of requests that came while one waited
+  std::size_t held_bytes_ = 0;
   bool parts_started_ = false;
 };
 

@@ -35,6 +35,8 @@ std::string Holder::device_uuid(int device) const {
 
 void Holder::shutdown() noexcept {
   notice_ = nullptr;  // the holder is ending: nobody to tell, and the owner may be half gone
+  deferred_ = nullptr;
+  waiters_.clear();
   std::vector<std::uint64_t> ids;
   for (const auto& [id, l] : leases_) ids.push_back(id);
   for (auto id : ids) free_lease(id);

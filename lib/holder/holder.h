@@ -94,10 +94,24 @@ class Holder {
   // Where notices to a client go (the server queues them on its connection): a pool it imported
   // was replaced or removed (docs/protocol.md, "Notices").
   void on_notice(std::function<void(std::uint64_t client, const Json& notice)> send) { notice_ = std::move(send); }
+  // Where a deferred reply goes (a request that waited for clients to drop cached blocks): the
+  // whole reply body, "id" and "ok" included. Queued by the server like a notice.
+  void on_deferred(std::function<void(std::uint64_t client, const Json& reply)> send) { deferred_ = std::move(send); }
+  // Thrown by handle() when the request's reply comes later, through on_deferred: the request
+  // waits for clients to answer `drop` notices (docs/protocol.md, "Cached blocks").
+  struct Deferred {};
+  // How long a client has to answer a `drop` notice before its connection is closed.
+  void set_drop_timeout_ms(std::int64_t ms) { drop_timeout_ms_ = ms; }
+  // The connections that did not answer a `drop` notice in time (the server closes them, which
+  // frees their leases); `now_ms` is the steady clock's.
+  std::vector<std::uint64_t> overdue(std::int64_t now_ms) const;
+  // The earliest deadline of an unanswered `drop` notice (steady clock, ms), if any.
+  std::optional<std::int64_t> next_deadline() const;
 
   // ---- connections ----
   std::uint64_t connect(const Peer& peer);
-  // Frees the client's leases and closes its buffers.
+  // Frees the client's leases (cached ones too) and closes its buffers; requests waiting on its
+  // `drop` answers go on, and a request of its own that waited is forgotten.
   void disconnect(std::uint64_t client);
   std::size_t client_count() const { return clients_.size(); }
   // Root or the holder's user (false for a client it does not know).
@@ -118,9 +132,12 @@ class Holder {
   Json trim(std::uint64_t keep, const std::optional<std::string>& pool, bool graph);
   // The live state as a version 1 config (YAML text).
   std::string export_config() const;
-  // Leases and open buffers of all clients.
+  // Leases of all clients (cached ones included), and their bytes.
   std::size_t lease_count() const;
   std::uint64_t leased_bytes() const;
+  // Leases that their clients released into their cache, and their bytes.
+  std::size_t cached_count() const;
+  std::uint64_t cached_bytes() const;
   // Frees everything (leases first, then buffers, then pools); the holder is empty afterwards.
   void shutdown() noexcept;
 
@@ -129,8 +146,10 @@ class Holder {
     PoolWant want;
     PoolHandle handle = 0;
     std::uint64_t generation = 0;  // unique per pool the holder made: a replaced pool gets a new one
-    std::uint64_t leases = 0;
+    std::uint64_t leases = 0;  // cached ones included
     std::uint64_t leased_bytes = 0;
+    std::uint64_t cached = 0;  // leases their clients released into their cache
+    std::uint64_t cached_bytes = 0;
     std::uint64_t reserved_after_reserve = 0;  // reserved bytes read back after mapping `reserve`
   };
   struct HeldBuffer {
@@ -145,11 +164,27 @@ class Holder {
     int device = 0;
     std::uint64_t size = 0;
     std::uint64_t address = 0;
+    bool cached = false;    // released by the client into its cache: still mapped there, still charged
+    std::uint64_t ask = 0;  // the `drop` notice that asked for it back (0: none)
+  };
+  // A `drop` notice: the cached leases a client was asked to unmap, and by when.
+  struct Ask {
+    std::uint64_t client = 0;
+    std::set<std::uint64_t> leases;
+    std::int64_t deadline_ms = 0;
+  };
+  // A request whose reply waits for `drop` answers (`asks`), then runs `then` for its reply.
+  struct Waiter {
+    std::uint64_t client = 0;  // 0: nobody waits for the reply (a reload); it is logged
+    Json id;
+    std::set<std::uint64_t> asks;
+    std::function<Json()> then;
   };
   struct Client {
     Peer peer;
     bool admin = false;
     bool greeted = false;
+    int protocol = 0;  // the version hello agreed on
     std::string name;
     std::int64_t connected_at = 0;  // steady clock, seconds
     std::set<std::uint64_t> leases;
@@ -169,6 +204,7 @@ class Holder {
   // One request being served: its connection, its arguments, and where a reply's descriptor goes.
   struct Request {
     std::uint64_t id;
+    const Json& request_id;  // the request's "id", for a deferred reply
     Client& client;
     proto::Args& args;
     int& fd_out;
@@ -185,6 +221,8 @@ class Holder {
   Json op_import_pool(Request& r);
   Json op_alloc(Request& r);
   Json op_free(Request& r);
+  Json op_reuse(Request& r);
+  Json op_dropped(Request& r);
   Json op_buffer_open(Request& r);
   Json op_buffer_close(Request& r);
   Json op_status(Request& r);
@@ -203,6 +241,24 @@ class Holder {
                                                          bool synchronize);
 
   void free_lease(std::uint64_t lease) noexcept;
+
+  // ---- cached blocks (cache.cpp) ----
+  // A lease released into its client's cache, and back in use (or freed): the pool's counts of
+  // cached blocks, and the `drop` notice that asked for it (answered once all its leases are).
+  void cache_lease(std::uint64_t id);
+  void uncache_lease(std::uint64_t id) noexcept;
+  // Sends `drop` notices (saying `reason`) for cached leases that `pick` selects, largest first,
+  // until they add up to `bytes` (UINT64_MAX: all), counting leases a notice already asked for.
+  // Returns the asks to wait for (empty: nothing cached to ask for).
+  std::set<std::uint64_t> ask_drops(const std::function<bool(const Lease&)>& pick, std::uint64_t bytes,
+                                    const char* reason);
+  // Asks back the cached blocks that alone keep `want` from replacing or removing a pool.
+  std::set<std::uint64_t> ask_drops_for(const Desired& want);
+  // Makes the current request's reply wait for `asks`, then answers with `then()`.
+  [[noreturn]] void defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then);
+  // An ask was answered or its client left: requests that waited only on it are answered.
+  void finish_ask(std::uint64_t ask);
+  void run_ready_waiters();
   void create_pool(const PoolWant& w);
   void update_pool(HeldPool& held, const PoolWant& w);
   void destroy_pool(const PoolKey& key);
@@ -216,6 +272,12 @@ class Holder {
   HolderWant holder_;
   SocketPermissions* socket_ = nullptr;
   std::function<void(std::uint64_t, const Json&)> notice_;
+  std::function<void(std::uint64_t, const Json&)> deferred_;
+  std::int64_t drop_timeout_ms_ = 5000;
+  std::map<std::uint64_t, Ask> asks_;
+  std::uint64_t next_ask_ = 0;
+  std::vector<Waiter> waiters_;
+  std::uint64_t dropped_bytes_ = 0;  // cached bytes clients gave back when asked, ever
   std::uint64_t next_generation_ = 0;
   std::map<PoolKey, HeldPool> pools_;
   std::map<std::string, HeldBuffer> buffers_;

@@ -36,8 +36,15 @@ std::uint64_t Holder::connect(const Peer& peer) {
 void Holder::disconnect(std::uint64_t id) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
+  // A request of its own that waited for drops is answered to nobody.
+  waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.client == id; }),
+                 waiters_.end());
   const std::set<std::uint64_t> leases = it->second.leases;
-  for (std::uint64_t l : leases) free_lease(l);
+  for (std::uint64_t l : leases) free_lease(l);  // answers its drop notices: requests waiting on them go on
+  std::vector<std::uint64_t> left;
+  for (const auto& [ask, a] : asks_)
+    if (a.client == id) left.push_back(ask);
+  for (std::uint64_t ask : left) finish_ask(ask);
   for (const auto& [name, opens] : it->second.open_buffers) {
     auto b = buffers_.find(name);
     if (b != buffers_.end()) b->second.opens -= std::min(b->second.opens, opens);
@@ -46,6 +53,7 @@ void Holder::disconnect(std::uint64_t id) {
     spdlog::info("client {} (pid {}) left; freed {} lease{}", id, it->second.peer.pid, leases.size(),
                  leases.size() == 1 ? "" : "s");
   clients_.erase(it);
+  run_ready_waiters();
 }
 
 bool Holder::admin(std::uint64_t id) const {
@@ -103,8 +111,9 @@ std::pair<std::uint64_t, SharedAllocation> Holder::grant_lease(std::uint64_t id,
 }
 
 void Holder::free_lease(std::uint64_t id) noexcept {
+  if (leases_.find(id) == leases_.end()) return;
+  uncache_lease(id);  // a cached lease: the pool's cached counts, and the drop notice that asked for it
   auto it = leases_.find(id);
-  if (it == leases_.end()) return;
   const Lease l = it->second;
   leases_.erase(it);
   auto p = pools_.find({l.pool, l.device});

@@ -23,6 +23,10 @@ std::vector<Change> Holder::plan(const Desired& want) const {
     if (h.leases)
       why = std::to_string(h.leases) + (h.leases == 1 ? " lease" : " leases") + " held by " +
             std::to_string(holders.size()) + (holders.size() == 1 ? " client" : " clients");
+    if (h.cached == h.leases && h.cached)
+      why += " (all cached: apply asks for them back first)";
+    else if (h.cached)
+      why += " (" + std::to_string(h.cached) + " of them cached)";
     return why;
   };
   auto buffers_in = [&](const PoolKey& key, const Desired* keep) {

@@ -34,6 +34,8 @@ Json Holder::status() const {
                             {"release_threshold", p.want.settings.release_threshold},
                             {"leases", p.leases},
                             {"leased_bytes", p.leased_bytes},
+                            {"cached", p.cached},
+                            {"cached_bytes", p.cached_bytes},
                             {"buffers", buffers},
                             {"buffer_bytes", buffer_bytes}});
   }
@@ -53,6 +55,14 @@ Json Holder::status() const {
     for (const auto& [k, v] : c.bytes_in_pool) bytes += v;
     std::uint64_t opens = 0;
     for (const auto& [k, v] : c.open_buffers) opens += v;
+    std::uint64_t cached = 0, cached_bytes = 0, asked = 0;
+    for (std::uint64_t l : c.leases) {
+      const Lease& lease = leases_.at(l);
+      if (!lease.cached) continue;
+      ++cached;
+      cached_bytes += lease.size;
+      if (lease.ask) ++asked;
+    }
     out["clients"].push_back({{"id", id},
                               {"pid", c.peer.pid},
                               {"uid", c.peer.uid},
@@ -60,6 +70,10 @@ Json Holder::status() const {
                               {"name", c.name},
                               {"leases", c.leases.size()},
                               {"leased_bytes", bytes},
+                              {"cached", cached},
+                              {"cached_bytes", cached_bytes},
+                              {"asked_to_drop", asked},
+                              {"protocol", c.protocol},
                               {"open_buffers", opens},
                               {"connected_s", now - c.connected_at}});
   }
@@ -84,8 +98,11 @@ Json Holder::stats(bool reset_peaks) {
                             {"used_high", u.used_high},
                             {"release_threshold", p.want.settings.release_threshold},
                             {"leases", p.leases},
-                            {"leased_bytes", p.leased_bytes}});
+                            {"leased_bytes", p.leased_bytes},
+                            {"cached", p.cached},
+                            {"cached_bytes", p.cached_bytes}});
   }
+  out["dropped_bytes"] = dropped_bytes_;
   out["devices"] = Json::array();
   for (int d : devices) {
     const GraphMemUsage g = backend_.graph_mem_usage(d);

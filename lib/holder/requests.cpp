@@ -25,6 +25,8 @@ const std::vector<Holder::Operation>& Holder::operations() {
       {"import_pool", &Holder::op_import_pool},
       {"alloc", &Holder::op_alloc},
       {"free", &Holder::op_free},
+      {"reuse", &Holder::op_reuse},
+      {"dropped", &Holder::op_dropped},
       {"buffer_open", &Holder::op_buffer_open},
       {"buffer_close", &Holder::op_buffer_close},
       {"status", &Holder::op_status},
@@ -61,9 +63,21 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
     throw Error(Errc::unknown_op, "unknown operation \"" + valid_utf8(op) + "\"" +
                                       (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
   }
-  Request r{id, c, a, fd_out};
-  Json out = (this->*(it->serve))(r);
-  a.finish();
+  // "quiet": no reply when it succeeds (docs/protocol.md, "Quiet requests"): for the requests a
+  // client's cache sends on its own, so the warm path never waits for the holder.
+  if (a.boolean("quiet", false) && op != "free" && op != "reuse" && op != "dropped")
+    throw Error(Errc::bad_request, "\"quiet\" is for free, reuse and dropped only");
+  Request r{id, request["id"], c, a, fd_out};
+  Json out;
+  try {
+    out = (this->*(it->serve))(r);
+    a.finish();
+  } catch (const Deferred&) {
+    run_ready_waiters();
+    throw;
+  }
+  // An answer to a drop notice may be what another request waited for.
+  run_ready_waiters();
   return out;
 }
 
@@ -73,8 +87,13 @@ Json Holder::op_hello(Request& r) {
   const std::uint64_t version = a.u64("protocol", 0, 65535);
   const auto name = a.optional_string("client", kMaxName);
   a.finish();
-  if (version != proto::kVersion)
-    throw Error(Errc::unsupported_protocol, "this holder speaks protocol version 1, not " + std::to_string(version));
+  if (version < proto::kOldestProtocol || version > proto::kProtocol)
+    throw Error(Errc::unsupported_protocol,
+                "this holder (cupool " CUPOOL_VERSION ") speaks protocol versions " +
+                    std::to_string(proto::kOldestProtocol) + " to " + std::to_string(proto::kProtocol) + ", not " +
+                    std::to_string(version) +
+                    (version > proto::kProtocol ? "; the client is newer than the holder: upgrade cupool on this node"
+                                                : "; upgrade the client library (libcupool-client)"));
   if (name) {
     // Shown to admins in `status`: no control characters (C0, DEL, C1), no bidirectional overrides.
     if (!displays_as_is(*name))
@@ -83,8 +102,10 @@ Json Holder::op_hello(Request& r) {
     c.name = *name;
   }
   c.greeted = true;
+  c.protocol = static_cast<int>(version);
   Json out;
-  out["protocol"] = proto::kVersion;
+  out["protocol"] = version;  // what this connection speaks (the client's choice)
+  out["protocols"] = {proto::kOldestProtocol, proto::kProtocol};
   out["holder"] = std::string("cupool ") + CUPOOL_VERSION;
   out["pid"] = identity_.value("pid", 0);
   out["backend"] = backend_.simulated() ? "simulated" : "cuda";
@@ -98,7 +119,8 @@ Json Holder::op_hello(Request& r) {
                    {"max_leases", limits_.max_leases_per_client},
                    {"max_open_buffers", limits_.max_open_buffers_per_client},
                    {"frame_timeout_ms", 5000},
-                   {"max_queued_bytes", 1 << 20}};
+                   {"max_queued_bytes", 1 << 20},
+                   {"drop_timeout_ms", drop_timeout_ms_}};
   return out;
 }
 
@@ -160,32 +182,68 @@ Json Holder::op_alloc(Request& r) {
   const bool synchronize = a.boolean("synchronize", false);
   a.finish();
   require_not_draining("alloc");
-  HeldPool& p = pool_for(r.client, name, device, true);
-  const auto [lease, s] = grant_lease(r.id, r.client, p, size, synchronize);
-  Json out;
-  out["lease"] = lease;
-  out["size"] = size;
-  out["pool"] = p.want.name;
-  out["device"] = p.want.device;
-  out["uuid"] = device_uuid(p.want.device);
-  out["generation"] = p.generation;
-  out["export_data"] = proto::to_hex(s.export_data);
-  out["ready"] = synchronize;
-  out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
-  return out;
+  const std::uint64_t client_id = r.id;
+  auto attempt = [this, client_id, name, device, size, synchronize]() -> Json {
+    Client& c = client(client_id);
+    HeldPool& p = pool_for(c, name, device, true);
+    const auto [lease, s] = grant_lease(client_id, c, p, size, synchronize);
+    Json out;
+    out["lease"] = lease;
+    out["size"] = size;
+    out["pool"] = p.want.name;
+    out["device"] = p.want.device;
+    out["uuid"] = device_uuid(p.want.device);
+    out["generation"] = p.generation;
+    out["export_data"] = proto::to_hex(s.export_data);
+    out["ready"] = synchronize;
+    out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
+    return out;
+  };
+  try {
+    return attempt();
+  } catch (const Error& e) {
+    // Pressure: blocks that clients keep cached in this pool are asked back, and the allocation
+    // is tried once more when they are (docs/protocol.md, "Cached blocks").
+    if (e.code() != Errc::out_of_memory && e.code() != Errc::quota_exceeded) throw;
+    const HeldPool& p = pool_for(r.client, name, device, true);
+    const PoolKey key{p.want.name, p.want.device};
+    const bool quota = e.code() == Errc::quota_exceeded;
+    std::uint64_t need = size;
+    if (quota) {
+      // Its own cached blocks count against its quota: enough of them to fit.
+      const std::uint64_t held = r.client.bytes_in_pool[key];
+      const std::uint64_t q = p.want.share.quota_per_client;
+      if (size > q) throw;
+      need = held + size - q;
+    }
+    const std::set<std::uint64_t> asks = ask_drops(
+        [&](const Lease& l) { return l.pool == key.first && l.device == key.second && (!quota || l.client == client_id); },
+        need, quota ? "quota" : "pressure");
+    if (asks.empty()) throw;
+    defer(r, asks, attempt);
+  }
 }
 
 Json Holder::op_free(Request& r) {
   Client& c = r.client;
   proto::Args& a = r.args;
   const std::uint64_t lease = a.u64("lease", 1, UINT64_MAX);
+  // Protocol 2: the client keeps its mapping of the block to use it again (op reuse); the holder
+  // keeps it allocated and charged to this connection (docs/protocol.md, "Cached blocks").
+  const bool cache = a.boolean("cache", false);
   a.finish();
   auto it = leases_.find(lease);
   if (it == leases_.end() || !c.leases.count(lease))
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not held by this connection");
   const std::uint64_t size = it->second.size;
+  if (cache) {
+    if (c.protocol < 2) throw Error(Errc::bad_request, "\"cache\" needs protocol 2 (this connection said hello with 1)");
+    if (it->second.cached) throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is cached already");
+    cache_lease(lease);
+    return {{"lease", lease}, {"size", size}, {"cached", true}};
+  }
   free_lease(lease);
-  return {{"lease", lease}, {"size", size}};
+  return {{"lease", lease}, {"size", size}, {"cached", false}};
 }
 
 Json Holder::op_buffer_open(Request& r) {
@@ -293,8 +351,31 @@ Json Holder::op_trim(Request& r) {
   const std::uint64_t keep = r.args.optional_u64("keep", 0, UINT64_MAX).value_or(0);
   const auto pool = r.args.optional_string("pool", kMaxName);
   const bool graph = r.args.boolean("graph", true);
+  const bool cached = r.args.boolean("cached", true);
   r.args.finish();
-  return trim(keep, pool, graph);
+  if (pool && std::none_of(pools_.begin(), pools_.end(), [&](const auto& kv) { return kv.first.first == *pool; }))
+    throw Error(Errc::not_found, "no pool named \"" + valid_utf8(*pool) + "\"");
+  // Cached blocks are memory nobody uses: asked back first, as far as `keep` needs, and the trim
+  // runs once their clients answered.
+  std::set<std::uint64_t> asks;
+  if (cached)
+    for (const auto& [key, p] : pools_) {
+      if ((pool && key.first != *pool) || !p.cached_bytes) continue;
+      const std::uint64_t used = p.leased_bytes;
+      if (used <= keep) continue;
+      const PoolKey k = key;
+      const auto more = ask_drops([&](const Lease& l) { return l.pool == k.first && l.device == k.second; },
+                                  used - keep, "trim");
+      asks.insert(more.begin(), more.end());
+    }
+  const std::uint64_t dropped_before = dropped_bytes_;
+  auto run = [this, keep, pool, graph, dropped_before] {
+    Json out = trim(keep, pool, graph);
+    out["cached_dropped_bytes"] = dropped_bytes_ - dropped_before;
+    return out;
+  };
+  if (!asks.empty()) defer(r, asks, run);
+  return run();
 }
 
 Json Holder::op_export(Request& r) {
@@ -319,12 +400,20 @@ Json Holder::plan_or_apply(Request& r, bool apply) {
   }
   // A ConfigRejected goes up: the conversation answers invalid_config (or does_not_fit) with the findings.
   const Loaded loaded = load_config(SourceFile(path, text), node_, Scope::all);
-  std::vector<Change> changes = apply ? this->apply(loaded.desired) : plan(loaded.desired);
-  Json out;
-  out["applied"] = apply;
-  out["changes"] = Json::array();
-  for (const auto& ch : changes) out["changes"].push_back(ch.to_json());
-  out["warnings"] = loaded.warnings;
-  return out;
+  auto run = [this, apply, desired = loaded.desired, warnings = loaded.warnings] {
+    std::vector<Change> changes = apply ? this->apply(desired) : plan(desired);
+    Json out;
+    out["applied"] = apply;
+    out["changes"] = Json::array();
+    for (const auto& ch : changes) out["changes"].push_back(ch.to_json());
+    out["warnings"] = warnings;
+    return out;
+  };
+  // Pools that only cached blocks keep from being replaced or removed: asked back first.
+  if (apply) {
+    const std::set<std::uint64_t> asks = ask_drops_for(loaded.desired);
+    if (!asks.empty()) defer(r, asks, run);
+  }
+  return run();
 }
 }  // namespace cupool

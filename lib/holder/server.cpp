@@ -46,6 +46,10 @@ using proto::Json;
 
 std::string errno_text() { return std::strerror(errno); }
 
+std::int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
+
 std::string iso_now() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -443,6 +447,16 @@ int Server::run() {
         c.sending = true;
       }
   });
+  // The reply of a request that waited for cached blocks: queued the same way (sent by the loop).
+  holder_->set_drop_timeout_ms(options_.drop_timeout_ms);
+  holder_->on_deferred([this](std::uint64_t client, const Json& reply) {
+    for (auto& [fd, c] : connections_)
+      if (c.talk.client() == client && !c.dead) {
+        c.talk.answer(reply);
+        if (!c.sending) c.last_progress = Clock::now();
+        c.sending = true;
+      }
+  });
   update_identity();
   spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
                holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
@@ -463,8 +477,13 @@ int Server::run() {
       fds.push_back({fd, static_cast<short>((reading(c) ? POLLIN : 0) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
       work_waiting = work_waiting || (c.talk.has_work() && !over_budget.count(c.uid)) || (c.peer_gone && !c.dead);
     }
-    // Requests already received and a user's closes to wait for: look again soon.
-    const int timeout = work_waiting ? 0 : closer_.pending() > 0 ? 50 : 250;
+    // Requests already received and a user's closes to wait for: look again soon. Drop notices
+    // have deadlines.
+    int timeout = work_waiting ? 0 : closer_.pending() > 0 ? 50 : 250;
+    if (const auto due = holder_->next_deadline()) {
+      const auto left = *due - steady_ms() + 1;
+      timeout = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(timeout, left)));
+    }
     const int n = ::poll(fds.data(), fds.size(), timeout);
     if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
     for (const pollfd& p : fds) {
@@ -496,7 +515,18 @@ int Server::run() {
       }
     }
     serve_requests();
-    // Timeouts: a frame started and not finished; replies nobody reads.
+    // Timeouts: a drop notice not answered in time; a frame started and not finished; replies
+    // nobody reads.
+    for (std::uint64_t late : holder_->overdue(steady_ms()))
+      for (auto& [fd, c] : connections_)
+        if (c.talk.client() == late && !c.dead) {
+          const std::string why = "it did not answer the holder's request to drop cached blocks within " +
+                                  std::to_string(options_.drop_timeout_ms) + " ms";
+          c.talk.queue(error_body(Json(), errc_info(Errc::limit_exceeded).wire,
+                                  "the holder closed this connection: " + why + "; its leases are freed"));
+          flush(c);
+          drop(c, why);
+        }
     const auto now = Clock::now();
     for (auto& [fd, c] : connections_) {
       if (!c.dead && c.talk.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))

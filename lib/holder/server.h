@@ -20,6 +20,9 @@ struct ServerOptions {
   // (they are served once its peers read), so its replies take at most this plus one reply.
   std::size_t max_queued_bytes_per_user = 16 << 20;
   std::size_t max_clients_per_user = 256;   // connections of one non-admin user (HolderLimits)
+  // How long a client has to answer a `drop` notice (give back cached blocks) before its
+  // connection is closed and its leases freed.
+  int drop_timeout_ms = 5000;
   // Ask the kernel to refuse descriptors sent to the holder (SO_PASSRIGHTS, Linux 6.16+). Off only
   // in tests of what the holder does without it (cupool hold --no-kernel-descriptor-refusal).
   bool refuse_descriptors_in_kernel = true;

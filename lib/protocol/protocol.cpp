@@ -224,6 +224,22 @@ bool Args::boolean(const char* key, bool fallback) {
   return v->get<bool>();
 }
 
+std::vector<std::uint64_t> Args::ids(const char* key, std::size_t max_items) {
+  const Json* v = find(key);
+  if (!v) bad_request(std::string("missing argument \"") + key + "\"");
+  if (!v->is_array()) bad_request(std::string("\"") + key + "\" must be an array of lease ids");
+  if (v->size() > max_items)
+    bad_request(std::string("\"") + key + "\" has more than " + std::to_string(max_items) + " items");
+  std::vector<std::uint64_t> out;
+  out.reserve(v->size());
+  for (const Json& item : *v) {
+    if (!item.is_number_unsigned() || item.get<std::uint64_t>() == 0)
+      bad_request(std::string("\"") + key + "\" must hold lease ids (integers from 1 to 2^64-1)");
+    out.push_back(item.get<std::uint64_t>());
+  }
+  return out;
+}
+
 void Args::finish() const {
   for (const auto& [key, value] : request_.items()) {
     (void)value;

@@ -21,7 +21,11 @@ namespace cupool::proto {
 
 using Json = nlohmann::ordered_json;
 
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 1;  // of the frame format (the header's version field)
+// Protocol versions (hello's "protocol"): 2 added cached blocks (free with cache, reuse, drop,
+// dropped, quiet requests); a holder speaks every version from kOldestProtocol to kProtocol.
+constexpr int kProtocol = 2;
+constexpr int kOldestProtocol = 1;
 constexpr std::size_t kHeaderSize = 16;
 constexpr std::size_t kMaxPayload = 65536;       // one frame's payload
 constexpr std::size_t kMaxReply = 16 * 1024 * 1024;   // a reply's payloads together, parts included
@@ -104,6 +108,8 @@ class Args {
   // A device ordinal; `fallback` when absent.
   int device(const char* key, int fallback);
   bool boolean(const char* key, bool fallback);
+  // An array of at most `max_items` integers from 1 to 2^64-1 (lease ids); missing is an error.
+  std::vector<std::uint64_t> ids(const char* key, std::size_t max_items);
   // Throws for any key other than "id", "op" and those read so far.
   void finish() const;
 

@@ -28,8 +28,8 @@ def frame(request, **kw):
     return header(len(payload), **kw) + payload
 
 
-def hello(i=1):
-    return frame({"id": i, "op": "hello", "protocol": 1, "client": "fuzz-seed"})
+def hello(i=1, protocol=1):
+    return frame({"id": i, "op": "hello", "protocol": protocol, "client": "fuzz-seed"})
 
 
 def parts(request, n):
@@ -45,8 +45,8 @@ BIG_CONFIG = "version: 1\n" + "".join(f"# comment {i:05d} " + "." * 60 + "\n" fo
     "pools:\n  - {name: kv, devices: [0, 1], handle_types: [posix_fd], max_size: 1GiB}\n"
 
 
-def session(peer, *requests):
-    out = bytes([peer]) + hello()
+def session(peer, *requests, protocol=1):
+    out = bytes([peer]) + hello(protocol=protocol)
     for i, r in enumerate(requests, start=2):
         out += r if isinstance(r, bytes) else frame(dict({"id": i}, **r))
     return out
@@ -149,6 +149,48 @@ SEEDS = {
         {"op": "allocate"},
         {"id": -1, "op": "list"},
     ),
+    # protocol 2: cached blocks (the bystander of +4 keeps a 2 MiB block cached, lease 2, and
+    # answers drop notices; the fuzzed client's own requests may wait for drops)
+    "cache-reuse": session(
+        ALICE,
+        {"op": "alloc", "pool": "kv", "device": 0, "size": 64 << 20},
+        {"op": "free", "lease": 1, "cache": True, "quiet": True},
+        {"op": "reuse", "lease": 1, "quiet": True},
+        {"op": "free", "lease": 1, "cache": True},
+        {"op": "status"},
+        {"op": "free", "lease": 1},
+        protocol=2),
+    "cache-quota-waits": session(
+        ALICE,
+        {"op": "alloc", "pool": "kv", "device": 0, "size": 200 << 20},
+        {"op": "free", "lease": 1, "cache": True, "quiet": True},
+        {"op": "alloc", "pool": "kv", "device": 0, "size": 100 << 20},  # waits: its own block is asked back
+        {"op": "list"},  # held until the allocation is answered
+        {"op": "dropped", "ask": 1, "leases": [1], "quiet": True},
+        {"op": "status"},
+        protocol=2),
+    "cache-trim-bystander": session(
+        ROOT | BYSTANDER,
+        {"op": "trim", "keep": 0},  # waits for the bystander's cached block
+        {"op": "stats"},
+        protocol=2),
+    "cache-apply-bystander": session(ROOT | BYSTANDER, {"op": "apply", "config": CHANGED}, protocol=2),
+    "cache-pressure": session(
+        ROOT | BYSTANDER,
+        {"op": "alloc", "pool": "kv", "device": 0, "size": 1000 << 20},
+        {"op": "alloc", "pool": "private", "size": 500 << 20},
+        {"op": "free", "lease": 3, "cache": True},
+        {"op": "alloc", "pool": "private", "size": 100 << 20},
+        protocol=2),
+    "cache-refusals": session(
+        BOB,
+        {"op": "alloc", "pool": "kv", "size": 1 << 20},
+        {"op": "free", "lease": 1, "cache": True},  # protocol 1: refused
+        {"op": "status", "quiet": True},
+        {"op": "dropped", "ask": 9, "leases": [1, 2]},
+        {"op": "dropped", "ask": 9, "leases": "all"},
+        {"op": "reuse", "lease": 2},
+    ),
     # malformed frames
     "bad-magic": bytes([ROOT]) + hello()[:16].replace(b"CUPL", b"CUPX") + hello()[16:],
     "bad-version": bytes([ROOT]) + frame({"id": 1, "op": "hello", "protocol": 1}, version=2),
@@ -162,7 +204,7 @@ SEEDS = {
     "bad-nesting": session(ALICE, frame(b'{"id": 2, "op": "list", "x": ' + b"[" * 20 + b"]" * 20 + b"}")),
     "truncated": session(ALICE, frame({"id": 2, "op": "list"})[:-3]),
     "hello-required": bytes([ALICE]) + frame({"id": 1, "op": "list"}),
-    "bad-hello": bytes([ALICE]) + frame({"id": 1, "op": "hello", "protocol": 2, "client": "x\u0001"}),
+    "bad-hello": bytes([ALICE]) + frame({"id": 1, "op": "hello", "protocol": 3, "client": "x\u0001"}),
     # requests in parts (frames of kind 4, then the last): joined for admins, refused for others
     "parts-admin": session(ROOT, parts({"id": 2, "op": "plan", "config": BIG_CONFIG}, 2)),
     "parts-stranger": session(EVE, parts({"id": 2, "op": "plan", "config": BIG_CONFIG}, 2)),

@@ -10,8 +10,10 @@
 // (make_protocol_corpus.py) and regressions/protocol/.
 //
 // Input: byte 0 picks the peer (bits 0-1: root, alice in share.users, bob in share.groups, eve a
-// stranger; bit 2: another client, alice, already holds a lease and has the buffer open). The
-// rest is fed to a Conversation as lib/holder/server.cpp read_from does.
+// stranger; bit 2: another client, alice (protocol 2), already holds a lease, keeps a block
+// cached and has the buffer open, and answers the holder's drop notices as the C library does).
+// The rest is fed to a Conversation as lib/holder/server.cpp read_from does; a reply that waited
+// for cached blocks (Holder::on_deferred) goes back to it as the server does.
 #include <unistd.h>
 
 #include <cstddef>
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -170,6 +173,8 @@ void check_export(const cupool::Holder& holder, const cupool::NodeReport& node, 
 // Nothing a client did may outlive it.
 void check_released(const cupool::Holder& holder) {
   if (holder.lease_count() != 0 || holder.leased_bytes() != 0) finding("leases left after every client disconnected");
+  if (holder.cached_count() != 0 || holder.cached_bytes() != 0) finding("cached blocks left after every client left");
+  if (holder.next_deadline()) finding("a drop notice still waits for an answer after every client left");
   const Json status = holder.status();
   for (const auto& b : status["buffers"])
     if (b["opens"] != 0) finding("buffer " + b["name"].get<std::string>() + " still open after every client left");
@@ -198,10 +203,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (data[0] & 4) {
     bystander = holder.connect(peer(1001, "alice", {"alice"}));
     int fd = -1;
-    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 1}}, fd);
+    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 2}}, fd);
     holder.handle(bystander, {{"id", 2}, {"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}, fd);
     holder.handle(bystander, {{"id", 3}, {"op", "buffer_open"}, {"name", "weights"}}, fd);
+    holder.handle(bystander, {{"id", 4}, {"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 2 << 20}}, fd);
+    holder.handle(bystander, {{"id", 5}, {"op", "free"}, {"lease", 2}, {"cache", true}}, fd);
   }
+  // Drop notices to the bystander, answered after each step (never from inside the holder).
+  std::vector<Json> bystander_drops;
+  cupool::Conversation* talking = nullptr;
+  holder.on_notice([&](std::uint64_t to, const Json& notice) {
+    if (to == bystander && notice.value("notice", "") == "drop") bystander_drops.push_back(notice);
+  });
+  holder.on_deferred([&](std::uint64_t, const Json& reply) {
+    if (talking) talking->answer(reply);
+  });
+  auto answer_drops = [&] {
+    while (!bystander_drops.empty()) {
+      const Json notice = bystander_drops.front();
+      bystander_drops.erase(bystander_drops.begin());
+      int fd = -1;
+      holder.handle(bystander, {{"id", 6}, {"op", "dropped"}, {"ask", notice["ask"]}, {"leases", notice["leases"]},
+                                {"quiet", true}}, fd);
+    }
+  };
   static const cupool::Peer peers[4] = {peer(0, "root", {"root"}), peer(1001, "alice", {"alice"}),
                                         peer(1002, "bob", {"bob", "gpu"}), peer(1003, "eve", {"eve"})};
   const std::uint64_t client = holder.connect(peers[data[0] & 3]);
@@ -209,6 +234,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   try {
     cupool::Conversation talk(holder, client);
+    talking = &talk;
     talk.on_reply = [&effects](const Json& request, const Json& reply) { judge(request, reply, effects); };
     const char* bytes = reinterpret_cast<const char*>(data + 1);
     const std::size_t n = size - 1;
@@ -217,12 +243,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::size_t took = talk.receive(bytes + used, n - used);
       if (took == 0) finding("the conversation took no bytes");
       used += took;
+      answer_drops();
+      while (talk.has_work()) talk.work();  // requests held while one waited
       take_frames(talk);
     }
+    talking = nullptr;
   } catch (const std::exception& e) {
     finding(std::string("uncaught exception: ") + e.what());
   }
 
+  holder.on_deferred(nullptr);
   holder.disconnect(client);
   if (bystander) holder.disconnect(bystander);
   check_released(holder);

@@ -1256,5 +1256,208 @@ def test_one_connection_many_threads(tmp):
         h.stop()
 
 
+# ---- cached blocks (protocol 2; docs/protocol.md "Cached blocks") ----
+
+def keeping_client(h, pool, size, count):
+    """A testclient `keep`: allocates `count` blocks and releases them into its cache, then idles
+    until a line comes on its standard input. Returns the process and the bytes it says are cached."""
+    p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "keep", pool, "0", str(size), str(count)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
+    line = p.stdout.readline()
+    check(line.startswith("testclient: cached "), f"the client did not cache: {line!r} {p.stderr.read() if p.poll() is not None else ''}")
+    return p, int(line.split()[2])
+
+
+def finish_keeping_client(p):
+    out, err = p.communicate("go\n", timeout=60)
+    return out + err
+
+
+def test_cache_reuse_without_round_trip(tmp):
+    """A client that releases a block and asks for the same size again gets the same block back
+    (same lease, same address) from its cache; the holder shows it as cached meanwhile and charges
+    it; the pattern written each cycle reads back. With CUPOOL_CLIENT_CACHE=0 nothing is cached."""
+    h = Holder(tmp)
+    try:
+        used_before = pool_stat(h, "kv")["used_current"]
+        r = client(h, "warm", "kv", 0, 4 << 20, 100)
+        check(r.returncode == 0 and f"warm ok 100 {4 << 20}" in r.stdout, f"warm: exit {r.returncode}\n{r.stdout}{r.stderr}")
+        check(status(h)["pools"][0]["leases"] == 0, "the cached lease was not freed when the client left")
+        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return to where it started")
+        # The holder saw one allocation, not 100: its log counts the lease freed at disconnect.
+        check("freed 1 lease" in h.text(), "the client's one cached lease was not freed by the holder at disconnect")
+
+        p, cached = keeping_client(h, "kv", 8 << 20, 3)
+        check(cached == 24 << 20, f"the client says {cached} bytes are cached, expected 24 MiB")
+        s = status(h)
+        me = [c for c in s["clients"] if c["name"] == "testclient"][0]
+        check(me["cached"] == 3 and me["cached_bytes"] == 24 << 20 and me["leased_bytes"] == 24 << 20 and me["protocol"] == 2,
+              f"status does not show the cached blocks charged to the client: {me}")
+        check(s["pools"][0]["cached"] == 3 and s["pools"][0]["cached_bytes"] == 24 << 20, f"pool: {s['pools'][0]}")
+        check(pool_stat(h, "kv")["cached_bytes"] == 24 << 20, "stats do not show the cached bytes")
+        prom = cupool("stats", "--format", "prometheus", socket_path=h.socket, check_rc=0).stdout
+        check('cupool_pool_cached_bytes{pool="kv",device="0"' in prom and f"}} {24 << 20}\n" in prom, prom)
+        out = finish_keeping_client(p)
+        check("testclient: after CUPOOL_OK" in out, out)
+
+        env = dict(os.environ, CUPOOL_CLIENT_CACHE="0", LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy))
+        r = subprocess.run([H.ARGS.testclient_copy, h.socket, "cycle", "kv", "0", str(1 << 20), "5"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        check(r.returncode == 0, r.stdout + r.stderr)
+        r = subprocess.run([H.ARGS.testclient_copy, h.socket, "warm", "kv", "0", str(1 << 20), "1"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        check(r.returncode == 0 and "warm ok 1 0" in r.stdout, f"CUPOOL_CLIENT_CACHE=0 still cached: {r.stdout}{r.stderr}")
+    finally:
+        h.stop()
+
+
+def test_cached_blocks_reclaimed_on_sigkill(tmp):
+    """A client killed with SIGKILL while it keeps blocks cached: the holder frees them all."""
+    h = Holder(tmp)
+    try:
+        used_before = pool_stat(h, "kv")["used_current"]
+        p, cached = keeping_client(h, "kv", 64 << 20, 3)
+        check(pool_stat(h, "kv")["used_current"] == used_before + (192 << 20), "the cached blocks are not in use in the pool")
+        p.kill()
+        p.wait()
+        wait_for("the killed client's cached blocks to be freed", lambda: status(h)["pools"][0]["leases"] == 0)
+        check(status(h)["pools"][0]["cached"] == 0, "cached count left behind")
+        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return after the kill")
+    finally:
+        h.stop()
+
+
+def test_drop_answered_by_idle_client(tmp):
+    """`cupool trim` asks an idle client (blocked on its standard input, making no call) for its
+    cached blocks: the library's thread unmaps them and answers, the trim reports them, and the
+    client's next allocation works on the same connection."""
+    h = Holder(tmp)
+    try:
+        p, cached = keeping_client(h, "kv", 32 << 20, 4)
+        start = time.time()
+        t = json.loads(cupool("trim", "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        took = time.time() - start
+        check(t["cached_dropped_bytes"] == 128 << 20, f"trim did not get the cached blocks back: {t}")
+        check(took < 3, f"the trim waited {took:.1f} s for an idle client's answer")
+        s = status(h)
+        check(s["pools"][0]["cached"] == 0 and s["pools"][0]["leases"] == 0, f"cached blocks left: {s['pools'][0]}")
+        check(len(s["clients"]) >= 2, "the idle client was disconnected instead of answering")
+        text = cupool("trim", "--pool", "kv", socket_path=h.socket, check_rc=0).stdout
+        check("Clients dropped" not in text, text)
+        out = finish_keeping_client(p)
+        check("testclient: cached 0" in out and "testclient: after CUPOOL_OK" in out, out)
+        check("asking client" in h.text() and "for trim" in h.text(), "the holder did not log its drop request")
+        # --keep-cached leaves a client's cache alone.
+        p, cached = keeping_client(h, "kv", 32 << 20, 2)
+        t = json.loads(cupool("trim", "--keep-cached", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(t["cached_dropped_bytes"] == 0 and status(h)["pools"][0]["cached"] == 2, f"{t}")
+        finish_keeping_client(p)
+    finally:
+        h.stop()
+
+
+def test_drop_unanswered_closes_connection(tmp):
+    """A client that can't answer (stopped with SIGSTOP) does not pin its cached blocks: after the
+    drop timeout (1 s here) the holder closes its connection and frees them, and the trim that
+    waited is answered. Resumed, the client is told its connection was closed."""
+    h = Holder(tmp, extra=["--drop-timeout", "1"])
+    try:
+        p, cached = keeping_client(h, "kv", 32 << 20, 2)
+        os.kill(p.pid, signal.SIGSTOP)
+        try:
+            start = time.time()
+            t = json.loads(cupool("trim", "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+            took = time.time() - start
+            check(0.9 <= took < 3 * H.slowness(), f"the trim took {took:.2f} s, expected the 1 s drop timeout")
+            check(t["cached_dropped_bytes"] == 0, f"{t}")
+            s = status(h)
+            check(s["pools"][0]["leases"] == 0 and s["pools"][0]["cached"] == 0, f"leases left: {s['pools'][0]}")
+            check(len(s["clients"]) == 1, "the silent client is still connected")
+            check("did not answer the holder's request to drop cached blocks" in h.text(), h.text()[-2000:])
+        finally:
+            os.kill(p.pid, signal.SIGCONT)
+        out = finish_keeping_client(p)
+        check("testclient: after CUPOOL_E_" in out and "CUPOOL_OK" not in out.split("after")[1], out)
+    finally:
+        h.stop()
+
+
+def test_pressure_takes_back_other_clients_cache(tmp):
+    """An allocation that does not fit in a pool because another client keeps blocks cached there
+    waits while the holder asks for them, and then succeeds."""
+    h = Holder(tmp)
+    try:
+        # 512 MiB cached (the quota) and the 8 MiB buffer, of the pool's 1 GiB: 512 MiB more does not fit.
+        p, cached = keeping_client(h, "kv", 256 << 20, 2)
+        r = client(h, "cycle", "kv", 0, 512 << 20, 1)
+        check(r.returncode == 0, f"the allocation did not get the room: {r.stdout}{r.stderr}")
+        check("for pressure" in h.text(), "the holder did not ask for the cached blocks")
+        out = finish_keeping_client(p)
+        check("testclient: cached " in out, out)
+    finally:
+        h.stop()
+
+
+def test_new_library_falls_back_to_an_old_holder(tmp):
+    """The library speaks protocol 2; a holder that speaks only 1 refuses that hello plainly, and the
+    library says hello again with 1 on the same connection and works (a stand-in holder written
+    from docs/protocol.md answers as a version 1 holder did)."""
+    lib = H.client_library()
+    path = os.path.join(tmp, "old.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    seen = []
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            def read_exact(n):
+                data = b""
+                while len(data) < n:
+                    chunk = conn.recv(n - len(data))
+                    if not chunk:
+                        raise EOFError
+                    data += chunk
+                return data
+            try:
+                while True:
+                    header = read_exact(16)
+                    length = struct.unpack("<I", header[8:12])[0]
+                    req = json.loads(read_exact(length))
+                    seen.append((req.get("op"), req.get("protocol")))
+                    if req["op"] == "hello" and req["protocol"] != 1:
+                        body = {"id": req["id"], "ok": False, "error": {"code": "unsupported_protocol",
+                                "message": f"this holder speaks protocol version 1, not {req['protocol']}"}}
+                    elif req["op"] == "hello":
+                        body = {"id": req["id"], "ok": True, "protocol": 1, "holder": "cupool 0.0.9", "pid": 1,
+                                "backend": "simulated"}
+                    else:
+                        body = {"id": req["id"], "ok": True, "pools": [], "buffers": []}
+                    conn.sendall(frame(body, kind=2))
+            except (EOFError, OSError):
+                pass
+
+    import threading
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.cupool_request.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cupool_disconnect.argtypes = [ctypes.c_void_p]
+    lib.cupool_last_error.argtypes = [ctypes.c_void_p]
+    lib.cupool_last_error.restype = ctypes.c_char_p
+    conn = ctypes.c_void_p()
+    rc = lib.cupool_connect(path.encode(), b"fallback-test", ctypes.byref(conn))
+    check(rc == 0, f"connect to a version 1 holder failed: {rc} {lib.cupool_last_error(None)}")
+    reply = ctypes.c_char_p()
+    rc = lib.cupool_request(conn, b'{"op": "list"}', ctypes.byref(reply))
+    check(rc == 0 and b'"ok":true' in reply.value, f"list: {rc} {reply.value}")
+    lib.cupool_disconnect(conn)
+    t.join(5)
+    listener.close()
+    check(seen[:3] == [("hello", 2), ("hello", 1), ("list", None)], f"what the old holder saw: {seen}")
+
+
 if __name__ == "__main__":
     sys.exit(H.main(globals(), "holder scenarios", gpu_option=True))

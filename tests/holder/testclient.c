@@ -18,6 +18,14 @@
  *       one connection used by THREADS threads at once, each doing N cycles (allocate, write, read
  *       back, release) with its own pattern, a status request every fourth cycle and, every fourth,
  *       an allocation from a missing pool whose message (cupool_last_error) must be its own
+ *   testclient SOCKET warm POOL DEVICE SIZE N
+ *       N cycles as `cycle` does; every cycle after the first must get the first cycle's block back
+ *       from the cache (same address and lease id); prints "warm ok N CACHED" (bytes cached at the end)
+ *   testclient SOCKET keep POOL DEVICE SIZE COUNT
+ *       allocate COUNT leases, write into each and release them into the cache; print
+ *       "cached BYTES", wait for a line on standard input (meanwhile the library's thread answers the
+ *       holder's drop notices), print "cached BYTES" again, then allocate once more and print
+ *       "after STATUS: MESSAGE" (a connection the holder closed says so)
  *   testclient SOCKET next POOL DEVICE SIZE
  *       allocate one lease, print "ready", wait for a line on standard input, then make one more
  *       request and release the lease, printing "next STATUS: MESSAGE" and "release STATUS: MESSAGE"
@@ -274,6 +282,58 @@ int main(int argc, char** argv) {
     }
     if (result == 0) printf("testclient: threads ok (%d x %s)\n", count, argv[7]);
     free(workers);
+  } else if (!strcmp(action, "warm") && argc == 7) {
+    const int device = atoi(argv[4]);
+    const uint64_t size = strtoull(argv[5], NULL, 10);
+    const int n = atoi(argv[6]);
+    uint64_t first_address = 0, first_id = 0;
+    result = 0;
+    for (int i = 0; i < n && result == 0; ++i) {
+      cupool_lease* lease = NULL;
+      rc = cupool_alloc(conn, argv[3], device, size, &lease);
+      if (rc != CUPOOL_OK) { result = fail(conn, "alloc", rc); break; }
+      if (i == 0) {
+        first_address = cupool_lease_address(lease);
+        first_id = cupool_lease_id(lease);
+      } else if (cupool_lease_address(lease) != first_address || cupool_lease_id(lease) != first_id) {
+        printf("testclient: cycle %d got lease %llu at %llx, not the cached lease %llu at %llx\n", i,
+               (unsigned long long)cupool_lease_id(lease), (unsigned long long)cupool_lease_address(lease),
+               (unsigned long long)first_id, (unsigned long long)first_address);
+        result = 1;
+      }
+      if (result == 0) result = fill_or_check(conn, lease, (uint64_t)i, 0);
+      if (result == 0) result = fill_or_check(conn, lease, (uint64_t)i, 1);
+      rc = cupool_release(conn, lease);
+      if (rc != CUPOOL_OK && result == 0) result = fail(conn, "release", rc);
+    }
+    if (result == 0) printf("testclient: warm ok %d %llu\n", n, (unsigned long long)cupool_cached_bytes(conn));
+  } else if (!strcmp(action, "keep") && argc == 7) {
+    const int device = atoi(argv[4]);
+    const uint64_t size = strtoull(argv[5], NULL, 10);
+    const int count = atoi(argv[6]);
+    cupool_lease** leases = calloc((size_t)(count > 0 ? count : 1), sizeof *leases);
+    result = leases ? 0 : 2;
+    for (int i = 0; i < count && result == 0; ++i) {
+      rc = cupool_alloc(conn, argv[3], device, size, &leases[i]);
+      if (rc != CUPOOL_OK) { result = fail(conn, "alloc", rc); break; }
+      result = fill_or_check(conn, leases[i], (uint64_t)i, 0);
+    }
+    for (int i = 0; i < count && result == 0; ++i) {
+      rc = cupool_release(conn, leases[i]);
+      if (rc != CUPOOL_OK) result = fail(conn, "release", rc);
+    }
+    free(leases);
+    if (result == 0) {
+      printf("testclient: cached %llu\n", (unsigned long long)cupool_cached_bytes(conn));
+      fflush(stdout);
+      char line[16];
+      if (!fgets(line, sizeof line, stdin)) line[0] = 0;
+      printf("testclient: cached %llu\n", (unsigned long long)cupool_cached_bytes(conn));
+      cupool_lease* lease = NULL;
+      rc = cupool_alloc(conn, argv[3], device, size, &lease);
+      printf("testclient: after %s: %s\n", cupool_status_name(rc), rc == CUPOOL_OK ? "" : cupool_last_error(conn));
+      if (lease) cupool_release(conn, lease);
+    }
   } else if (!strcmp(action, "next") && argc == 6) {
     cupool_lease* lease = NULL;
     rc = cupool_alloc(conn, argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 10), &lease);

@@ -19,23 +19,26 @@ json status_reply() {
                "draining": false, "reloads": 0},
     "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
                "handle_types": ["posix_fd"], "max_size": 34359738368, "release_threshold": 18446744073709551615,
-               "leases": 3, "leased_bytes": 201326592, "buffers": 1, "buffer_bytes": 10737418240},
+               "leases": 3, "leased_bytes": 201326592, "cached": 1, "cached_bytes": 67108864, "buffers": 1,
+               "buffer_bytes": 10737418240},
               {"name": "scratch", "device": 1, "uuid": "GPU-11111111-2222-3333-4444-555555555555", "location": "device",
                "handle_types": [], "max_size": 0, "release_threshold": 0,
-               "leases": 0, "leased_bytes": 0, "buffers": 0, "buffer_bytes": 0},
+               "leases": 0, "leased_bytes": 0, "cached": 0, "cached_bytes": 0, "buffers": 0, "buffer_bytes": 0},
               {"name": "scratch", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
                "handle_types": ["posix_fd", "fabric"], "max_size": 1073741824, "release_threshold": 536870912,
-               "leases": 0, "leased_bytes": 0, "buffers": 0, "buffer_bytes": 0}],
+               "leases": 0, "leased_bytes": 0, "cached": 0, "cached_bytes": 0, "buffers": 0, "buffer_bytes": 0}],
     "buffers": [{"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "opens": 2}],
     "clients": [{"id": 12, "pid": 5151, "uid": 1000, "user": "svc-infer", "name": "my-server",
-                 "leases": 3, "leased_bytes": 201326592, "open_buffers": 1, "connected_s": 120}]})");
+                 "leases": 3, "leased_bytes": 201326592, "cached": 1, "cached_bytes": 67108864, "asked_to_drop": 0,
+                 "protocol": 2, "open_buffers": 1, "connected_s": 120}]})");
 }
 
 json stats_reply() {
   return json::parse(R"({"id": 9, "ok": true,
     "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "reserved_current": 10804527104,
                "reserved_high": 10804527104, "used_current": 10737418240, "used_high": 10804527104,
-               "release_threshold": 18446744073709551615, "leases": 0, "leased_bytes": 0}],
+               "release_threshold": 18446744073709551615, "leases": 2, "leased_bytes": 134217728, "cached": 1,
+               "cached_bytes": 67108864}],
     "devices": [{"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "graph_reserved_current": 0, "graph_reserved_high": 0,
                  "graph_used_current": 0, "graph_used_high": 0}]})");
 }
@@ -83,18 +86,18 @@ TEST_CASE("status: holder, devices, pools, buffers, clients") {
         "  1       GPU-11111111-2222-3333-4444-555555555555\n"
         "\n"
         "Pools:\n"
-        "  POOL      DEVICE  LOCATION  HANDLE TYPES      MAX SIZE  RELEASE THRESHOLD  LEASES       BUFFERS\n"
-        "  kv-cache  0       device    posix_fd          32 GiB    max                3 (192 MiB)  1 (10 GiB)\n"
-        "  scratch   1       device    none              default   0 B                0 (0 B)      0 (0 B)\n"
-        "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)\n"
+        "  POOL      DEVICE  LOCATION  HANDLE TYPES      MAX SIZE  RELEASE THRESHOLD  LEASES       CACHED      BUFFERS\n"
+        "  kv-cache  0       device    posix_fd          32 GiB    max                3 (192 MiB)  1 (64 MiB)  1 (10 GiB)\n"
+        "  scratch   1       device    none              default   0 B                0 (0 B)      0 (0 B)     0 (0 B)\n"
+        "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)     0 (0 B)\n"
         "\n"
         "Buffers:\n"
         "  BUFFER   POOL      DEVICE  SIZE    OPENS\n"
         "  weights  kv-cache  0       10 GiB  2\n"
         "\n"
         "Clients:\n"
-        "  CLIENT  PID   UID   USER       NAME       LEASES       OPEN BUFFERS  CONNECTED\n"
-        "  12      5151  1000  svc-infer  my-server  3 (192 MiB)  1             2m 0s\n");
+        "  CLIENT  PID   UID   USER       NAME       LEASES       CACHED      OPEN BUFFERS  CONNECTED\n"
+        "  12      5151  1000  svc-infer  my-server  3 (192 MiB)  1 (64 MiB)  1             2m 0s\n");
 }
 
 TEST_CASE("status: an idle, draining holder") {
@@ -123,8 +126,8 @@ TEST_CASE("status: missing fields show as '-' instead of failing") {
         "  -       -\n"
         "\n"
         "Pools:\n"
-        "  POOL  DEVICE  LOCATION  HANDLE TYPES  MAX SIZE  RELEASE THRESHOLD  LEASES  BUFFERS\n"
-        "  p     -       -         none          -         -                  -       -\n"
+        "  POOL  DEVICE  LOCATION  HANDLE TYPES  MAX SIZE  RELEASE THRESHOLD  LEASES  CACHED  BUFFERS\n"
+        "  p     -       -         none          -         -                  -       -       -\n"
         "\n"
         "Buffers: none\n"
         "\n"
@@ -134,8 +137,8 @@ TEST_CASE("status: missing fields show as '-' instead of failing") {
 TEST_CASE("stats: sizes for people") {
   CHECK(render_stats(stats_reply()) ==
         "Pools:\n"
-        "  POOL      DEVICE  RESERVED  RESERVED HIGH  USED    USED HIGH  RELEASE THRESHOLD  LEASES\n"
-        "  kv-cache  0       10.1 GiB  10.1 GiB       10 GiB  10.1 GiB   max                0 (0 B)\n"
+        "  POOL      DEVICE  RESERVED  RESERVED HIGH  USED    USED HIGH  RELEASE THRESHOLD  LEASES       CACHED\n"
+        "  kv-cache  0       10.1 GiB  10.1 GiB       10 GiB  10.1 GiB   max                2 (128 MiB)  1 (64 MiB)\n"
         "\n"
         "Graph memory:\n"
         "  DEVICE  UUID                                      RESERVED  RESERVED HIGH  USED  USED HIGH\n"
@@ -155,8 +158,10 @@ TEST_CASE("stats in the Prometheus text format") {
   CHECK(text.find("\ncupool_pool_used_bytes" + labels + " 10737418240\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_used_high_bytes" + labels + " 10804527104\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_release_threshold_bytes" + labels + " 18446744073709551615\n") != std::string::npos);
-  CHECK(text.find("\ncupool_pool_leases" + labels + " 0\n") != std::string::npos);
-  CHECK(text.find("\ncupool_pool_leased_bytes" + labels + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_leases" + labels + " 2\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_leased_bytes" + labels + " 134217728\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_cached_leases" + labels + " 1\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_cached_bytes" + labels + " 67108864\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_high_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_used_bytes" + device + " 0\n") != std::string::npos);
@@ -175,9 +180,9 @@ TEST_CASE("stats in the Prometheus text format") {
     CHECK(line.rfind("cupool_", 0) == (line[0] == '#' ? std::string::npos : 0));
     start = end + 1;
   }
-  CHECK(help == 11);
-  CHECK(type == 11);
-  CHECK(samples == 11);
+  CHECK(help == 13);
+  CHECK(type == 13);
+  CHECK(samples == 13);
 }
 
 TEST_CASE("Prometheus label values are escaped") {

@@ -8,6 +8,7 @@
 #include "holder/conversation.h"
 #include "holder/holder.h"
 #include "tests/unit/fixtures.h"
+#include "tests/unit/holder/requests.h"
 
 using namespace cupool;
 
@@ -56,21 +57,8 @@ struct Fixture {
     call(id, {{"op", "hello"}, {"protocol", 1}});
     return id;
   }
-  Json call(std::uint64_t id, Json req) {
-    req["id"] = 1;
-    int fd = -1;
-    Json out = holder.handle(id, req, fd);
-    if (fd >= 0) ::close(fd);
-    return out;
-  }
-  std::string error_code(std::uint64_t id, Json req) {
-    try {
-      call(id, std::move(req));
-    } catch (const Error& e) {
-      return e.wire_code();
-    }
-    return "ok";
-  }
+  Json call(std::uint64_t id, Json req) { return test::call(holder, id, std::move(req)); }
+  std::string error_code(std::uint64_t id, Json req) { return test::error_code(holder, id, std::move(req)); }
 };
 
 }  // namespace
@@ -248,7 +236,8 @@ TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
   f.holder.apply(f.want());
   const auto id = f.holder.connect(peer(1001, "alice"));
   CHECK(f.error_code(id, {{"op", "list"}}) == "hello_required");
-  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 2}}) == "unsupported_protocol");
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 3}}) == "unsupported_protocol");
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 0}}) == "unsupported_protocol");
   CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "ok-name"}}) == "ok");
   CHECK(f.error_code(id, {{"op", "lst"}}) == "unknown_op");
   CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv"}, {"size", 0}}) == "bad_request");

@@ -1,0 +1,229 @@
+// Cached blocks (protocol 2, docs/protocol.md "Cached blocks"): leases a client released into its
+// own cache and still maps. The holder keeps them allocated and charged to that client until the
+// client says it unmapped them (`dropped`, or `free`) or leaves. When the holder wants them back
+// (trim, apply, an allocation that does not fit) it sends a `drop` notice and the request that
+// needs the memory waits for the answers, at most the drop timeout; a client that does not
+// answer in time is disconnected, which frees its leases.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/error.h"
+#include "holder/holder.h"
+
+namespace cupool {
+
+namespace {
+
+std::int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void Holder::cache_lease(std::uint64_t id) {
+  Lease& l = leases_.at(id);
+  if (l.cached) return;
+  l.cached = true;
+  auto p = pools_.find({l.pool, l.device});
+  if (p != pools_.end()) {
+    p->second.cached += 1;
+    p->second.cached_bytes += l.size;
+  }
+}
+
+void Holder::uncache_lease(std::uint64_t id) noexcept {
+  auto it = leases_.find(id);
+  if (it == leases_.end() || !it->second.cached) return;
+  Lease& l = it->second;
+  l.cached = false;
+  auto p = pools_.find({l.pool, l.device});
+  if (p != pools_.end()) {
+    p->second.cached -= std::min<std::uint64_t>(p->second.cached, 1);
+    p->second.cached_bytes -= std::min(p->second.cached_bytes, l.size);
+  }
+  if (l.ask) {
+    auto a = asks_.find(l.ask);
+    l.ask = 0;
+    if (a != asks_.end()) {
+      a->second.leases.erase(id);
+      if (a->second.leases.empty()) finish_ask(a->first);
+    }
+  }
+}
+
+std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)>& pick, std::uint64_t bytes,
+                                          const char* reason) {
+  std::vector<std::pair<std::uint64_t, const Lease*>> candidates;
+  for (const auto& [id, l] : leases_)
+    if (l.cached && pick(l)) candidates.emplace_back(id, &l);
+  // Largest first: the fewest blocks (and clients) for the bytes wanted.
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto& a, const auto& b) { return a.second->size > b.second->size; });
+  std::set<std::uint64_t> waits;
+  std::map<std::uint64_t, std::vector<std::uint64_t>> fresh;  // client -> leases not asked for yet
+  std::uint64_t got = 0;
+  for (const auto& [id, l] : candidates) {
+    if (got >= bytes) break;
+    got += l->size;
+    if (l->ask)
+      waits.insert(l->ask);
+    else
+      fresh[l->client].push_back(id);
+  }
+  const std::int64_t deadline = now_ms() + drop_timeout_ms_;
+  for (const auto& [client_id, ids] : fresh) {
+    const std::uint64_t ask = ++next_ask_;
+    Ask a{client_id, {}, deadline};
+    std::uint64_t sum = 0;
+    Json list = Json::array();
+    for (std::uint64_t id : ids) {
+      Lease& l = leases_.at(id);
+      l.ask = ask;
+      a.leases.insert(id);
+      sum += l.size;
+      list.push_back(id);
+    }
+    asks_[ask] = std::move(a);
+    waits.insert(ask);
+    spdlog::info("asking client {} to drop {} cached block{} ({} bytes) for {}", client_id, ids.size(),
+                 ids.size() == 1 ? "" : "s", sum, reason);
+    if (notice_)
+      notice_(client_id, {{"notice", "drop"},
+                          {"ask", ask},
+                          {"leases", list},
+                          {"bytes", sum},
+                          {"reason", reason},
+                          {"timeout_ms", drop_timeout_ms_}});
+  }
+  return waits;
+}
+
+void Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
+  waiters_.push_back(Waiter{r.id, r.request_id, std::move(asks), std::move(then)});
+  throw Deferred{};
+}
+
+void Holder::finish_ask(std::uint64_t ask) {
+  auto it = asks_.find(ask);
+  if (it == asks_.end()) return;
+  for (std::uint64_t id : it->second.leases) {
+    auto l = leases_.find(id);
+    if (l != leases_.end() && l->second.ask == ask) l->second.ask = 0;
+  }
+  asks_.erase(it);
+  for (Waiter& w : waiters_) w.asks.erase(ask);
+}
+
+void Holder::run_ready_waiters() {
+  // A waiter's reply may free leases or send notices, never start another wait (then() runs with
+  // waiting off), so this ends.
+  while (true) {
+    auto it = std::find_if(waiters_.begin(), waiters_.end(), [](const Waiter& w) { return w.asks.empty(); });
+    if (it == waiters_.end()) return;
+    Waiter w = std::move(*it);
+    waiters_.erase(it);
+    Json reply;
+    reply["id"] = w.id;
+    try {
+      Json body = w.then();
+      reply["ok"] = true;
+      for (auto& [k, v] : body.items()) reply[k] = v;
+    } catch (const Error& e) {
+      reply["ok"] = false;
+      reply["error"] = {{"code", e.wire_code()}, {"message", e.what()}};
+    } catch (const std::exception& e) {
+      spdlog::error("internal error answering a request that waited for cached blocks: {}", e.what());
+      reply["ok"] = false;
+      reply["error"] = {{"code", errc_info(Errc::internal).wire}, {"message", e.what()}};
+    }
+    if (w.client == 0) {
+      if (!reply.value("ok", false)) spdlog::error("after cached blocks were dropped: {}", reply["error"].dump());
+    } else if (clients_.count(w.client) && deferred_) {
+      deferred_(w.client, reply);
+    }
+  }
+}
+
+std::vector<std::uint64_t> Holder::overdue(std::int64_t now) const {
+  std::set<std::uint64_t> late;
+  for (const auto& [id, a] : asks_)
+    if (a.deadline_ms <= now) late.insert(a.client);
+  return {late.begin(), late.end()};
+}
+
+std::optional<std::int64_t> Holder::next_deadline() const {
+  std::optional<std::int64_t> first;
+  for (const auto& [id, a] : asks_)
+    if (!first || a.deadline_ms < *first) first = a.deadline_ms;
+  return first;
+}
+
+std::size_t Holder::cached_count() const {
+  std::size_t n = 0;
+  for (const auto& [key, p] : pools_) n += p.cached;
+  return n;
+}
+
+std::uint64_t Holder::cached_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& [key, p] : pools_) n += p.cached_bytes;
+  return n;
+}
+
+std::set<std::uint64_t> Holder::ask_drops_for(const Desired& want) {
+  // A pool name is replaced on all its devices or none (plan()): every device of a blocked pool.
+  std::set<std::string> names;
+  for (const Change& ch : plan(want))
+    if (ch.object == "pool" && (ch.action == "remove" || ch.action == "replace") && !ch.blocked.empty())
+      names.insert(ch.name);
+  std::set<PoolKey> keys;
+  for (const auto& [key, p] : pools_)
+    if (names.count(key.first) && p.cached && p.cached == p.leases) keys.insert(key);
+  if (keys.empty()) return {};
+  return ask_drops([&](const Lease& l) { return keys.count({l.pool, l.device}) > 0; }, UINT64_MAX, "apply");
+}
+
+// ---- requests ----
+
+Json Holder::op_reuse(Request& r) {
+  const std::uint64_t lease = r.args.u64("lease", 1, UINT64_MAX);
+  r.args.finish();
+  auto it = leases_.find(lease);
+  if (it == leases_.end() || it->second.client != r.id || !it->second.cached)
+    throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not a cached lease of this connection");
+  uncache_lease(lease);
+  return {{"lease", lease}, {"size", it->second.size}};
+}
+
+Json Holder::op_dropped(Request& r) {
+  const std::uint64_t ask = r.args.u64("ask", 0, UINT64_MAX);
+  const std::vector<std::uint64_t> ids = r.args.ids("leases", limits_.max_leases_per_client);
+  r.args.finish();
+  // All or nothing: every lease named must be a cached lease of this connection.
+  for (std::uint64_t id : ids) {
+    auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.client != r.id || !it->second.cached)
+      throw Error(Errc::bad_request, "lease " + std::to_string(id) + " is not a cached lease of this connection");
+  }
+  std::uint64_t bytes = 0;
+  for (std::uint64_t id : ids) {
+    bytes += leases_.at(id).size;
+    dropped_bytes_ += leases_.at(id).size;
+    free_lease(id);
+  }
+  auto a = asks_.find(ask);
+  if (a != asks_.end() && a->second.client == r.id) {
+    // What it did not drop it reused (its `reuse` came first on the same socket), or it keeps
+    // against the protocol; either way the ask is answered.
+    for (std::uint64_t id : a->second.leases)
+      if (leases_.count(id) && leases_.at(id).cached)
+        spdlog::warn("client {} answered drop {} but kept cached lease {}", r.id, ask, id);
+    finish_ask(ask);
+  }
+  return {{"ask", ask}, {"leases", ids.size()}, {"bytes", bytes}};
+}
+
+}  // namespace cupool
