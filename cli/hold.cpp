@@ -44,7 +44,7 @@ Verb add_hold(CLI::App& app) {
       "\n"
       "Cached blocks: a client (protocol 2) keeps the mappings of blocks it released, to get them again\n"
       "without a round trip; they stay charged to it (CACHED in 'cupool status'). When the holder needs\n"
-      "them (trim, apply, an allocation that does not fit) it asks the client to drop them; a client that\n"
+      "them (trim, apply or SIGHUP, an allocation that does not fit) it asks the client to drop them; a client that\n"
       "does not answer within --drop-timeout is disconnected and its leases freed.\n"
       "\nExamples:\n"
       "  cupool hold /etc/cupool/cupool.yaml\n"

@@ -186,6 +186,19 @@ std::set<std::uint64_t> Holder::ask_drops_for(const Desired& want) {
   return ask_drops([&](const Lease& l) { return keys.count({l.pool, l.device}) > 0; }, UINT64_MAX, "apply");
 }
 
+bool Holder::apply_after_drops(const Desired& want, std::function<void(const std::vector<Change>&)> done) {
+  std::set<std::uint64_t> asks = ask_drops_for(want);
+  if (asks.empty()) {
+    done(apply(want));
+    return false;
+  }
+  waiters_.push_back(Waiter{0, Json(), std::move(asks), [this, want, done = std::move(done)] {
+                              done(apply(want));
+                              return Json::object();
+                            }});
+  return true;
+}
+
 // ---- requests ----
 
 Json Holder::op_reuse(Request& r) {

@@ -86,6 +86,10 @@ class Holder {
   // (changes made before it stay made and are in the state). The second call with the same
   // `want` returns no changes and calls nothing on the backend.
   std::vector<Change> apply(const Desired& want);
+  // apply() for a reload (SIGHUP): when cached blocks alone keep a pool from being replaced or
+  // removed, asks for them first and applies once they are back (or their clients gone); `done`
+  // gets the changes then. Returns whether it waits. Errors of a later apply are logged.
+  bool apply_after_drops(const Desired& want, std::function<void(const std::vector<Change>&)> done);
   const HolderWant& holder_settings() const { return holder_; }
   // Takes the holder section as the current one (at start: the socket is made from it).
   void adopt_holder_settings(const HolderWant& h) { holder_ = h; }

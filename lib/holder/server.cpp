@@ -358,14 +358,17 @@ void Server::reload() {
     const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
     const Loaded loaded = load_config(file, [this] { return build_report(backend_); }, Scope::all);
     if (!loaded.warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, loaded.warnings);
-    const std::vector<Change> changes = holder_->apply(loaded.desired);
-    ++reloads_;
-    update_identity();
-    if (changes.empty()) spdlog::info("reload: no changes");
-    for (const Change& ch : changes)
-      spdlog::info("reload: {} {} {}{}{}", ch.action, ch.object, ch.name,
-                   ch.field.empty() ? "" : " " + ch.field + ": " + ch.from + " -> " + ch.to,
-                   ch.blocked.empty() ? "" : " (not done: " + ch.blocked + ")");
+    const bool waits = holder_->apply_after_drops(loaded.desired, [this](const std::vector<Change>& changes) {
+      ++reloads_;
+      update_identity();
+      if (changes.empty()) spdlog::info("reload: no changes");
+      for (const Change& ch : changes)
+        spdlog::info("reload: {} {} {}{}{}", ch.action, ch.object, ch.name,
+                     ch.field.empty() ? "" : " " + ch.field + ": " + ch.from + " -> " + ch.to,
+                     ch.blocked.empty() ? "" : " (not done: " + ch.blocked + ")");
+    });
+    if (waits) spdlog::info("reload: waiting for clients to give back cached blocks first (at most {} ms)",
+                            options_.drop_timeout_ms);
   } catch (const ConfigRejected& e) {
     spdlog::error("reload: {} was not applied; the holder keeps its state.\n{}", options_.config_path, e.rendered());
   } catch (const std::exception& e) {

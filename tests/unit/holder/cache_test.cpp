@@ -290,6 +290,34 @@ TEST_CASE("apply asks back the cached blocks that alone keep a pool from going")
   CHECK(blocked["changes"][0]["blocked"].get<std::string>().find("1 lease held by 1 client") != std::string::npos);
 }
 
+TEST_CASE("a reload waits for the cached blocks that keep a pool from going, then applies") {
+  CacheFixture f;
+  const auto alice = f.client(2001, "alice");
+  const auto lease = f.alloc(alice, "kv", 64 * MiB);
+  f.cache(alice, lease);
+  std::string yaml = kConfig;
+  yaml.erase(yaml.find("  - name: kv"), yaml.find("  - name: big") - yaml.find("  - name: kv"));
+  const Desired without_kv = load_config(SourceFile("t.yaml", yaml), test::two_gpu_node(), Scope::all).desired;
+  std::vector<Change> applied;
+  bool done = false;
+  CHECK(f.holder.apply_after_drops(without_kv, [&](const std::vector<Change>& c) {
+    applied = c;
+    done = true;
+  }));
+  CHECK_FALSE(done);
+  CHECK(f.last_notice_for(alice)["reason"] == "apply");
+  f.call(alice, {{"op", "dropped"}, {"ask", f.last_notice_for(alice)["ask"]}, {"leases", {lease}}});
+  REQUIRE(done);
+  REQUIRE(applied.size() == 1);
+  CHECK(applied[0].action == "remove");
+  CHECK(applied[0].blocked.empty());
+  CHECK(f.deferred.empty());  // nobody waited on a reply
+  // Nothing cached in the way: applied at once.
+  done = false;
+  CHECK_FALSE(f.holder.apply_after_drops(without_kv, [&](const std::vector<Change>&) { done = true; }));
+  CHECK(done);
+}
+
 TEST_CASE("a client that leaves gives back its cached blocks") {
   CacheFixture f;
   const auto alice = f.client(2001, "alice");
