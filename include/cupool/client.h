@@ -65,7 +65,9 @@ CUPOOL_API const char* cupool_status_name(int status);
  * is in cupool_last_error(NULL). */
 CUPOOL_API int cupool_connect(const char* socket_path, const char* client_name, cupool_conn** out);
 /* Frees every lease of the connection (here first, then in the holder), closes it, frees `conn`.
- * NULL is ignored. */
+ * NULL is ignored. In a child of fork() it only closes the child's copies (the parent's
+ * connection and the library's thread that answers the holder go on); a child must make no other
+ * call on a connection it inherited. */
 CUPOOL_API void cupool_disconnect(cupool_conn* conn);
 /* The message of this thread's last failed call on `conn` (or, with `conn` NULL, of this thread's
  * last failed cupool_connect, cupool_configure or cupool_stats); "" when none. Valid until this

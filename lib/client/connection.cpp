@@ -153,7 +153,7 @@ Json cupool_conn::call(Json body, int* fd_out) {
 
 void cupool_conn::close_socket() {
   if (fd < 0) return;
-  if (watcher.joinable()) {
+  if (watcher_here()) {
     // The watcher polls this descriptor: shut it down (the watcher wakes and ends), close it later,
     // so its number is not reused under the watcher.
     ::shutdown(fd, SHUT_RDWR);
@@ -425,33 +425,53 @@ void cupool_conn::read_waiting_frame() {
   }
 }
 
+bool cupool_conn::watcher_here() const { return watching && ::getpid() == watcher_pid; }
+
+void* cupool_conn::watch(void* self) {
+  cupool_conn* conn = static_cast<cupool_conn*>(self);
+  pollfd fds[2] = {{conn->watched_fd, POLLIN, 0}, {conn->watcher_wake, POLLIN, 0}};
+  while (true) {
+    fds[0].revents = fds[1].revents = 0;
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return nullptr;
+    if (fds[1].revents) return nullptr;
+    std::lock_guard<std::mutex> lock(conn->mu);
+    if (conn->fd < 0) return nullptr;
+    conn->read_waiting_frame();
+  }
+}
+
 void cupool_conn::start_watcher() {
-  if (watcher.joinable() || fd < 0) return;
+  if (watching || fd < 0) return;
   watcher_wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (watcher_wake < 0) return;  // no watcher: drop notices are answered at the next call
-  const int socket = fd;
-  watcher = std::thread([this, socket] {
-    // Signals are for the application's threads.
-    sigset_t all;
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, nullptr);
-    pollfd fds[2] = {{socket, POLLIN, 0}, {watcher_wake, POLLIN, 0}};
-    while (true) {
-      fds[0].revents = fds[1].revents = 0;
-      if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
-      if (fds[1].revents) return;
-      std::lock_guard<std::mutex> lock(mu);
-      if (fd < 0) return;
-      read_waiting_frame();
-    }
-  });
+  watched_fd = fd;
+  // Signals are for the application's threads: the watcher starts with all of them blocked.
+  sigset_t all, before;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &before);
+  const int rc = ::pthread_create(&watcher, nullptr, &cupool_conn::watch, this);
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  if (rc != 0) {
+    ::close(watcher_wake);
+    watcher_wake = -1;
+    return;
+  }
+  watching = true;
+  watcher_pid = ::getpid();
 }
 
 void cupool_conn::stop_watcher() {
-  if (!watcher.joinable()) return;
+  if (!watching) return;
+  watching = false;
+  // In a forked child the thread is the parent's: the eventfd is shared, so it is not written.
+  if (::getpid() != watcher_pid) {
+    ::close(watcher_wake);  // this process's copy
+    watcher_wake = -1;
+    return;
+  }
   const std::uint64_t one = 1;
   (void)!::write(watcher_wake, &one, sizeof one);
-  watcher.join();
+  ::pthread_join(watcher, nullptr);
   ::close(watcher_wake);
   watcher_wake = -1;
 }

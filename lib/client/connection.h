@@ -2,10 +2,12 @@
 // requests on it, the pools imported through it and the leases mapped in this process.
 #pragma once
 
+#include <pthread.h>
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
-#include <thread>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -78,7 +80,12 @@ struct cupool_conn {
   std::string quiet_failure;  // the last quiet request the holder refused (it should never)
   // Answers the holder's drop notices while the application makes no call (started with the first
   // cached block): it reads the socket only when no call holds `mu`.
-  std::thread watcher;
+  // A forked child inherits none of it: only the process that started the watcher signals, joins
+  // or shuts down under it (watcher_here()).
+  pthread_t watcher{};
+  bool watching = false;
+  pid_t watcher_pid = 0;
+  int watched_fd = -1;
   int watcher_wake = -1;  // an eventfd that stops it
   int lost_fd = -1;       // the socket, shut down but kept open until the watcher has stopped
 
@@ -96,6 +103,8 @@ struct cupool_conn {
   // Reads one frame when one is waiting and no call is reading (the watcher's turn).
   void read_waiting_frame();
   void start_watcher();
+  bool watcher_here() const;
+  static void* watch(void* self);
   // Stops the watcher (call without holding `mu`).
   void stop_watcher();
   // A cached lease for (pool, device, size), taken out of the cache and in use again; null when none.

@@ -1258,10 +1258,10 @@ def test_one_connection_many_threads(tmp):
 
 # ---- cached blocks (protocol 2; docs/protocol.md "Cached blocks") ----
 
-def keeping_client(h, pool, size, count):
+def keeping_client(h, pool, size, count, *extra):
     """A testclient `keep`: allocates `count` blocks and releases them into its cache, then idles
     until a line comes on its standard input. Returns the process and the bytes it says are cached."""
-    p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "keep", pool, "0", str(size), str(count)],
+    p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "keep", pool, "0", str(size), str(count), *extra],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
     line = p.stdout.readline()
@@ -1351,6 +1351,13 @@ def test_drop_answered_by_idle_client(tmp):
         out = finish_keeping_client(p)
         check("testclient: cached 0" in out and "testclient: after CUPOOL_OK" in out, out)
         check("asking client" in h.text() and "for trim" in h.text(), "the holder did not log its drop request")
+        # A forked child that disconnects the inherited connection leaves the parent's working:
+        # its thread still answers, and its next allocation works.
+        p, cached = keeping_client(h, "kv", 32 << 20, 2, "fork")
+        t = json.loads(cupool("trim", "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(t["cached_dropped_bytes"] == 64 << 20, f"after a forked child's disconnect: {t}")
+        out = finish_keeping_client(p)
+        check("testclient: cached 0" in out and "testclient: after CUPOOL_OK" in out, out)
         # --keep-cached leaves a client's cache alone.
         p, cached = keeping_client(h, "kv", 32 << 20, 2)
         t = json.loads(cupool("trim", "--keep-cached", "--format", "json", socket_path=h.socket, check_rc=0).stdout)

@@ -21,8 +21,9 @@
  *   testclient SOCKET warm POOL DEVICE SIZE N
  *       N cycles as `cycle` does; every cycle after the first must get the first cycle's block back
  *       from the cache (same address and lease id); prints "warm ok N CACHED" (bytes cached at the end)
- *   testclient SOCKET keep POOL DEVICE SIZE COUNT
- *       allocate COUNT leases, write into each and release them into the cache; print
+ *   testclient SOCKET keep POOL DEVICE SIZE COUNT [fork]
+ *       allocate COUNT leases, write into each and release them into the cache (with "fork": then
+ *       fork, and the child calls cupool_disconnect on the inherited connection and exits); print
  *       "cached BYTES", wait for a line on standard input (meanwhile the library's thread answers the
  *       holder's drop notices), print "cached BYTES" again, then allocate once more and print
  *       "after STATUS: MESSAGE" (a connection the holder closed says so)
@@ -39,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -307,7 +309,7 @@ int main(int argc, char** argv) {
       if (rc != CUPOOL_OK && result == 0) result = fail(conn, "release", rc);
     }
     if (result == 0) printf("testclient: warm ok %d %llu\n", n, (unsigned long long)cupool_cached_bytes(conn));
-  } else if (!strcmp(action, "keep") && argc == 7) {
+  } else if (!strcmp(action, "keep") && (argc == 7 || (argc == 8 && !strcmp(argv[7], "fork")))) {
     const int device = atoi(argv[4]);
     const uint64_t size = strtoull(argv[5], NULL, 10);
     const int count = atoi(argv[6]);
@@ -323,6 +325,21 @@ int main(int argc, char** argv) {
       if (rc != CUPOOL_OK) result = fail(conn, "release", rc);
     }
     free(leases);
+    if (result == 0 && argc == 8) {
+      /* A child that disconnects the connection it inherited must leave the parent's alone (its
+         socket, its thread that answers drop notices). */
+      fflush(stdout);
+      const pid_t child = fork();
+      if (child == 0) {
+        cupool_disconnect(conn);
+        _exit(0);
+      }
+      int wstatus = 0;
+      if (child < 0 || waitpid(child, &wstatus, 0) != child || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0) {
+        fprintf(stderr, "testclient: the forked child failed\n");
+        result = 2;
+      }
+    }
     if (result == 0) {
       printf("testclient: cached %llu\n", (unsigned long long)cupool_cached_bytes(conn));
       fflush(stdout);
