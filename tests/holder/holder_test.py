@@ -1430,6 +1430,40 @@ def test_pressure_takes_back_other_clients_cache(tmp):
         h.stop()
 
 
+def test_cache_limit(tmp):
+    """cupool_set_cache_limit bounds what a connection keeps cached: past it the oldest cached
+    block is unmapped and freed in the holder; 0 empties the cache."""
+    lib = H.client_library()
+    lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.cupool_alloc.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64,
+                                 ctypes.POINTER(ctypes.c_void_p)]
+    lib.cupool_release.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cupool_set_cache_limit.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    lib.cupool_cached_bytes.argtypes = [ctypes.c_void_p]
+    lib.cupool_cached_bytes.restype = ctypes.c_uint64
+    lib.cupool_disconnect.argtypes = [ctypes.c_void_p]
+    h = Holder(tmp)
+    try:
+        conn = ctypes.c_void_p()
+        check(lib.cupool_connect(h.socket.encode(), b"limit", ctypes.byref(conn)) == 0, "connect")
+        check(lib.cupool_set_cache_limit(conn, 3 << 20) == 0, "set_cache_limit")
+        leases = []
+        for _ in range(3):
+            lease = ctypes.c_void_p()
+            check(lib.cupool_alloc(conn, b"kv", 0, 2 << 20, ctypes.byref(lease)) == 0, "alloc")
+            leases.append(lease)
+        for lease in leases:
+            check(lib.cupool_release(conn, lease) == 0, "release")
+        check(lib.cupool_cached_bytes(conn) == 2 << 20, f"cached {lib.cupool_cached_bytes(conn)}, limit 3 MiB")
+        wait_for("the holder to free what did not fit", lambda: status(h)["pools"][0]["leases"] == 1)
+        check(status(h)["pools"][0]["cached"] == 1, f"{status(h)['pools'][0]}")
+        check(lib.cupool_set_cache_limit(conn, 0) == 0 and lib.cupool_cached_bytes(conn) == 0, "limit 0")
+        wait_for("the holder to free the emptied cache", lambda: status(h)["pools"][0]["leases"] == 0)
+        lib.cupool_disconnect(conn)
+    finally:
+        h.stop()
+
+
 def test_new_library_falls_back_to_an_old_holder(tmp):
     """The library speaks protocol 2; a holder that speaks only 1 refuses that hello plainly, and the
     library says hello again with 1 on the same connection and works (a stand-in holder written

@@ -635,6 +635,69 @@ def test_import_pool_replies_nobody_reads(tmp):
     attacked(tmp, "import_pool replies nobody reads", attack)
 
 
+def test_quiet_requests_and_cached_blocks_of_a_peer_that_never_reads(tmp):
+    """Protocol 2: a peer caches blocks, then pipelines 2,000 quiet requests that succeed (no reply)
+    and 12,000 that fail (an error reply each), and never reads. The observer
+    keeps being served; the peer is dropped once its unread errors pass 1 MiB, which frees its
+    cached blocks; nothing it did stays."""
+
+    def attack(h):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(h.socket)
+        s.settimeout(10)
+
+        def frame(**body):
+            p = json.dumps(body).encode()
+            return b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p
+
+        def reply():
+            header = b""
+            while len(header) < 16:
+                header += s.recv(16 - len(header))
+            length = struct.unpack("<I", header[8:12])[0]
+            data = b""
+            while len(data) < length:
+                data += s.recv(length - len(data))
+            return json.loads(data)
+
+        s.sendall(frame(id=1, op="hello", protocol=2))
+        check(reply()["ok"], "hello")
+        leases = []
+        for i in range(4):
+            s.sendall(frame(id=2 + i, op="alloc", pool="kv", device=0, size=1 << 20))
+            leases.append(reply()["lease"])
+        for i, lease in enumerate(leases):
+            s.sendall(frame(id=10 + i, op="free", lease=lease, cache=True, quiet=True))
+        wait_for_cached = time.time() + 10
+        while time.time() < wait_for_cached and status(h)["pools"][0]["cached"] != 4:
+            time.sleep(0.05)
+        check(status(h)["pools"][0]["cached"] == 4, "the peer's blocks are not cached")
+        s.setblocking(False)
+        burst = b""
+        for i in range(1000):  # quiet requests that succeed: no reply
+            burst += frame(id=100 + 2 * i, op="reuse", lease=leases[0], quiet=True)
+            burst += frame(id=101 + 2 * i, op="free", lease=leases[0], cache=True, quiet=True)
+        for i in range(12000):  # quiet requests that fail: an error reply each, never read
+            burst += frame(id=3000 + i, op="reuse", lease=999999, quiet=True)
+        sent = 0
+        deadline = time.time() + 20
+        while sent < len(burst) and time.time() < deadline:
+            try:
+                sent += s.send(burst[sent:sent + 65536])
+            except BlockingIOError:
+                time.sleep(0.01)
+            except OSError:
+                break  # dropped
+        left = time.time() + 10
+        while time.time() < left and status(h)["pools"][0]["leases"] != 0:
+            time.sleep(0.05)
+        check(status(h)["pools"][0]["leases"] == 0, "the peer that never reads still holds its cached blocks")
+        check("does not read its replies" in h.text(), "the peer was not dropped for its unread errors")
+        s.close()
+
+    attacked(tmp, "quiet requests nobody reads", attack)
+
+
 # ---- 8. the smaller ones ----
 
 def test_bytes_after_a_malformed_frame_cost_no_cpu(tmp):
