@@ -1,0 +1,152 @@
+"""A connection to the holder (`cupool hold`) through libcupool-client.so.1."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import weakref
+from typing import Any, Dict, Mapping, Optional, Union
+
+from . import _lib
+from ._session import Session
+from .errors import InvalidArgument, error_for_reply, error_for_status
+from .lease import Lease
+
+PathLike = Union[str, "os.PathLike[str]"]
+_UINT64_MAX = (1 << 64) - 1
+_INT_MAX = (1 << 31) - 1
+
+
+class Connection:
+    """A connection to the holder; use ``cupool.connect()``.
+
+    A context manager: leaving the ``with`` block closes it. Closing frees the leases nothing was
+    exported from; a lease an array or tensor still uses keeps the connection open until that
+    array or tensor goes (the holder frees everything once the process exits). The methods may be
+    called from several threads (the library serialises them). Failures raise the CupoolError
+    subclass of their status, with the holder's message.
+    """
+
+    def __init__(self, socket: Optional[PathLike] = None, name: Optional[str] = None) -> None:
+        lib = _lib.library()
+        handle = ctypes.c_void_p()
+        path = os.fsencode(socket) if socket is not None else None
+        status = lib.cupool_connect(path, name.encode() if name is not None else None, ctypes.byref(handle))
+        if status != 0:
+            raise error_for_status(status, _lib.text(lib.cupool_last_error(None)))
+        self._session = Session(lib, handle.value)
+        #: "cuda" or "simulated": what the holder runs on.
+        self.backend: str = _lib.text(lib.cupool_backend(handle))
+        # The library reads CUPOOL_CLIENT_CACHE at connect: "0" turns the cache off.
+        self._cache_limit: Optional[int] = 0 if os.environ.get("CUPOOL_CLIENT_CACHE") == "0" else None
+        self._finalizer = weakref.finalize(self, self._session.close)
+
+    # ---- memory ----
+
+    def alloc(self, pool: str, size: int, device: Optional[int] = None) -> Lease:
+        """Allocates `size` bytes from `pool` on the holder's device `device` (None: the pool's
+        first device). The memory is ready on return."""
+        _require_int("size", size, 0, _UINT64_MAX)
+        if device is not None:
+            _require_int("device", device, 0, _INT_MAX)
+        out = ctypes.c_void_p()
+        session = self._session
+        with session.lock:
+            handle = session.check_open()
+            session.check(session.lib.cupool_alloc(handle, pool.encode(), -1 if device is None else device,
+                                                   size, ctypes.byref(out)))
+            return Lease(self, session, out.value, pool=pool)
+
+    def open_buffer(self, name: str) -> Lease:
+        """Opens the named buffer (the config's `buffers:` or `cupool buffer create`)."""
+        out = ctypes.c_void_p()
+        session = self._session
+        with session.lock:
+            handle = session.check_open()
+            session.check(session.lib.cupool_open_buffer(handle, name.encode(), ctypes.byref(out)))
+            return Lease(self, session, out.value, name=name)
+
+    # ---- the cache (protocol 2) ----
+
+    @property
+    def cache_limit(self) -> Optional[int]:
+        """At most this many bytes of released allocations stay cached on this connection (None:
+        no limit, the library's default; 0: no cache). Setting it frees what is cached beyond."""
+        return self._cache_limit
+
+    @cache_limit.setter
+    def cache_limit(self, limit: Optional[int]) -> None:
+        if limit is not None:
+            _require_int("cache_limit", limit, 0, _UINT64_MAX)
+        session = self._session
+        with session.lock:
+            handle = session.check_open()
+            session.check(session.lib.cupool_set_cache_limit(handle, _UINT64_MAX if limit is None else limit))
+            self._cache_limit = limit
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of released allocations this connection keeps cached now."""
+        session = self._session
+        with session.lock:
+            return session.lib.cupool_cached_bytes(session.check_open())
+
+    # ---- requests ----
+
+    def request(self, message: Mapping[str, Any], *, check: bool = True) -> Dict[str, Any]:
+        """Sends one protocol request (docs/protocol.md; without "id") and returns the holder's reply.
+        A reply with "ok": false raises its exception, unless `check` is False."""
+        session = self._session
+        out = ctypes.c_void_p()
+        with session.lock:
+            handle = session.check_open()
+            session.check(session.lib.cupool_request(handle, json.dumps(dict(message)).encode(), ctypes.byref(out)))
+        try:
+            reply: Dict[str, Any] = json.loads(ctypes.string_at(out.value))
+        finally:
+            session.lib.cupool_free_string(out.value)
+        if check and not reply.get("ok", False):
+            raise error_for_reply(reply)
+        return reply
+
+    def status(self) -> Dict[str, Any]:
+        """The holder's status: holder, pools, buffers, clients (docs/protocol.md, `status`)."""
+        return self.request({"op": "status"})
+
+    def stats(self, reset_peaks: bool = False) -> Dict[str, Any]:
+        """Pool and graph memory figures (docs/protocol.md, `stats`); `reset_peaks` needs an admin."""
+        return self.request({"op": "stats", "reset_peaks": reset_peaks})
+
+    # ---- lifetime ----
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._session.closed
+
+    def close(self) -> None:
+        """Closes the connection (see the class). A second call does nothing."""
+        self._finalizer()
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<cupool.Connection {self.backend}{' closed' if self.closed else ''}>"
+
+
+def connect(socket: Optional[PathLike] = None, name: Optional[str] = None) -> Connection:
+    """Connects to the holder at `socket` (None: $CUPOOL_SOCKET, else /run/cupool/cupool.sock).
+    `name` (at most 64 characters are kept) shows in `cupool status`. Raises Unreachable when no
+    holder listens there, Refused when this user may not open the socket."""
+    return Connection(socket, name)
+
+
+def _require_int(what: str, value: Any, minimum: int, maximum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise InvalidArgument(f"{what} must be in {minimum}..{maximum}, not {value}")
