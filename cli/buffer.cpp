@@ -1,8 +1,9 @@
-// cupool buffer create / ls / rm: named long-lived allocations in the running holder's pools
-// (e.g. model weights that several processes share).
+// cupool buffer create / load / ls / rm: named long-lived allocations in the running holder's pools
+// (e.g. model weights that several processes share). `load` is in buffer_load.cpp.
 #include <iostream>
 
 #include "base/units.h"
+#include "cli/buffer_load.h"
 #include "cli/holder_client.h"
 #include "cli/holder_render.h"
 #include "cli/options.h"
@@ -22,7 +23,9 @@ struct BufferArgs {
   int device = -1;
   std::string size;
   bool force = false;
+  std::string file;
   CLI::App* create = nullptr;
+  CLI::App* load = nullptr;
   CLI::App* ls = nullptr;
   CLI::App* rm = nullptr;
 };
@@ -59,8 +62,25 @@ int run_create(const BufferArgs& args) {
   return static_cast<int>(ExitCode::ok);
 }
 
+int run_load(const BufferArgs& args) {
+  const Format format = parse_format(args.format);
+  check_name(args.name);
+  const json reply = load_buffer({args.socket, args.name, args.file, args.pool, args.device});
+  print_reply(format, reply, render_loaded);
+  return static_cast<int>(ExitCode::ok);
+}
+
+// `cupool buffer ls NAME`: one buffer and the tensors it holds.
+int run_ls_one(const BufferArgs& args, Format format) {
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  const json reply = holder.request({{"op", "buffer_tensors"}, {"name", args.name}});
+  print_reply(format, reply, render_buffer_tensors);
+  return static_cast<int>(ExitCode::ok);
+}
+
 int run_ls(const BufferArgs& args) {
   const Format format = parse_format(args.format);
+  if (!args.name.empty()) return run_ls_one(args, format);
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
   const json listed = holder.request({{"op", "list"}});
   const json status = holder.request({{"op", "status"}});
@@ -71,7 +91,9 @@ int run_ls(const BufferArgs& args) {
   for (auto& b : buffers) {
     if (!b.is_object() || !b.contains("name")) continue;
     for (const auto& s : opened)
-      if (s.is_object() && s.contains("name") && s["name"] == b["name"] && s.contains("opens")) b["opens"] = s["opens"];
+      if (s.is_object() && s.contains("name") && s["name"] == b["name"])
+        for (const char* key : {"opens", "state", "tensors"})
+          if (s.contains(key)) b[key] = s[key];
   }
   const json reply = {{"buffers", buffers}};
   print_reply(format, reply, [](const json& r) { return render_buffers(r.at("buffers")); });
@@ -99,16 +121,19 @@ int run_rm(const BufferArgs& args) {
 
 Verb add_buffer(CLI::App& app) {
   auto args = std::make_shared<BufferArgs>();
-  CLI::App* sub = app.add_subcommand("buffer", "Create, list and remove named buffers in the running holder");
+  CLI::App* sub = app.add_subcommand("buffer", "Create, load, list and remove named buffers in the running holder");
   sub->require_subcommand(1);
   sub->footer(
       "\n"
       "Named buffers are long-lived allocations in the holder's pools that outlive the processes using\n"
       "them, e.g. model weights loaded once and opened by several servers (cupool_open_buffer in the C\n"
-      "API). Creating and removing needs an admin (root or the holder's own user); listing does not.\n"
+      "API, cupool.tensors in Python). Creating, loading and removing needs an admin (root or the holder's\n"
+      "own user); listing does not. A buffer lives as long as the holder: when it stops, the memory goes.\n"
       "\nExamples:\n"
       "  sudo cupool buffer create weights --pool kv-cache --device 0 --size 10GiB\n"
+      "  sudo cupool buffer load llama model.safetensors --pool weights\n"
       "  cupool buffer ls\n"
+      "  cupool buffer ls llama\n"
       "  sudo cupool buffer rm weights\n"
       "\nExit codes: 0 done, 1 the holder could not (no such pool or buffer, it exists, it is open, no\n"
       "room), 2 bad arguments, 4 no holder is listening or it refused.");
@@ -127,13 +152,43 @@ Verb add_buffer(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   args->create->add_option("--size", args->size, "How many bytes, with a unit (e.g. 10GiB)")->required();
 
-  args->ls = sub->add_subcommand("ls", "List the named buffers, who may open them and how often they are open");
+  args->load = sub->add_subcommand("load", "Read a safetensors file into a new buffer and keep its tensor index");
+  args->load->footer(
+      "\n"
+      "Checks the file's header first (a truncated file, a header too large, an unknown dtype, a shape\n"
+      "that disagrees with its offsets, offsets past the end or overlapping are refused before anything\n"
+      "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data\n"
+      "through pinned staging memory, with a progress line on a terminal. Nobody can open the buffer until\n"
+      "it is complete; if the load fails or this process is killed, the buffer is removed. Processes then\n"
+      "map the weights with cupool.tensors(NAME) in Python, or cupool_open_buffer and the index from\n"
+      "`cupool buffer ls NAME --format json`.\n"
+      "\nExamples:\n"
+      "  sudo cupool buffer load llama /models/llama/model.safetensors --pool weights\n"
+      "  sudo cupool buffer load llama model.safetensors --pool weights --device 1 --format json\n"
+      "\nExit codes: 0 loaded, 1 the holder could not (it exists, no such pool or device, no room), 2 a bad\n"
+      "file or bad arguments, 4 no holder is listening or it refused (loading needs an admin).");
+  args->load->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
+      ->required();
+  args->load->add_option("file", args->file, "The safetensors file")->required()->check(CLI::ExistingFile);
+  args->load->add_option("--pool", args->pool, "The pool to allocate it from (one with the posix_fd handle type)")
+      ->required();
+  args->load->add_option("--device,-d", args->device, "The holder's CUDA ordinal of the pool's device (default: the pool's first)")
+      ->check(CLI::NonNegativeNumber);
+
+  args->ls = sub->add_subcommand("ls", "List the named buffers, or the tensors one holds");
   args->ls->alias("list");
   args->ls->footer(
+      "\n"
+      "Without a name: every buffer, who may open it, how often it is open, whether it is ready or still\n"
+      "loading, and how many tensors it holds. With a name: that buffer's tensors (name, dtype, shape,\n"
+      "offset and size in the buffer).\n"
       "\nExamples:\n"
       "  cupool buffer ls\n"
       "  cupool buffer ls --format json | jq -r '.buffers[] | select(.permitted) | .name'\n"
-      "\nExit codes: 0 listed, 4 no holder is listening or it refused.");
+      "  cupool buffer ls llama\n"
+      "  cupool buffer ls llama --format json | jq '.tensors[] | select(.dtype == \"BF16\") | .name'\n"
+      "\nExit codes: 0 listed, 1 no such buffer, or it is still loading, 4 no holder is listening or it refused.");
+  args->ls->add_option("name", args->name, "A buffer whose tensors to list");
 
   args->rm = sub->add_subcommand("rm", "Remove a named buffer and free its memory");
   args->rm->alias("remove");
@@ -148,13 +203,14 @@ Verb add_buffer(CLI::App& app) {
   args->rm->add_option("name", args->name, "The buffer's name")->required();
   args->rm->add_flag("--force", args->force, "Remove it even if it is open somewhere");
 
-  for (CLI::App* leaf : {args->create, args->ls, args->rm}) {
+  for (CLI::App* leaf : {args->create, args->load, args->ls, args->rm}) {
     add_socket_option(leaf, args->socket);
     add_format_option(leaf, args->format);
   }
 
   return {sub, [args](Context&) {
     if (args->create->parsed()) return run_create(*args);
+    if (args->load->parsed()) return run_load(*args);
     if (args->rm->parsed()) return run_rm(*args);
     return run_ls(*args);
   }};

@@ -111,28 +111,49 @@ HolderClient& HolderClient::operator=(HolderClient&& other) noexcept {
 
 HolderClient::~HolderClient() { cupool_disconnect(conn_); }
 
+void HolderClient::throw_status(int status, const std::string& doing) {
+  const char* last = cupool_last_error(conn_);
+  const std::string detail = last && *last ? last : cupool_status_name(status);
+  const Errc errc = errc_from_c_status(status);
+  switch (status) {
+    case CUPOOL_E_UNREACHABLE:
+      throw Error(errc, "lost the connection to the holder at " + socket_ + ": " + detail, Origin::holder);
+    case CUPOOL_E_REFUSED:
+    case CUPOOL_E_PROTOCOL:
+    case CUPOOL_E_BUSY:
+      throw Error(errc, "the holder at " + socket_ + " did not answer: " + detail, Origin::holder);
+    case CUPOOL_E_INVALID:
+      throw Error(errc, detail, Origin::holder);
+    default:
+      throw Error(errc, doing + " to the holder at " + socket_ + " failed: " + detail, Origin::holder);
+  }
+}
+
+cupool_lease* HolderClient::open_buffer(const std::string& name) {
+  cupool_lease* lease = nullptr;
+  const int status = cupool_open_buffer(conn_, name.c_str(), &lease);
+  if (status != CUPOOL_OK) throw_status(status, "opening buffer " + name);
+  return lease;
+}
+
+void HolderClient::load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,
+                             const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+  const cupool_progress_fn told = [](std::uint64_t done, std::uint64_t total, void* arg) {
+    (*static_cast<const std::function<void(std::uint64_t, std::uint64_t)>*>(arg))(done, total);
+  };
+  const int status = cupool_load_file(conn_, lease, fd, ranges.data(), ranges.size(), progress ? told : nullptr,
+                                      const_cast<std::function<void(std::uint64_t, std::uint64_t)>*>(&progress));
+  if (status != CUPOOL_OK) throw_status(status, "loading the file");
+}
+
+void HolderClient::release(cupool_lease* lease) noexcept { cupool_release(conn_, lease); }
+
 json HolderClient::request_raw(const json& req) {
   const std::string text = req.dump(-1, ' ', false, json::error_handler_t::replace);
   char* raw = nullptr;
   const int status = cupool_request(conn_, text.c_str(), &raw);
   std::unique_ptr<char, void (*)(char*)> reply(raw, cupool_free_string);
-  if (status != CUPOOL_OK) {
-    const char* last = cupool_last_error(conn_);
-    const std::string detail = last && *last ? last : cupool_status_name(status);
-    const Errc errc = errc_from_c_status(status);
-    switch (status) {
-      case CUPOOL_E_UNREACHABLE:
-        throw Error(errc, "lost the connection to the holder at " + socket_ + ": " + detail, Origin::holder);
-      case CUPOOL_E_REFUSED:
-      case CUPOOL_E_PROTOCOL:
-      case CUPOOL_E_BUSY:
-        throw Error(errc, "the holder at " + socket_ + " did not answer: " + detail, Origin::holder);
-      case CUPOOL_E_INVALID:
-        throw Error(errc, detail, Origin::holder);
-      default:
-        throw Error(errc, "the request to the holder at " + socket_ + " failed: " + detail, Origin::holder);
-    }
-  }
+  if (status != CUPOOL_OK) throw_status(status, "the request");
   if (!reply) throw Error(Errc::unreachable, "the holder at " + socket_ + " sent no reply");
   json parsed = json::parse(reply.get(), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object())

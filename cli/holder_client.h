@@ -2,9 +2,11 @@
 // so only through the C API (include/cupool/client.h): this is its small C++ face for them.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,8 @@
 #include "base/output.h"
 
 struct cupool_conn;
+struct cupool_lease;
+struct cupool_file_range;
 
 namespace cupool::cli {
 
@@ -45,9 +49,20 @@ class HolderClient {
   // only a failure to talk to the holder throws.
   nlohmann::ordered_json request_raw(const nlohmann::ordered_json& req);
 
+  // Opens the named buffer in this process (cupool_open_buffer); it stays mapped until release().
+  cupool_lease* open_buffer(const std::string& name);
+  // Copies ranges of the file open at `fd` into `lease` (cupool_load_file); `progress` is told the
+  // bytes read so far and the total.
+  void load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,
+                 const std::function<void(std::uint64_t, std::uint64_t)>& progress);
+  // Unmaps and releases a lease of this connection; never throws (it is for cleanups too).
+  void release(cupool_lease* lease) noexcept;
+
   const std::string& socket() const { return socket_; }
 
  private:
+  // Throws the cupool::Error for a failed call's status, with the library's message.
+  [[noreturn]] void throw_status(int status, const std::string& doing);
   HolderClient(cupool_conn* conn, std::string socket) : conn_(conn), socket_(std::move(socket)) {}
   cupool_conn* conn_ = nullptr;
   std::string socket_;

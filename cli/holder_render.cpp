@@ -442,13 +442,33 @@ std::string render_findings(const json& findings, const SourceFile& file) {
 
 std::string render_buffers(const json& buffers) {
   if (!buffers.is_array() || buffers.empty()) return "no buffers\n";
-  Table t({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS", "PERMITTED"});
+  Table t({"BUFFER", "POOL", "DEVICE", "SIZE", "STATE", "TENSORS", "OPENS", "PERMITTED"});
   for (const auto& b : buffers) {
     const auto permitted = boolean(b, "permitted");
-    t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), number(b, "opens"),
-           !permitted ? kNone : *permitted ? "yes" : "no"});
+    t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), text(b, "state"),
+           number(b, "tensors"), number(b, "opens"), !permitted ? kNone : *permitted ? "yes" : "no"});
   }
   return t.str();
+}
+
+std::string render_buffer_tensors(const json& reply) {
+  const auto it = reply.find("tensors");
+  const std::size_t count = it != reply.end() && it->is_array() ? it->size() : 0;
+  std::string out = "buffer " + text(reply, "name") + ": " + bytes(reply, "size") + ", " + std::to_string(count) +
+                    (count == 1 ? " tensor\n" : " tensors\n");
+  if (!count) {
+    if (boolean(reply, "indexed") == std::optional<bool>(false))
+      out += "(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n";
+    return out;
+  }
+  Table t({"TENSOR", "DTYPE", "SHAPE", "OFFSET", "SIZE"});
+  for (const auto& tensor : *it) {
+    std::string shape = "[";
+    if (tensor.contains("shape") && tensor["shape"].is_array())
+      for (const auto& d : tensor["shape"]) shape += (shape.size() > 1 ? ", " : "") + d.dump();
+    t.add({text(tensor, "name"), text(tensor, "dtype"), shape + "]", number(tensor, "offset"), bytes(tensor, "size")});
+  }
+  return out + t.str();
 }
 
 std::string render_buffer_created(const json& reply) {

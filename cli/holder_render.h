@@ -59,6 +59,8 @@ std::string render_findings(const nlohmann::ordered_json& findings, const Source
 // `buffer ls`: the buffers of a `list` reply, with "opens" where the caller merged it in from
 // `status`.
 std::string render_buffers(const nlohmann::ordered_json& buffers);
+// One buffer's tensors (the reply of buffer_tensors): a header line and a table.
+std::string render_buffer_tensors(const nlohmann::ordered_json& reply);
 // `buffer create` / `buffer rm` replies: one line saying what happened.
 std::string render_buffer_created(const nlohmann::ordered_json& reply);
 std::string render_buffer_removed(const nlohmann::ordered_json& reply);

@@ -6,7 +6,7 @@
 __cupool_commands() {
   case $1 in
     '') echo 'query check hold status stats trim plan apply export buffer exec bench completion' ;;
-    'buffer') echo 'create ls list rm remove' ;;
+    'buffer') echo 'create load ls list rm remove' ;;
   esac
 }
 
@@ -27,6 +27,7 @@ __cupool_subcommand() {
     '|bench') echo 'bench' ;;
     '|completion') echo 'completion' ;;
     'buffer|create') echo 'create' ;;
+    'buffer|load') echo 'load' ;;
     'buffer|ls' | 'buffer|list') echo 'ls' ;;
     'buffer|rm' | 'buffer|remove') echo 'rm' ;;
   esac
@@ -47,6 +48,7 @@ __cupool_options() {
     'export') echo '--help -h --socket -s --output' ;;
     'buffer') echo '--help -h' ;;
     'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o' ;;
+    'buffer load') echo '--help -h --pool --device -d --socket -s --format -o' ;;
     'buffer ls') echo '--help -h --socket -s --format -o' ;;
     'buffer rm') echo '--help -h --force --socket -s --format -o' ;;
     'exec') echo '--help -h --profile -p --strict --at --report --quiet -q' ;;
@@ -91,6 +93,10 @@ __cupool_option_value() {
     'buffer create|--size') echo 'any' ;;
     'buffer create|--socket' | 'buffer create|-s') echo 'file' ;;
     'buffer create|--format' | 'buffer create|-o') echo 'choices table json yaml' ;;
+    'buffer load|--pool') echo 'any' ;;
+    'buffer load|--device' | 'buffer load|-d') echo 'any' ;;
+    'buffer load|--socket' | 'buffer load|-s') echo 'file' ;;
+    'buffer load|--format' | 'buffer load|-o') echo 'choices table json yaml' ;;
     'buffer ls|--socket' | 'buffer ls|-s') echo 'file' ;;
     'buffer ls|--format' | 'buffer ls|-o') echo 'choices table json yaml' ;;
     'buffer rm|--socket' | 'buffer rm|-s') echo 'file' ;;
@@ -115,6 +121,9 @@ __cupool_positional_value() {
     'plan|0') echo 'yaml' ;;  # config
     'apply|0') echo 'yaml' ;;  # config
     'buffer create|0') echo 'any' ;;  # name
+    'buffer load|0') echo 'any' ;;  # name
+    'buffer load|1') echo 'file' ;;  # file
+    'buffer ls|0') echo 'any' ;;  # name
     'buffer rm|0') echo 'any' ;;  # name
     'exec|0') echo 'yaml' ;;  # config
     'exec|'*) echo 'any' ;;  # command...

@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -36,6 +36,8 @@ function __cupool_subcommand
             echo 'completion'
         case 'buffer|create'
             echo 'create'
+        case 'buffer|load'
+            echo 'load'
         case 'buffer|ls' 'buffer|list'
             echo 'ls'
         case 'buffer|rm' 'buffer|remove'
@@ -104,7 +106,7 @@ complete -c cupool -n '__cupool_at ""' -a 'trim' -d 'Release reserved pool and g
 complete -c cupool -n '__cupool_at ""' -a 'plan' -d 'Show what \'apply\' would change in the running holder, as a diff'
 complete -c cupool -n '__cupool_at ""' -a 'apply' -d 'Make the running holder match a config file'
 complete -c cupool -n '__cupool_at ""' -a 'export' -d 'Write the running holder\'s live state as a config file'
-complete -c cupool -n '__cupool_at ""' -a 'buffer' -d 'Create, list and remove named buffers in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'buffer' -d 'Create, load, list and remove named buffers in the running holder'
 complete -c cupool -n '__cupool_at ""' -a 'exec' -d 'Run a command with the config\'s process: section applied inside it'
 complete -c cupool -n '__cupool_at ""' -a 'bench' -d 'Measure what allocation costs on this node, against cudaMalloc and the defaults'
 complete -c cupool -n '__cupool_at ""' -a 'completion' -d 'Print a completion script for SHELL on stdout'
@@ -177,8 +179,9 @@ complete -c cupool -n '__cupool_at "export"' -l 'output' -r -F -d 'Write the con
 
 # cupool buffer
 complete -c cupool -n '__cupool_at "buffer"' -a 'create' -d 'Allocate a named buffer in a held pool'
-complete -c cupool -n '__cupool_at "buffer"' -a 'ls' -d 'List the named buffers, who may open them and how often they are open'
-complete -c cupool -n '__cupool_at "buffer"' -a 'list' -d 'List the named buffers, who may open them and how often they are open'
+complete -c cupool -n '__cupool_at "buffer"' -a 'load' -d 'Read a safetensors file into a new buffer and keep its tensor index'
+complete -c cupool -n '__cupool_at "buffer"' -a 'ls' -d 'List the named buffers, or the tensors one holds'
+complete -c cupool -n '__cupool_at "buffer"' -a 'list' -d 'List the named buffers, or the tensors one holds'
 complete -c cupool -n '__cupool_at "buffer"' -a 'rm' -d 'Remove a named buffer and free its memory'
 complete -c cupool -n '__cupool_at "buffer"' -a 'remove' -d 'Remove a named buffer and free its memory'
 complete -c cupool -n '__cupool_at "buffer"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -190,6 +193,14 @@ complete -c cupool -n '__cupool_at "buffer create"' -l 'device' -s 'd' -x -d 'Th
 complete -c cupool -n '__cupool_at "buffer create"' -l 'size' -x -d 'How many bytes, with a unit (e.g. 10GiB)'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+
+# cupool buffer load
+complete -c cupool -n '__cupool_at "buffer load"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'pool' -x -d 'The pool to allocate it from (one with the posix_fd handle type)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (default: the pool\'s first)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "buffer load" 1' -F -d 'The safetensors file'
 
 # cupool buffer ls
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'help' -s 'h' -d 'Print this help message and exit'

@@ -106,6 +106,23 @@ CUPOOL_API int cupool_lease_device(const cupool_lease* lease);
 CUPOOL_API int cupool_write(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, const void* source, uint64_t bytes);
 CUPOOL_API int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, void* target, uint64_t bytes);
 
+/* A part of a file to copy into a lease: `bytes` bytes from `file_offset` to `lease_offset`. */
+typedef struct cupool_file_range {
+  uint64_t file_offset;
+  uint64_t lease_offset;
+  uint64_t bytes;
+} cupool_file_range;
+/* Called after each chunk with the bytes read so far and the total of the ranges. */
+typedef void (*cupool_progress_fn)(uint64_t done, uint64_t total, void* arg);
+
+/* Copies `count` ranges of the file open at `fd` into the lease, through pinned staging buffers
+ * with the reads overlapping the copies (128 MiB of pinned host memory for the call); returns once
+ * the copies are done, so another process may read the memory right after. `progress` may be
+ * NULL. A range outside the lease, or a file that ends first, is CUPOOL_E_INVALID. This is how
+ * `cupool buffer load` fills a buffer. */
+CUPOOL_API int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
+                                size_t count, cupool_progress_fn progress, void* arg);
+
 /* Sends one protocol request (a JSON object without "id"; see docs/protocol.md) and returns the
  * holder's JSON reply in *reply (free it with cupool_free_string). A reply with "ok": false is
  * still CUPOOL_OK here; the caller reads its "error". This is how `cupool status`, `stats`,

@@ -8,9 +8,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "base/text.h"
@@ -281,6 +283,31 @@ int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, v
     if (offset > lease->size || bytes > lease->size - offset)
       throw Failure{CUPOOL_E_INVALID, "the range is outside the lease (" + std::to_string(lease->size) + " bytes)"};
     if (bytes) conn->backend().read(lease->local_device, lease->address + offset, target, bytes);
+  });
+}
+
+int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
+                     size_t count, cupool_progress_fn progress, void* arg) {
+  return guarded(conn, [&] {
+    if (!lease || (!ranges && count)) throw Failure{CUPOOL_E_INVALID, "lease and ranges must not be NULL"};
+    if (fd < 0) throw Failure{CUPOOL_E_INVALID, "fd must be an open file"};
+    std::vector<cupool::FileRange> copies;
+    std::uint64_t total = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const cupool_file_range& r = ranges[i];
+      if (r.lease_offset > lease->size || r.bytes > lease->size - r.lease_offset)
+        throw Failure{CUPOOL_E_INVALID, "range " + std::to_string(i) + " is outside the lease (" +
+                                            std::to_string(lease->size) + " bytes)"};
+      if (r.bytes) copies.push_back({r.file_offset, lease->address + r.lease_offset, r.bytes});
+      total += r.bytes;
+    }
+    std::function<void(std::uint64_t)> told;
+    if (progress) told = [&](std::uint64_t done) { progress(done, total, arg); };
+    try {
+      conn->backend().load_file(lease->local_device, fd, copies, told);
+    } catch (const cupool::InputError& e) {
+      throw Failure{CUPOOL_E_INVALID, e.what()};
+    }
   });
 }
 

@@ -1,5 +1,9 @@
 #include "device/backend.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "base/units.h"
@@ -47,6 +51,22 @@ std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSet
     out.push_back({"reuse.allow_internal_dependencies", text(from.allow_internal_dependencies),
                    text(to.allow_internal_dependencies)});
   return out;
+}
+
+void read_file_range(int fd, void* into, std::uint64_t bytes, std::uint64_t offset) {
+  auto* target = static_cast<char*>(into);
+  std::uint64_t done = 0;
+  while (done < bytes) {
+    // One read is at most 1 GiB (Linux stops at 2 GiB - 4 KiB anyway).
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(bytes - done, 1ULL << 30));
+    const ssize_t got = ::pread(fd, target + done, want, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw InputError(std::string("reading the file failed: ") + std::strerror(errno));
+    if (got == 0)
+      throw InputError("the file ended at byte " + std::to_string(offset + done) + ", before byte " +
+                       std::to_string(offset + bytes) + " (was it truncated while being read?)");
+    done += static_cast<std::uint64_t>(got);
+  }
 }
 
 }  // namespace cupool

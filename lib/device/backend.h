@@ -174,6 +174,17 @@ struct ReportSource {
   std::string note;
 };
 
+// `bytes` bytes of a file from `file_offset`, to go to `address`.
+struct FileRange {
+  std::uint64_t file_offset = 0;
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+};
+
+// Reads exactly `bytes` at `offset` of the file open at `fd` into `into`; throws InputError when
+// the file ends first or a read fails.
+void read_file_range(int fd, void* into, std::uint64_t bytes, std::uint64_t offset);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -262,6 +273,13 @@ class Backend {
   // Copies between host memory and memory this process can address (allocated or imported).
   virtual void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) = 0;
   virtual void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) = 0;
+  // Copies each range of the file open at `fd` to memory this process can address on `device`,
+  // through pinned staging buffers and asynchronous copies that overlap the reads (the simulated
+  // node reads straight into its memory); returns once the copies are done. `progress` (may be
+  // empty) is told the bytes read so far after each chunk. A file that ends early, or a read
+  // that fails, throws InputError.
+  virtual void load_file(int device, int fd, const std::vector<FileRange>& ranges,
+                         const std::function<void(std::uint64_t)>& progress) = 0;
 
   // ---- this process's own pools (cupool_configure, cupool_stats) ----
 

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
@@ -49,7 +50,8 @@ struct DriverApi {
   X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolGetAccess)          \
   X(cuDevicePrimaryCtxGetState)                                                                       \
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)                 \
-  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)
+  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)                     \
+  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
 #undef CUPOOL_DECLARE
@@ -597,6 +599,56 @@ class CudaBackend final : public Backend {
     // From pageable memory the copy may return before its DMA has finished; another process may
     // read right after this returns.
     check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
+  }
+
+  void load_file(int ordinal, int fd, const std::vector<FileRange>& ranges,
+                 const std::function<void(std::uint64_t)>& progress) override {
+    // Four 32 MiB pinned buffers: while the GPU copies one, the next ones are read from the file
+    // (a copy from pageable memory would be staged by the driver, one synchronous chunk at a time).
+    constexpr std::size_t kSlots = 4;
+    constexpr std::uint64_t kChunk = 32ULL << 20;
+    ContextScope scope(api_, context(ordinal));
+    after_shared_allocations(ordinal);
+    // Frees what it made on every path; the copies are waited for before the staging goes.
+    struct Staging {
+      const DriverApi& api;
+      CUstream stream = nullptr;
+      std::array<void*, kSlots> host{};
+      std::array<CUevent, kSlots> done{};
+      ~Staging() {
+        if (stream) api.cuStreamSynchronize(stream);
+        for (CUevent e : done)
+          if (e) api.cuEventDestroy(e);
+        for (void* h : host)
+          if (h) api.cuMemFreeHost(h);
+        if (stream) api.cuStreamDestroy(stream);
+      }
+    } s{api_};
+    // A blocking stream: it waits for the legacy stream, which after_shared_allocations ordered.
+    check(api_.cuStreamCreate(&s.stream, CU_STREAM_DEFAULT), "cuStreamCreate");
+    for (std::size_t i = 0; i < kSlots; ++i) {
+      check(api_.cuMemHostAlloc(&s.host[i], kChunk, 0), "cuMemHostAlloc");
+      check(api_.cuEventCreate(&s.done[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    }
+    std::array<bool, kSlots> busy{};
+    std::size_t slot = 0;
+    std::uint64_t copied = 0;
+    for (const FileRange& r : ranges) {
+      for (std::uint64_t at = 0; at < r.bytes; at += kChunk) {
+        const std::uint64_t n = std::min(kChunk, r.bytes - at);
+        if (busy[slot]) check(api_.cuEventSynchronize(s.done[slot]), "cuEventSynchronize");
+        read_file_range(fd, s.host[slot], n, r.file_offset + at);
+        check(api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(r.address + at), s.host[slot], static_cast<size_t>(n),
+                                     s.stream),
+              "cuMemcpyHtoDAsync");
+        check(api_.cuEventRecord(s.done[slot], s.stream), "cuEventRecord");
+        busy[slot] = true;
+        slot = (slot + 1) % kSlots;
+        copied += n;
+        if (progress) progress(copied);
+      }
+    }
+    check(api_.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
   }
 
   void read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) override {

@@ -530,6 +530,22 @@ void SimBackend::write(int dev, std::uint64_t address, const void* source, std::
   if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
 }
 
+void SimBackend::load_file(int dev, int fd, const std::vector<FileRange>& ranges,
+                           const std::function<void(std::uint64_t)>& progress) {
+  enter("load_file", std::to_string(dev) + "," + std::to_string(ranges.size()));
+  constexpr std::uint64_t kChunk = 64ULL << 20;  // progress as often as the real node's staging
+  std::uint64_t done = 0;
+  for (const FileRange& r : ranges) {
+    std::uint8_t* target = host_view(r.address, r.bytes, "cuMemcpyHtoDAsync");
+    for (std::uint64_t at = 0; at < r.bytes; at += kChunk) {
+      const std::uint64_t n = std::min(kChunk, r.bytes - at);
+      read_file_range(fd, target + at, n, r.file_offset + at);
+      done += n;
+      if (progress) progress(done);
+    }
+  }
+}
+
 void SimBackend::read(int dev, std::uint64_t address, void* target, std::uint64_t bytes) {
   enter("read", std::to_string(dev) + "," + std::to_string(bytes));
   const std::uint8_t* source = host_view(address, bytes, "cuMemcpyDtoH");

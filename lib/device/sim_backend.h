@@ -88,6 +88,8 @@ class SimBackend final : public Backend {
   void wait_ready(int device, const Blob64& event) override;
   void free_imported(PoolHandle imported, std::uint64_t address) override;
   void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) override;
+  void load_file(int device, int fd, const std::vector<FileRange>& ranges,
+                 const std::function<void(std::uint64_t)>& progress) override;
   void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) override;
 
   static constexpr std::uint64_t kGranule = 2ULL << 20;

@@ -18,6 +18,7 @@
 #include "device/backend.h"
 #include "device/node.h"
 #include "protocol/protocol.h"
+#include "tensors/safetensors.h"
 
 namespace cupool {
 
@@ -161,6 +162,8 @@ class Holder {
     SharedAllocation allocation;
     bool shared = true;  // false in a pool without an IPC handle type (nobody can open it)
     std::uint64_t opens = 0;
+    std::uint64_t loading = 0;  // the client filling it (buffer_create with "loading"); 0 once ready
+    std::optional<tensors::Index> index;  // the tensors it holds (`cupool buffer load`)
   };
   struct Lease {
     std::uint64_t client = 0;
@@ -237,6 +240,10 @@ class Holder {
   Json op_export(Request& r);
   Json op_buffer_create(Request& r);
   Json op_buffer_remove(Request& r);
+  Json op_buffer_ready(Request& r);
+  Json op_buffer_tensors(Request& r);
+  // The buffer `name` for client `id` to read: not_found, or busy while another client loads it.
+  HeldBuffer& readable_buffer(std::uint64_t id, const std::string& name);
   Json plan_or_apply(Request& r, bool apply);
 
   // Allocates for client `id` from `p` and records the lease (leases.cpp); returns its id and the

@@ -49,6 +49,14 @@ void Holder::disconnect(std::uint64_t id) {
     auto b = buffers_.find(name);
     if (b != buffers_.end()) b->second.opens -= std::min(b->second.opens, opens);
   }
+  // A buffer it was still loading is half made: nobody may have it.
+  std::vector<std::string> unfinished;
+  for (const auto& [name, b] : buffers_)
+    if (b.loading == id) unfinished.push_back(name);
+  for (const std::string& name : unfinished) {
+    spdlog::warn("client {} (pid {}) left before buffer {} was loaded; removing it", id, it->second.peer.pid, name);
+    destroy_buffer(name);
+  }
   if (!leases.empty())
     spdlog::info("client {} (pid {}) left; freed {} lease{}", id, it->second.peer.pid, leases.size(),
                  leases.size() == 1 ? "" : "s");

@@ -39,7 +39,7 @@ std::vector<Change> Holder::plan(const Desired& want) const {
         for (const auto& bw : keep->buffers)
           if (bw.name == name && bw.pool == b.want.pool && bw.device == b.want.device && bw.size == b.want.size)
             kept = true;
-      if (kept || b.opens > 0 || !keep) names.push_back(name);
+      if (kept || b.opens > 0 || b.index || !keep) names.push_back(name);
     }
     return names;
   };
@@ -68,6 +68,9 @@ std::vector<Change> Holder::plan(const Desired& want) const {
 
   // Buffers that go away or change (before pools, so their pools can go).
   for (const auto& [name, b] : buffers_) {
+    // A held tensor set (`cupool buffer load`) is not the config's: apply and a reload leave it
+    // alone, and its pool stays while it is there (blocked_reason).
+    if (b.index) continue;
     const BufferWant* w = nullptr;
     for (const auto& bw : want.buffers)
       if (bw.name == name) w = &bw;

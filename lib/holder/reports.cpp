@@ -46,7 +46,9 @@ Json Holder::status() const {
                               {"device", b.want.device},
                               {"uuid", device_uuid(b.want.device)},
                               {"size", b.want.size},
-                              {"opens", b.opens}});
+                              {"opens", b.opens},
+                              {"state", b.loading ? "loading" : "ready"},
+                              {"tensors", b.index ? Json(b.index->tensors.size()) : Json()}});
   out["clients"] = Json::array();
   out["clients_total"] = clients_.size();
   const std::int64_t now = now_s();
@@ -217,12 +219,17 @@ std::string Holder::export_config() const {
   }
   if (!pools.empty()) doc["pools"] = pools;
   Json buffers = Json::array();
+  std::vector<std::string> loaded;
   for (const auto& [name, b] : buffers_)
-    buffers.push_back({{"name", name},
+    if (b.index) loaded.push_back(name);  // its contents come from a file, not from a config
+    else buffers.push_back({{"name", name},
                        {"pool", b.want.pool},
                        {"device", device_uuid(b.want.device)},
                        {"size", exact_size(b.want.size)}});
   if (!buffers.empty()) doc["buffers"] = buffers;
-  return "# The live state of a cupool holder, written by 'cupool export'.\n" + to_yaml(doc);
+  std::string note;
+  for (const std::string& name : loaded)
+    note += "# Not here: buffer " + name + ", a tensor set made by 'cupool buffer load' (load it again).\n";
+  return "# The live state of a cupool holder, written by 'cupool export'.\n" + note + to_yaml(doc);
 }
 }  // namespace cupool

@@ -2,6 +2,8 @@
 // sent it and answered. The state they read and change lives in the other files of holder/.
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include "base/error.h"
 #include "base/text.h"
 #include "base/units.h"
@@ -37,6 +39,8 @@ const std::vector<Holder::Operation>& Holder::operations() {
       {"export", &Holder::op_export},
       {"buffer_create", &Holder::op_buffer_create},
       {"buffer_remove", &Holder::op_buffer_remove},
+      {"buffer_ready", &Holder::op_buffer_ready},
+      {"buffer_tensors", &Holder::op_buffer_tensors},
   };
   return table;
 }
@@ -147,6 +151,8 @@ Json Holder::op_list(Request& r) {
                               {"uuid", device_uuid(b.want.device)},
                               {"size", b.want.size},
                               {"opens", b.opens},
+                              {"state", b.loading ? "loading" : "ready"},
+                              {"tensors", b.index ? Json(b.index->tensors.size()) : Json()},
                               {"permitted", b.shared && p != pools_.end() && permitted(c, p->second)}});
   }
   return out;
@@ -252,9 +258,7 @@ Json Holder::op_buffer_open(Request& r) {
   const std::string name = a.string("name", kMaxName);
   a.finish();
   require_not_draining("buffer_open");
-  auto it = buffers_.find(name);
-  if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
-  HeldBuffer& b = it->second;
+  HeldBuffer& b = readable_buffer(r.id, name);
   HeldPool& p = pool_for(c, b.want.pool, b.want.device, true);
   auto open = c.open_buffers.find(name);
   if (open == c.open_buffers.end() && c.open_buffers.size() >= limits_.max_open_buffers_per_client)
@@ -273,6 +277,15 @@ Json Holder::op_buffer_open(Request& r) {
   out["ready"] = true;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
   return out;
+}
+
+Holder::HeldBuffer& Holder::readable_buffer(std::uint64_t id, const std::string& name) {
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
+  // Nobody else sees a buffer half loaded: its loader opens it to fill it, then says buffer_ready.
+  if (it->second.loading && it->second.loading != id)
+    throw Error(Errc::busy, "buffer " + name + " is still being loaded; open it once `cupool buffer ls` shows it ready");
+  return it->second;
 }
 
 Json Holder::op_buffer_close(Request& r) {
@@ -296,8 +309,14 @@ Json Holder::op_buffer_create(Request& r) {
   const std::string pool = a.string("pool", kMaxName);
   const int device = a.device("device", -1);
   const std::uint64_t size = a.u64("size", 1, kMaxAllocation);
+  const bool loading = a.boolean("loading", false);
+  const Json* tensors = a.value("tensors");
+  const Json* metadata = a.value("metadata");
   a.finish();
   require_admin(c, "buffer_create");
+  if (metadata && !tensors) throw Error(Errc::bad_request, "\"metadata\" comes with \"tensors\"");
+  std::optional<tensors::Index> index;
+  if (tensors) index = tensors::from_json(*tensors, metadata ? *metadata : Json(), size);
   require_not_draining("buffer_create");
   if (!valid_name(name))
     throw Error(Errc::bad_request,
@@ -307,13 +326,51 @@ Json Holder::op_buffer_create(Request& r) {
   BufferWant w{name, pool, p.want.device, size};
   try {
     create_buffer(w);
+    HeldBuffer& b = buffers_.at(name);
+    b.loading = loading ? r.id : 0;
+    b.index = std::move(index);
   } catch (const CudaError& e) {
     if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
       throw Error(Errc::out_of_memory,
                   "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
-  return {{"name", name}, {"pool", pool}, {"device", p.want.device}, {"size", size}};
+  Json out{{"name", name}, {"pool", pool}, {"device", p.want.device}, {"size", size}, {"loading", loading}};
+  if (tensors) out["tensors"] = tensors->size();
+  return out;
+}
+
+Json Holder::op_buffer_ready(Request& r) {
+  proto::Args& a = r.args;
+  const std::string name = a.string("name", kMaxName);
+  a.finish();
+  require_admin(r.client, "buffer_ready");
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
+  HeldBuffer& b = it->second;
+  if (b.loading != r.id)
+    throw Error(Errc::bad_request, "buffer " + name + " is not being loaded by this connection (" +
+                                       (b.loading ? "another one loads it" : "it is ready") + ")");
+  // The loader waited for its own copies before it said so (cupool_lease_load returns when done).
+  b.loading = 0;
+  const std::size_t count = b.index ? b.index->tensors.size() : 0;
+  spdlog::info("buffer {} is ready ({}, {} tensor{})", name, format_bytes(b.want.size), count, count == 1 ? "" : "s");
+  return {{"name", name}, {"tensors", count}};
+}
+
+Json Holder::op_buffer_tensors(Request& r) {
+  Client& c = r.client;
+  proto::Args& a = r.args;
+  const std::string name = a.string("name", kMaxName);
+  a.finish();
+  HeldBuffer& b = readable_buffer(r.id, name);
+  pool_for(c, b.want.pool, b.want.device, true);  // who may open it may read its index
+  const tensors::Index none;
+  Json out = tensors::to_json(b.index ? *b.index : none);
+  out["name"] = name;
+  out["size"] = b.want.size;
+  out["indexed"] = b.index.has_value();
+  return out;
 }
 
 Json Holder::op_buffer_remove(Request& r) {

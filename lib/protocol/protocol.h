@@ -110,6 +110,8 @@ class Args {
   bool boolean(const char* key, bool fallback);
   // An array of at most `max_items` integers from 1 to 2^64-1 (lease ids); missing is an error.
   std::vector<std::uint64_t> ids(const char* key, std::size_t max_items);
+  // An argument of any JSON type, checked by the caller; nullptr when absent.
+  const Json* value(const char* key) { return find(key); }
   // Throws for any key other than "id", "op" and those read so far.
   void finish() const;
 

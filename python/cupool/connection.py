@@ -66,6 +66,12 @@ class Connection:
             session.check(session.lib.cupool_open_buffer(handle, name.encode(), ctypes.byref(out)))
             return Lease(self, session, out.value, name=name)
 
+    def tensor_index(self, name: str) -> Dict[str, Any]:
+        """The tensor index of buffer `name` (`cupool buffer load`): {"name", "size", "indexed",
+        "tensors": [{"name", "dtype", "shape", "offset", "size"}], "metadata": {}}, offsets in bytes
+        from the buffer's start. ``cupool.tensors(name)`` turns it into tensors."""
+        return self.request({"op": "buffer_tensors", "name": name})
+
     # ---- the cache (protocol 2) ----
 
     @property

@@ -105,6 +105,28 @@ SEEDS = {
     "export": session(EVE, {"op": "export"}),
     "buffer_create": session(ROOT, {"op": "buffer_create", "name": "scratch", "pool": "kv", "device": 1, "size": 16 << 20}),
     "buffer_remove": session(ROOT | BYSTANDER, {"op": "buffer_remove", "name": "weights", "force": True}),
+    # a held tensor set: created loading with its index, opened, made ready, read by another peer
+    "buffer-load": session(
+        ROOT,
+        {"op": "buffer_create", "name": "llama", "pool": "kv", "size": 4096, "loading": True,
+         "tensors": [{"name": "embed.weight", "dtype": "F16", "shape": [8, 16], "offset": 0, "size": 256},
+                     {"name": "norm", "dtype": "BF16", "shape": [16], "offset": 256, "size": 32},
+                     {"name": "scale", "dtype": "F32", "shape": [], "offset": 512, "size": 4}],
+         "metadata": {"format": "pt"}},
+        {"op": "buffer_open", "name": "llama"},
+        {"op": "buffer_tensors", "name": "llama"},
+        {"op": "buffer_close", "name": "llama"},
+        {"op": "buffer_ready", "name": "llama"},
+        {"op": "buffer_tensors", "name": "llama"},
+        {"op": "list"},
+    ),
+    "buffer-load-bad-index": session(
+        ROOT,
+        {"op": "buffer_create", "name": "bad", "pool": "kv", "size": 64, "loading": True,
+         "tensors": [{"name": "a", "dtype": "F32", "shape": [8], "offset": 0, "size": 32},
+                     {"name": "b", "dtype": "F32", "shape": [8], "offset": 16, "size": 32}]},
+        {"op": "buffer_ready", "name": "bad"},
+    ),
     # sessions
     "session-user": session(
         ALICE,

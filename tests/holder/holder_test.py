@@ -17,6 +17,7 @@ import json
 import mmap
 import os
 import pwd
+import re
 import resource
 import select
 import shutil
@@ -30,6 +31,8 @@ import time
 
 import harness as H
 from harness import CONFIG, Failure, Holder, RawClient, check, client, cupool, other_user, pool_stat, stats, status
+
+MiB = 1 << 20
 
 
 # ---- scenarios ----
@@ -714,6 +717,116 @@ def percentile(sorted_values, q):
     """The q-th percentile (0..100) of sorted values, nearest rank."""
     rank = max(1, -(-len(sorted_values) * q // 100))
     return sorted_values[int(rank) - 1]
+
+
+# ---- held tensor sets (`cupool buffer load`) ----
+
+def safetensors_bytes(tensors, metadata=None):
+    """A safetensors file: [(name, dtype, shape, data bytes)] laid out in order."""
+    header, data = {}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def testclient_pattern(size, seed):
+    """The bytes testclient's pattern() gives a buffer of `size` bytes: block by block of 4096."""
+    blocks = [bytes((r + 7 * j) & 0xFF for j in range(4096)) for r in range(256)]
+    whole = b"".join(blocks[(seed * 131 + 4096 * 7 * k + k) & 0xFF] for k in range((size + 4095) // 4096))
+    return whole[:size]
+
+
+def test_buffer_load(tmp):
+    """`cupool buffer load`: the data lands in the buffer (checked by the C test client, through the
+    driver on a GPU), the index is listed; bad files are refused before anything is made; a name
+    in use is refused with the old buffer intact; a loader killed midway leaves no buffer."""
+    h = Holder(tmp)
+    try:
+        size = 80 * MiB + 3  # three 32 MiB chunks of pinned staging on a GPU
+        good = os.path.join(tmp, "good.safetensors")
+        with open(good, "wb") as f:
+            f.write(safetensors_bytes([("all", "U8", [size], testclient_pattern(size, 5))], {"format": "pt"}))
+        r = cupool("buffer", "load", "model", good, "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0)
+        loaded = json.loads(r.stdout)
+        check(loaded["tensors"] == 1 and loaded["size"] == size and loaded["tensor_bytes"] == size, f"load: {loaded}")
+        c = client(h, "read", "model", 5)
+        check(c.returncode == 0, f"the buffer does not hold the file's bytes: {c.stdout}{c.stderr}")
+        listed = cupool("buffer", "ls", socket_path=h.socket, check_rc=0).stdout
+        check(re.search(r"model\s+kv\s+0\s+80\.0 MiB\s+ready\s+1\s+0", listed), f"buffer ls:\n{listed}")
+        one = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(one["tensors"] == [{"name": "all", "dtype": "U8", "shape": [size], "offset": 0, "size": size}]
+              and one["metadata"] == {"format": "pt"}, f"buffer ls model: {one}")
+        table = cupool("buffer", "ls", "model", socket_path=h.socket, check_rc=0).stdout
+        check("all" in table and "[83886083]" in table, f"buffer ls model:\n{table}")
+
+        # A name in use: refused by the holder (exit 1), the first buffer untouched.
+        r = cupool("buffer", "load", "model", good, "--pool", "kv", socket_path=h.socket)
+        check(r.returncode == 1 and "exists" in r.stderr, f"a second load of model: {r.returncode} {r.stderr}")
+        check(client(h, "read", "model", 5).returncode == 0, "the first buffer changed")
+
+        # Bad files: exit 2, the file named, nothing made.
+        f32 = struct.pack("<4f", 1, 2, 3, 4)
+        bad = {
+            "short": (b"\x01\x02", "truncated"),
+            "huge-header": (struct.pack("<Q", 1 << 40) + b"{}", "at most"),
+            "cut-header": (struct.pack("<Q", 500) + b'{"a": 1}', "truncated"),
+            "not-json": (struct.pack("<Q", 5) + b"hello", "not valid JSON"),
+            "dtype": (safetensors_bytes([("w", "F12", [4], f32)]), 'unknown dtype "F12"'),
+            "shape": (safetensors_bytes([("w", "F32", [5], f32)]), "is 20 bytes, but its offsets span 16"),
+            "cut-data": (safetensors_bytes([("w", "F32", [4], f32)])[:-4], "past the end of the data"),
+        }
+        overlap = json.dumps({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                              "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}).encode()
+        bad["overlap"] = (struct.pack("<Q", len(overlap)) + overlap + f32, 'tensors "a" and "b" overlap')
+        for name, (content, words) in bad.items():
+            path = os.path.join(tmp, name + ".safetensors")
+            with open(path, "wb") as f:
+                f.write(content)
+            r = cupool("buffer", "load", "bad-" + name, path, "--pool", "kv", socket_path=h.socket)
+            check(r.returncode == 2 and path in r.stderr and words in r.stderr,
+                  f"{name}: exit {r.returncode}, expected 2 with {words!r}:\n{r.stderr}")
+        names = [b["name"] for b in status(h)["buffers"]]
+        check(names == ["model", "shared"], f"bad files left buffers: {names}")
+
+        # A loader killed midway: the holder removes the half-made buffer.
+        big = os.path.join(tmp, "big.safetensors")
+        big_size = 512 * MiB
+        text = json.dumps({"w": {"dtype": "U8", "shape": [big_size], "data_offsets": [0, big_size]}}).encode()
+        header = struct.pack("<Q", len(text)) + text
+        with open(big, "wb") as f:
+            f.write(header)
+            f.truncate(len(header) + big_size)  # sparse: reads as zeros
+        for attempt in range(5):
+            loader = subprocess.Popen([H.ARGS.cupool, "buffer", "load", "half", big, "--pool", "kv"],
+                                      env=dict(os.environ, CUPOOL_SOCKET=h.socket),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            raw = RawClient(h.socket)
+            raw.hello()
+            seen = False
+            while loader.poll() is None and not seen:
+                seen = any(b["name"] == "half" and b["state"] == "loading" for b in raw.request("status")[0]["buffers"])
+            raw.close()
+            if seen:
+                loader.kill()
+            _, err = loader.communicate()
+            if seen:
+                break
+            check(loader.returncode == 0, f"the big load failed: {err}")
+            cupool("buffer", "rm", "half", socket_path=h.socket, check_rc=0)  # it finished first: again
+        check(seen, "never saw the buffer loading in 5 tries")
+        deadline = time.time() + 10
+        while time.time() < deadline and any(b["name"] == "half" for b in status(h)["buffers"]):
+            time.sleep(0.05)
+        names = [b["name"] for b in status(h)["buffers"]]
+        check(names == ["model", "shared"], f"the killed loader's buffer is still there: {names}")
+        check("before buffer half was loaded; removing it" in h.text(), "the holder did not say why it removed it")
+        cupool("buffer", "rm", "model", socket_path=h.socket, check_rc=0)
+    finally:
+        h.stop()
 
 
 def test_load_256_clients(tmp):

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "holder"))
 import harness as H  # noqa: E402
@@ -479,6 +480,146 @@ def test_threads_share_a_connection(tmp):
             check(not errors, "; ".join(errors))
             gc.collect()
             check(held(conn) == (0, 0, 0), f"leases left: {held(conn)}")
+    finally:
+        h.stop()
+
+
+# ---- held tensor sets ----
+
+
+def model_arrays():
+    """Model-shaped arrays of several dtypes, odd sizes (so the layout must align), a scalar and an
+    empty tensor."""
+    rng = np.random.default_rng(7)
+    return {
+        "embed.weight": rng.standard_normal((33, 16)).astype(np.float16),
+        "layers.0.attn.q.weight": rng.standard_normal((16, 16)).astype(np.float32),
+        "layers.0.norm.weight": rng.standard_normal(16).astype(np.float64),
+        "layers.0.ids": np.arange(7, dtype=np.int8),
+        "layers.0.mask": np.array([True, False, True]),
+        "layers.0.count": np.array(12345678901, dtype=np.int64),
+        "layers.0.empty": np.zeros((0, 5), np.float32),
+        "lm_head.weight": rng.standard_normal((5, 16)).astype(np.float32),
+    }
+
+
+DTYPES = {"float16": "F16", "float32": "F32", "float64": "F64", "int8": "I8", "bool": "BOOL", "int64": "I64"}
+
+
+def write_safetensors(path, arrays, extra=()):
+    import json
+    import struct
+    header, data = {}, b""
+    for name, a in arrays.items():
+        raw = a.tobytes()
+        header[name] = {"dtype": DTYPES[str(a.dtype)], "shape": list(a.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    for name, dtype, shape, raw in extra:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    header["__metadata__"] = {"format": "pt"}
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def load(h, name, path):
+    r = subprocess.run([H.ARGS.cupool, "buffer", "load", name, path, "--pool", "kv", "--socket", h.socket],
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0, f"cupool buffer load {name}: {r.returncode}\n{r.stdout}{r.stderr}")
+
+
+def opens(conn, name):
+    return next(b["opens"] for b in conn.status()["buffers"] if b["name"] == name)
+
+
+CHILD_TENSORS = """
+import sys, numpy as np, cupool
+t = cupool.tensors(sys.argv[2], framework="numpy", socket=sys.argv[1])
+print(len(t), float(t["embed.weight"].astype(np.float64).sum()), int(t["layers.0.count"]), t["layers.0.mask"].tolist())
+"""
+
+
+def test_tensors_across_processes(tmp):
+    h = Holder(tmp)
+    try:
+        arrays = model_arrays()
+        path = os.path.join(tmp, "model.safetensors")
+        write_safetensors(path, arrays)
+        load(h, "model", path)
+        with cupool.connect(h.socket, "python-test") as conn:
+            index = conn.tensor_index("model")
+            check(index["indexed"] and len(index["tensors"]) == len(arrays), f"index: {index}")
+            check(all(t["offset"] % 256 == 0 for t in index["tensors"]), f"offsets not aligned: {index['tensors']}")
+            t = cupool.tensors("model", framework="numpy", socket=h.socket)
+            check(sorted(t) == sorted(arrays), f"names: {sorted(t)}")
+            for name, a in arrays.items():
+                check(t[name].dtype == a.dtype and t[name].shape == a.shape and np.array_equal(t[name], a),
+                      f"{name}: {t[name].dtype} {t[name].shape} differs from the file's {a.dtype} {a.shape}")
+            # Another process maps the same memory and reads the same values.
+            r = run_python(CHILD_TENSORS, h.socket, "model")
+            want = f"{len(arrays)} {float(arrays['embed.weight'].astype(np.float64).sum())} 12345678901 [True, False, True]"
+            check(r.returncode == 0 and r.stdout.strip() == want, f"child: {r.stdout!r} vs {want!r}\n{r.stderr}")
+            # Shared, not copied: a write here is seen by a fresh process.
+            t["layers.0.count"][...] = 42
+            r = run_python(CHILD_TENSORS, h.socket, "model")
+            check(r.returncode == 0 and r.stdout.split()[2] == "42", f"child after the write: {r.stdout!r}{r.stderr}")
+            # The buffer stays open while any tensor (or a view of one) lives, and closes after.
+            check(opens(conn, "model") == 1, f"opens with tensors alive: {opens(conn, 'model')}")
+            view = t["lm_head.weight"][1:, ::2]
+            del t
+            gc.collect()
+            check(opens(conn, "model") == 1, "the buffer closed under a live view")
+            check(float(view[0, 0]) == float(arrays["lm_head.weight"][1, 0]), "the view's values changed")
+            del view
+            gc.collect()
+            check(opens(conn, "model") == 0, f"opens after the last view went: {opens(conn, 'model')}")
+            check(conn.status()["clients_total"] == 1, "the connection tensors() made is still open")
+    finally:
+        h.stop()
+
+
+def test_tensors_errors(tmp):
+    h = Holder(tmp)
+    try:
+        path = os.path.join(tmp, "bf16.safetensors")
+        write_safetensors(path, {"w": np.ones(4, np.float32)}, extra=[("h", "BF16", [2], b"\x80\x3f\x00\x40")])
+        load(h, "bf16", path)
+        expect_error(cupool.NotFound, cupool.tensors, "nope", "numpy", h.socket, contains='no buffer named "nope"')
+        expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "jax", h.socket, contains="torch, cupy, numpy")
+        expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "cupy", h.socket, contains="needs a CUDA node")
+        try:
+            import ml_dtypes  # noqa: F401
+            t = cupool.tensors("bf16", framework="numpy", socket=h.socket)
+            check(t["h"].astype(np.float32).tolist() == [1.0, 2.0], f"bf16 through ml_dtypes: {t['h']}")
+            del t
+        except ImportError:
+            expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "numpy", h.socket,
+                         contains="numpy has no BF16 dtype; use framework='torch' (or install ml_dtypes)")
+        gc.collect()
+        with cupool.connect(h.socket) as conn:
+            check(opens(conn, "bf16") == 0, "a failed tensors() left the buffer open")
+            # A plain buffer has no index: no tensors.
+            check(cupool.tensors("shared", framework="numpy", conn=conn) == {}, "a plain buffer has tensors")
+            check(not conn.closed, "tensors() closed a connection it was given")
+        # While a loader fills a buffer, nobody else may map it; when the loader goes, so does it.
+        raw = H.RawClient(h.socket)
+        raw.hello()
+        body, _ = raw.request("buffer_create", name="half", pool="kv", size=4096, loading=True,
+                              tensors=[{"name": "w", "dtype": "F32", "shape": [4], "offset": 0, "size": 16}])
+        check(body["ok"], f"buffer_create: {body}")
+        expect_error(cupool.Busy, cupool.tensors, "half", "numpy", h.socket, contains="still being loaded")
+        raw.close()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                cupool.tensors("half", framework="numpy", socket=h.socket)
+            except cupool.NotFound:
+                break
+            except cupool.Busy:
+                time.sleep(0.05)
+        else:
+            raise Failure("the half-loaded buffer outlived its loader")
     finally:
         h.stop()
 

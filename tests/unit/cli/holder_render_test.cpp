@@ -301,13 +301,25 @@ TEST_CASE("findings from the holder are quoted against the local file") {
 
 TEST_CASE("buffers") {
   const json buffers = json::parse(R"([
-    {"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "permitted": true, "opens": 2},
-    {"name": "secret", "pool": "private", "device": 1, "size": 1536, "permitted": false}])");
+    {"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "permitted": true, "opens": 2,
+     "state": "ready", "tensors": 291},
+    {"name": "secret", "pool": "private", "device": 1, "size": 1536, "permitted": false, "state": "loading",
+     "tensors": null}])");
   CHECK(render_buffers(buffers) ==
-        "BUFFER   POOL      DEVICE  SIZE     OPENS  PERMITTED\n"
-        "weights  kv-cache  0       10 GiB   2      yes\n"
-        "secret   private   1       1.5 KiB  -      no\n");
+        "BUFFER   POOL      DEVICE  SIZE     STATE    TENSORS  OPENS  PERMITTED\n"
+        "weights  kv-cache  0       10 GiB   ready    291      2      yes\n"
+        "secret   private   1       1.5 KiB  loading  -        -      no\n");
   CHECK(render_buffers(json::array()) == "no buffers\n");
+  const json index = json::parse(R"({"name": "llama", "size": 4096, "indexed": true, "metadata": {}, "tensors": [
+    {"name": "embed.weight", "dtype": "F16", "shape": [8, 16], "offset": 0, "size": 256},
+    {"name": "scale", "dtype": "F32", "shape": [], "offset": 256, "size": 4}]})");
+  CHECK(render_buffer_tensors(index) ==
+        "buffer llama: 4 KiB, 2 tensors\n"
+        "TENSOR        DTYPE  SHAPE    OFFSET  SIZE\n"
+        "embed.weight  F16    [8, 16]  0       256 B\n"
+        "scale         F32    []       256     4 B\n");
+  CHECK(render_buffer_tensors(json::parse(R"({"name": "w", "size": 1024, "indexed": false, "tensors": []})")) ==
+        "buffer w: 1 KiB, 0 tensors\n(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n");
   const json created = json::parse(
       R"({"id": 13, "ok": true, "name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240})");
   CHECK(render_buffer_created(created) == "created buffer weights: 10 GiB in pool kv-cache on device 0\n");

@@ -231,6 +231,124 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
   CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "scratch"}}) == "not_found");
 }
 
+namespace {
+
+Json tensor(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32") {
+  return {{"name", name}, {"dtype", dtype}, {"shape", {elements}}, {"offset", offset}, {"size", elements * 4}};
+}
+
+Json loading_buffer(const std::string& name, Json tensors, std::uint64_t size = 1 << 20) {
+  return {{"op", "buffer_create"}, {"name", name}, {"pool", "kv"}, {"size", size}, {"loading", true},
+          {"tensors", std::move(tensors)}, {"metadata", {{"format", "pt"}}}};
+}
+
+}  // namespace
+
+TEST_CASE("buffers: a loading buffer is its loader's alone until buffer_ready, then its index is everyone's") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const auto owner = f.client(peer(1000, "svc"));
+  const auto alice = f.client(peer(1001, "alice"));
+  const auto eve = f.client(peer(1003, "eve", {"eve"}));
+  const Json created = f.call(root, loading_buffer("model", {tensor("b", 256, 8), tensor("a", 0, 16)}));
+  CHECK(created["tensors"] == 2);
+  CHECK(created["loading"] == true);
+  CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "model"}}) == "busy");
+  CHECK(f.error_code(alice, {{"op", "buffer_tensors"}, {"name", "model"}}) == "busy");
+  CHECK(f.error_code(root, {{"op", "buffer_open"}, {"name", "model"}}) == "ok");
+  CHECK(f.holder.status()["buffers"][0]["state"] == "loading");  // by name: model, weights
+  CHECK(f.error_code(alice, {{"op", "buffer_ready"}, {"name", "model"}}) == "not_permitted");
+  CHECK(f.error_code(owner, {{"op", "buffer_ready"}, {"name", "model"}}) == "bad_request");  // not its loader
+  CHECK(f.error_code(root, {{"op", "buffer_ready"}, {"name", "nope"}}) == "not_found");
+  CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensors"] == 2);
+  CHECK(f.error_code(root, {{"op", "buffer_ready"}, {"name", "model"}}) == "bad_request");  // ready already
+  CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "model"}}) == "ok");
+  const Json index = f.call(alice, {{"op", "buffer_tensors"}, {"name", "model"}});
+  CHECK(index["indexed"] == true);
+  CHECK(index["size"] == 1 << 20);
+  REQUIRE(index["tensors"].size() == 2);
+  CHECK(index["tensors"][0]["name"] == "a");  // by offset
+  CHECK(index["tensors"][1] == tensor("b", 256, 8));
+  CHECK(index["metadata"]["format"] == "pt");
+  CHECK(f.error_code(eve, {{"op", "buffer_tensors"}, {"name", "model"}}) == "not_permitted");
+  const Json plain = f.call(alice, {{"op", "buffer_tensors"}, {"name", "weights"}});
+  CHECK(plain["indexed"] == false);
+  CHECK(plain["tensors"].empty());
+  const Json listed = f.call(alice, {{"op", "list"}});
+  CHECK(listed["buffers"][0]["tensors"] == 2);
+  CHECK(listed["buffers"][0]["state"] == "ready");
+  CHECK(listed["buffers"][1]["tensors"].is_null());
+  // Not the config's: apply leaves it, its pool stays, and export leaves it out (saying so).
+  for (const auto& c : f.holder.apply(f.want())) CHECK(c.name != "model");
+  CHECK(f.holder.status()["buffers"].size() == 2);
+  const std::string without_kv = R"(version: 1
+holder: {socket: /tmp/cupool-unit.sock, mode: "0666"}
+pools:
+  - {name: private, devices: [0], handle_types: [posix_fd], max_size: 1GiB}
+)";
+  bool blocked = false;
+  for (const auto& c : f.holder.plan(f.want(without_kv)))
+    if (c.object == "pool" && c.name == "kv" && c.device == 0) blocked = c.blocked.find("buffer model") != std::string::npos;
+  CHECK(blocked);
+  const std::string exported = f.holder.export_config();
+  CHECK(exported.find("name: model") == std::string::npos);
+  CHECK(exported.find("Not here: buffer model") != std::string::npos);
+}
+
+TEST_CASE("buffers: a loader that leaves before buffer_ready takes its half-made buffer with it") {
+  Fixture f;
+  f.holder.apply(f.want());
+  auto used = [&] {
+    const Json status = f.holder.status();
+    for (const auto& p : status["pools"])
+      if (p["name"] == "kv" && p["device"] == 0) return p["buffer_bytes"].get<std::uint64_t>();
+    return std::uint64_t{0};
+  };
+  const std::uint64_t before = used();
+  const auto loader = f.client(peer(0, "root"));
+  f.call(loader, loading_buffer("half", {tensor("a", 0, 1024)}, 64 << 20));
+  f.call(loader, {{"op", "buffer_open"}, {"name", "half"}});
+  CHECK(used() == before + (64 << 20));
+  f.holder.disconnect(loader);
+  CHECK(f.holder.status()["buffers"].size() == 1);
+  CHECK(used() == before);
+  // A loaded one stays when its loader leaves.
+  const auto second = f.client(peer(0, "root"));
+  f.call(second, loading_buffer("done", {tensor("a", 0, 1024)}));
+  f.call(second, {{"op", "buffer_ready"}, {"name", "done"}});
+  f.holder.disconnect(second);
+  CHECK(f.holder.status()["buffers"].size() == 2);
+}
+
+TEST_CASE("buffers: an index is checked before anything is made") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  auto refused = [&](Json request, const std::string& words) {
+    try {
+      f.call(root, std::move(request));
+      FAIL("accepted: " << words);
+    } catch (const Error& e) {
+      CHECK(e.wire_code() == "bad_request");
+      CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, std::string(e.what()));
+    }
+  };
+  refused(loading_buffer("x", {tensor("a", 1 << 20, 1)}), "past the end of the buffer");
+  refused(loading_buffer("x", {tensor("a", 0, 64), tensor("b", 128, 64)}), "overlap");
+  refused(loading_buffer("x", {tensor("a", 0, 4), tensor("a", 256, 4)}), "two tensors are named \"a\"");
+  refused(loading_buffer("x", {tensor("a", 0, 4, "F17")}), "unknown dtype");
+  refused(loading_buffer("x", Json::object()), "expected an array");
+  Json bad_size = tensor("a", 0, 4);
+  bad_size["size"] = 17;
+  refused(loading_buffer("x", {bad_size}), "is 16 bytes, but its offsets span 17");
+  refused({{"op", "buffer_create"}, {"name", "x"}, {"pool", "kv"}, {"size", 64}, {"metadata", Json::object()}},
+          "\"metadata\" comes with \"tensors\"");
+  CHECK(f.holder.status()["buffers"].size() == 1);
+  // Not an admin: refused before the index is looked at.
+  CHECK(f.error_code(f.client(peer(1001, "alice")), loading_buffer("x", {tensor("a", 0, 4)})) == "not_permitted");
+}
+
 TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
   Fixture f;
   f.holder.apply(f.want());

@@ -1,0 +1,140 @@
+// cupool buffer load: a safetensors file read into a new named buffer, its tensor index kept with
+// the buffer in the holder, so every process on the node maps the weights instead of reading them.
+#include "cli/buffer_load.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+#include "base/fd.h"
+#include "base/units.h"
+#include "cli/holder_client.h"
+#include "cupool/client.h"
+#include "protocol/protocol.h"
+#include "tensors/safetensors.h"
+
+namespace cupool::cli {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "loading model: 3.1 GiB of 8.6 GiB (36%), 2.4 GiB/s" on one terminal line, at most ten times a
+// second; nothing when stderr is not a terminal.
+class ProgressLine {
+ public:
+  explicit ProgressLine(std::string name) : name_(std::move(name)), shown_(::isatty(2) == 1) {}
+  void operator()(std::uint64_t done, std::uint64_t total) {
+    if (!shown_) return;
+    const auto now = Clock::now();
+    if (done < total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    const double s = std::max(seconds_since(start_), 1e-3);
+    std::cerr << "\r\033[Kloading " << name_ << ": " << format_bytes(done) << " of " << format_bytes(total) << " ("
+              << (total ? done * 100 / total : 100) << "%), " << format_bytes(static_cast<std::uint64_t>(static_cast<double>(done) / s))
+              << "/s" << std::flush;
+    drawn_ = true;
+  }
+  ~ProgressLine() {
+    if (drawn_) std::cerr << "\r\033[K" << std::flush;
+  }
+
+ private:
+  std::string name_;
+  bool shown_;
+  bool drawn_ = false;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_{};
+};
+
+// The file again, for the copy: the same file read_header checked (same size).
+Fd open_data(const std::string& path, std::uint64_t expected_size) {
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (raw < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  Fd fd(raw);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != expected_size)
+    throw InputError(path + ": the file changed while it was being read");
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  return fd;
+}
+
+}  // namespace
+
+json load_buffer(const LoadArgs& args) {
+  const auto started = Clock::now();
+  const tensors::FileHeader header = tensors::read_header(args.file);
+  std::uint64_t size = 0;
+  const tensors::Index placed = tensors::layout(header.index, size);
+  const json index = tensors::to_json(placed);
+
+  json create = {{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"size", size}, {"loading", true},
+                 {"tensors", index["tensors"]}, {"metadata", index["metadata"]}};
+  if (args.device >= 0) create["device"] = args.device;
+  const std::size_t request_bytes = create.dump().size();
+  if (request_bytes > proto::kMaxRequest)
+    throw InputError(args.file + ": its index of " + std::to_string(placed.tensors.size()) + " tensors is " +
+                     format_bytes(request_bytes) + " as JSON; a holder takes at most " +
+                     format_bytes(proto::kMaxRequest) + " in one request");
+
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer load");
+  const json created = holder.request(create);
+  // From here the buffer exists, loading: on any failure it is removed, and were this process
+  // killed, the holder would remove it when the connection drops.
+  cupool_lease* lease = nullptr;
+  try {
+    const Fd fd = open_data(args.file, header.data_start + header.data_size);
+    lease = holder.open_buffer(args.name);
+    std::vector<cupool_file_range> ranges;
+    for (std::size_t i = 0; i < placed.tensors.size(); ++i)
+      ranges.push_back({header.data_start + header.index.tensors[i].offset, placed.tensors[i].offset,
+                        placed.tensors[i].size});
+    ProgressLine progress(args.name);
+    holder.load_file(lease, fd.get(), ranges, [&](std::uint64_t done, std::uint64_t total) { progress(done, total); });
+    holder.request({{"op", "buffer_ready"}, {"name", args.name}});
+  } catch (...) {
+    if (lease) holder.release(lease);
+    try {
+      holder.request_raw({{"op", "buffer_remove"}, {"name", args.name}, {"force", true}});
+    } catch (...) {
+      // The connection is gone: the holder removes a buffer whose loader left.
+    }
+    throw;
+  }
+  holder.release(lease);
+  const double seconds = seconds_since(started);
+  std::uint64_t bytes = 0;
+  for (const auto& t : placed.tensors) bytes += t.size;
+  return {{"name", args.name},
+          {"pool", created.value("pool", args.pool)},
+          {"device", created.value("device", args.device)},
+          {"size", size},
+          {"tensors", placed.tensors.size()},
+          {"file", args.file},
+          {"tensor_bytes", bytes},
+          {"seconds", seconds},
+          {"bytes_per_second", seconds > 0 ? static_cast<std::uint64_t>(static_cast<double>(bytes) / seconds) : 0}};
+}
+
+std::string render_loaded(const json& r) {
+  const auto count = r.value("tensors", std::uint64_t{0});
+  char rate[64];
+  std::snprintf(rate, sizeof rate, "%.1f s", r.value("seconds", 0.0));
+  return "loaded buffer " + r.value("name", std::string()) + ": " + std::to_string(count) +
+         (count == 1 ? " tensor, " : " tensors, ") + format_bytes(r.value("tensor_bytes", std::uint64_t{0})) + " from " +
+         r.value("file", std::string()) + " in " + rate + " (" +
+         format_bytes(r.value("bytes_per_second", std::uint64_t{0})) + "/s), pool " + r.value("pool", std::string()) +
+         " on device " + std::to_string(r.value("device", 0)) + "\n";
+}
+
+}  // namespace cupool::cli

@@ -1,0 +1,25 @@
+// cupool buffer load (cli/buffer_load.cpp), apart from the other buffer verbs (cli/buffer.cpp).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace cupool::cli {
+
+struct LoadArgs {
+  std::string socket;
+  std::string name;
+  std::string file;
+  std::string pool;
+  int device = -1;  // -1: the pool's first device
+};
+
+// Reads the safetensors file `args.file` into a new buffer `args.name` and keeps its tensor index
+// there; returns what was loaded (name, pool, device, size, tensors, seconds, ...). A bad file
+// throws InputError before anything is made; a failure later removes the half-made buffer.
+nlohmann::ordered_json load_buffer(const LoadArgs& args);
+// "loaded buffer model: 203 tensors, 8.6 GiB from model.safetensors in 3.1 s (2.8 GiB/s), ..."
+std::string render_loaded(const nlohmann::ordered_json& reply);
+
+}  // namespace cupool::cli

@@ -1,0 +1,254 @@
+#include "tensors/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+
+#include "base/error.h"
+#include "base/fd.h"
+#include "base/text.h"
+#include "base/units.h"
+
+namespace cupool::tensors {
+
+namespace {
+
+// What safetensors defines and a byte-addressed buffer can hold (F4/F6 pack several per byte).
+constexpr std::array<DType, 15> kDTypes = {{
+    {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+    {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8},
+}};
+
+constexpr int kMaxDepth = 8;  // a header is {name: {shape: [..]}}: anything deeper is not one
+
+using Fail = std::function<void(const std::string&)>;  // throws
+
+// A byte count or a size: an integer of 0 or more (JSON built in C++ may hold it signed).
+bool is_count(const Json& j) { return j.is_number_unsigned() || (j.is_number_integer() && j.get<std::int64_t>() >= 0); }
+
+// Checks one tensor's fields and fills `t` from them. `where` names it in messages.
+Tensor read_entry(const std::string& name, const Json& entry, const char* offsets_key, const Fail& fail) {
+  const std::string where = "tensor \"" + valid_utf8(name) + "\"";
+  if (name.empty()) fail("a tensor has an empty name");
+  if (name.size() > kMaxName) fail(where.substr(0, 80) + "...: a name is at most " + std::to_string(kMaxName) + " bytes");
+  if (std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
+    fail(where + ": a name may not hold control characters");
+  if (!entry.is_object()) fail(where + ": expected an object with dtype, shape and " + offsets_key);
+  Tensor t;
+  t.name = name;
+  const auto dtype = entry.find("dtype");
+  if (dtype == entry.end() || !dtype->is_string()) fail(where + ": needs \"dtype\", a string");
+  t.dtype = dtype->get<std::string>();
+  const DType* info = find_dtype(t.dtype);
+  if (!info) fail(where + ": unknown dtype \"" + valid_utf8(t.dtype) + "\" (valid: " + dtype_names() + ")");
+  const auto shape = entry.find("shape");
+  if (shape == entry.end() || !shape->is_array()) fail(where + ": needs \"shape\", an array of sizes");
+  if (shape->size() > kMaxRank) fail(where + ": a shape has at most " + std::to_string(kMaxRank) + " dimensions");
+  std::uint64_t elements = 1;
+  bool overflow = false;
+  for (const Json& d : *shape) {
+    if (!is_count(d)) fail(where + ": a shape's sizes are integers of 0 or more");
+    const std::uint64_t n = d.get<std::uint64_t>();
+    t.shape.push_back(n);
+    if (n != 0 && elements > UINT64_MAX / n) overflow = true;
+    else elements *= n;
+  }
+  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) elements = 0, overflow = false;
+  if (overflow || elements > UINT64_MAX / info->bytes) fail(where + ": its shape holds more than 2^64 bytes");
+  const std::uint64_t bytes = elements * info->bytes;
+  if (std::string(offsets_key) == "data_offsets") {
+    const auto offsets = entry.find("data_offsets");
+    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 || !is_count((*offsets)[0]) || !is_count((*offsets)[1]))
+      fail(where + ": needs \"data_offsets\", [begin, end] in bytes from the start of the data");
+    const std::uint64_t begin = (*offsets)[0].get<std::uint64_t>(), end = (*offsets)[1].get<std::uint64_t>();
+    if (end < begin) fail(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] end before they begin");
+    t.offset = begin;
+    t.size = end - begin;
+  } else {
+    const auto offset = entry.find("offset"), size = entry.find("size");
+    if (offset == entry.end() || !is_count(*offset) || size == entry.end() || !is_count(*size))
+      fail(where + ": needs \"offset\" and \"size\", byte counts");
+    t.offset = offset->get<std::uint64_t>();
+    t.size = size->get<std::uint64_t>();
+  }
+  if (t.size != bytes)
+    fail(where + ": " + t.dtype + " of shape " + Json(t.shape).dump() + " is " + std::to_string(bytes) +
+         " bytes, but its offsets span " + std::to_string(t.size));
+  return t;
+}
+
+// Sorts by offset and checks that every tensor lies within `limit` bytes and none overlaps another.
+void check_ranges(std::vector<Tensor>& tensors, std::uint64_t limit, const std::string& space, const Fail& fail) {
+  std::sort(tensors.begin(), tensors.end(), [](const Tensor& a, const Tensor& b) {
+    return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+  });
+  const Tensor* previous = nullptr;
+  for (const Tensor& t : tensors) {
+    if (t.offset > limit || t.size > limit - t.offset)
+      fail("tensor \"" + valid_utf8(t.name) + "\" spans bytes " + std::to_string(t.offset) + " to " +
+           std::to_string(t.offset + t.size) + ", past the end of the " + space + " (" + std::to_string(limit) +
+           " bytes)");
+    if (t.size == 0) continue;
+    if (previous && t.offset < previous->offset + previous->size)
+      fail("tensors \"" + valid_utf8(previous->name) + "\" and \"" + valid_utf8(t.name) + "\" overlap (bytes " +
+           std::to_string(t.offset) + " to " + std::to_string(previous->offset + previous->size) + " of the " +
+           space + ")");
+    previous = &t;
+  }
+}
+
+std::map<std::string, std::string> read_metadata(const Json& m, const Fail& fail) {
+  std::map<std::string, std::string> out;
+  if (m.is_null()) return out;
+  if (!m.is_object()) fail("__metadata__ must be an object of strings");
+  std::size_t bytes = 0;
+  for (const auto& [k, v] : m.items()) {
+    if (!v.is_string()) fail("__metadata__ \"" + valid_utf8(k) + "\": values must be strings");
+    bytes += k.size() + v.get_ref<const std::string&>().size();
+    if (bytes > kMaxMetadata) fail("__metadata__ holds more than " + std::to_string(kMaxMetadata) + " bytes");
+    out[k] = v.get<std::string>();
+  }
+  return out;
+}
+
+std::uint64_t read_le64(std::string_view bytes) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]);
+  return n;
+}
+
+FileHeader parse_header(std::string_view what, std::string_view json, std::uint64_t data_start,
+                        std::uint64_t file_size) {
+  const std::string file(what);
+  const Fail fail = [&](const std::string& message) { throw InputError(file + ": " + message); };
+  const Json::parser_callback_t limit_depth = [&](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxDepth) fail("the header nests deeper than a safetensors header does");
+    return true;
+  };
+  Json header = Json::parse(json.begin(), json.end(), limit_depth, /*allow_exceptions=*/false);
+  if (header.is_discarded())
+    fail("the header is not valid JSON (is this a safetensors file? it starts with an 8-byte length, then JSON)");
+  if (!header.is_object()) fail("the header is not a JSON object of tensors");
+  FileHeader out;
+  out.data_start = data_start;
+  out.data_size = file_size - data_start;
+  if (header.size() > kMaxTensors + 1) fail("more than " + std::to_string(kMaxTensors) + " tensors");
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") out.index.metadata = read_metadata(entry, fail);
+    else out.index.tensors.push_back(read_entry(name, entry, "data_offsets", fail));
+  }
+  check_ranges(out.index.tensors, out.data_size, "data", fail);
+  return out;
+}
+
+}  // namespace
+
+const DType* find_dtype(std::string_view name) {
+  for (const DType& d : kDTypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+std::string dtype_names() {
+  std::string out;
+  for (const DType& d : kDTypes) out += (out.empty() ? "" : ", ") + std::string(d.name);
+  return out;
+}
+
+FileHeader parse_file(std::string_view what, std::string_view bytes, std::uint64_t file_size) {
+  const std::string file(what);
+  if (file_size < 8 || bytes.size() < 8)
+    throw InputError(file + ": truncated: a safetensors file starts with an 8-byte header length, and this one has " +
+                     std::to_string(file_size) + " bytes");
+  const std::uint64_t length = read_le64(bytes);
+  if (length > kMaxHeader)
+    throw InputError(file + ": the header is " + std::to_string(length) + " bytes; at most " +
+                     std::to_string(kMaxHeader) + " are read (is this a safetensors file?)");
+  if (length > file_size - 8 || length > bytes.size() - 8)
+    throw InputError(file + ": truncated: the header is " + std::to_string(length) + " bytes but the file ends after " +
+                     std::to_string(file_size - 8));
+  return parse_header(what, bytes.substr(8, length), 8 + length, file_size);
+}
+
+FileHeader read_header(const std::string& path) {
+  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (raw < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  const Fd fd(raw);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw InputError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw InputError(path + ": not a regular file");
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  std::string bytes(8, '\0');
+  auto read_at = [&](char* into, std::size_t n, std::uint64_t at) {
+    std::size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd.get(), into + done, n - done, static_cast<off_t>(at + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) throw InputError(path + ": cannot read: " + std::strerror(errno));
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  };
+  bytes.resize(read_at(bytes.data(), 8, 0));
+  if (bytes.size() == 8) {
+    const std::uint64_t length = read_le64(bytes);
+    // Bounded before anything is allocated for it; parse_file says what is wrong with the length.
+    if (length <= kMaxHeader && length <= file_size - 8) {
+      bytes.resize(8 + length);
+      bytes.resize(8 + read_at(bytes.data() + 8, length, 8));
+    }
+  }
+  return parse_file(path, bytes, file_size);
+}
+
+Index layout(const Index& file, std::uint64_t& size) {
+  Index out;
+  out.metadata = file.metadata;
+  std::uint64_t at = 0;
+  for (const Tensor& t : file.tensors) {
+    Tensor placed = t;
+    at = (at + kAlignment - 1) / kAlignment * kAlignment;
+    placed.offset = at;
+    at += t.size;
+    out.tensors.push_back(std::move(placed));
+  }
+  size = std::max<std::uint64_t>(at, 1);
+  return out;
+}
+
+Json to_json(const Index& index) {
+  Json tensors = Json::array();
+  for (const Tensor& t : index.tensors)
+    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}, {"size", t.size}});
+  Json metadata = Json::object();
+  for (const auto& [k, v] : index.metadata) metadata[k] = v;
+  return {{"tensors", tensors}, {"metadata", metadata}};
+}
+
+Index from_json(const Json& tensors, const Json& metadata, std::uint64_t buffer_size) {
+  const Fail fail = [](const std::string& message) { throw Error(Errc::bad_request, "tensors: " + message); };
+  if (!tensors.is_array()) fail("expected an array of {name, dtype, shape, offset, size}");
+  if (tensors.size() > kMaxTensors) fail("more than " + std::to_string(kMaxTensors) + " tensors");
+  Index out;
+  std::vector<std::string> names;
+  for (const Json& t : tensors) {
+    if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) fail("each tensor needs \"name\", a string");
+    out.tensors.push_back(read_entry(t["name"].get<std::string>(), t, "offset", fail));
+    names.push_back(out.tensors.back().name);
+  }
+  std::sort(names.begin(), names.end());
+  if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end())
+    fail("two tensors are named \"" + valid_utf8(*dup) + "\"");
+  out.metadata = read_metadata(metadata, fail);
+  check_ranges(out.tensors, buffer_size, "buffer", fail);
+  return out;
+}
+
+}  // namespace cupool::tensors

@@ -1,0 +1,79 @@
+// Tensor sets: the header of a safetensors file (https://huggingface.co/docs/safetensors), read and
+// checked, and the tensor index a held buffer keeps (names, dtypes, shapes, offsets).
+//
+// A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
+// ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, ..., "__metadata__": {str: str}}),
+// then the data; offsets count from the data's first byte. Both the file and an index a holder is
+// sent are untrusted: every bound below is checked before anything is allocated for it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cupool::tensors {
+
+using Json = nlohmann::ordered_json;
+
+inline constexpr std::uint64_t kMaxHeader = 100'000'000;  // bytes of header JSON (as the reference reader)
+inline constexpr std::size_t kMaxTensors = 100'000;
+inline constexpr std::size_t kMaxName = 1024;      // bytes of a tensor's name
+inline constexpr std::size_t kMaxRank = 16;        // dimensions of a shape
+inline constexpr std::size_t kMaxMetadata = 65536;  // bytes of __metadata__ keys and values together
+inline constexpr std::uint64_t kAlignment = 256;   // of each tensor in a buffer (what CUDA allocations give)
+
+// A dtype of the safetensors format and its element size.
+struct DType {
+  const char* name;  // as in the file: "F16"
+  unsigned bytes;
+};
+
+// The dtype named `name`, or nullptr when safetensors has none of that name or cupool can't place
+// it (sub-byte types).
+const DType* find_dtype(std::string_view name);
+// "BOOL, U8, I8, ...": for error messages.
+std::string dtype_names();
+
+struct Tensor {
+  std::string name;
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t offset = 0;  // bytes from the first byte of the data (a file's) or of the buffer
+  std::uint64_t size = 0;    // bytes
+};
+
+struct Index {
+  std::vector<Tensor> tensors;  // by offset
+  std::map<std::string, std::string> metadata;
+};
+
+// A file's header: its index (offsets into the file's data) and where the data is.
+struct FileHeader {
+  Index index;
+  std::uint64_t data_start = 0;  // 8 + the header's length
+  std::uint64_t data_size = 0;   // the file's size - data_start
+};
+
+// Reads and checks the header of the safetensors file at `path`. Throws InputError naming the file
+// and what is wrong (unreadable, truncated, header too large, not JSON, an unknown dtype, a shape
+// that does not match its offsets, offsets past the end or overlapping) and what would be valid.
+FileHeader read_header(const std::string& path);
+// The same over the file's first bytes (at least the length and the header) and its size: for the
+// fuzzer and tests. `what` names the file in messages.
+FileHeader parse_file(std::string_view what, std::string_view bytes, std::uint64_t file_size);
+
+// Where each tensor goes in a buffer: in file order, each at a multiple of kAlignment. Returns
+// the buffer's index; `size` becomes the bytes the buffer needs (at least 1).
+Index layout(const Index& file, std::uint64_t& size);
+
+// The index as it travels in the protocol: {"tensors": [{name, dtype, shape, offset, size}],
+// "metadata": {}}.
+Json to_json(const Index& index);
+// An index a peer sent, checked against a buffer of `buffer_size` bytes (the same rules as a file);
+// throws Error(bad_request) saying what is wrong.
+Index from_json(const Json& tensors, const Json& metadata, std::uint64_t buffer_size);
+
+}  // namespace cupool::tensors

@@ -1,0 +1,109 @@
+"""Held tensor sets: the tensors of a buffer made with `cupool buffer load`, as framework tensors
+that are views into the buffer (no copy)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional
+
+from .errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from .connection import Connection, PathLike
+
+FRAMEWORKS = ("torch", "cupy", "numpy")
+
+# safetensors dtype -> the attribute naming it in torch (some are newer than others).
+_TORCH = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+    "I64": "int64", "U64": "uint64", "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+# ... and in numpy and cupy; the others (BF16, F8_*) come from ml_dtypes for numpy when it is there.
+_NUMPY = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32", "U32": "uint32",
+    "I64": "int64", "U64": "uint64", "F16": "float16", "F32": "float32", "F64": "float64",
+}
+_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = None,
+            conn: Optional["Connection"] = None) -> Dict[str, Any]:
+    """The tensors of buffer `name` (loaded with `cupool buffer load`) as a dict of views into it.
+
+    ``framework``: "torch" (torch.Tensor on the buffer's CUDA device), "cupy" (cupy.ndarray) or
+    "numpy" (simulated nodes only: the buffer is host memory there). Nothing is copied: the
+    tensors share the holder's memory with every other process that maps the buffer, so writing
+    to one changes them all. The buffer stays mapped while any returned tensor (or a view of one)
+    is alive, and is unmapped when the last one goes; the holder keeps the memory for the next
+    process either way. ``conn`` (default: a new connection to ``socket``, else $CUPOOL_SOCKET)
+    is closed once the tensors are gone when this function made it.
+
+    Raises NotFound (no such buffer), Busy (it is still being loaded), Refused (this user may not
+    open it), InvalidArgument (an unknown framework, or a dtype the framework lacks).
+    """
+    if framework not in FRAMEWORKS:
+        raise InvalidArgument(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+    from .connection import connect
+
+    own = conn is None
+    if conn is None:
+        conn = connect(socket, name=f"tensors {name}")
+    try:
+        index = conn.tensor_index(name)
+        lease = conn.open_buffer(name)
+        try:
+            base = _base(lease, framework)
+            out = {t["name"]: _view(base, t, framework) for t in index["tensors"]}
+            del base  # the views hold the memory now
+        finally:
+            lease.release()  # unmapped once the last view goes
+    finally:
+        if own:
+            conn.close()  # stays open while a view holds a lease of it
+    return out
+
+
+def _base(lease: Any, framework: str) -> Any:
+    """The whole buffer as one 1-D uint8 array or tensor, counted by the lease (DLPack)."""
+    if framework == "torch":
+        import torch
+
+        return torch.from_dlpack(lease)
+    if framework == "cupy":
+        if lease.backend != "cuda":
+            raise InvalidArgument("framework='cupy' needs a CUDA node; on a simulated node use 'numpy'")
+        import cupy
+
+        return cupy.from_dlpack(lease)
+    return lease.numpy()
+
+
+def _view(base: Any, entry: Dict[str, Any], framework: str) -> Any:
+    begin = entry["offset"]
+    raw = base[begin:begin + entry["size"]]
+    shape = tuple(entry["shape"])
+    dtype = _dtype(entry["dtype"], framework, entry["name"])
+    return raw.view(dtype).reshape(shape)
+
+
+def _dtype(name: str, framework: str, tensor: str) -> Any:
+    if framework == "torch":
+        import torch
+
+        found = getattr(torch, _TORCH.get(name, ""), None)
+        if found is None:
+            raise InvalidArgument(f"tensor {tensor}: this torch has no dtype for {name}")
+        return found
+    if name in _NUMPY:
+        import numpy
+
+        return numpy.dtype(_NUMPY[name])
+    if name in _ML_DTYPES:
+        try:
+            import ml_dtypes
+
+            if framework == "numpy":
+                return getattr(ml_dtypes, _ML_DTYPES[name])
+        except ImportError:
+            pass
+    extra = " (or install ml_dtypes)" if framework == "numpy" else ""
+    raise InvalidArgument(f"tensor {tensor}: {framework} has no {name} dtype; use framework='torch'{extra}")
