@@ -330,7 +330,7 @@ TEST_CASE("buffers: an index is checked before anything is made") {
       f.call(root, std::move(request));
       FAIL("accepted: " << words);
     } catch (const Error& e) {
-      CHECK(e.wire_code() == "bad_request");
+      CHECK(std::string(e.wire_code()) == "bad_request");
       CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, std::string(e.what()));
     }
   };
