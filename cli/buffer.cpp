@@ -24,6 +24,7 @@ struct BufferArgs {
   std::string size;
   bool force = false;
   std::string file;
+  std::string part_size;
   CLI::App* create = nullptr;
   CLI::App* load = nullptr;
   CLI::App* ls = nullptr;
@@ -65,7 +66,15 @@ int run_create(const BufferArgs& args) {
 int run_load(const BufferArgs& args) {
   const Format format = parse_format(args.format);
   check_name(args.name);
-  const json reply = load_buffer({args.socket, args.name, args.file, args.pool, args.device});
+  std::uint64_t part_size = 0;
+  if (!args.part_size.empty()) {
+    std::string why;
+    const auto parsed = parse_size(args.part_size, &why);
+    if (!parsed) throw InputError("--part-size: '" + args.part_size + "' is not a size: " + why);
+    if (*parsed < (1ULL << 20)) throw InputError("--part-size: a part is at least 1MiB");
+    part_size = *parsed;
+  }
+  const json reply = load_buffer({args.socket, args.name, args.file, args.pool, args.device, part_size});
   print_reply(format, reply, render_loaded);
   return static_cast<int>(ExitCode::ok);
 }
@@ -158,7 +167,10 @@ Verb add_buffer(CLI::App& app) {
       "Checks the file's header first (a truncated file, a header too large, an unknown dtype, a shape\n"
       "that disagrees with its offsets, offsets past the end or overlapping are refused before anything\n"
       "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data\n"
-      "through pinned staging memory, with a progress line on a terminal. Nobody can open the buffer until\n"
+      "through pinned staging memory, with a progress line on a terminal. The buffer is held in parts of\n"
+      "at most --part-size, one allocation each (a tensor larger than that gets a part of its own): the\n"
+      "driver may not import larger ones (an import over 5 GiB crashed on the H100 with driver 580).\n"
+      "Nobody can open the buffer until\n"
       "it is complete; if the load fails or this process is killed, the buffer is removed. Processes then\n"
       "map the weights with cupool.tensors(NAME) in Python, or cupool_open_buffer and the index from\n"
       "`cupool buffer ls NAME --format json`.\n"
@@ -174,6 +186,8 @@ Verb add_buffer(CLI::App& app) {
       ->required();
   args->load->add_option("--device,-d", args->device, "The holder's CUDA ordinal of the pool's device (default: the pool's first)")
       ->check(CLI::NonNegativeNumber);
+  args->load->add_option("--part-size", args->part_size,
+                         "The largest allocation of the buffer, with a unit (default 4GiB, at least 1MiB)");
 
   args->ls = sub->add_subcommand("ls", "List the named buffers, or the tensors one holds");
   args->ls->alias("list");
@@ -181,7 +195,7 @@ Verb add_buffer(CLI::App& app) {
       "\n"
       "Without a name: every buffer, who may open it, how often it is open, whether it is ready or still\n"
       "loading, and how many tensors it holds. With a name: that buffer's tensors (name, dtype, shape,\n"
-      "offset and size in the buffer).\n"
+      "part, offset in the part and size).\n"
       "\nExamples:\n"
       "  cupool buffer ls\n"
       "  cupool buffer ls --format json | jq -r '.buffers[] | select(.permitted) | .name'\n"

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <utility>
 
 #include "base/fd.h"
 #include "base/units.h"
@@ -74,11 +75,12 @@ Fd open_data(const std::string& path, std::uint64_t expected_size) {
 json load_buffer(const LoadArgs& args) {
   const auto started = Clock::now();
   const tensors::FileHeader header = tensors::read_header(args.file);
-  std::uint64_t size = 0;
-  const tensors::Index placed = tensors::layout(header.index, size);
+  const tensors::Index placed = tensors::layout(header.index, args.part_size ? args.part_size : tensors::kDefaultPartSize);
+  const std::uint64_t size = tensors::total_size(placed);
   const json index = tensors::to_json(placed);
 
-  json create = {{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"size", size}, {"loading", true},
+  json create = {{"op", "buffer_create"}, {"name", args.name},         {"pool", args.pool},
+                 {"size", size},          {"parts", index["parts"]},   {"loading", true},
                  {"tensors", index["tensors"]}, {"metadata", index["metadata"]}};
   if (args.device >= 0) create["device"] = args.device;
   const std::size_t request_bytes = create.dump().size();
@@ -94,13 +96,22 @@ json load_buffer(const LoadArgs& args) {
   cupool_lease* lease = nullptr;
   try {
     const Fd fd = open_data(args.file, header.data_start + header.data_size);
-    lease = holder.open_buffer(args.name);
-    std::vector<cupool_file_range> ranges;
-    for (std::size_t i = 0; i < placed.tensors.size(); ++i)
-      ranges.push_back({header.data_start + header.index.tensors[i].offset, placed.tensors[i].offset,
-                        placed.tensors[i].size});
+    // `placed` is in file order (layout keeps it), so header.index.tensors[i] is the same tensor.
+    std::vector<std::vector<cupool_file_range>> ranges(placed.parts.size());
+    for (std::size_t i = 0; i < placed.tensors.size(); ++i) {
+      const tensors::Tensor& t = placed.tensors[i];
+      ranges[t.part].push_back({header.data_start + header.index.tensors[i].offset, t.offset, t.size});
+    }
+    std::uint64_t total = 0, before = 0;
+    for (const auto& t : placed.tensors) total += t.size;
     ProgressLine progress(args.name);
-    holder.load_file(lease, fd.get(), ranges, [&](std::uint64_t done, std::uint64_t total) { progress(done, total); });
+    for (std::uint32_t part = 0; part < ranges.size(); ++part) {
+      lease = holder.open_buffer(args.name, part);
+      holder.load_file(lease, fd.get(), ranges[part],
+                       [&](std::uint64_t done, std::uint64_t) { progress(before + done, total); });
+      for (const auto& r : ranges[part]) before += r.bytes;
+      holder.release(std::exchange(lease, nullptr));
+    }
     holder.request({{"op", "buffer_ready"}, {"name", args.name}});
   } catch (...) {
     if (lease) holder.release(lease);
@@ -111,7 +122,6 @@ json load_buffer(const LoadArgs& args) {
     }
     throw;
   }
-  holder.release(lease);
   const double seconds = seconds_since(started);
   std::uint64_t bytes = 0;
   for (const auto& t : placed.tensors) bytes += t.size;
@@ -119,6 +129,7 @@ json load_buffer(const LoadArgs& args) {
           {"pool", created.value("pool", args.pool)},
           {"device", created.value("device", args.device)},
           {"size", size},
+          {"parts", placed.parts.size()},
           {"tensors", placed.tensors.size()},
           {"file", args.file},
           {"tensor_bytes", bytes},
@@ -134,7 +145,8 @@ std::string render_loaded(const json& r) {
          (count == 1 ? " tensor, " : " tensors, ") + format_bytes(r.value("tensor_bytes", std::uint64_t{0})) + " from " +
          r.value("file", std::string()) + " in " + rate + " (" +
          format_bytes(r.value("bytes_per_second", std::uint64_t{0})) + "/s), pool " + r.value("pool", std::string()) +
-         " on device " + std::to_string(r.value("device", 0)) + "\n";
+         " on device " + std::to_string(r.value("device", 0)) +
+         (r.value("parts", 1) > 1 ? ", in " + std::to_string(r.value("parts", 1)) + " parts" : std::string()) + "\n";
 }
 
 }  // namespace cupool::cli

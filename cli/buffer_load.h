@@ -1,6 +1,7 @@
 // cupool buffer load (cli/buffer_load.cpp), apart from the other buffer verbs (cli/buffer.cpp).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@ struct LoadArgs {
   std::string file;
   std::string pool;
   int device = -1;  // -1: the pool's first device
+  std::uint64_t part_size = 0;  // the largest allocation (0: tensors::kDefaultPartSize)
 };
 
 // Reads the safetensors file `args.file` into a new buffer `args.name` and keeps its tensor index

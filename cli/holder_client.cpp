@@ -129,10 +129,11 @@ void HolderClient::throw_status(int status, const std::string& doing) {
   }
 }
 
-cupool_lease* HolderClient::open_buffer(const std::string& name) {
+cupool_lease* HolderClient::open_buffer(const std::string& name, std::uint32_t part) {
   cupool_lease* lease = nullptr;
-  const int status = cupool_open_buffer(conn_, name.c_str(), &lease);
-  if (status != CUPOOL_OK) throw_status(status, "opening buffer " + name);
+  const int status = cupool_open_buffer_part(conn_, name.c_str(), part, &lease);
+  if (status != CUPOOL_OK)
+    throw_status(status, "opening buffer " + name + (part ? " part " + std::to_string(part) : std::string()));
   return lease;
 }
 

@@ -49,8 +49,9 @@ class HolderClient {
   // only a failure to talk to the holder throws.
   nlohmann::ordered_json request_raw(const nlohmann::ordered_json& req);
 
-  // Opens the named buffer in this process (cupool_open_buffer); it stays mapped until release().
-  cupool_lease* open_buffer(const std::string& name);
+  // Opens part `part` of the named buffer in this process (cupool_open_buffer_part); it stays
+  // mapped until release().
+  cupool_lease* open_buffer(const std::string& name, std::uint32_t part = 0);
   // Copies ranges of the file open at `fd` into `lease` (cupool_load_file); `progress` is told the
   // bytes read so far and the total.
   void load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,

@@ -454,19 +454,29 @@ std::string render_buffers(const json& buffers) {
 std::string render_buffer_tensors(const json& reply) {
   const auto it = reply.find("tensors");
   const std::size_t count = it != reply.end() && it->is_array() ? it->size() : 0;
-  std::string out = "buffer " + text(reply, "name") + ": " + bytes(reply, "size") + ", " + std::to_string(count) +
-                    (count == 1 ? " tensor\n" : " tensors\n");
+  const auto parts = reply.find("parts");
+  const std::size_t part_count = parts != reply.end() && parts->is_array() ? parts->size() : 1;
+  std::string out = "buffer " + text(reply, "name") + ": " + bytes(reply, "size") +
+                    (part_count > 1 ? " in " + std::to_string(part_count) + " parts" : std::string()) + ", " +
+                    std::to_string(count) + (count == 1 ? " tensor\n" : " tensors\n");
   if (!count) {
     if (boolean(reply, "indexed") == std::optional<bool>(false))
       out += "(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n";
     return out;
   }
-  Table t({"TENSOR", "DTYPE", "SHAPE", "OFFSET", "SIZE"});
+  // The part column only where there are parts: offsets then count from each part's start.
+  const bool by_part = part_count > 1;
+  Table t(by_part ? std::vector<std::string>{"TENSOR", "DTYPE", "SHAPE", "PART", "OFFSET", "SIZE"}
+                  : std::vector<std::string>{"TENSOR", "DTYPE", "SHAPE", "OFFSET", "SIZE"});
   for (const auto& tensor : *it) {
     std::string shape = "[";
     if (tensor.contains("shape") && tensor["shape"].is_array())
       for (const auto& d : tensor["shape"]) shape += (shape.size() > 1 ? ", " : "") + d.dump();
-    t.add({text(tensor, "name"), text(tensor, "dtype"), shape + "]", number(tensor, "offset"), bytes(tensor, "size")});
+    std::vector<std::string> row{text(tensor, "name"), text(tensor, "dtype"), shape + "]"};
+    if (by_part) row.push_back(number(tensor, "part"));
+    row.push_back(number(tensor, "offset"));
+    row.push_back(bytes(tensor, "size"));
+    t.add(row);
   }
   return out + t.str();
 }

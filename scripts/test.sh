@@ -26,7 +26,7 @@ cmake --build build-tsan --target cupool cupool_unit_tests cupool_testclient
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
   ctest --test-dir build-tsan --output-on-failure -R '^(unit|holder)$' || status=1
 
-echo "== fuzz: the config and protocol fuzzers, ${FUZZ_SECONDS:-30} s each (libFuzzer, ASan, UBSan)"
+echo "== fuzz: the config, protocol and safetensors fuzzers, ${FUZZ_SECONDS:-30} s each (libFuzzer, ASan, UBSan)"
 bash scripts/fuzz.sh || status=1
 
 exit $status

@@ -79,8 +79,13 @@ CUPOOL_API const char* cupool_backend(const cupool_conn* conn);
 /* Allocates `size` bytes from pool `pool` on the holder's device `device` (-1: the pool's first
  * device). The lease's pointer is usable from the pool's device in this process on return. */
 CUPOOL_API int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size, cupool_lease** out);
-/* Opens the named buffer (created with `cupool buffer create` or the config's buffers:). */
+/* Opens the named buffer (created with `cupool buffer create` or the config's buffers:); for a
+ * buffer of several parts, its first part. */
 CUPOOL_API int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_lease** out);
+/* Opens part `part` (from 0) of the named buffer: a tensor set made by `cupool buffer load` is
+ * held in parts, one allocation each (the `buffer_tensors` request lists their sizes, and each
+ * tensor's part). CUPOOL_E_NOT_FOUND when the buffer has no such part. */
+CUPOOL_API int cupool_open_buffer_part(cupool_conn* conn, const char* name, uint32_t part, cupool_lease** out);
 /* Frees an allocation (or closes a buffer): unmapped here, then released in the holder. Finish
  * this process's GPU work on the lease first (synchronize the streams that use it): the release
  * does not wait for them. The lease is freed even when the holder can't be told. NULL is ignored

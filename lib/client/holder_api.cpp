@@ -218,10 +218,16 @@ int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size,
 }
 
 int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_lease** out) {
+  return cupool_open_buffer_part(conn, name, 0, out);
+}
+
+int cupool_open_buffer_part(cupool_conn* conn, const char* name, uint32_t part, cupool_lease** out) {
   if (out) *out = nullptr;
   return guarded(conn, [&] {
     if (!name || !out) throw Failure{CUPOOL_E_INVALID, "name and out must not be NULL"};
-    Json reply = conn->call({{"op", "buffer_open"}, {"name", name}});
+    Json request = {{"op", "buffer_open"}, {"name", name}};
+    if (part) request["part"] = part;  // a holder from before parts knows no "part"
+    Json reply = conn->call(request);
     auto lease = std::make_unique<cupool_lease>();
     lease->buffer = true;
     lease->name = name;

@@ -158,8 +158,14 @@ class Holder {
     std::uint64_t reserved_after_reserve = 0;  // reserved bytes read back after mapping `reserve`
   };
   struct HeldBuffer {
-    BufferWant want;
-    SharedAllocation allocation;
+    BufferWant want;  // want.size: all parts together
+    // One allocation per part: a buffer from a config has one; `cupool buffer load` makes a tensor
+    // set of parts no larger than the driver imports (tensors/safetensors.h, kDefaultPartSize).
+    struct Part {
+      SharedAllocation allocation;
+      std::uint64_t size = 0;
+    };
+    std::vector<Part> parts;
     bool shared = true;  // false in a pool without an IPC handle type (nobody can open it)
     std::uint64_t opens = 0;
     std::uint64_t loading = 0;  // the client filling it (buffer_create with "loading"); 0 once ready
@@ -273,7 +279,8 @@ class Holder {
   void create_pool(const PoolWant& w);
   void update_pool(HeldPool& held, const PoolWant& w);
   void destroy_pool(const PoolKey& key);
-  void create_buffer(const BufferWant& w);
+  // Makes the buffer `w` from parts of `part_sizes` bytes (empty: one part of w.size); all or nothing.
+  void create_buffer(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes = {});
   void destroy_buffer(const std::string& name);
 
   Backend& backend_;

@@ -286,22 +286,42 @@ void Holder::destroy_pool(const PoolKey& key) {
   spdlog::info("removed pool {} on device {}", key.first, key.second);
 }
 
-void Holder::create_buffer(const BufferWant& w) {
+void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes) {
   auto it = pools_.find({w.pool, w.device});
   if (it == pools_.end()) throw Error(Errc::not_found, "no pool " + w.pool + " on device " + std::to_string(w.device));
+  const PoolHandle pool = it->second.handle;
   HeldBuffer b;
   b.want = w;
   // A buffer in a pool without an IPC handle type is only kept (check warns about it).
   b.shared = (it->second.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
-  if (b.shared) {
-    b.allocation = backend_.allocate_shared(it->second.handle, w.size);
+  auto free_part = [&](const HeldBuffer::Part& part) noexcept {
+    try {
+      if (b.shared) backend_.free_shared(pool, part.allocation.address);
+      else backend_.free(pool, part.allocation.address);
+    } catch (const std::exception& e) {
+      spdlog::error("freeing a part of buffer {} failed: {}", w.name, e.what());
+    }
+  };
+  try {
+    for (const std::uint64_t size : part_sizes.empty() ? std::vector<std::uint64_t>{w.size} : part_sizes) {
+      HeldBuffer::Part part;
+      part.size = size;
+      if (b.shared) part.allocation = backend_.allocate_shared(pool, size);
+      else part.allocation.address = backend_.allocate(pool, size);
+      b.parts.push_back(part);
+    }
     // Buffers are opened long after: make them ready now, so opening one needs no event.
-    backend_.synchronize(w.device);
-  } else {
-    b.allocation.address = backend_.allocate(it->second.handle, w.size);
+    if (b.shared) backend_.synchronize(w.device);
+  } catch (...) {
+    for (const auto& part : b.parts) free_part(part);
+    throw;
   }
   buffers_[w.name] = b;
-  spdlog::info("created buffer {} ({}) in pool {} on device {}", w.name, format_bytes(w.size), w.pool, w.device);
+  if (b.parts.size() == 1)
+    spdlog::info("created buffer {} ({}) in pool {} on device {}", w.name, format_bytes(w.size), w.pool, w.device);
+  else
+    spdlog::info("created buffer {} ({} in {} parts) in pool {} on device {}", w.name, format_bytes(w.size),
+                 b.parts.size(), w.pool, w.device);
 }
 
 void Holder::destroy_buffer(const std::string& name) {
@@ -309,10 +329,12 @@ void Holder::destroy_buffer(const std::string& name) {
   if (it == buffers_.end()) return;
   auto p = pools_.find({it->second.want.pool, it->second.want.device});
   if (p != pools_.end()) {
-    if (it->second.shared)
-      backend_.free_shared(p->second.handle, it->second.allocation.address);
-    else
-      backend_.free(p->second.handle, it->second.allocation.address);
+    for (const auto& part : it->second.parts) {
+      if (it->second.shared)
+        backend_.free_shared(p->second.handle, part.allocation.address);
+      else
+        backend_.free(p->second.handle, part.allocation.address);
+    }
   }
   buffers_.erase(it);
   spdlog::info("removed buffer {}", name);

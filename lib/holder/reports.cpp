@@ -46,6 +46,7 @@ Json Holder::status() const {
                               {"device", b.want.device},
                               {"uuid", device_uuid(b.want.device)},
                               {"size", b.want.size},
+                              {"parts", b.parts.size()},
                               {"opens", b.opens},
                               {"state", b.loading ? "loading" : "ready"},
                               {"tensors", b.index ? Json(b.index->tensors.size()) : Json()}});

@@ -17,6 +17,29 @@ namespace {
 
 constexpr std::uint64_t kMaxAllocation = 1ULL << 48;
 
+// A buffer_create's "parts" (the size of each allocation, adding up to "size"), or one part of
+// `size` when the request has none.
+std::vector<std::uint64_t> part_sizes(const Json* parts, std::uint64_t size) {
+  if (!parts) return {size};
+  const auto fail = [&](const std::string& why) {
+    throw Error(Errc::bad_request, "\"parts\" " + why + " (an array of 1 to " + std::to_string(tensors::kMaxParts) +
+                                       " sizes in bytes, each at least 1, adding up to \"size\")");
+  };
+  if (!parts->is_array() || parts->empty() || parts->size() > tensors::kMaxParts) fail("is not a list of parts");
+  std::vector<std::uint64_t> out;
+  std::uint64_t sum = 0;
+  for (const Json& p : *parts) {
+    // Unsigned off the wire; a request built in C++ may hold it signed.
+    const bool count = p.is_number_unsigned() || (p.is_number_integer() && p.get<std::int64_t>() > 0);
+    if (!count || p.get<std::uint64_t>() == 0 || p.get<std::uint64_t>() > kMaxAllocation)
+      fail("holds " + p.dump().substr(0, 40) + ", not a size");
+    out.push_back(p.get<std::uint64_t>());
+    sum += out.back();  // at most 4096 x 2^48: no overflow
+  }
+  if (sum != size) fail("add up to " + std::to_string(sum) + " bytes, not " + std::to_string(size));
+  return out;
+}
+
 }  // namespace
 
 // The request table: every operation of docs/protocol.md and the member that serves it.
@@ -256,10 +279,15 @@ Json Holder::op_buffer_open(Request& r) {
   Client& c = r.client;
   proto::Args& a = r.args;
   const std::string name = a.string("name", kMaxName);
+  const std::uint64_t part = a.optional_u64("part", 0, tensors::kMaxParts - 1).value_or(0);
   a.finish();
   require_not_draining("buffer_open");
   HeldBuffer& b = readable_buffer(r.id, name);
   HeldPool& p = pool_for(c, b.want.pool, b.want.device, true);
+  if (part >= b.parts.size())
+    throw Error(Errc::not_found, "buffer " + name + " has " + std::to_string(b.parts.size()) +
+                                     (b.parts.size() == 1 ? " part" : " parts") + "; there is no part " +
+                                     std::to_string(part));
   auto open = c.open_buffers.find(name);
   if (open == c.open_buffers.end() && c.open_buffers.size() >= limits_.max_open_buffers_per_client)
     throw Error(Errc::limit_exceeded, "a connection may have at most " +
@@ -271,9 +299,12 @@ Json Holder::op_buffer_open(Request& r) {
   out["pool"] = b.want.pool;
   out["device"] = b.want.device;
   out["uuid"] = device_uuid(b.want.device);
-  out["size"] = b.want.size;
+  out["size"] = b.parts[part].size;  // what the lease maps: the part
+  out["part"] = part;
+  out["parts"] = b.parts.size();
+  out["buffer_size"] = b.want.size;
   out["generation"] = p.generation;
-  out["export_data"] = proto::to_hex(b.allocation.export_data);
+  out["export_data"] = proto::to_hex(b.parts[part].allocation.export_data);
   out["ready"] = true;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
   return out;
@@ -312,11 +343,13 @@ Json Holder::op_buffer_create(Request& r) {
   const bool loading = a.boolean("loading", false);
   const Json* tensors = a.value("tensors");
   const Json* metadata = a.value("metadata");
+  const Json* parts_json = a.value("parts");
   a.finish();
   require_admin(c, "buffer_create");
   if (metadata && !tensors) throw Error(Errc::bad_request, "\"metadata\" comes with \"tensors\"");
+  const std::vector<std::uint64_t> parts = part_sizes(parts_json, size);
   std::optional<tensors::Index> index;
-  if (tensors) index = tensors::from_json(*tensors, metadata ? *metadata : Json(), size);
+  if (tensors) index = tensors::from_json(*tensors, metadata ? *metadata : Json(), parts);
   require_not_draining("buffer_create");
   if (!valid_name(name))
     throw Error(Errc::bad_request,
@@ -325,7 +358,7 @@ Json Holder::op_buffer_create(Request& r) {
   HeldPool& p = pool_for(c, pool, device, true);  // a buffer is for sharing: an IPC pool
   BufferWant w{name, pool, p.want.device, size};
   try {
-    create_buffer(w);
+    create_buffer(w, parts);
     HeldBuffer& b = buffers_.at(name);
     b.loading = loading ? r.id : 0;
     b.index = std::move(index);
@@ -335,7 +368,8 @@ Json Holder::op_buffer_create(Request& r) {
                   "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
-  Json out{{"name", name}, {"pool", pool}, {"device", p.want.device}, {"size", size}, {"loading", loading}};
+  Json out{{"name", name}, {"pool", pool},         {"device", p.want.device},
+           {"size", size}, {"parts", parts.size()}, {"loading", loading}};
   if (tensors) out["tensors"] = tensors->size();
   return out;
 }
@@ -369,6 +403,8 @@ Json Holder::op_buffer_tensors(Request& r) {
   Json out = tensors::to_json(b.index ? *b.index : none);
   out["name"] = name;
   out["size"] = b.want.size;
+  out["parts"] = Json::array();
+  for (const auto& part : b.parts) out["parts"].push_back(part.size);
   out["indexed"] = b.index.has_value();
   return out;
 }

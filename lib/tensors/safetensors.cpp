@@ -76,6 +76,11 @@ Tensor read_entry(const std::string& name, const Json& entry, const char* offset
       fail(where + ": needs \"offset\" and \"size\", byte counts");
     t.offset = offset->get<std::uint64_t>();
     t.size = size->get<std::uint64_t>();
+    if (const auto part = entry.find("part"); part != entry.end()) {
+      if (!is_count(*part) || part->get<std::uint64_t>() >= kMaxParts)
+        fail(where + ": \"part\" is the number of a part, 0 to " + std::to_string(kMaxParts - 1));
+      t.part = static_cast<std::uint32_t>(part->get<std::uint64_t>());
+    }
   }
   if (t.size != bytes)
     fail(where + ": " + t.dtype + " of shape " + Json(t.shape).dump() + " is " + std::to_string(bytes) +
@@ -83,21 +88,30 @@ Tensor read_entry(const std::string& name, const Json& entry, const char* offset
   return t;
 }
 
-// Sorts by offset and checks that every tensor lies within `limit` bytes and none overlaps another.
-void check_ranges(std::vector<Tensor>& tensors, std::uint64_t limit, const std::string& space, const Fail& fail) {
+// Sorts by part and offset and checks that every tensor lies within its part (`limits[part]` bytes;
+// a file's data is one part) and none overlaps another.
+void check_ranges(std::vector<Tensor>& tensors, const std::vector<std::uint64_t>& limits, const std::string& space,
+                  const Fail& fail) {
   std::sort(tensors.begin(), tensors.end(), [](const Tensor& a, const Tensor& b) {
-    return a.offset != b.offset ? a.offset < b.offset : a.size < b.size;
+    if (a.part != b.part) return a.part < b.part;
+    if (a.offset != b.offset) return a.offset < b.offset;
+    return a.size != b.size ? a.size < b.size : a.name < b.name;  // one order, whatever the input's
   });
   const Tensor* previous = nullptr;
   for (const Tensor& t : tensors) {
+    if (t.part >= limits.size())
+      fail("tensor \"" + valid_utf8(t.name) + "\" is in part " + std::to_string(t.part) + ", but the " + space +
+           " has " + std::to_string(limits.size()) + (limits.size() == 1 ? " part" : " parts"));
+    const std::uint64_t limit = limits[t.part];
+    const std::string in = limits.size() > 1 ? " of part " + std::to_string(t.part) : "";
     if (t.offset > limit || t.size > limit - t.offset)
       fail("tensor \"" + valid_utf8(t.name) + "\" spans bytes " + std::to_string(t.offset) + " to " +
-           std::to_string(t.offset + t.size) + ", past the end of the " + space + " (" + std::to_string(limit) +
+           std::to_string(t.offset + t.size) + in + ", past the end of the " + space + " (" + std::to_string(limit) +
            " bytes)");
     if (t.size == 0) continue;
-    if (previous && t.offset < previous->offset + previous->size)
+    if (previous && previous->part == t.part && t.offset < previous->offset + previous->size)
       fail("tensors \"" + valid_utf8(previous->name) + "\" and \"" + valid_utf8(t.name) + "\" overlap (bytes " +
-           std::to_string(t.offset) + " to " + std::to_string(previous->offset + previous->size) + " of the " +
+           std::to_string(t.offset) + " to " + std::to_string(previous->offset + previous->size) + in + " of the " +
            space + ")");
     previous = &t;
   }
@@ -143,7 +157,7 @@ FileHeader parse_header(std::string_view what, std::string_view json, std::uint6
     if (name == "__metadata__") out.index.metadata = read_metadata(entry, fail);
     else out.index.tensors.push_back(read_entry(name, entry, "data_offsets", fail));
   }
-  check_ranges(out.index.tensors, out.data_size, "data", fail);
+  check_ranges(out.index.tensors, {out.data_size}, "data", fail);
   return out;
 }
 
@@ -208,31 +222,51 @@ FileHeader read_header(const std::string& path) {
   return parse_file(path, bytes, file_size);
 }
 
-Index layout(const Index& file, std::uint64_t& size) {
+Index layout(const Index& file, std::uint64_t part_size) {
   Index out;
   out.metadata = file.metadata;
-  std::uint64_t at = 0;
+  part_size = std::max(part_size, kAlignment);
+  std::uint64_t at = 0;  // the end of the last tensor in the open part
   for (const Tensor& t : file.tensors) {
     Tensor placed = t;
-    at = (at + kAlignment - 1) / kAlignment * kAlignment;
-    placed.offset = at;
-    at += t.size;
+    std::uint64_t start = (at + kAlignment - 1) / kAlignment * kAlignment;
+    if (at > 0 && (start > part_size || t.size > part_size - start)) {
+      out.parts.push_back(at);
+      if (out.parts.size() >= kMaxParts)
+        throw InputError("the tensors need more than " + std::to_string(kMaxParts) + " parts of at most " +
+                         format_bytes(part_size) + "; give a larger part size");
+      at = start = 0;
+    }
+    placed.part = static_cast<std::uint32_t>(out.parts.size());
+    placed.offset = start;
+    at = start + t.size;
     out.tensors.push_back(std::move(placed));
   }
-  size = std::max<std::uint64_t>(at, 1);
+  out.parts.push_back(std::max<std::uint64_t>(at, 1));
   return out;
+}
+
+std::uint64_t total_size(const Index& index) {
+  std::uint64_t sum = 0;
+  for (std::uint64_t p : index.parts) sum += p;
+  return sum;
 }
 
 Json to_json(const Index& index) {
   Json tensors = Json::array();
   for (const Tensor& t : index.tensors)
-    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"offset", t.offset}, {"size", t.size}});
+    tensors.push_back({{"name", t.name},
+                       {"dtype", t.dtype},
+                       {"shape", t.shape},
+                       {"part", t.part},
+                       {"offset", t.offset},
+                       {"size", t.size}});
   Json metadata = Json::object();
   for (const auto& [k, v] : index.metadata) metadata[k] = v;
-  return {{"tensors", tensors}, {"metadata", metadata}};
+  return {{"tensors", tensors}, {"metadata", metadata}, {"parts", index.parts}};
 }
 
-Index from_json(const Json& tensors, const Json& metadata, std::uint64_t buffer_size) {
+Index from_json(const Json& tensors, const Json& metadata, const std::vector<std::uint64_t>& parts) {
   const Fail fail = [](const std::string& message) { throw Error(Errc::bad_request, "tensors: " + message); };
   if (!tensors.is_array()) fail("expected an array of {name, dtype, shape, offset, size}");
   if (tensors.size() > kMaxTensors) fail("more than " + std::to_string(kMaxTensors) + " tensors");
@@ -247,7 +281,8 @@ Index from_json(const Json& tensors, const Json& metadata, std::uint64_t buffer_
   if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end())
     fail("two tensors are named \"" + valid_utf8(*dup) + "\"");
   out.metadata = read_metadata(metadata, fail);
-  check_ranges(out.tensors, buffer_size, "buffer", fail);
+  check_ranges(out.tensors, parts, "buffer", fail);
+  out.parts = parts;
   return out;
 }
 

@@ -24,6 +24,12 @@ inline constexpr std::size_t kMaxName = 1024;      // bytes of a tensor's name
 inline constexpr std::size_t kMaxRank = 16;        // dimensions of a shape
 inline constexpr std::size_t kMaxMetadata = 65536;  // bytes of __metadata__ keys and values together
 inline constexpr std::uint64_t kAlignment = 256;   // of each tensor in a buffer (what CUDA allocations give)
+inline constexpr std::size_t kMaxParts = 4096;     // allocations of one buffer
+// The largest part `cupool buffer load` makes by default. A buffer is held as parts (one
+// allocation each) because the driver cannot import every size: on the H100 with driver 580.159.04
+// cuMemPoolImportPointer of a pool allocation over 5 GiB crashed the importing process inside
+// libcuda, while 4.5 and 5 GiB imported fine (tests/gpu/RESULTS.md, 2026-11-25).
+inline constexpr std::uint64_t kDefaultPartSize = 4ULL << 30;
 
 // A dtype of the safetensors format and its element size.
 struct DType {
@@ -41,13 +47,15 @@ struct Tensor {
   std::string name;
   std::string dtype;
   std::vector<std::uint64_t> shape;
-  std::uint64_t offset = 0;  // bytes from the first byte of the data (a file's) or of the buffer
+  std::uint32_t part = 0;    // in a buffer: the part (allocation) that holds it
+  std::uint64_t offset = 0;  // bytes from the first byte of the data (a file's) or of its part
   std::uint64_t size = 0;    // bytes
 };
 
 struct Index {
-  std::vector<Tensor> tensors;  // by offset
+  std::vector<Tensor> tensors;  // by part, then offset
   std::map<std::string, std::string> metadata;
+  std::vector<std::uint64_t> parts;  // a buffer's: the size of each part (a file's index: empty)
 };
 
 // A file's header: its index (offsets into the file's data) and where the data is.
@@ -65,15 +73,19 @@ FileHeader read_header(const std::string& path);
 // fuzzer and tests. `what` names the file in messages.
 FileHeader parse_file(std::string_view what, std::string_view bytes, std::uint64_t file_size);
 
-// Where each tensor goes in a buffer: in file order, each at a multiple of kAlignment. Returns
-// the buffer's index; `size` becomes the bytes the buffer needs (at least 1).
-Index layout(const Index& file, std::uint64_t& size);
+// Where each tensor goes in a buffer: in file order, each at a multiple of kAlignment of its part;
+// a part is closed when the next tensor would take it past `part_size` (a larger tensor gets a part
+// of its own). Returns the buffer's index with `parts` filled (at least one part, each at least 1
+// byte). Throws InputError when that needs more than kMaxParts parts.
+Index layout(const Index& file, std::uint64_t part_size = kDefaultPartSize);
+// The bytes of all parts.
+std::uint64_t total_size(const Index& index);
 
-// The index as it travels in the protocol: {"tensors": [{name, dtype, shape, offset, size}],
-// "metadata": {}}.
+// The index as it travels in the protocol: {"tensors": [{name, dtype, shape, part, offset, size}],
+// "metadata": {}, "parts": [bytes, ...]}.
 Json to_json(const Index& index);
-// An index a peer sent, checked against a buffer of `buffer_size` bytes (the same rules as a file);
-// throws Error(bad_request) saying what is wrong.
-Index from_json(const Json& tensors, const Json& metadata, std::uint64_t buffer_size);
+// An index a peer sent, checked against a buffer of parts of `parts` bytes (the same rules as a
+// file, within each part); throws Error(bad_request) saying what is wrong.
+Index from_json(const Json& tensors, const Json& metadata, const std::vector<std::uint64_t>& parts);
 
 }  // namespace cupool::tensors

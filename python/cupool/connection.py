@@ -57,19 +57,24 @@ class Connection:
                                                    size, ctypes.byref(out)))
             return Lease(self, session, out.value, pool=pool)
 
-    def open_buffer(self, name: str) -> Lease:
-        """Opens the named buffer (the config's `buffers:` or `cupool buffer create`)."""
+    def open_buffer(self, name: str, part: int = 0) -> Lease:
+        """Opens the named buffer (the config's `buffers:` or `cupool buffer create`), or part
+        ``part`` of a buffer held in parts (a tensor set from `cupool buffer load`: see
+        ``tensor_index``). Raises NotFound when there is no such buffer or part."""
+        if not 0 <= part < 2**32:
+            raise InvalidArgument(f"part must be 0 or more, not {part}")
         out = ctypes.c_void_p()
         session = self._session
         with session.lock:
             handle = session.check_open()
-            session.check(session.lib.cupool_open_buffer(handle, name.encode(), ctypes.byref(out)))
+            session.check(session.lib.cupool_open_buffer_part(handle, name.encode(), part, ctypes.byref(out)))
             return Lease(self, session, out.value, name=name)
 
     def tensor_index(self, name: str) -> Dict[str, Any]:
         """The tensor index of buffer `name` (`cupool buffer load`): {"name", "size", "indexed",
-        "tensors": [{"name", "dtype", "shape", "offset", "size"}], "metadata": {}}, offsets in bytes
-        from the buffer's start. ``cupool.tensors(name)`` turns it into tensors."""
+        "parts": [bytes, ...], "tensors": [{"name", "dtype", "shape", "part", "offset", "size"}],
+        "metadata": {}}; a tensor's offset counts bytes from the start of its part (open a part
+        with ``open_buffer(name, part)``). ``cupool.tensors(name)`` turns it into tensors."""
         return self.request({"op": "buffer_tensors", "name": name})
 
     # ---- the cache (protocol 2) ----

@@ -49,13 +49,19 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
         conn = connect(socket, name=f"tensors {name}")
     try:
         index = conn.tensor_index(name)
-        lease = conn.open_buffer(name)
-        try:
-            base = _base(lease, framework)
-            out = {t["name"]: _view(base, t, framework) for t in index["tensors"]}
-            del base  # the views hold the memory now
-        finally:
-            lease.release()  # unmapped once the last view goes
+        out = {}
+        # A set is held in parts (one allocation each); a tensor lies within one part.
+        for part in range(len(index.get("parts") or [0])):
+            entries = [t for t in index["tensors"] if t.get("part", 0) == part]
+            if not entries:
+                continue
+            lease = conn.open_buffer(name, part)
+            try:
+                base = _base(lease, framework)
+                out.update({t["name"]: _view(base, t, framework) for t in entries})
+                del base  # the views hold the memory now
+            finally:
+                lease.release()  # unmapped once the last view of this part goes
     finally:
         if own:
             conn.close()  # stays open while a view holds a lease of it

@@ -180,7 +180,10 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(seed);
   for (long i = 0; i < iterations; ++i) {
     const std::string& from = seeds[static_cast<std::size_t>(rng() % seeds.size())];
-    const std::string input = frames ? mutate_frames(from, rng, payloads) : mutate(from, rng, seeds);
+    static const Nasty json{kJsonNasty, sizeof kJsonNasty / sizeof kJsonNasty[0]};
+    const std::string input = frames            ? mutate_frames(from, rng, payloads)
+                              : ext == ".yaml" ? mutate(from, rng, seeds)
+                                               : mutate(from, rng, seeds, json);  // JSON inside (safetensors)
     failures += LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(input.data()), input.size()) != 0;
   }
   std::printf("%zu seeds and %ld mutations (seed %llu): %ld failed\n", seeds.size(), iterations, seed, failures);

@@ -758,10 +758,27 @@ def test_buffer_load(tmp):
         listed = cupool("buffer", "ls", socket_path=h.socket, check_rc=0).stdout
         check(re.search(r"model\s+kv\s+0\s+80\.0 MiB\s+ready\s+1\s+0", listed), f"buffer ls:\n{listed}")
         one = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        check(one["tensors"] == [{"name": "all", "dtype": "U8", "shape": [size], "offset": 0, "size": size}]
-              and one["metadata"] == {"format": "pt"}, f"buffer ls model: {one}")
+        check(one["tensors"] == [{"name": "all", "dtype": "U8", "shape": [size], "part": 0, "offset": 0, "size": size}]
+              and one["metadata"] == {"format": "pt"} and one["parts"] == [size], f"buffer ls model: {one}")
         table = cupool("buffer", "ls", "model", socket_path=h.socket, check_rc=0).stdout
         check("all" in table and "[83886083]" in table, f"buffer ls model:\n{table}")
+
+        # In parts (--part-size): a tensor per part here, each part its own allocation; part 0 holds
+        # the first tensor's bytes (the test client opens part 0).
+        two = os.path.join(tmp, "two.safetensors")
+        with open(two, "wb") as f:
+            f.write(safetensors_bytes([("x", "U8", [3 * MiB], testclient_pattern(3 * MiB, 7)),
+                                       ("y", "U8", [MiB], bytes(MiB))]))
+        r = cupool("buffer", "load", "parted", two, "--pool", "kv", "--part-size", "2MiB", socket_path=h.socket,
+                   check_rc=0)
+        check("2 tensors" in r.stdout and "in 2 parts" in r.stdout, f"load in parts: {r.stdout}")
+        one = json.loads(cupool("buffer", "ls", "parted", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(one["parts"] == [3 * MiB, MiB] and [t["part"] for t in one["tensors"]] == [0, 1], f"parts: {one}")
+        c = client(h, "read", "parted", 7)
+        check(c.returncode == 0 and f"({3 * MiB} bytes" in c.stdout, f"part 0: {c.stdout}{c.stderr}")
+        cupool("buffer", "rm", "parted", socket_path=h.socket, check_rc=0)
+        r = cupool("buffer", "load", "parted", two, "--pool", "kv", "--part-size", "4KiB", socket_path=h.socket)
+        check(r.returncode == 2 and "at least 1MiB" in r.stderr, f"--part-size 4KiB: {r.returncode} {r.stderr}")
 
         # A name in use: refused by the holder (exit 1), the first buffer untouched.
         r = cupool("buffer", "load", "model", good, "--pool", "kv", socket_path=h.socket)

@@ -523,8 +523,8 @@ def write_safetensors(path, arrays, extra=()):
         f.write(struct.pack("<Q", len(text)) + text + data)
 
 
-def load(h, name, path):
-    r = subprocess.run([H.ARGS.cupool, "buffer", "load", name, path, "--pool", "kv", "--socket", h.socket],
+def load(h, name, path, *extra):
+    r = subprocess.run([H.ARGS.cupool, "buffer", "load", name, path, "--pool", "kv", "--socket", h.socket, *extra],
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 0, f"cupool buffer load {name}: {r.returncode}\n{r.stdout}{r.stderr}")
 
@@ -575,6 +575,36 @@ def test_tensors_across_processes(tmp):
             gc.collect()
             check(opens(conn, "model") == 0, f"opens after the last view went: {opens(conn, 'model')}")
             check(conn.status()["clients_total"] == 1, "the connection tensors() made is still open")
+    finally:
+        h.stop()
+
+
+def test_tensors_in_parts(tmp):
+    """A set loaded in parts (--part-size): each tensor in one part, each part its own allocation;
+    cupool.tensors opens every part and the values are the file's."""
+    h = Holder(tmp)
+    try:
+        rng = np.random.default_rng(7)
+        arrays = {"a": rng.standard_normal(200_000).astype(np.float32),   # 800 KB
+                  "b": rng.standard_normal(200_000).astype(np.float32),   # past 1 MiB with a: part 1
+                  "c": rng.standard_normal(75_000).astype(np.float32),    # past 1 MiB with b: part 2
+                  "d": np.arange(10, dtype=np.int64)}                     # fits with c
+        path = os.path.join(tmp, "parts.safetensors")
+        write_safetensors(path, arrays)
+        load(h, "parted", path, "--part-size", "1MiB")
+        with cupool.connect(h.socket, "python-test") as conn:
+            index = conn.tensor_index("parted")
+            parts = {t["name"]: t["part"] for t in index["tensors"]}
+            check(parts == {"a": 0, "b": 1, "c": 2, "d": 2} and len(index["parts"]) == 3
+                  and all(p <= 1 << 20 for p in index["parts"]), f"parts: {parts} {index['parts']}")
+            t = cupool.tensors("parted", framework="numpy", conn=conn)
+            for name, a in arrays.items():
+                check(np.array_equal(t[name], a), f"{name} differs from the file's")
+            check(opens(conn, "parted") == 3, f"opens with tensors alive: {opens(conn, 'parted')}")
+            expect_error(cupool.NotFound, conn.open_buffer, "parted", 3, contains="there is no part 3")
+            del t
+            gc.collect()
+            check(opens(conn, "parted") == 0, f"opens after the tensors went: {opens(conn, 'parted')}")
     finally:
         h.stop()
 

@@ -318,6 +318,15 @@ TEST_CASE("buffers") {
         "TENSOR        DTYPE  SHAPE    OFFSET  SIZE\n"
         "embed.weight  F16    [8, 16]  0       256 B\n"
         "scale         F32    []       256     4 B\n");
+  const json parted = json::parse(R"({"name": "big", "size": 6442450944, "parts": [4294967296, 2147483648],
+    "indexed": true, "tensors": [
+    {"name": "a", "dtype": "U8", "shape": [4294967296], "part": 0, "offset": 0, "size": 4294967296},
+    {"name": "b", "dtype": "U8", "shape": [2147483648], "part": 1, "offset": 0, "size": 2147483648}]})");
+  CHECK(render_buffer_tensors(parted) ==
+        "buffer big: 6 GiB in 2 parts, 2 tensors\n"
+        "TENSOR  DTYPE  SHAPE         PART  OFFSET  SIZE\n"
+        "a       U8     [4294967296]  0     0       4 GiB\n"
+        "b       U8     [2147483648]  1     0       2 GiB\n");
   CHECK(render_buffer_tensors(json::parse(R"({"name": "w", "size": 1024, "indexed": false, "tensors": []})")) ==
         "buffer w: 1 KiB, 0 tensors\n(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n");
   const json created = json::parse(

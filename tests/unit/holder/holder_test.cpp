@@ -59,6 +59,15 @@ struct Fixture {
   }
   Json call(std::uint64_t id, Json req) { return test::call(holder, id, std::move(req)); }
   std::string error_code(std::uint64_t id, Json req) { return test::error_code(holder, id, std::move(req)); }
+  // The message a request was refused with ("" when it was not).
+  std::string error_message(std::uint64_t id, Json req) {
+    try {
+      call(id, std::move(req));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
 };
 
 }  // namespace
@@ -233,8 +242,9 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
 
 namespace {
 
-Json tensor(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32") {
-  return {{"name", name}, {"dtype", dtype}, {"shape", {elements}}, {"offset", offset}, {"size", elements * 4}};
+Json tensor(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32",
+            std::uint32_t part = 0) {
+  return {{"name", name}, {"dtype", dtype}, {"shape", {elements}}, {"part", part}, {"offset", offset}, {"size", elements * 4}};
 }
 
 Json loading_buffer(const std::string& name, Json tensors, std::uint64_t size = 1 << 20) {
@@ -294,6 +304,65 @@ pools:
   const std::string exported = f.holder.export_config();
   CHECK(exported.find("name: model") == std::string::npos);
   CHECK(exported.find("Not here: buffer model") != std::string::npos);
+}
+
+TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by part, freed together") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const auto alice = f.client(peer(1001, "alice"));
+  const auto buffer_bytes = [&] { return f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>(); };
+  const std::uint64_t before = buffer_bytes();
+  Json create = loading_buffer("model", {tensor("a", 0, 256), tensor("b", 0, 512, "F32", 1), tensor("c", 2048, 4, "F32", 1)},
+                               1024 + 4096);
+  create["parts"] = {1024, 4096};
+  const Json created = f.call(root, create);
+  CHECK(created["parts"] == 2);
+  CHECK(buffer_bytes() == before + 1024 + 4096);
+  CHECK(f.holder.status()["buffers"][0]["parts"] == 2);
+  CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensors"] == 3);
+  const Json first = f.call(alice, {{"op", "buffer_open"}, {"name", "model"}});
+  CHECK(first["size"] == 1024);
+  CHECK(first["part"] == 0);
+  CHECK(first["parts"] == 2);
+  CHECK(first["buffer_size"] == 1024 + 4096);
+  const Json second = f.call(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 1}});
+  CHECK(second["size"] == 4096);
+  CHECK(second["export_data"] != first["export_data"]);
+  const std::string missing = f.error_message(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 2}});
+  CHECK_MESSAGE(missing.find("has 2 parts; there is no part 2") != std::string::npos, missing);
+  const Json index = f.call(alice, {{"op", "buffer_tensors"}, {"name", "model"}});
+  CHECK(index["parts"] == Json::array({1024, 4096}));
+  REQUIRE(index["tensors"].size() == 3);
+  CHECK(index["tensors"][1] == tensor("b", 0, 512, "F32", 1));  // by part, then offset
+  CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "model"}, {"force", true}}) == "ok");
+  CHECK(buffer_bytes() == before);
+}
+
+TEST_CASE("buffers: parts are checked before anything is made") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const std::uint64_t before = f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>();
+  auto refused = [&](Json parts, Json tensors, std::uint64_t size, const std::string& words) {
+    Json request = loading_buffer("x", std::move(tensors), size);
+    request["parts"] = std::move(parts);
+    const std::string message = f.error_message(root, request);
+    CHECK_MESSAGE(message.find(words) != std::string::npos, message);
+    CHECK(f.error_code(root, request) == "bad_request");
+  };
+  refused({1024, 1024}, {tensor("a", 0, 4)}, 4096, "add up to 2048 bytes, not 4096");
+  refused({1024, 0}, {tensor("a", 0, 4)}, 1024, "holds 0, not a size");
+  refused(Json::array(), {tensor("a", 0, 4)}, 1024, "is not a list of parts");
+  refused({"1024"}, {tensor("a", 0, 4)}, 1024, "not a size");
+  refused({1024, 1024}, {tensor("a", 0, 4, "F32", 2)}, 2048, "is in part 2, but the buffer has 2 parts");
+  refused({1024, 1024}, {tensor("a", 1000, 16, "F32", 1)}, 2048, "past the end of the buffer (1024 bytes)");
+  refused({1024, 1024}, {tensor("a", 0, 64, "F32", 1), tensor("b", 128, 64, "F32", 1)}, 2048, "overlap");
+  // The same offsets in two parts are two places.
+  Json fine = loading_buffer("x", {tensor("a", 0, 64), tensor("b", 0, 64, "F32", 1)}, 2048);
+  fine["parts"] = {1024, 1024};
+  CHECK(f.error_code(root, fine) == "ok");
+  CHECK(f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>() == before + 2048);
 }
 
 TEST_CASE("buffers: a loader that leaves before buffer_ready takes its half-made buffer with it") {
