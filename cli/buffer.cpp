@@ -1,6 +1,8 @@
 // cupool buffer create / load / ls / rm: named long-lived allocations in the running holder's pools
 // (e.g. model weights that several processes share). `load` is in buffer_load.cpp.
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "base/units.h"
 #include "cli/buffer_load.h"
@@ -57,8 +59,26 @@ int run_create(const BufferArgs& args) {
   if (!size) throw InputError("--size: '" + args.size + "' is not a size: " + why);
   if (*size == 0) throw InputError("--size: a buffer needs at least 1 byte");
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
-  const json reply = holder.request(
-      {{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"device", args.device}, {"size", *size}});
+  json request{{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"size", *size}};
+  if (args.device >= 0) {
+    request["device"] = args.device;
+  } else {
+    // No --device: fine for a pool on one device; for a pool on several, guessing one would put
+    // the buffer where its users may not look. (No such pool: the holder says so.)
+    std::vector<int> devices;
+    const json status = holder.request({{"op", "status"}});
+    if (status.contains("pools") && status["pools"].is_array())
+      for (const json& p : status["pools"])
+        if (p.value("name", "") == args.pool && p.contains("device") && p["device"].is_number_integer())
+          devices.push_back(p["device"].get<int>());
+    if (devices.size() > 1) {
+      std::string list;
+      for (int d : devices) list += (list.empty() ? "" : ", ") + std::to_string(d);
+      throw InputError("pool " + args.pool + " is on devices " + list + ": say which with --device");
+    }
+    if (devices.size() == 1) request["device"] = devices[0];
+  }
+  const json reply = holder.request(request);
   print_reply(format, reply, render_buffer_created);
   return static_cast<int>(ExitCode::ok);
 }
@@ -151,13 +171,14 @@ Verb add_buffer(CLI::App& app) {
   args->create->footer(
       "\nExamples:\n"
       "  sudo cupool buffer create weights --pool kv-cache --device 0 --size 10GiB\n"
+      "  sudo cupool buffer create scratch --pool kv-cache --size 1GiB     # a pool on one device\n"
       "\nExit codes: 0 created, 1 it exists / no such pool or device / no room, 2 bad arguments,\n"
       "4 no holder is listening or it refused (creating needs an admin).");
   args->create->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
       ->required();
   args->create->add_option("--pool", args->pool, "The pool to allocate it from")->required();
-  args->create->add_option("--device,-d", args->device, "The holder's CUDA ordinal of the pool's device")
-      ->required()
+  args->create->add_option("--device,-d", args->device,
+                           "The holder's CUDA ordinal of the pool's device (needed only when the pool is on several)")
       ->check(CLI::NonNegativeNumber);
   args->create->add_option("--size", args->size, "How many bytes, with a unit (e.g. 10GiB)")->required();
 

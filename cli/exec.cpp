@@ -32,8 +32,12 @@ struct ExecArgs {
   std::vector<std::string> command;
 };
 
-// The preload library: $CUPOOL_PRELOAD, else beside this binary (a build tree), else in the
-// installed lib directories next to bin/.
+#ifndef CUPOOL_PRELOAD_FROM_BIN
+#define CUPOOL_PRELOAD_FROM_BIN "../lib/cupool"
+#endif
+
+// The preload library: $CUPOOL_PRELOAD, else beside this binary (a build tree), else where the
+// install put it, at a path relative to this binary fixed at build time (LIBDIR/cupool).
 std::string find_preload() {
   if (const char* env = std::getenv("CUPOOL_PRELOAD"); env && *env) return env;
   char buf[4096];
@@ -42,12 +46,12 @@ std::string find_preload() {
     buf[n] = '\0';
     std::string dir(buf);
     dir = dir.substr(0, dir.rfind('/'));
-    for (const std::string& candidate : {dir + "/libcupool-preload.so", dir + "/../lib/libcupool-preload.so",
-                                         dir + "/../lib64/libcupool-preload.so",
-                                         dir + "/../lib/x86_64-linux-gnu/libcupool-preload.so"})
+    for (const std::string& candidate :
+         {dir + "/libcupool-preload.so", dir + "/" CUPOOL_PRELOAD_FROM_BIN "/libcupool-preload.so"})
       if (::access(candidate.c_str(), R_OK) == 0) return candidate;
   }
-  throw Error(Errc::does_not_fit, "can't find libcupool-preload.so beside the cupool binary; set CUPOOL_PRELOAD");
+  throw Error(Errc::does_not_fit, "can't find libcupool-preload.so beside the cupool binary or in " CUPOOL_PRELOAD_FROM_BIN
+                                  " from it; set CUPOOL_PRELOAD");
 }
 
 std::string absolute(const std::string& path) {

@@ -1,11 +1,9 @@
 // cupool export: the running holder's live state as a config file.
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <iostream>
 
 #include <spdlog/spdlog.h>
 
+#include "base/output.h"
 #include "cli/holder_client.h"
 #include "cli/verbs.h"
 
@@ -17,15 +15,6 @@ struct ExportArgs {
   std::string socket = kDefaultSocket;
   std::string output = "-";
 };
-
-// Written only once the holder has answered, so a failed request never truncates `path`.
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw InputError("cannot write '" + path + "': " + std::strerror(errno));
-  out << text;
-  out.flush();
-  if (!out) throw InputError("cannot write '" + path + "': " + std::strerror(errno));
-}
 
 }  // namespace
 
@@ -58,7 +47,7 @@ Verb add_export(CLI::App& app) {
     if (args->output == "-") {
       std::cout << text << std::flush;
     } else {
-      write_file(args->output, text);
+      write_file_atomically(args->output, text);  // only once the holder answered: nothing truncated
       spdlog::info("wrote {} bytes to {}", text.size(), args->output);
     }
     return static_cast<int>(ExitCode::ok);

@@ -1,15 +1,18 @@
 #include "cli/holder_render.h"
 
 #include <algorithm>
+#include <cctype>
 #include <limits>
 #include <optional>
 #include <sstream>
 #include <vector>
 
+#include "base/build_info.h"
 #include "base/output.h"
 #include "base/text.h"
 #include "base/units.h"
 #include "config/diagnostics.h"
+#include "device/node.h"
 
 namespace cupool {
 
@@ -139,7 +142,7 @@ const Metric kPoolMetrics[] = {
     {"cupool_pool_used_high_bytes", "used_high",
      "High-water mark of the pool's used bytes since the last peak reset (CU_MEMPOOL_ATTR_USED_MEM_HIGH)."},
     {"cupool_pool_release_threshold_bytes", "release_threshold",
-     "Reserved bytes the pool keeps across a synchronize; 18446744073709551615 is max (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
+     "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
     {"cupool_pool_leases", "leases", "Allocations that clients of the holder hold from the pool."},
     {"cupool_pool_leased_bytes", "leased_bytes", "Bytes that clients of the holder hold from the pool (cached ones included)."},
     {"cupool_pool_cached_leases", "cached",
@@ -158,22 +161,43 @@ const Metric kDeviceMetrics[] = {
      "High-water mark of the device's used graph memory since the last peak reset."},
 };
 
-void metric_family(std::ostringstream& out, const Metric& m, const json& rows,
-                   const std::vector<const char*>& labels) {
+// A label of a sample and the reply's field it comes from. The device labels are
+// dcgm-exporter's (gpu, UUID, pci_bus_id), so dashboards join cupool's series with its.
+struct Label {
+  const char* name;
+  const char* key;
+};
+const std::vector<Label> kPoolLabels = {{"pool", "name"}, {"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
+const std::vector<Label> kDeviceLabels = {{"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
+
+// A label's value from the reply: the PCI bus id as NVML and dcgm-exporter write it
+// ("00000000:1B:00.0"), everything else as text; "" for a missing or null field.
+std::string label_value(const json& row, const Label& l) {
+  const json* v = field(row, l.key);
+  if (!v || v->is_null()) return "";
+  const std::string value = text(row, l.key);
+  if (std::string_view(l.key) != "pci_bus_id") return value;
+  const auto normal = normalize_pci_bus_id(value);  // "0000:1b:00.0"
+  if (!normal) return value;
+  std::string upper = "0000" + *normal;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return upper;
+}
+
+void metric_family(std::ostringstream& out, const Metric& m, const json& rows, const std::vector<Label>& labels) {
   out << "# HELP " << m.name << ' ' << prometheus_help(m.help) << "\n";
   out << "# TYPE " << m.name << " gauge\n";
   for (const auto& row : rows) {
     auto value = u64(row, m.key);
     if (!value) continue;
     out << m.name << '{';
-    for (std::size_t i = 0; i < labels.size(); ++i) {
-      // The pool's name goes out as label "pool".
-      const char* key = std::string_view(labels[i]) == "pool" ? "name" : labels[i];
-      const json* v = field(row, key);
-      const std::string label = v && !v->is_null() ? text(row, key) : "";
-      out << (i ? "," : "") << labels[i] << "=\"" << prometheus_label_value(label) << '"';
-    }
-    out << "} " << *value << "\n";
+    for (std::size_t i = 0; i < labels.size(); ++i)
+      out << (i ? "," : "") << labels[i].name << "=\"" << prometheus_label_value(label_value(row, labels[i])) << '"';
+    // The driver's "no limit" (2^64-1, a release threshold of max) is +Inf, not a 20-digit number.
+    out << "} ";
+    if (*value == std::numeric_limits<std::uint64_t>::max()) out << "+Inf";
+    else out << *value;
+    out << "\n";
   }
 }
 
@@ -317,9 +341,18 @@ std::string prometheus_label_value(std::string_view value) {
 
 std::string render_stats_prometheus(const json& reply) {
   std::ostringstream out;
-  for (const auto& m : kPoolMetrics) metric_family(out, m, list(reply, "pools"), {"pool", "device", "uuid"});
-  for (const auto& m : kDeviceMetrics) metric_family(out, m, list(reply, "devices"), {"device", "uuid"});
+  for (const auto& m : kPoolMetrics) metric_family(out, m, list(reply, "pools"), kPoolLabels);
+  for (const auto& m : kDeviceMetrics) metric_family(out, m, list(reply, "devices"), kDeviceLabels);
+  out << prometheus_build_info();
   return out.str();
+}
+
+std::string prometheus_build_info() {
+  const BuildInfo& b = build_info();
+  return "# HELP cupool_build_info The cupool that wrote these metrics: version, commit, CUDA headers; always 1.\n"
+         "# TYPE cupool_build_info gauge\n"
+         "cupool_build_info{version=\"" + prometheus_label_value(b.version) + "\",commit=\"" +
+         prometheus_label_value(b.commit) + "\",cuda_headers=\"" + prometheus_label_value(b.cuda_headers) + "\"} 1\n";
 }
 
 std::string render_trim(const json& reply) {

@@ -31,7 +31,11 @@ std::string render_status(const nlohmann::ordered_json& reply);
 std::string render_stats(const nlohmann::ordered_json& reply);
 // `stats` in the Prometheus text exposition format (version 0.0.4): HELP and TYPE lines, every
 // metric family's samples together, label values escaped.
+// Device labels are dcgm-exporter's (gpu, UUID, pci_bus_id), a release threshold of max is +Inf,
+// and cupool_build_info ends it.
 std::string render_stats_prometheus(const nlohmann::ordered_json& reply);
+// The cupool_build_info family alone (HELP, TYPE, one sample of value 1).
+std::string prometheus_build_info();
 // A Prometheus label value with `\`, `"` and newline escaped (the exposition format's rule).
 std::string prometheus_label_value(std::string_view value);
 

@@ -1,14 +1,24 @@
 // cupool: declare CUDA stream-ordered memory pools in YAML, check them against the node, make
 // them real. main() builds the real things (backend, logger) and owns every exit code.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "base/build_info.h"
 #include "base/error.h"
+#include "cli/suggest.h"
 #include "cli/verbs.h"
 #include "device/backend.h"
 #include "device/node.h"
@@ -25,6 +35,44 @@ const char* const kExitCodes =
     "  4    the holder is unreachable or refused\n"
     "  130  interrupted\n";
 
+// Whether stderr is the systemd journal: JOURNAL_STREAM ("device:inode") names it.
+bool stderr_is_journal() {
+  const char* stream = std::getenv("JOURNAL_STREAM");
+  struct stat st {};
+  if (!stream || ::fstat(STDERR_FILENO, &st) != 0) return false;
+  unsigned long long dev = 0, ino = 0;
+  if (std::sscanf(stream, "%llu:%llu", &dev, &ino) != 2) return false;
+  return dev == static_cast<unsigned long long>(st.st_dev) && ino == static_cast<unsigned long long>(st.st_ino);
+}
+
+// The sd-daemon priority prefix of a line ("<3>" error ... "<7>" debug), which journald reads and
+// strips (SyslogLevelPrefix=, on by default).
+class JournalPriority : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    static constexpr const char* kPrefix[] = {"<7>", "<7>", "<6>", "<4>", "<3>", "<2>", ""};
+    const auto level = static_cast<std::size_t>(msg.level);
+    const std::string_view p = level < std::size(kPrefix) ? kPrefix[level] : "";
+    dest.append(p.data(), p.data() + p.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JournalPriority>(); }
+};
+
+// The logger: "cupool: LEVEL: message" on stderr, coloured on a terminal unless NO_COLOR is set
+// (https://no-color.org); under systemd, each line starts with its journald priority instead.
+void make_logger() {
+  const char* no_color = std::getenv("NO_COLOR");
+  const bool plain = no_color && *no_color;
+  auto logger = spdlog::stderr_color_mt("cupool", plain ? spdlog::color_mode::never : spdlog::color_mode::automatic);
+  if (stderr_is_journal()) {
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<JournalPriority>('*').set_pattern("%*%l: %v");
+    logger->set_formatter(std::move(formatter));
+  } else {
+    logger->set_pattern("cupool: %^%l%$: %v");
+  }
+}
+
 std::unique_ptr<cupool::Backend> make_backend(const std::string& profile) {
   if (!profile.empty()) return std::make_unique<cupool::SimBackend>(cupool::load_profile(profile));
   return cupool::make_cuda_backend([](const std::string& line) { spdlog::debug("{}", line); });
@@ -37,10 +85,13 @@ int main(int argc, char** argv) {
                "supports, and make them real.",
                "cupool"};
   app.footer(std::string("\n") + kExitCodes +
-             "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_SOCKET (--socket), CUPOOL_LOG_LEVEL (--log-level).\n"
+             "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_SOCKET (--socket), CUPOOL_LOG_LEVEL (--log-level);\n"
+             "NO_COLOR (set: no colour in diagnostics).\n"
              "Run 'cupool VERB --help' for a verb's options and examples.");
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("cupool ") + CUPOOL_VERSION);
+  // Global options (--log-level) work after the verb too: `cupool query --log-level debug`.
+  app.fallthrough();
+  app.set_version_flag("--version", cupool::version_text(), "The version, the commit and the CUDA headers it was built with");
   std::string log_level = "warn";
   app.add_option("--log-level", log_level, "Diagnostics on stderr: trace, debug, info, warn, error, off")
       ->envname("CUPOOL_LOG_LEVEL")
@@ -52,21 +103,25 @@ int main(int argc, char** argv) {
   const std::vector<verb::Verb> verbs = {
       verb::add_query(app),  verb::add_check(app),  verb::add_hold(app),   verb::add_status(app), verb::add_stats(app),
       verb::add_trim(app),   verb::add_plan(app),   verb::add_apply(app),  verb::add_export(app), verb::add_buffer(app),
-      verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
+      verb::add_exporter(app), verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help and --version exit 0; a usage error exits 2 with CLI11's message.
+    // --help and --version exit 0; a usage error exits 2 with CLI11's message, and a hint when a
+    // verb or option looks mistyped.
     const int code = app.exit(e);
-    return code == 0 ? 0 : static_cast<int>(cupool::ExitCode::invalid_input);
+    if (code == 0) return 0;
+    const std::string hint = verb::did_you_mean(app, std::vector<std::string>(argv + 1, argv + argc));
+    if (!hint.empty()) std::cerr << "  hint: " << hint << "\n";
+    return static_cast<int>(cupool::ExitCode::invalid_input);
   }
 
   // The holder is a daemon: what it creates, reloads and frees belongs in its log by default.
   if (app.get_option("--log-level")->count() == 0 && !std::getenv("CUPOOL_LOG_LEVEL") && app.got_subcommand("hold"))
     log_level = "info";
-  auto logger = spdlog::stderr_color_mt("cupool");
-  logger->set_pattern("cupool: %^%l%$: %v");
+  make_logger();
+  auto logger = spdlog::get("cupool");
   logger->set_level(spdlog::level::from_str(log_level));
   spdlog::set_default_logger(logger);
 

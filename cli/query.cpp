@@ -6,6 +6,7 @@
 #include "base/output.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "device/nfd.h"
 #include "device/query.h"
 
 namespace cupool::cli {
@@ -32,13 +33,21 @@ Verb add_query(CLI::App& app) {
       "host-NUMA pools, managed memory, VMM and IPC events; and the peer-access matrix.\n"
       "It reads device attributes only and creates no CUDA context (no device memory is taken);\n"
       "--deep also creates, uses and exports a small pool per handle type and says why one fails.\n"
+      "--format nfd writes node labels (cupool.feature.node.kubernetes.io/...: driver, GPU count and\n"
+      "product, pool support, handle types, fabric, peer access) as a feature file for Kubernetes'\n"
+      "node-feature-discovery (docs/kubernetes.md).\n"
       "\nExamples:\n"
       "  cupool query\n"
       "  cupool query --format json | jq '.devices[].pool_handle_types'\n"
       "  cupool query --deep --devices 0\n"
       "  cupool query --profile-out node.yaml        # record this node for checks elsewhere\n"
-      "  cupool query --profile configs/profiles/h100.yaml   # a recorded node, no GPU needed");
-  add_format_option(sub, args->format);
+      "  cupool query --profile configs/profiles/h100.yaml   # a recorded node, no GPU needed\n"
+      "  cd /etc/kubernetes/node-feature-discovery/features.d && cupool query --format nfd > .cupool && mv .cupool cupool");
+  // Not add_format_option: query alone also writes node-feature-discovery labels.
+  sub->add_option("--format,-o", args->format,
+                  "Output format: table, json, yaml or nfd (node labels for node-feature-discovery)")
+      ->check(CLI::IsMember({"table", "json", "yaml", "nfd"}))
+      ->capture_default_str();
   sub->add_option("--devices,-d", args->devices, "Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)")
       ->delimiter(',');
   add_profile_option(sub, args->profile, "Answer from");
@@ -60,6 +69,10 @@ Verb add_query(CLI::App& app) {
     const NodeReport report = build_report(*backend, options);
     if (!args->profile_out.empty()) save_profile(report, args->profile_out);
     if (args->profile_out == "-") return 0;
+    if (args->format == "nfd") {
+      std::cout << render_nfd(report);
+      return 0;
+    }
     switch (parse_format(args->format)) {
       case Format::table:
         std::cout << render_report_table(report);

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <iostream>
 
+#include "base/output.h"
 #include "cli/holder_client.h"
 #include "cli/holder_render.h"
 #include "cli/options.h"
@@ -22,6 +23,7 @@ struct StatsArgs {
   std::string format = "table";
   bool reset_peaks = false;
   double watch = 0;  // seconds between polls; 0: once
+  std::string output;  // a file written atomically at every poll; "": standard output
 };
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -90,20 +92,23 @@ Verb add_stats(CLI::App& app) {
       "so the highs are per interval).\n"
       "--watch polls again every SECONDS (default 2) until Ctrl-C, which ends it with exit 0: a table is\n"
       "redrawn on a terminal, json prints one document per line, yaml one document per poll.\n"
-      "--format prometheus writes the Prometheus text format (cupool_pool_reserved_bytes{pool,device,uuid},\n"
-      "cupool_pool_used_high_bytes, cupool_graph_reserved_bytes{device,uuid}, ...), e.g. for the node\n"
-      "exporter's textfile collector.\n"
+      "--format prometheus writes the Prometheus text format (cupool_pool_reserved_bytes{pool,gpu,UUID,pci_bus_id},\n"
+      "cupool_pool_used_high_bytes, cupool_graph_reserved_bytes{gpu,UUID,pci_bus_id}, cupool_build_info, ...;\n"
+      "the device labels are dcgm-exporter's), e.g. for the node exporter's textfile collector with --output,\n"
+      "which replaces the file atomically; 'cupool exporter' serves the same over HTTP.\n"
       "\nExamples:\n"
       "  cupool stats\n"
       "  cupool stats --watch                  # every 2 s; --watch=0.5 for twice a second\n"
       "  cupool stats --format json --watch=10 | jq -c '.pools[] | {name, used_current}'\n"
-      "  cupool stats --format prometheus > /var/lib/node_exporter/cupool.prom\n"
+      "  cupool stats --format prometheus --output /var/lib/node_exporter/cupool.prom --watch=15\n"
       "  sudo cupool stats --reset-peaks\n"
       "\nExit codes: 0 answered, 4 no holder is listening or it refused (--reset-peaks needs an admin).");
   add_socket_option(sub, args->socket);
   sub->add_option("--format,-o", args->format, "Output format: table, json, yaml or prometheus")
       ->check(CLI::IsMember({"table", "json", "yaml", "prometheus"}))
       ->capture_default_str();
+  sub->add_option("--output", args->output,
+                  "Write to this file, atomically (a textfile collector never reads half of it), at every poll");
   sub->add_flag("--reset-peaks", args->reset_peaks, "Reset the high-water marks after reading them (admin)");
   sub->add_option("--watch,-w", args->watch, "Poll again every SECONDS (default 2) until Ctrl-C")
       ->expected(0, 1)
@@ -115,7 +120,9 @@ Verb add_stats(CLI::App& app) {
     const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
     HolderClient holder = HolderClient::connect(args->socket, "cupool stats");
     if (args->watch <= 0) {
-      std::cout << render(args->format, holder.request(request), false) << std::flush;
+      const std::string text = render(args->format, holder.request(request), false);
+      if (!args->output.empty()) write_file_atomically(args->output, text);
+      else std::cout << text << std::flush;
       if (args->reset_peaks && args->format == "table")
         std::cerr << "cupool stats: peaks reset (the high values above are from before the reset)\n";
       return static_cast<int>(ExitCode::ok);
@@ -133,6 +140,11 @@ Verb add_stats(CLI::App& app) {
         throw;
       }
       if (g_interrupted) break;
+      if (!args->output.empty()) {
+        write_file_atomically(args->output, render(args->format, reply, false));  // the whole file, each time
+        if (!pause_for(args->watch)) break;
+        continue;
+      }
       std::string text = render(args->format, reply, true);
       if (redraw) text = "\033[H\033[2J" + text;
       else if (!first && (args->format == "table" || args->format == "prometheus")) text = "\n" + text;

@@ -41,5 +41,6 @@ Verb add_plan(CLI::App& app);
 Verb add_apply(CLI::App& app);
 Verb add_export(CLI::App& app);
 Verb add_buffer(CLI::App& app);
+Verb add_exporter(CLI::App& app);
 
 }  // namespace cupool::cli

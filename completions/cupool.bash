@@ -5,7 +5,7 @@
 # The subcommands of command path $1.
 __cupool_commands() {
   case $1 in
-    '') echo 'query check hold status stats trim plan apply export buffer exec bench completion' ;;
+    '') echo 'query check hold status stats trim plan apply export buffer exporter exec bench completion' ;;
     'buffer') echo 'create load ls list rm remove' ;;
   esac
 }
@@ -23,6 +23,7 @@ __cupool_subcommand() {
     '|apply') echo 'apply' ;;
     '|export') echo 'export' ;;
     '|buffer') echo 'buffer' ;;
+    '|exporter') echo 'exporter' ;;
     '|exec') echo 'exec' ;;
     '|bench') echo 'bench' ;;
     '|completion') echo 'completion' ;;
@@ -37,23 +38,24 @@ __cupool_subcommand() {
 __cupool_options() {
   case $1 in
     '') echo '--help -h --version --log-level' ;;
-    'query') echo '--help -h --format -o --devices -d --profile -p --profile-out --deep' ;;
-    'check') echo '--help -h --profile -p --format -o --deep --strict' ;;
-    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user' ;;
-    'status') echo '--help -h --socket -s --format -o' ;;
-    'stats') echo '--help -h --socket -s --format -o --reset-peaks --watch -w' ;;
-    'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph --keep-cached' ;;
-    'plan') echo '--help -h --socket -s --format -o' ;;
-    'apply') echo '--help -h --socket -s --format -o' ;;
-    'export') echo '--help -h --socket -s --output' ;;
-    'buffer') echo '--help -h' ;;
-    'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o' ;;
-    'buffer load') echo '--help -h --pool --device -d --socket -s --format -o' ;;
-    'buffer ls') echo '--help -h --socket -s --format -o' ;;
-    'buffer rm') echo '--help -h --force --socket -s --format -o' ;;
-    'exec') echo '--help -h --profile -p --strict --at --report --quiet -q' ;;
-    'bench') echo '--help -h --profile -p --format -o --device -d --sizes --iterations -n --seed' ;;
-    'completion') echo '--help -h' ;;
+    'query') echo '--help -h --format -o --devices -d --profile -p --profile-out --deep --version --log-level' ;;
+    'check') echo '--help -h --profile -p --format -o --deep --strict --version --log-level' ;;
+    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user --version --log-level' ;;
+    'status') echo '--help -h --socket -s --format -o --version --log-level' ;;
+    'stats') echo '--help -h --socket -s --format -o --output --reset-peaks --watch -w --version --log-level' ;;
+    'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph --keep-cached --version --log-level' ;;
+    'plan') echo '--help -h --socket -s --format -o --version --log-level' ;;
+    'apply') echo '--help -h --socket -s --format -o --version --log-level' ;;
+    'export') echo '--help -h --socket -s --output --version --log-level' ;;
+    'buffer') echo '--help -h --version --log-level' ;;
+    'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o --version --log-level' ;;
+    'buffer load') echo '--help -h --pool --device -d --part-size --socket -s --format -o --version --log-level' ;;
+    'buffer ls') echo '--help -h --socket -s --format -o --version --log-level' ;;
+    'buffer rm') echo '--help -h --force --socket -s --format -o --version --log-level' ;;
+    'exporter') echo '--help -h --listen -l --socket -s --version --log-level' ;;
+    'exec') echo '--help -h --profile -p --strict --at --report --quiet -q --version --log-level' ;;
+    'bench') echo '--help -h --profile -p --format -o --device -d --sizes --iterations -n --seed --version --log-level' ;;
+    'completion') echo '--help -h --version --log-level' ;;
   esac
 }
 
@@ -62,54 +64,76 @@ __cupool_options() {
 __cupool_option_value() {
   case "$1|$2" in
     '|--log-level') echo 'choices trace debug info warn error off' ;;
-    'query|--format' | 'query|-o') echo 'choices table json yaml' ;;
+    'query|--format' | 'query|-o') echo 'choices table json yaml nfd' ;;
     'query|--devices' | 'query|-d') echo 'any' ;;
     'query|--profile' | 'query|-p') echo 'yaml' ;;
     'query|--profile-out') echo 'file' ;;
+    'query|--log-level') echo 'choices trace debug info warn error off' ;;
     'check|--profile' | 'check|-p') echo 'yaml' ;;
     'check|--format' | 'check|-o') echo 'choices table json yaml' ;;
+    'check|--log-level') echo 'choices trace debug info warn error off' ;;
     'hold|--socket' | 'hold|-s') echo 'file' ;;
     'hold|--profile' | 'hold|-p') echo 'yaml' ;;
     'hold|--drain-timeout') echo 'any' ;;
     'hold|--drop-timeout') echo 'any' ;;
     'hold|--max-clients-per-user') echo 'any' ;;
+    'hold|--log-level') echo 'choices trace debug info warn error off' ;;
     'status|--socket' | 'status|-s') echo 'file' ;;
     'status|--format' | 'status|-o') echo 'choices table json yaml' ;;
+    'status|--log-level') echo 'choices trace debug info warn error off' ;;
     'stats|--socket' | 'stats|-s') echo 'file' ;;
     'stats|--format' | 'stats|-o') echo 'choices table json yaml prometheus' ;;
+    'stats|--output') echo 'file' ;;
     'stats|--watch' | 'stats|-w') echo 'any' ;;
+    'stats|--log-level') echo 'choices trace debug info warn error off' ;;
     'trim|--socket' | 'trim|-s') echo 'file' ;;
     'trim|--format' | 'trim|-o') echo 'choices table json yaml' ;;
     'trim|--keep') echo 'any' ;;
     'trim|--pool') echo 'any' ;;
+    'trim|--log-level') echo 'choices trace debug info warn error off' ;;
     'plan|--socket' | 'plan|-s') echo 'file' ;;
     'plan|--format' | 'plan|-o') echo 'choices table json yaml' ;;
+    'plan|--log-level') echo 'choices trace debug info warn error off' ;;
     'apply|--socket' | 'apply|-s') echo 'file' ;;
     'apply|--format' | 'apply|-o') echo 'choices table json yaml' ;;
+    'apply|--log-level') echo 'choices trace debug info warn error off' ;;
     'export|--socket' | 'export|-s') echo 'file' ;;
     'export|--output') echo 'file' ;;
+    'export|--log-level') echo 'choices trace debug info warn error off' ;;
+    'buffer|--log-level') echo 'choices trace debug info warn error off' ;;
     'buffer create|--pool') echo 'any' ;;
     'buffer create|--device' | 'buffer create|-d') echo 'any' ;;
     'buffer create|--size') echo 'any' ;;
     'buffer create|--socket' | 'buffer create|-s') echo 'file' ;;
     'buffer create|--format' | 'buffer create|-o') echo 'choices table json yaml' ;;
+    'buffer create|--log-level') echo 'choices trace debug info warn error off' ;;
     'buffer load|--pool') echo 'any' ;;
     'buffer load|--device' | 'buffer load|-d') echo 'any' ;;
+    'buffer load|--part-size') echo 'any' ;;
     'buffer load|--socket' | 'buffer load|-s') echo 'file' ;;
     'buffer load|--format' | 'buffer load|-o') echo 'choices table json yaml' ;;
+    'buffer load|--log-level') echo 'choices trace debug info warn error off' ;;
     'buffer ls|--socket' | 'buffer ls|-s') echo 'file' ;;
     'buffer ls|--format' | 'buffer ls|-o') echo 'choices table json yaml' ;;
+    'buffer ls|--log-level') echo 'choices trace debug info warn error off' ;;
     'buffer rm|--socket' | 'buffer rm|-s') echo 'file' ;;
     'buffer rm|--format' | 'buffer rm|-o') echo 'choices table json yaml' ;;
+    'buffer rm|--log-level') echo 'choices trace debug info warn error off' ;;
+    'exporter|--listen' | 'exporter|-l') echo 'any' ;;
+    'exporter|--socket' | 'exporter|-s') echo 'file' ;;
+    'exporter|--log-level') echo 'choices trace debug info warn error off' ;;
     'exec|--profile' | 'exec|-p') echo 'yaml' ;;
     'exec|--at') echo 'choices cuinit start' ;;
     'exec|--report') echo 'any' ;;
+    'exec|--log-level') echo 'choices trace debug info warn error off' ;;
     'bench|--profile' | 'bench|-p') echo 'yaml' ;;
     'bench|--format' | 'bench|-o') echo 'choices table json yaml' ;;
     'bench|--device' | 'bench|-d') echo 'any' ;;
     'bench|--sizes') echo 'any' ;;
     'bench|--iterations' | 'bench|-n') echo 'any' ;;
     'bench|--seed') echo 'any' ;;
+    'bench|--log-level') echo 'choices trace debug info warn error off' ;;
+    'completion|--log-level') echo 'choices trace debug info warn error off' ;;
   esac
 }
 
@@ -128,7 +152,7 @@ __cupool_positional_value() {
     'exec|0') echo 'yaml' ;;  # config
     'exec|'*) echo 'any' ;;  # command...
     'bench|0') echo 'yaml' ;;  # config
-    'completion|0') echo 'choices bash zsh fish' ;;  # shell
+    'completion|0') echo 'choices bash zsh fish man' ;;  # shell
   esac
 }
 

@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--watch' 'stats|-w' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'export|--socket' 'export|-s' 'export|--output' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -28,6 +28,8 @@ function __cupool_subcommand
             echo 'export'
         case '|buffer'
             echo 'buffer'
+        case '|exporter'
+            echo 'exporter'
         case '|exec'
             echo 'exec'
         case '|bench'
@@ -107,20 +109,23 @@ complete -c cupool -n '__cupool_at ""' -a 'plan' -d 'Show what \'apply\' would c
 complete -c cupool -n '__cupool_at ""' -a 'apply' -d 'Make the running holder match a config file'
 complete -c cupool -n '__cupool_at ""' -a 'export' -d 'Write the running holder\'s live state as a config file'
 complete -c cupool -n '__cupool_at ""' -a 'buffer' -d 'Create, load, list and remove named buffers in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'exporter' -d 'Serve the holder\'s metrics over HTTP for Prometheus'
 complete -c cupool -n '__cupool_at ""' -a 'exec' -d 'Run a command with the config\'s process: section applied inside it'
 complete -c cupool -n '__cupool_at ""' -a 'bench' -d 'Measure what allocation costs on this node, against cudaMalloc and the defaults'
 complete -c cupool -n '__cupool_at ""' -a 'completion' -d 'Print a completion script for SHELL on stdout'
 complete -c cupool -n '__cupool_at ""' -l 'help' -s 'h' -d 'Print this help message and exit'
-complete -c cupool -n '__cupool_at ""' -l 'version' -d 'Display program version information and exit'
+complete -c cupool -n '__cupool_at ""' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at ""' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool query
 complete -c cupool -n '__cupool_at "query"' -l 'help' -s 'h' -d 'Print this help message and exit'
-complete -c cupool -n '__cupool_at "query"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "query"' -l 'format' -s 'o' -x -a 'table json yaml nfd' -d 'Output format: table, json, yaml or nfd (node labels for node-feature-discovery)'
 complete -c cupool -n '__cupool_at "query"' -l 'devices' -s 'd' -x -d 'Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)'
 complete -c cupool -n '__cupool_at "query"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Answer from this recorded node profile instead of the driver'
 complete -c cupool -n '__cupool_at "query"' -l 'profile-out' -r -F -d 'Also record the answer as a node profile in this file (\'-\': stdout)'
 complete -c cupool -n '__cupool_at "query"' -l 'deep' -d 'Also create, use and export a small pool per handle type (creates a context)'
+complete -c cupool -n '__cupool_at "query"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "query"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool check
 complete -c cupool -n '__cupool_at "check"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -128,6 +133,8 @@ complete -c cupool -n '__cupool_at "check"' -l 'profile' -s 'p' -x -k -a '(__fis
 complete -c cupool -n '__cupool_at "check"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "check"' -l 'deep' -d 'Also create and export test pools to prove fabric export works (creates a context)'
 complete -c cupool -n '__cupool_at "check"' -l 'strict' -d 'Warnings make the check fail (exit 1)'
+complete -c cupool -n '__cupool_at "check"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "check"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "check" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
 
 # cupool hold
@@ -137,19 +144,26 @@ complete -c cupool -n '__cupool_at "hold"' -l 'profile' -s 'p' -x -k -a '(__fish
 complete -c cupool -n '__cupool_at "hold"' -l 'drain-timeout' -x -d 'Seconds SIGTERM waits for clients to leave'
 complete -c cupool -n '__cupool_at "hold"' -l 'drop-timeout' -x -d 'Seconds a client has to give back cached blocks when asked, before it is disconnected'
 complete -c cupool -n '__cupool_at "hold"' -l 'max-clients-per-user' -x -d 'Connections one user (not root, not the holder\'s user) may hold at once'
+complete -c cupool -n '__cupool_at "hold"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "hold"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "hold" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file to hold'
 
 # cupool status
 complete -c cupool -n '__cupool_at "status"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "status"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "status"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "status"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "status"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool stats
 complete -c cupool -n '__cupool_at "stats"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "stats"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "stats"' -l 'format' -s 'o' -x -a 'table json yaml prometheus' -d 'Output format: table, json, yaml or prometheus'
+complete -c cupool -n '__cupool_at "stats"' -l 'output' -r -F -d 'Write to this file, atomically (a textfile collector never reads half of it), at every poll'
 complete -c cupool -n '__cupool_at "stats"' -l 'reset-peaks' -d 'Reset the high-water marks after reading them (admin)'
 complete -c cupool -n '__cupool_at "stats"' -l 'watch' -s 'w' -x -d 'Poll again every SECONDS (default 2) until Ctrl-C'
+complete -c cupool -n '__cupool_at "stats"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "stats"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool trim
 complete -c cupool -n '__cupool_at "trim"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -159,23 +173,31 @@ complete -c cupool -n '__cupool_at "trim"' -l 'keep' -x -d 'What each pool may k
 complete -c cupool -n '__cupool_at "trim"' -l 'pool' -x -d 'Trim only the pools of this name (default: every pool)'
 complete -c cupool -n '__cupool_at "trim"' -l 'no-graph' -d 'Leave the devices\' graph memory alone'
 complete -c cupool -n '__cupool_at "trim"' -l 'keep-cached' -d 'Do not ask clients to drop the blocks they keep cached'
+complete -c cupool -n '__cupool_at "trim"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "trim"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool plan
 complete -c cupool -n '__cupool_at "plan"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "plan"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "plan"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "plan"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "plan"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "plan" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
 
 # cupool apply
 complete -c cupool -n '__cupool_at "apply"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "apply"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "apply"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "apply"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "apply"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "apply" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
 
 # cupool export
 complete -c cupool -n '__cupool_at "export"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "export"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "export"' -l 'output' -r -F -d 'Write the config to this file (\'-\': standard output)'
+complete -c cupool -n '__cupool_at "export"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "export"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool buffer
 complete -c cupool -n '__cupool_at "buffer"' -a 'create' -d 'Allocate a named buffer in a held pool'
@@ -185,33 +207,51 @@ complete -c cupool -n '__cupool_at "buffer"' -a 'list' -d 'List the named buffer
 complete -c cupool -n '__cupool_at "buffer"' -a 'rm' -d 'Remove a named buffer and free its memory'
 complete -c cupool -n '__cupool_at "buffer"' -a 'remove' -d 'Remove a named buffer and free its memory'
 complete -c cupool -n '__cupool_at "buffer"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "buffer"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "buffer"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool buffer create
 complete -c cupool -n '__cupool_at "buffer create"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'pool' -x -d 'The pool to allocate it from'
-complete -c cupool -n '__cupool_at "buffer create"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (needed only when the pool is on several)'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'size' -x -d 'How many bytes, with a unit (e.g. 10GiB)'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool buffer load
 complete -c cupool -n '__cupool_at "buffer load"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'pool' -x -d 'The pool to allocate it from (one with the posix_fd handle type)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (default: the pool\'s first)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'part-size' -x -d 'The largest allocation of the buffer, with a unit (default 4GiB, at least 1MiB)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "buffer load" 1' -F -d 'The safetensors file'
 
 # cupool buffer ls
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "buffer ls"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "buffer ls"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool buffer rm
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'force' -d 'Remove it even if it is open somewhere'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+
+# cupool exporter
+complete -c cupool -n '__cupool_at "exporter"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "exporter"' -l 'listen' -s 'l' -x -d 'HOST:PORT, [IPV6]:PORT or :PORT (every interface) to serve on'
+complete -c cupool -n '__cupool_at "exporter"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "exporter"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "exporter"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool exec
 complete -c cupool -n '__cupool_at "exec"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -220,6 +260,8 @@ complete -c cupool -n '__cupool_at "exec"' -l 'strict' -d 'A failure to apply in
 complete -c cupool -n '__cupool_at "exec"' -l 'at' -x -a 'cuinit start' -d 'When to apply: cuinit (after CMD\'s first cuInit) or start (before main)'
 complete -c cupool -n '__cupool_at "exec"' -l 'report' -x -d 'When a process that initialised CUDA exits, write its pool figures (JSON, one line per process) to FILE, or stderr with \'-\''
 complete -c cupool -n '__cupool_at "exec"' -l 'quiet' -s 'q' -d 'No line on stderr when the section was applied'
+complete -c cupool -n '__cupool_at "exec"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "exec"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "exec" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file whose process: section is applied'
 
 # cupool bench
@@ -230,8 +272,12 @@ complete -c cupool -n '__cupool_at "bench"' -l 'device' -s 'd' -x -d 'The device
 complete -c cupool -n '__cupool_at "bench"' -l 'sizes' -x -d 'Comma-separated sizes with units'
 complete -c cupool -n '__cupool_at "bench"' -l 'iterations' -s 'n' -x -d 'Iterations per case and size'
 complete -c cupool -n '__cupool_at "bench"' -l 'seed' -x -d 'Seed of the order the cases run in'
+complete -c cupool -n '__cupool_at "bench"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "bench"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "bench" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'A config whose process.current_pool (else default_pool) release_threshold is put under test'
 
 # cupool completion
 complete -c cupool -n '__cupool_at "completion"' -l 'help' -s 'h' -d 'Print this help message and exit'
-complete -c cupool -n '__cupool_at "completion" 0' -a 'bash zsh fish' -d 'The shell: bash, zsh or fish'
+complete -c cupool -n '__cupool_at "completion"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "completion"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "completion" 0' -a 'bash zsh fish man' -d 'The shell: bash, zsh or fish; or man, for the manual page cupool(1)'

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Rewrites the committed shell completions (completions/) from a built cupool, which generates them
-# from its own command-line definition ('cupool completion SHELL'). Run it after changing any verb
-# or option; the completions-drift test fails until you do.
+# Rewrites the committed shell completions (completions/) and the man page (docs/man/cupool.1) from a
+# built cupool, which generates them from its own command-line definition ('cupool completion SHELL',
+# 'cupool completion man'). Run it after changing any verb or option; the completions-drift test
+# fails until you do.
 #
 #   scripts/regen-completions.sh BUILD_DIR      # e.g. scripts/regen-completions.sh build
 set -euo pipefail
@@ -15,15 +16,15 @@ if [[ ! -x $bin ]]; then
   echo "$0: no cupool binary at $bin: build first (cmake --build $1)" >&2
   exit 2
 fi
-dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/completions
-mkdir -p "$dir"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$root/completions" "$root/docs/man"
 
 tmp=''
 trap 'rm -f "$tmp"' EXIT
 
 # shell:file pairs, as installed by CMakeLists.txt.
-for pair in bash:cupool.bash zsh:_cupool fish:cupool.fish; do
-  shell=${pair%%:*} file=$dir/${pair#*:}
+for pair in bash:completions/cupool.bash zsh:completions/_cupool fish:completions/cupool.fish man:docs/man/cupool.1; do
+  shell=${pair%%:*} file=$root/${pair#*:}
   tmp=$(mktemp "$file.XXXXXX")
   if ! "$bin" completion "$shell" >"$tmp"; then
     echo "$0: '$bin completion $shell' failed" >&2
@@ -32,11 +33,11 @@ for pair in bash:cupool.bash zsh:_cupool fish:cupool.fish; do
   if cmp -s "$tmp" "$file"; then
     rm -f "$tmp"
     tmp=''
-    echo "unchanged  completions/${file##*/}"
+    echo "unchanged  ${pair#*:}"
   else
     chmod 644 "$tmp"
     mv "$tmp" "$file"
     tmp=''
-    echo "rewritten  completions/${file##*/}"
+    echo "rewritten  ${pair#*:}"
   fi
 done

@@ -131,16 +131,33 @@ void add_options(CLI::App& app, Command& cmd) {
     if (o->get_group().empty()) continue;  // hidden
     const Value value = value_of(*o);
     if (o->nonpositional()) {
-      Opt opt{{}, summary(o->get_description()), value, o->get_expected_max() > 1};
+      Opt opt;
+      opt.help = summary(o->get_description());
+      opt.value = value;
+      opt.repeats = o->get_expected_max() > 1;
       for (const auto& l : o->get_lnames()) opt.names.push_back("--" + l);
       for (const auto& s : o->get_snames()) opt.names.push_back("-" + s);
+      opt.description = trim(o->get_description());
+      opt.type = o->get_type_name();
+      opt.default_value = o->get_default_str();
+      opt.env = o->get_envname();
+      opt.required = o->get_required();
+      opt.optional_value = o->get_expected_min() == 0 && o->get_expected_max() > 0;
       if (!has_option(cmd, opt.names.front())) cmd.opts.push_back(opt);
     }
     if (o->get_positional()) {
       // CLI11 counts "as many as given" (a vector) as a huge number of items.
       const int count = o->get_items_expected_max() >= (1 << 20) ? kUnbounded : o->get_items_expected_max();
       const std::string help = summary(o->get_description());
-      cmd.positionals.push_back({o->get_name(true), help.empty() ? o->get_name(true) : help, value, count});
+      Positional pos;
+      pos.name = o->get_name(true);
+      pos.help = help.empty() ? pos.name : help;
+      pos.value = value;
+      pos.count = count;
+      pos.description = trim(o->get_description());
+      pos.type = o->get_type_name();
+      pos.required = o->get_required();
+      cmd.positionals.push_back(pos);
     }
   }
   for (CLI::App* group : app.get_subcommands({}))
@@ -156,11 +173,15 @@ Command build(CLI::App& app, const Command* parent) {
     for (const auto& a : app.get_aliases()) cmd.names.push_back(a);
     cmd.help = summary(app.get_description());
   }
+  cmd.description = trim(app.get_description());
+  cmd.footer = app.get_footer();
   add_options(app, cmd);
   // A subcommand that falls through also takes its parent's options.
   if (parent != nullptr && app.get_fallthrough()) {
-    for (const auto& o : parent->opts)
+    for (Opt o : parent->opts) {
+      o.inherited = true;
       if (!has_option(cmd, o.names.front())) cmd.opts.push_back(o);
+    }
   }
   for (CLI::App* sub : app.get_subcommands({}))
     if (!sub->get_name().empty() && !hidden(*sub)) cmd.subs.push_back(build(*sub, &cmd));

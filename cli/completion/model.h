@@ -1,6 +1,7 @@
-// The model of the command line that the completion writers (cli/completion/writers.h) turn into
-// scripts: every visible command, nested ones too, with its options, positionals and what each
-// takes, read from the root CLI::App; and the small text helpers the writers share.
+// The model of the command line that the writers (cli/completion/writers.h) turn into completion
+// scripts and the man page: every visible command, nested ones too, with its options, positionals
+// and what each takes, and the texts its --help prints, read from the root CLI::App; and the small
+// text helpers the writers share.
 #pragma once
 
 #include <string>
@@ -33,7 +34,14 @@ struct Opt {
   std::vector<std::string> names;  // dashes included, long ones first: "--format", "-o"
   std::string help;
   Value value;
-  bool repeats = false;  // may be given more than once
+  bool repeats = false;       // may be given more than once
+  std::string description;    // the whole help text (`help` is its summary)
+  std::string type;           // CLI11's type name, validators included: "TEXT", "FLOAT:FLOAT in [0 - 86400]"
+  std::string default_value;  // shown as the default ("" for none)
+  std::string env;            // the environment variable that sets it ("" for none)
+  bool required = false;
+  bool optional_value = false;  // its value may be left out (--report or --report=FILE)
+  bool inherited = false;       // its parent's, taken too because the command falls through
 };
 
 // The count of a positional that takes every word left.
@@ -44,14 +52,19 @@ struct Positional {
   std::string name;
   std::string help;
   Value value;
-  int count = 1;  // how many words it takes
+  int count = 1;            // how many words it takes
+  std::string description;  // the whole help text
+  std::string type;         // CLI11's type name, as for Opt
+  bool required = false;
 };
 
 // A command (the program itself or a verb), with its options, positionals and subcommands.
 struct Command {
   std::vector<std::string> path;   // {} for the program itself; {"buffer", "create"}
   std::vector<std::string> names;  // the name, then its aliases (empty for the program)
-  std::string help;
+  std::string help;                // a one-line summary of the description
+  std::string description;         // the whole description (the root's: what the program is)
+  std::string footer;              // the text --help prints after the options (examples, exit codes)
   std::vector<Opt> opts;
   std::vector<Positional> positionals;
   std::vector<Command> subs;

@@ -1,6 +1,6 @@
-// The completion script writers, one file each (bash.cpp, zsh.cpp, fish.cpp): each turns the model
-// of the command line (cli/completion/model.h) into the completion script of its shell for the
-// program named `prog`.
+// The writers, one file each (bash.cpp, zsh.cpp, fish.cpp, man.cpp): each turns the model of the
+// command line (cli/completion/model.h) into the completion script of its shell, or the manual
+// page, for the program named `prog`.
 #pragma once
 
 #include <string>
@@ -19,5 +19,10 @@ std::string zsh_script(const Command& root, const std::string& prog);
 // The fish script: a walker finds the command path; one `complete` line per subcommand, option and
 // positional.
 std::string fish_script(const Command& root, const std::string& prog);
+
+// The manual page PROG(1) in roff (man macros): the program, a section per command with its
+// examples, global options, exit status, environment and files. `version` goes into the .TH line
+// in place of a date, so the page depends on the definition alone.
+std::string man_page(const Command& root, const std::string& prog, const std::string& version);
 
 }  // namespace cupool::cli::completion

@@ -22,6 +22,7 @@
 #ifndef CUPOOL_CLIENT_H
 #define CUPOOL_CLIENT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus

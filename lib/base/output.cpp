@@ -1,7 +1,13 @@
 #include "base/output.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "base/error.h"
@@ -153,6 +159,33 @@ std::string Table::str(const std::string& indent) const {
     out << line << '\n';
   }
   return out.str();
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const auto fail = [&](const char* what) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return InputError("cannot write '" + path + "': " + what + ": " + std::strerror(err));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw InputError("cannot write '" + path + "': " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw fail("write");
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    throw fail("fsync");
+  }
+  if (::close(fd) != 0) throw fail("close");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw fail("rename");
 }
 
 }  // namespace cupool

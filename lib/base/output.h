@@ -23,6 +23,11 @@ std::string to_yaml(const nlohmann::ordered_json& value);
 // quoted scalars stay strings.
 nlohmann::ordered_json yaml_to_json(const YAML::Node& node);
 
+// Writes `text` to `path` so that a reader sees the old file or the new one, never a part: a
+// temporary file beside it, flushed to disk, then renamed over it. Throws InputError naming the
+// path and the reason; the temporary file is removed on failure.
+void write_file_atomically(const std::string& path, const std::string& text);
+
 // A table with a header row; columns padded to their widest cell.
 class Table {
  public:

@@ -33,6 +33,11 @@ std::string Holder::device_uuid(int device) const {
   return d ? d->info.uuid : "";
 }
 
+std::string Holder::device_pci_bus_id(int device) const {
+  const DeviceReport* d = node_.device(device);
+  return d ? d->info.pci_bus_id : "";
+}
+
 void Holder::shutdown() noexcept {
   notice_ = nullptr;  // the holder is ending: nobody to tell, and the owner may be half gone
   deferred_ = nullptr;

@@ -94,6 +94,9 @@ class Holder {
   const HolderWant& holder_settings() const { return holder_; }
   // Takes the holder section as the current one (at start: the socket is made from it).
   void adopt_holder_settings(const HolderWant& h) { holder_ = h; }
+  // The socket came from the command line (`hold --socket`), not the file: plan, apply and reload
+  // then leave the file's holder.socket alone, as the start did.
+  void keep_socket_from_command_line() { socket_from_command_line_ = true; }
   // The socket whose mode and group apply() changes. Without one (unit tests) apply records them.
   void attach_socket(SocketPermissions* socket) { socket_ = socket; }
   // Where notices to a client go (the server queues them on its connection): a pool it imported
@@ -213,6 +216,7 @@ class Holder {
   void require_admin(const Client& c, const char* op) const;
   void require_not_draining(const char* op) const;
   std::string device_uuid(int device) const;
+  std::string device_pci_bus_id(int device) const;  // "0000:1b:00.0"
 
   // One request being served: its connection, its arguments, and where a reply's descriptor goes.
   struct Request {
@@ -288,6 +292,7 @@ class Holder {
   std::uint32_t self_uid_;
   Limits limits_;
   HolderWant holder_;
+  bool socket_from_command_line_ = false;
   SocketPermissions* socket_ = nullptr;
   std::function<void(std::uint64_t, const Json&)> notice_;
   std::function<void(std::uint64_t, const Json&)> deferred_;

@@ -53,7 +53,7 @@ std::vector<Change> Holder::plan(const Desired& want) const {
     return join(why, "; ");
   };
 
-  if (want.holder.socket != holder_.socket)
+  if (!socket_from_command_line_ && want.holder.socket != holder_.socket)
     changes.push_back({"update", "holder", "holder", -1, "socket", holder_.socket, want.holder.socket,
                        "the socket path changes only when the holder restarts"});
   if (want.holder.mode != holder_.mode) {

@@ -95,6 +95,7 @@ Json Holder::stats(bool reset_peaks) {
     out["pools"].push_back({{"name", key.first},
                             {"device", key.second},
                             {"uuid", device_uuid(key.second)},
+                            {"pci_bus_id", device_pci_bus_id(key.second)},
                             {"reserved_current", u.reserved_current},
                             {"reserved_high", u.reserved_high},
                             {"used_current", u.used_current},
@@ -112,6 +113,7 @@ Json Holder::stats(bool reset_peaks) {
     if (reset_peaks) backend_.reset_graph_mem_peaks(d);
     out["devices"].push_back({{"device", d},
                               {"uuid", device_uuid(d)},
+                              {"pci_bus_id", device_pci_bus_id(d)},
                               {"graph_reserved_current", g.reserved_current},
                               {"graph_reserved_high", g.reserved_high},
                               {"graph_used_current", g.used_current},

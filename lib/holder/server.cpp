@@ -437,6 +437,7 @@ int Server::run() {
   limits.max_clients_per_user = options_.max_clients_per_user;
   holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
   holder_->adopt_holder_settings(want.holder);
+  if (!options_.socket.empty()) holder_->keep_socket_from_command_line();
   holder_->apply(want);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());

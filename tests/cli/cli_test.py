@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 
 PROFILE_DEFAULT = "configs/profiles/h100.yaml"
 # The first line of a finding: "path:line:col: severity: message [code]".
@@ -218,6 +219,59 @@ def usage(r):
     r.ok("check - reads stdin; CUPOOL_PROFILE is --profile", code == 0 and out.startswith("<stdin>: fits"), out + err)
 
 
+def forgiving(r):
+    """Mistyped verbs and options get a hint; global options work after the verb; --version names
+    the build; NO_COLOR and the journal change how diagnostics are written, never what they say."""
+    code, out, err = r.run(["quer"])
+    r.ok("a mistyped verb: exit 2 with a hint", code == 2 and "hint: did you mean 'query'?" in err, out + err)
+    code, out, err = r.run(["buffer", "craete", "x"])
+    r.ok("a mistyped nested verb gets a hint", code == 2 and "did you mean 'create'?" in err, out + err)
+    code, out, err = r.run(["query", "--formt", "json", "--profile", PROFILE_DEFAULT])
+    r.ok("a mistyped option gets a hint", code == 2 and "did you mean '--format'?" in err, out + err)
+    code, out, err = r.run(["frobnicate"])
+    r.ok("a word near nothing gets no hint", code == 2 and "hint" not in err, out + err)
+    code, out, err = r.run(["--version"])
+    r.ok("--version names the commit and the CUDA headers",
+         code == 0 and re.match(r"cupool \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)", out) is not None
+         and "CUDA " in out and " headers" in out, out + err)
+
+    def hold_log(env, stderr_file=None):
+        """A holder on the simulated node, --log-level after the verb, stopped once it listens:
+        its diagnostics (info lines: pools created, listening)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            full = dict(os.environ, **env)
+            full.pop("CUPOOL_PROFILE", None)
+            full.pop("CUPOOL_LOG_LEVEL", None)
+            log = stderr_file or open(os.path.join(tmp, "log"), "w+b")
+            config = os.path.join(tmp, "pools.yaml")
+            with open(config, "w") as c:
+                c.write("version: 1\npools:\n  - {name: kv, devices: [0], handle_types: [posix_fd], max_size: 1GiB}\n")
+            p = subprocess.Popen([r.cupool, "hold", config, "--profile", PROFILE_DEFAULT,
+                                  "--socket", os.path.join(tmp, "s.sock"), "--log-level", "info"],
+                                 cwd=r.root, stdout=subprocess.DEVNULL, stderr=log, env=full)
+            deadline = time.time() + 20
+            text = ""
+            while time.time() < deadline and "listening" not in text and p.poll() is None:
+                time.sleep(0.05)
+                log.seek(0)
+                text = log.read().decode(errors="replace")
+            p.terminate()
+            p.wait(20)
+            log.seek(0)
+            return log.read().decode(errors="replace")
+
+    text = hold_log({"NO_COLOR": "1"})
+    r.ok("--log-level after the verb; NO_COLOR: plain lines", "cupool: info: " in text and "listening" in text
+         and "\x1b[" not in text, text)
+    # Under systemd (JOURNAL_STREAM names stderr) each line starts with its journald priority.
+    with tempfile.TemporaryFile() as f:
+        st = os.fstat(f.fileno())
+        text = hold_log({"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}, stderr_file=f)
+    lines = [l for l in text.splitlines() if l.strip()]
+    r.ok("under the journal: priority prefixes", lines and "<6>info: " in text and
+         all(re.match(r"<[2-7]>(trace|debug|info|warning|error|critical): ", l) for l in lines), text)
+
+
 def bench(r):
     """bench puts under test the threshold of the pool applications allocate from."""
     cases = {
@@ -258,6 +312,7 @@ def main():
     bench(r)
     query(r)
     usage(r)
+    forgiving(r)
     no_driver(r)
     print(f"{r.passed} passed, {len(r.failed)} failed")
     return 1 if r.failed else 0

@@ -102,12 +102,12 @@ expect_exactly "cupool query --devices 0 --de" --deep --devices
 expect_has "cupool query " --format --deep
 
 # Fixed choices (CLI::IsMember).
-expect_exactly "cupool query --format " table json yaml
-expect_exactly "cupool query --format=" table json yaml
+expect_exactly "cupool query --format " table json yaml nfd
+expect_exactly "cupool query --format=" table json yaml nfd
 expect_exactly "cupool query --format=j" json
 expect_exactly "cupool check -o y" yaml
 expect_exactly "cupool --log-level " trace debug info warn error off
-expect_exactly "cupool completion " bash zsh fish
+expect_exactly "cupool completion " bash zsh fish man
 
 # File names: configs and profiles prefer YAML, outputs take any file.
 expect_has "cupool check " pools.yaml node.yml configs -- notes.txt query

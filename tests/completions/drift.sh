@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# completions-drift: the committed completions/ are exactly what 'cupool completion SHELL' prints.
+# completions-drift: the committed completions/ and docs/man/cupool.1 are exactly what
+# 'cupool completion SHELL' and 'cupool completion man' print.
 #   drift.sh CUPOOL_BINARY SOURCE_DIR
 set -u
 bin=$1 root=$2
@@ -7,8 +8,8 @@ tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 
 stale=0
-for pair in bash:cupool.bash zsh:_cupool fish:cupool.fish; do
-  shell=${pair%%:*} file=completions/${pair#*:}
+for pair in bash:completions/cupool.bash zsh:completions/_cupool fish:completions/cupool.fish man:docs/man/cupool.1; do
+  shell=${pair%%:*} file=${pair#*:}
   if ! "$bin" completion "$shell" >"$tmp"; then
     echo "FAIL: '$bin completion $shell' failed"
     exit 1
@@ -25,6 +26,6 @@ for pair in bash:cupool.bash zsh:_cupool fish:cupool.fish; do
 done
 
 if ((stale)); then
-  echo "Run scripts/regen-completions.sh BUILD_DIR and commit completions/."
+  echo "Run scripts/regen-completions.sh BUILD_DIR and commit completions/ and docs/man/."
   exit 1
 fi

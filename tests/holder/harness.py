@@ -130,7 +130,7 @@ class RawClient:
 # ---- running things ----
 
 class Holder:
-    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None):
+    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None, profile=None):
         self.tmp = tmp
         self.socket = os.path.join(tmp, "cupool.sock")
         self.config = os.path.join(tmp, "cupool.yaml")
@@ -140,7 +140,7 @@ class Holder:
             f.write(config_text)
         self.log_path = os.path.join(tmp, "holder.log")
         self.log = open(self.log_path, "a")
-        node = ["--profile", PROFILE] if PROFILE else []
+        node = ["--profile", profile or PROFILE] if (profile or PROFILE) else []
         self.proc = subprocess.Popen([ARGS.cupool, "--log-level", "info", "hold", self.config, "--drain-timeout", "3"]
                                      + node + list(extra),
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
@@ -334,7 +334,8 @@ def run_scenarios(scenarios, what):
             print(f"FAIL  {name}: {e}", flush=True)
             traceback.print_exc()
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not os.environ.get("CUPOOL_KEEP_TMP"):
+                shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(scenarios) - len(failed)} of {len(scenarios)} {what} passed")
     return 1 if failed else 0
 

@@ -213,6 +213,149 @@ def test_protocol_client_from_the_document(tmp):
         h.stop()
 
 
+def test_socket_from_command_line_and_buffer_device(tmp):
+    """`hold --socket` wins at every plan, apply and reload, as at the start; `buffer create` needs
+    --device only for a pool on several devices."""
+    in_file = os.path.join(tmp, "in-file.sock")
+    h = Holder(tmp, config_text=H.CONFIG.format(socket=in_file, user="cupool-test-nobody"),
+               extra=("--socket", os.path.join(tmp, "cupool.sock")))
+    try:
+        plan = json.loads(cupool("plan", h.config, "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(plan["changes"] == [], f"plan reports the file's socket as a change: {plan}")
+        cupool("apply", h.config, socket_path=h.socket, check_rc=0)
+        h.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while time.time() < deadline and "reload: no changes" not in h.text():
+            time.sleep(0.05)
+        check("reload: no changes" in h.text(), f"the reload reported changes:\n{h.text()}")
+        check(not os.path.exists(in_file), "the holder listened on the file's socket")
+        # One device: no --device needed; the buffer lands on the pool's device.
+        cupool("buffer", "create", "scratch", "--pool", "kv", "--size", "4MiB", socket_path=h.socket, check_rc=0)
+        b = [b for b in status(h)["buffers"] if b["name"] == "scratch"][0]
+        check(b["device"] == 0, b)
+        r = cupool("buffer", "create", "nopool", "--pool", "missing", "--size", "4MiB", socket_path=h.socket)
+        check(r.returncode == 1 and "missing" in r.stderr, f"{r.returncode} {r.stderr}")
+    finally:
+        h.stop()
+    if not H.PROFILE:
+        return  # several devices: only on the two-GPU simulated node
+    two = os.path.join(tmp, "two")
+    os.makedirs(two)
+    h = Holder(two, config_text="version: 1\nholder: {socket: %s, mode: \"0600\"}\n"
+               "pools:\n  - {name: wide, devices: [0, 1], handle_types: [posix_fd], max_size: 1GiB}\n"
+               % os.path.join(two, "cupool.sock"),
+               profile=os.path.join(H.ARGS.root, "configs/profiles/h200x2.yaml"))
+    try:
+        r = cupool("buffer", "create", "w", "--pool", "wide", "--size", "4MiB", socket_path=h.socket)
+        check(r.returncode == 2 and "devices 0, 1" in r.stderr and "--device" in r.stderr, f"{r.returncode} {r.stderr}")
+        check(status(h)["buffers"] == [], "a buffer was made without a device")
+        cupool("buffer", "create", "w", "--pool", "wide", "--device", "1", "--size", "4MiB", socket_path=h.socket, check_rc=0)
+        check(status(h)["buffers"][0]["device"] == 1, status(h))
+    finally:
+        h.stop()
+
+
+def simple_prometheus_parser(text):
+    """Where prometheus_client is missing: families of name -> samples (name, labels, value), from
+    the text format's sample lines (the exporter's output has no escaped quotes in labels)."""
+    import collections
+    Family = collections.namedtuple("Family", "name samples")
+    Sample = collections.namedtuple("Sample", "name labels value")
+    families = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name = line.split()[2]
+            families[name] = Family(name, [])
+        elif line and not line.startswith("#"):
+            m = re.fullmatch(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)', line)
+            check(m is not None, f"not a sample line: {line!r}")
+            labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', m.group(2) or ""))
+            families[m.group(1)].samples.append(Sample(m.group(1), labels, float(m.group(3))))
+    return list(families.values())
+
+
+def test_exporter_and_textfile(tmp):
+    """`cupool exporter` serves what a Prometheus scrape parses, with dcgm-exporter's device
+    labels, +Inf for max, build info, and cupool_holder_up 0 once the holder is gone; bad or slow
+    peers get nothing from it; `stats --output` writes the textfile form whole."""
+    import math
+    import urllib.error
+    import urllib.request
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:  # the GPU machines lack it; CI has it (scripts/setup.sh installs it)
+        text_string_to_metric_families = simple_prometheus_parser
+
+    h = Holder(tmp)
+    exporter = subprocess.Popen([H.ARGS.cupool, "exporter", "--listen", "127.0.0.1:0", "--socket", h.socket],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = exporter.stderr.readline()
+        m = re.search(r"serving http://(127\.0\.0\.1:\d+)/metrics", line)
+        check(m is not None, f"the exporter did not say where it serves: {line!r}")
+        base = "http://" + m.group(1)
+
+        def scrape():
+            with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+                check(r.headers["Content-Type"].startswith("text/plain; version=0.0.4"), r.headers)
+                return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+        # A peer that connects and sends nothing does not hold up a scrape.
+        idle = socket.create_connection(("127.0.0.1", int(m.group(1).split(":")[1])))
+        families = scrape()
+        idle.close()
+        uuid = status(h)["pools"][0]["uuid"]
+        reserved = [s for s in families["cupool_pool_reserved_bytes"].samples if s.labels["pool"] == "kv"]
+        check(len(reserved) == 1, families["cupool_pool_reserved_bytes"].samples)
+        labels = reserved[0].labels
+        check(set(labels) == {"pool", "gpu", "UUID", "pci_bus_id"}, labels)
+        check(labels["gpu"] == "0" and labels["UUID"] == uuid, labels)
+        check(re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-9A-F]", labels["pci_bus_id"]), labels)
+        threshold = [s for s in families["cupool_pool_release_threshold_bytes"].samples if s.labels["pool"] == "kv"][0]
+        check(math.isinf(threshold.value), f"release_threshold max is not +Inf: {threshold}")
+        build = families["cupool_build_info"].samples[0]
+        check(build.value == 1 and build.labels["version"] and build.labels["commit"], build)
+        check(families["cupool_holder_up"].samples[0].value == 1, families["cupool_holder_up"])
+        # Not /metrics, not GET, too big a head.
+        for path, want in (("/", 200), ("/nothing", 404)):
+            try:
+                code = urllib.request.urlopen(base + path, timeout=10).status
+            except urllib.error.HTTPError as e:
+                code = e.code
+            check(code == want, f"{path}: {code}")
+        try:
+            urllib.request.urlopen(urllib.request.Request(base + "/metrics", data=b"x", method="POST"), timeout=10)
+            check(False, "POST was answered")
+        except urllib.error.HTTPError as e:
+            check(e.code == 405, e.code)
+        big = socket.create_connection(("127.0.0.1", int(m.group(1).split(":")[1])))
+        big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n")
+        check(big.recv(100).startswith(b"HTTP/1.1 431 "), "a 9 KB head was not refused")
+        big.close()
+        # The textfile form: the whole file, replaced atomically.
+        prom = os.path.join(tmp, "cupool.prom")
+        cupool("stats", "--format", "prometheus", "--output", prom, socket_path=h.socket, check_rc=0)
+        with open(prom) as f:
+            names = {fam.name for fam in text_string_to_metric_families(f.read())}
+        check({"cupool_pool_used_bytes", "cupool_build_info"} <= names, names)
+        check(not [n for n in os.listdir(tmp) if n.startswith("cupool.prom.tmp")], os.listdir(tmp))
+        # The holder stops: the exporter still answers, with up 0.
+        h.stop()
+        families = scrape()
+        check(families["cupool_holder_up"].samples[0].value == 0, families["cupool_holder_up"])
+        check("cupool_build_info" in families and "cupool_pool_reserved_bytes" not in families, list(families))
+        exporter.send_signal(signal.SIGTERM)
+        check(exporter.wait(10) == 0, f"the exporter exited with {exporter.returncode}")
+        # A --listen that is not an address: exit 2, saying what would be valid.
+        r = cupool("exporter", "--listen", "9402")
+        check(r.returncode == 2 and "HOST:PORT" in r.stderr, f"{r.returncode} {r.stderr}")
+    finally:
+        if exporter.poll() is None:
+            exporter.kill()
+            exporter.wait()
+        h.stop()
+
+
 def test_verbs(tmp):
     h = Holder(tmp)
     sock = h.socket
@@ -896,7 +1039,9 @@ def test_load_256_clients(tmp):
             latencies.extend(int(x) for x in lat.split(","))
         check(not failed, f"{len(failed)} of {LOAD_CLIENTS} load clients failed, e.g. {failed[:3]}")
         # Nothing lost: no lease, no client but this check, used memory and descriptors as before.
-        h.wait_fds(fds_before)
+        # Under ASan the holder needs over 10 s to serve the clients' last messages and see them go
+        # (measured 2026-11-25: done in about 15 s); a leak never drops, however long it waits.
+        h.wait_fds(fds_before, timeout=90)
         s = status(h)
         check(s["pools"][0]["leases"] == 0 and s["pools"][0]["leased_bytes"] == 0, f"leases left: {s['pools']}")
         check(len(s["clients"]) == 1, f"clients left: {s['clients']}")
@@ -1430,7 +1575,7 @@ def test_cache_reuse_without_round_trip(tmp):
         check(s["pools"][0]["cached"] == 3 and s["pools"][0]["cached_bytes"] == 24 << 20, f"pool: {s['pools'][0]}")
         check(pool_stat(h, "kv")["cached_bytes"] == 24 << 20, "stats do not show the cached bytes")
         prom = cupool("stats", "--format", "prometheus", socket_path=h.socket, check_rc=0).stdout
-        check('cupool_pool_cached_bytes{pool="kv",device="0"' in prom and f"}} {24 << 20}\n" in prom, prom)
+        check('cupool_pool_cached_bytes{pool="kv",gpu="0"' in prom and f"}} {24 << 20}\n" in prom, prom)
         out = finish_keeping_client(p)
         check("testclient: after CUPOOL_OK" in out, out)
 

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "base/build_info.h"
 #include "base/units.h"
 #include "cli/holder_render.h"
 #include "config/diagnostics.h"
@@ -35,11 +36,13 @@ json status_reply() {
 
 json stats_reply() {
   return json::parse(R"({"id": 9, "ok": true,
-    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "reserved_current": 10804527104,
+    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
+               "reserved_current": 10804527104,
                "reserved_high": 10804527104, "used_current": 10737418240, "used_high": 10804527104,
                "release_threshold": 18446744073709551615, "leases": 2, "leased_bytes": 134217728, "cached": 1,
                "cached_bytes": 67108864}],
-    "devices": [{"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "graph_reserved_current": 0, "graph_reserved_high": 0,
+    "devices": [{"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
+                 "graph_reserved_current": 0, "graph_reserved_high": 0,
                  "graph_used_current": 0, "graph_used_high": 0}]})");
 }
 
@@ -149,15 +152,16 @@ TEST_CASE("stats: sizes for people") {
 
 TEST_CASE("stats in the Prometheus text format") {
   const std::string text = render_stats_prometheus(stats_reply());
-  const std::string labels = std::string("{pool=\"kv-cache\",device=\"0\",uuid=\"") + kUuid0 + "\"}";
-  const std::string device = std::string("{device=\"0\",uuid=\"") + kUuid0 + "\"}";
+  // dcgm-exporter's labels (gpu, UUID, pci_bus_id as NVML writes it), so dashboards join the two.
+  const std::string device = std::string("{gpu=\"0\",UUID=\"") + kUuid0 + "\",pci_bus_id=\"00000000:1B:00.0\"}";
+  const std::string labels = "{pool=\"kv-cache\"," + device.substr(1);
   CHECK(text.find("# HELP cupool_pool_reserved_bytes ") == 0);
   CHECK(text.find("# TYPE cupool_pool_reserved_bytes gauge\ncupool_pool_reserved_bytes" + labels + " 10804527104\n") !=
         std::string::npos);
   CHECK(text.find("\ncupool_pool_reserved_high_bytes" + labels + " 10804527104\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_used_bytes" + labels + " 10737418240\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_used_high_bytes" + labels + " 10804527104\n") != std::string::npos);
-  CHECK(text.find("\ncupool_pool_release_threshold_bytes" + labels + " 18446744073709551615\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_release_threshold_bytes" + labels + " +Inf\n") != std::string::npos);  // max
   CHECK(text.find("\ncupool_pool_leases" + labels + " 2\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_leased_bytes" + labels + " 134217728\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_cached_leases" + labels + " 1\n") != std::string::npos);
@@ -180,9 +184,17 @@ TEST_CASE("stats in the Prometheus text format") {
     CHECK(line.rfind("cupool_", 0) == (line[0] == '#' ? std::string::npos : 0));
     start = end + 1;
   }
-  CHECK(help == 13);
-  CHECK(type == 13);
-  CHECK(samples == 13);
+  CHECK(help == 14);
+  CHECK(type == 14);
+  CHECK(samples == 14);
+  const cupool::BuildInfo& b = cupool::build_info();
+  CHECK(text.find("\ncupool_build_info{version=\"" + b.version + "\",commit=\"" + b.commit + "\",cuda_headers=\"" +
+                  b.cuda_headers + "\"} 1\n") != std::string::npos);
+  // A threshold below max is a number.
+  json reply = stats_reply();
+  reply["pools"][0]["release_threshold"] = 1024;
+  CHECK(render_stats_prometheus(reply).find("cupool_pool_release_threshold_bytes" + labels + " 1024\n") !=
+        std::string::npos);
 }
 
 TEST_CASE("Prometheus label values are escaped") {
@@ -194,14 +206,15 @@ TEST_CASE("Prometheus label values are escaped") {
   reply["pools"][0]["name"] = "we\"ird\\na\nme";
   reply["pools"][0]["uuid"] = nullptr;
   const std::string text = render_stats_prometheus(reply);
-  CHECK(text.find("cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",device=\"0\",uuid=\"\"} 10737418240\n") !=
-        std::string::npos);
+  CHECK(text.find("cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",gpu=\"0\",UUID=\"\",pci_bus_id=\"00000000:1B:00.0\"} "
+                  "10737418240\n") != std::string::npos);
 }
 
 TEST_CASE("Prometheus: no pools, no samples; a sample without its value is left out") {
   const std::string empty = render_stats_prometheus(json::parse(R"({"pools": [], "devices": []})"));
   CHECK(empty.find("# TYPE cupool_pool_used_bytes gauge\n# HELP cupool_pool_used_high_bytes") != std::string::npos);
-  CHECK(empty.find("\ncupool_") == std::string::npos);
+  CHECK(empty.find("\ncupool_pool") == std::string::npos);
+  CHECK(empty.find("\ncupool_graph") == std::string::npos);
   json reply = stats_reply();
   reply["pools"][0].erase("used_high");
   const std::string text = render_stats_prometheus(reply);

@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 
 #include "config/load.h"
@@ -542,6 +543,24 @@ struct FakeSocket : SocketPermissions {
 };
 
 }  // namespace
+
+TEST_CASE("a socket given on the command line (hold --socket) is not a change the file asks for") {
+  auto socket_changes = [](const std::vector<Change>& changes) {
+    return std::count_if(changes.begin(), changes.end(), [](const Change& c) { return c.field == "socket"; });
+  };
+  Fixture f;
+  f.holder.apply(f.want());
+  HolderWant started = f.want().holder;
+  started.socket = "/tmp/cupool-elsewhere.sock";
+  f.holder.adopt_holder_settings(started);
+  // Started from the file with another socket: a restart would move it, and plan says so.
+  REQUIRE(socket_changes(f.holder.plan(f.want())) == 1);
+  // Started with --socket: the command line wins at every reload, as it did at the start.
+  f.holder.keep_socket_from_command_line();
+  CHECK(socket_changes(f.holder.plan(f.want())) == 0);
+  CHECK(socket_changes(f.holder.apply(f.want())) == 0);
+  CHECK(f.holder.holder_settings().socket == "/tmp/cupool-elsewhere.sock");
+}
 
 TEST_CASE("apply changes the socket's mode and group, and says so only when they were made true") {
   Fixture f;

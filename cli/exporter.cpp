@@ -1,0 +1,212 @@
+// cupool exporter: the holder's metrics over HTTP, for a Prometheus scrape. A process of its own
+// that asks the holder over its socket at every scrape, so the holder opens no TCP port.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "base/fd.h"
+#include "cli/holder_client.h"
+#include "cli/holder_render.h"
+#include "cli/http.h"
+#include "cli/verbs.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct ExporterArgs {
+  std::string listen = ":9402";
+  std::string socket;
+};
+
+constexpr std::size_t kMaxConnections = 64;           // more at once are closed on accept
+constexpr auto kRequestTimeout = std::chrono::seconds(10);  // to send a whole request head
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_stop(int) { g_stop = 1; }
+
+// The listening socket: every interface (IPv6 and IPv4 where the host has IPv6), or the host's
+// addresses.
+Fd listen_on(const http::ListenAddress& where, std::string* shown) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  hints.ai_family = AF_UNSPEC;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(where.port);
+  if (const int rc = ::getaddrinfo(where.host.empty() ? nullptr : where.host.c_str(), port.c_str(), &hints, &found))
+    throw InputError("--listen: can't resolve '" + where.host + "': " + ::gai_strerror(rc));
+  std::string last_error = "no address";
+  Fd fd;
+  // Every interface: prefer one IPv6 socket that takes IPv4 too.
+  std::vector<addrinfo*> order;
+  for (addrinfo* a = found; a; a = a->ai_next)
+    if (where.host.empty() && a->ai_family == AF_INET6) order.insert(order.begin(), a);
+    else order.push_back(a);
+  for (addrinfo* a : order) {
+    Fd s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+    if (!s) continue;
+    const int one = 1, zero = 0;
+    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (a->ai_family == AF_INET6 && where.host.empty()) ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (::bind(s.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(s.get(), 64) == 0) {
+      fd = std::move(s);
+      break;
+    }
+    last_error = std::strerror(errno);
+  }
+  ::freeaddrinfo(found);
+  if (!fd) throw Error(Errc::unreachable, "can't listen on " + (where.host.empty() ? std::string("*") : where.host) + ":" + port + ": " + last_error);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
+  char host[INET6_ADDRSTRLEN] = "?";
+  int bound_port = 0;
+  if (bound.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&bound);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host);
+    bound_port = ntohs(in6->sin6_port);
+    *shown = "[" + std::string(host) + "]:" + std::to_string(bound_port);
+  } else {
+    const auto* in4 = reinterpret_cast<const sockaddr_in*>(&bound);
+    ::inet_ntop(AF_INET, &in4->sin_addr, host, sizeof host);
+    bound_port = ntohs(in4->sin_port);
+    *shown = std::string(host) + ":" + std::to_string(bound_port);
+  }
+  return fd;
+}
+
+// One scrape: the holder's stats, or (the holder is down or refuses) the build info alone; then
+// cupool_holder_up says which.
+std::string scrape(const std::string& socket, bool* was_up) {
+  std::string text;
+  bool up = false;
+  try {
+    HolderClient holder = HolderClient::connect(socket, "cupool exporter");
+    text = render_stats_prometheus(holder.request({{"op", "stats"}}));
+    up = true;
+  } catch (const Error& e) {
+    if (*was_up) spdlog::warn("the holder did not answer: {} (cupool_holder_up is 0 until it does)", e.what());
+    text = prometheus_build_info();
+  }
+  if (up && !*was_up) spdlog::info("the holder answers");
+  *was_up = up;
+  text += "# HELP cupool_holder_up 1 when the holder answered this scrape, 0 when it is down or refused the exporter.\n"
+          "# TYPE cupool_holder_up gauge\n"
+          "cupool_holder_up " + std::string(up ? "1" : "0") + "\n";
+  return text;
+}
+
+struct Peer {
+  Fd fd;
+  std::string received;
+  std::chrono::steady_clock::time_point deadline;
+};
+
+// Sends all of `text` or gives up after 5 s (a peer that does not read is not waited for).
+void send_all(int fd, const std::string& text) {
+  std::size_t sent = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (sent < text.size() && std::chrono::steady_clock::now() < deadline) {
+    const ssize_t n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, 100);
+    } else {
+      return;
+    }
+  }
+}
+
+int serve(const ExporterArgs& args) {
+  const http::ListenAddress where = http::parse_listen(args.listen);
+  std::string shown;
+  Fd listener = listen_on(where, &shown);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop;  // no SA_RESTART: poll returns at once
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  std::cerr << "cupool exporter: serving http://" << shown << "/metrics (the holder at "
+            << (args.socket.empty() ? "$CUPOOL_SOCKET or the default socket" : args.socket) << ")" << std::endl;
+
+  bool holder_up = true;
+  std::vector<Peer> peers;
+  while (!g_stop) {
+    std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
+    for (const Peer& p : peers) fds.push_back({p.fd.get(), POLLIN, 0});
+    const int n = ::poll(fds.data(), fds.size(), 1000);
+    if (n < 0 && errno != EINTR) throw Error(Errc::unreachable, std::string("poll: ") + std::strerror(errno));
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<bool> done(peers.size(), false);
+    for (std::size_t i = 0; i < peers.size(); ++i) {
+      Peer& p = peers[i];
+      if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
+        char buf[4096];
+        const ssize_t got = ::recv(p.fd.get(), buf, sizeof buf, 0);
+        if (got <= 0) {
+          done[i] = got == 0 || (errno != EAGAIN && errno != EINTR);
+          continue;
+        }
+        p.received.append(buf, static_cast<std::size_t>(got));
+        if (const auto end = http::head_end(p.received); end && *end <= http::kMaxHead) {
+          send_all(p.fd.get(), http::respond(std::string_view(p.received).substr(0, *end),
+                                             [&] { return scrape(args.socket, &holder_up); }));
+          done[i] = true;
+        } else if (p.received.size() > http::kMaxHead) {
+          send_all(p.fd.get(), http::too_large());
+          done[i] = true;
+        }
+      }
+      if (now >= p.deadline) done[i] = true;  // too slow to ask: closed without an answer
+    }
+    for (std::size_t i = peers.size(); i-- > 0;)
+      if (done[i]) peers.erase(peers.begin() + static_cast<std::ptrdiff_t>(i));
+    if (fds[0].revents & POLLIN) {
+      Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+      if (fd && peers.size() < kMaxConnections) peers.push_back({std::move(fd), {}, now + kRequestTimeout});
+    }
+  }
+  std::cerr << "cupool exporter: stopped\n";
+  return static_cast<int>(ExitCode::ok);
+}
+
+}  // namespace
+
+Verb add_exporter(CLI::App& app) {
+  auto args = std::make_shared<ExporterArgs>();
+  CLI::App* sub = app.add_subcommand("exporter", "Serve the holder's metrics over HTTP for Prometheus");
+  sub->footer(
+      "\n"
+      "Listens on --listen and answers GET /metrics with what 'cupool stats --format prometheus' prints, asking\n"
+      "the holder over its socket at each scrape (the holder itself opens no TCP port), plus cupool_holder_up\n"
+      "(0 while the holder is down or refuses: the exporter keeps answering). Device labels are dcgm-exporter's\n"
+      "(gpu, UUID, pci_bus_id), so dashboards join the two; cupool_build_info names the version. Any user the\n"
+      "holder lets read stats may run it. Requests are bounded (8 KiB heads, 10 s to send one, 64 at once).\n"
+      "Runs until SIGTERM or Ctrl-C.\n"
+      "\nExamples:\n"
+      "  cupool exporter                                   # every interface, port 9402\n"
+      "  cupool exporter --listen 127.0.0.1:9402 --socket /run/cupool/cupool.sock\n"
+      "  curl -s localhost:9402/metrics | grep cupool_pool_used_bytes\n"
+      "\nExit codes: 0 stopped by a signal, 2 a bad --listen, 4 the address can't be listened on.");
+  sub->add_option("--listen,-l", args->listen, "HOST:PORT, [IPV6]:PORT or :PORT (every interface) to serve on")
+      ->capture_default_str();
+  add_socket_option(sub, args->socket);
+  return {sub, [args](Context&) { return serve(*args); }};
+}
+
+}  // namespace cupool::cli
