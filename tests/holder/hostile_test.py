@@ -128,7 +128,9 @@ class Baseline:
         self.rss = rss_kib(h)
 
     def restored(self, rss_slack_mib=64, timeout=15):
-        self.h.wait_fds(self.fds, timeout)
+        # A sanitized holder serves what an attacker left behind several times slower (the plans of
+        # test_long_replies_nobody_reads took over 15 s under ASan here); a leak never restores.
+        self.h.wait_fds(self.fds, timeout * H.slowness())
         used = pool_stat(self.h, "kv")["used_current"]
         check(used == self.used, f"the pool's used bytes are {used}, {self.used} before the attack")
         rss = rss_kib(self.h)
@@ -716,17 +718,24 @@ def test_bytes_after_a_malformed_frame_cost_no_cpu(tmp):
             s.sendall(b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p)
         s.sendall(b"GARBAGE-GARBAGE!")
         s.setblocking(False)
-        before = cpu_seconds(h)
-        end = time.time() + 2
-        while time.time() < end:
+        # The first second, the holder still serves the 200 requests that came before the
+        # malformed frame (legitimate work: 0.55 s of CPU under ASan here); the 2 s measured after
+        # it are the bytes it must no longer read.
+        start = time.time()
+        before = None
+        while time.time() < start + 3:
+            if before is None and time.time() >= start + 1:
+                before = cpu_seconds(h)
             try:
                 s.send(b"x" * 1024)
             except BlockingIOError:
                 time.sleep(0.01)
             except (BrokenPipeError, ConnectionResetError):
                 break
+        if before is None:
+            before = cpu_seconds(h)
         spent = cpu_seconds(h) - before
-        print(f"    the holder spent {spent:.2f} s of CPU in 2 s")
+        print(f"    the holder spent {spent:.2f} s of CPU in the 2 s after serving what came before")
         check(spent < 0.5, f"the holder spent {spent:.2f} s of CPU in 2 s on a connection it reads no more")
         s.close()
 
