@@ -39,10 +39,12 @@ cmake --build build-fuzz --target "${targets[@]}"
 
 # Copies the files ending in $2 under the directories $3... into $1, named by content.
 collect() {
-  local into=$1 ext=$2
+  local into=$1 ext=$2 dir dirs=()
   shift 2
   mkdir -p "$into"
-  find "$@" -type f -name "*$ext" -print0 2>/dev/null | while IFS= read -r -d '' f; do
+  for dir in "$@"; do [ -d "$dir" ] && dirs+=("$dir"); done  # a target may have no regressions yet
+  [ ${#dirs[@]} -gt 0 ] || return 0
+  find "${dirs[@]}" -type f -name "*$ext" -print0 2>/dev/null | while IFS= read -r -d '' f; do
     cp "$f" "$into/$(sha1sum "$f" | cut -c1-40)"
   done
 }
