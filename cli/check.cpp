@@ -88,14 +88,15 @@ Verb add_check(CLI::App& app) {
       else std::cout << (code == ExitCode::ok ? "fits " : "does not fit ") << node_line(*node);
       std::cout << " (" << summary_line(diags) << ")\n";
     } else {
-      nlohmann::ordered_json j;
+      nlohmann::ordered_json j = versioned(nlohmann::ordered_json::object());
       j["file"] = file.path();
       j["verdict"] = verdict;
       j["exit_code"] = static_cast<int>(code);
       j["node"] = node ? to_json(*node)["source"] : nlohmann::ordered_json(nullptr);
       j["summary"] = {{"errors", diags.count(Severity::error)},
                       {"warnings", diags.count(Severity::warning)},
-                      {"notes", diags.count(Severity::note)}};
+                      {"notes", diags.count(Severity::note)},
+                      {"not_listed", diags.dropped()}};
       nlohmann::ordered_json findings = nlohmann::ordered_json::array();
       for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
       j["findings"] = findings;

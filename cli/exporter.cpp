@@ -32,7 +32,7 @@ struct ExporterArgs {
   std::string socket;
 };
 
-constexpr std::size_t kMaxConnections = 64;           // more at once are closed on accept
+constexpr std::size_t kMaxConnections = 64;           // more wait in the listen backlog
 constexpr auto kRequestTimeout = std::chrono::seconds(10);  // to send a whole request head
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -110,27 +110,52 @@ std::string scrape(const std::string& socket, bool* was_up) {
   return text;
 }
 
+// A connection: first its request head arrives (kRequestTimeout to send it), then its response
+// goes out as the peer reads it (kResponseTimeout). Nothing waits on one peer: a peer that sends
+// slowly or does not read holds its own buffers, never the loop.
 struct Peer {
   Fd fd;
   std::string received;
+  std::string reply;      // set once the head is in: what is left to send
+  std::size_t sent = 0;
   std::chrono::steady_clock::time_point deadline;
 };
 
-// Sends all of `text` or gives up after 5 s (a peer that does not read is not waited for).
-void send_all(int fd, const std::string& text) {
-  std::size_t sent = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (sent < text.size() && std::chrono::steady_clock::now() < deadline) {
-    const ssize_t n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL);
+constexpr auto kResponseTimeout = std::chrono::seconds(10);  // to read the whole response
+
+// Sends what the socket takes now; false when the peer is gone.
+bool send_some(Peer& p) {
+  while (p.sent < p.reply.size()) {
+    const ssize_t n = ::send(p.fd.get(), p.reply.data() + p.sent, p.reply.size() - p.sent, MSG_NOSIGNAL);
     if (n > 0) {
-      sent += static_cast<std::size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
+      p.sent += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
     } else {
-      return;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
     }
   }
+  return true;
+}
+
+// Reads what arrived; once the head is in (or too long), the reply is made. false when the peer
+// is gone.
+bool receive(Peer& p, const std::string& socket, bool* holder_up) {
+  char buf[4096];
+  const ssize_t got = ::recv(p.fd.get(), buf, sizeof buf, 0);
+  if (got == 0) return false;
+  if (got < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+  p.received.append(buf, static_cast<std::size_t>(got));
+  if (const auto end = http::head_end(p.received); end && *end <= http::kMaxHead)
+    p.reply = http::respond(std::string_view(p.received).substr(0, *end), [&] { return scrape(socket, holder_up); });
+  else if (p.received.size() > http::kMaxHead)
+    p.reply = http::too_large();
+  if (!p.reply.empty()) {
+    p.received.clear();
+    p.received.shrink_to_fit();
+    p.deadline = std::chrono::steady_clock::now() + kResponseTimeout;
+  }
+  return true;
 }
 
 int serve(const ExporterArgs& args) {
@@ -147,38 +172,26 @@ int serve(const ExporterArgs& args) {
   bool holder_up = true;
   std::vector<Peer> peers;
   while (!g_stop) {
-    std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
-    for (const Peer& p : peers) fds.push_back({p.fd.get(), POLLIN, 0});
+    std::vector<pollfd> fds{{listener.get(), static_cast<short>(peers.size() < kMaxConnections ? POLLIN : 0), 0}};
+    for (const Peer& p : peers) fds.push_back({p.fd.get(), static_cast<short>(p.reply.empty() ? POLLIN : POLLOUT), 0});
     const int n = ::poll(fds.data(), fds.size(), 1000);
     if (n < 0 && errno != EINTR) throw Error(Errc::unreachable, std::string("poll: ") + std::strerror(errno));
-    const auto now = std::chrono::steady_clock::now();
     std::vector<bool> done(peers.size(), false);
     for (std::size_t i = 0; i < peers.size(); ++i) {
       Peer& p = peers[i];
-      if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) {
-        char buf[4096];
-        const ssize_t got = ::recv(p.fd.get(), buf, sizeof buf, 0);
-        if (got <= 0) {
-          done[i] = got == 0 || (errno != EAGAIN && errno != EINTR);
-          continue;
-        }
-        p.received.append(buf, static_cast<std::size_t>(got));
-        if (const auto end = http::head_end(p.received); end && *end <= http::kMaxHead) {
-          send_all(p.fd.get(), http::respond(std::string_view(p.received).substr(0, *end),
-                                             [&] { return scrape(args.socket, &holder_up); }));
-          done[i] = true;
-        } else if (p.received.size() > http::kMaxHead) {
-          send_all(p.fd.get(), http::too_large());
-          done[i] = true;
-        }
-      }
-      if (now >= p.deadline) done[i] = true;  // too slow to ask: closed without an answer
+      const short ev = fds[i + 1].revents;
+      if (p.reply.empty() && (ev & (POLLIN | POLLHUP | POLLERR))) done[i] = !receive(p, args.socket, &holder_up);
+      // A reply just made is tried at once: most fit the socket's buffer.
+      if (!done[i] && !p.reply.empty()) done[i] = !send_some(p) || p.sent == p.reply.size();
+      if (!done[i] && (ev & (POLLHUP | POLLERR)) && !p.reply.empty()) done[i] = true;
+      // Too slow to ask or to read: closed, the answer unsent.
+      if (std::chrono::steady_clock::now() >= p.deadline) done[i] = true;
     }
     for (std::size_t i = peers.size(); i-- > 0;)
       if (done[i]) peers.erase(peers.begin() + static_cast<std::ptrdiff_t>(i));
     if (fds[0].revents & POLLIN) {
       Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
-      if (fd && peers.size() < kMaxConnections) peers.push_back({std::move(fd), {}, now + kRequestTimeout});
+      if (fd) peers.push_back({std::move(fd), {}, {}, 0, std::chrono::steady_clock::now() + kRequestTimeout});
     }
   }
   std::cerr << "cupool exporter: stopped\n";
@@ -196,8 +209,8 @@ Verb add_exporter(CLI::App& app) {
       "the holder over its socket at each scrape (the holder itself opens no TCP port), plus cupool_holder_up\n"
       "(0 while the holder is down or refuses: the exporter keeps answering). Device labels are dcgm-exporter's\n"
       "(gpu, UUID, pci_bus_id), so dashboards join the two; cupool_build_info names the version. Any user the\n"
-      "holder lets read stats may run it. Requests are bounded (8 KiB heads, 10 s to send one, 64 at once).\n"
-      "Runs until SIGTERM or Ctrl-C.\n"
+      "holder lets read stats may run it. Requests are bounded: 8 KiB heads, 10 s to send one, 10 s to read\n"
+      "the answer, 64 connections at once (more wait to be accepted). Runs until SIGTERM or Ctrl-C.\n"
       "\nExamples:\n"
       "  cupool exporter                                   # every interface, port 9402\n"
       "  cupool exporter --listen 127.0.0.1:9402 --socket /run/cupool/cupool.sock\n"

@@ -218,7 +218,7 @@ json reply_body(const json& reply) {
   json body = json::object();
   for (auto it = reply.begin(); it != reply.end(); ++it)
     if (it.key() != "id" && it.key() != "ok") body[it.key()] = it.value();
-  return body;
+  return versioned(body);
 }
 
 std::string format_duration(std::uint64_t seconds) {

@@ -18,7 +18,8 @@ namespace cupool {
 
 class SourceFile;
 
-// The reply without its envelope ("id", "ok"): what --format json/yaml prints.
+// The reply without its envelope ("id", "ok") and with "schema_version" first: what --format
+// json/yaml prints.
 nlohmann::ordered_json reply_body(const nlohmann::ordered_json& reply);
 
 // Seconds as "45s", "2m 5s", "1h 0m", "3d 4h".

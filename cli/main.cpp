@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -78,6 +79,26 @@ std::unique_ptr<cupool::Backend> make_backend(const std::string& profile) {
   return cupool::make_cuda_backend([](const std::string& line) { spdlog::debug("{}", line); });
 }
 
+// CLI11 takes a `--` right after an option whose value is optional (`exec P --report -- CMD -n`) as
+// the end of that option's values, and would then read CMD's own options as cupool's. A second
+// `--` there keeps everything after it CMD's. Returns the arguments, in CLI11's (reversed) order.
+std::vector<std::string> arguments(const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    if (args[i] != "--") continue;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      const CLI::Option* opt = sub->get_option_no_throw(args[i - 1]);
+      if (opt && opt->get_expected_min() == 0 && opt->get_expected_max() >= 1) {
+        args.insert(args.begin() + static_cast<std::ptrdiff_t>(i), "--");
+        break;
+      }
+    }
+    break;  // only the first `--` ends cupool's own arguments
+  }
+  std::reverse(args.begin(), args.end());
+  return args;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,7 +127,8 @@ int main(int argc, char** argv) {
       verb::add_exporter(app), verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
 
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> args = arguments(app, argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a usage error exits 2 with CLI11's message, and a hint when a
     // verb or option looks mistyped.

@@ -99,9 +99,10 @@ Verb add_plan_like(CLI::App& app, bool apply) {
         "  cupool plan pools.yaml && echo 'nothing to do'\n"
         "  sudo cupool apply pools.yaml\n"
         "  cupool export | sudo cupool apply -     # changes nothing\n"
-        "\nExit codes: 0 every change was made (or there was none), 1 some change was blocked,\n"
-        "2 the file is invalid or does not fit the holder's node (findings on stderr), 4 no holder is\n"
-        "listening or it refused.");
+        "\nExit codes: 0 every change was made (or there was none), 1 some change was blocked, or the file\n"
+        "does not fit the holder's node (as in 'cupool check'; nothing applied, findings on stderr), 2 the\n"
+        "file is invalid, 4 no holder is listening or it refused. With --format json the two 1s differ:\n"
+        "a misfit prints error.code \"does_not_fit\" and its findings.");
   } else {
     sub->footer(
         "\n"
@@ -117,9 +118,10 @@ Verb add_plan_like(CLI::App& app, bool apply) {
         "  cupool plan /etc/cupool/cupool.yaml\n"
         "  cupool plan pools.yaml --format json | jq '.changes[] | select(.blocked)'\n"
         "  cupool plan pools.yaml || sudo cupool apply pools.yaml\n"
-        "\nExit codes: 0 no changes (the holder matches the file), 1 there are changes (drift),\n"
-        "2 the file is invalid or does not fit the holder's node (findings on stderr), 4 no holder is\n"
-        "listening or it refused.");
+        "\nExit codes: 0 no changes (the holder matches the file), 1 there are changes (drift), or the\n"
+        "file does not fit the holder's node (as in 'cupool check'; findings on stderr), 2 the file is\n"
+        "invalid, 4 no holder is listening or it refused. With --format json the two 1s differ: a misfit\n"
+        "prints error.code \"does_not_fit\" and its findings, drift prints changes.");
   }
   sub->add_option("config", args->config, "The config file ('-' reads standard input)")->required();
   add_socket_option(sub, args->socket);

@@ -78,10 +78,10 @@ Verb add_query(CLI::App& app) {
         std::cout << render_report_table(report);
         break;
       case Format::json:
-        std::cout << dump_json(to_json(report)) << "\n";
+        std::cout << dump_json(versioned(to_json(report))) << "\n";
         break;
       case Format::yaml:
-        std::cout << to_yaml(to_json(report));
+        std::cout << to_yaml(versioned(to_json(report)));
         break;
     }
     return 0;

@@ -4,7 +4,7 @@
 # seed corpus and its regression inputs. Fails when a fuzzer finds anything (crash, sanitizer
 # report, leak, timeout, out of memory), printing the input; the inputs are kept in
 # build-fuzz/fuzz-findings/. Without clang or the libFuzzer runtime it says so and exits 0.
-# Usage: [FUZZ_SECONDS=30] [FUZZ_TARGETS="config protocol safetensors"] [FUZZ_CC=clang FUZZ_CXX=clang++] scripts/fuzz.sh
+# Usage: [FUZZ_SECONDS=30] [FUZZ_TARGETS="config protocol safetensors http"] [FUZZ_CC=clang FUZZ_CXX=clang++] scripts/fuzz.sh
 # Debian 12 packages: clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes), besides
 # what scripts/setup.sh installs (cmake, ninja-build, the libraries). With only clang-14 installed:
 # FUZZ_CC=clang-14 FUZZ_CXX=clang++-14.
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
-FUZZ_TARGETS=${FUZZ_TARGETS:-config protocol safetensors}
+FUZZ_TARGETS=${FUZZ_TARGETS:-config protocol safetensors http}
 FUZZ_CC=${FUZZ_CC:-clang}
 FUZZ_CXX=${FUZZ_CXX:-clang++}
 
@@ -65,6 +65,9 @@ for t in $FUZZ_TARGETS; do
     safetensors)
       collect "$work/corpus" .safetensors tests/fuzz/safetensors-corpus tests/fuzz/regressions/safetensors
       extra+=(-dict=tests/fuzz/safetensors.dict -max_len=8192) ;;
+    http)
+      collect "$work/corpus" .http tests/fuzz/http-corpus tests/fuzz/regressions/http
+      extra+=(-dict=tests/fuzz/http.dict -max_len=12288) ;;
     *)
       echo "fuzz: unknown target $t" >&2
       exit 2 ;;

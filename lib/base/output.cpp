@@ -26,6 +26,22 @@ Format parse_format(const std::string& text) {
 
 namespace {
 
+// Whether a YAML reader could take the plain scalar `s` for something other than a string: a
+// boolean or null of YAML 1.1 or 1.2 in any case (yes, On, TRUE, ~), a number of either (1_000,
+// 0x1f, 1:20, .inf, -.NaN, 1e3), a YAML 1.1 timestamp (2026-11-21T20:50:06Z), or the merge and
+// value keys. Such strings are written quoted; quoting one more than needed costs nothing.
+bool looks_typed(const std::string& s) {
+  if (s.empty()) return true;
+  static const char* const kWords[] = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~", "<<", "="};
+  std::string lower(s);
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (const char* w : kWords)
+    if (lower == w) return true;
+  // Numbers and timestamps start with a digit, a sign or a dot (.5, .inf, .nan).
+  const char first = s[0];
+  return std::isdigit(static_cast<unsigned char>(first)) || first == '+' || first == '-' || first == '.';
+}
+
 void emit(YAML::Emitter& out, const json& v) {
   switch (v.type()) {
     case json::value_t::object:
@@ -47,14 +63,7 @@ void emit(YAML::Emitter& out, const json& v) {
     }
     case json::value_t::string: {
       const std::string s = v.get<std::string>();
-      // Quote strings a YAML reader would otherwise take for another type.
-      bool quote = s.empty() || s == "true" || s == "false" || s == "null" || s == "~" || s == "yes" || s == "no";
-      if (!quote) {
-        char* end = nullptr;
-        std::strtod(s.c_str(), &end);
-        quote = end && *end == '\0';
-      }
-      if (quote) out << YAML::DoubleQuoted;
+      if (looks_typed(s)) out << YAML::DoubleQuoted;
       out << s;
       break;
     }
@@ -87,6 +96,15 @@ bool plain_integer(const std::string& s) {
 }
 
 }  // namespace
+
+json versioned(const json& body) {
+  json out = json::object();
+  out["schema_version"] = kOutputSchemaVersion;
+  if (body.is_object())
+    for (auto it = body.begin(); it != body.end(); ++it)
+      if (it.key() != "schema_version") out[it.key()] = it.value();
+  return out;
+}
 
 std::string dump_json(const json& value) { return value.dump(2, ' ', false, json::error_handler_t::replace); }
 

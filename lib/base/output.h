@@ -14,6 +14,14 @@ enum class Format { table, json, yaml };
 // Parses "table", "json", "yaml"; throws InputError otherwise.
 Format parse_format(const std::string& text);
 
+// The version of every verb's machine output (JSON and YAML), its first key "schema_version";
+// schemas/cupool-VERB-v1.schema.json describes each verb's. Within a version fields are only added;
+// removing, renaming or changing the meaning of one makes a new version.
+inline constexpr int kOutputSchemaVersion = 1;
+
+// `body` with "schema_version" first: what a verb prints with --format json or yaml.
+nlohmann::ordered_json versioned(const nlohmann::ordered_json& body);
+
 // Indented JSON; bytes that are not UTF-8 become U+FFFD instead of throwing.
 std::string dump_json(const nlohmann::ordered_json& value);
 

@@ -416,15 +416,7 @@ void save_profile(const NodeReport& report, const std::string& path) {
     std::cout << text;
     return;
   }
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    if (!out) throw InputError("cannot write node profile '" + path + "': " + std::strerror(errno));
-    out << text;
-    if (!out.flush()) throw InputError("cannot write node profile '" + path + "': " + std::strerror(errno));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw InputError("cannot write node profile '" + path + "': " + std::strerror(errno));
+  write_file_atomically(path, text);  // a reader sees the old profile or the new one
 }
 
 }  // namespace cupool

@@ -52,6 +52,49 @@ bool env_is(const char* name, const char* value) {
   return v && std::strcmp(v, value) == 0;
 }
 
+// `text` as a JSON string literal: quotes, backslashes and control bytes escaped, and a byte that
+// is not part of valid UTF-8 written as U+FFFD (a path may hold any byte but "/" and NUL).
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c == '"' || c == '\\') {
+        out += '\\';
+        out += static_cast<char>(c);
+      } else if (c < 0x20 || c == 0x7f) {
+        char esc[8];
+        std::snprintf(esc, sizeof esc, "\\u%04x", c);
+        out += esc;
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // The length of a well-formed sequence starting here (RFC 3629), or 0.
+    std::size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (len && i + len <= n) {
+      for (std::size_t k = 1; k < len; ++k)
+        if ((p[i + k] & 0xc0) != 0x80) len = 0;
+      if (len == 3 && ((c == 0xe0 && p[i + 1] < 0xa0) || (c == 0xed && p[i + 1] > 0x9f))) len = 0;  // overlong, surrogate
+      if (len == 4 && ((c == 0xf0 && p[i + 1] < 0x90) || (c == 0xf4 && p[i + 1] > 0x8f))) len = 0;  // overlong, > U+10FFFF
+    } else {
+      len = 0;
+    }
+    if (len) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      out += "\xef\xbf\xbd";
+      ++i;
+    }
+  }
+  return out + "\"";
+}
+
 std::string program_name() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -72,14 +115,13 @@ void write_report() {
   if (g_reported.exchange(true)) return;
   char* stats = nullptr;
   const int rc = cupool_stats(&stats);
-  std::string line = "{\"pid\": " + std::to_string(::getpid()) + ", \"program\": \"" + program_name() + "\", ";
+  // One JSON object a line, described by schemas/cupool-exec-report-v1.schema.json.
+  std::string line = "{\"schema_version\": 1, \"pid\": " + std::to_string(::getpid()) +
+                     ", \"program\": " + json_string(program_name()) + ", ";
   if (rc == CUPOOL_OK) {
     line += "\"stats\": " + std::string(stats) + "}\n";
   } else {
-    std::string message = cupool_last_error(nullptr);
-    for (char& c : message)
-      if (c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = ' ';
-    line += "\"error\": \"" + message + "\"}\n";
+    line += "\"error\": " + json_string(cupool_last_error(nullptr)) + "}\n";
   }
   cupool_free_string(stats);
   if (std::strcmp(target, "-") == 0) {

@@ -25,6 +25,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schema"))
+import output as machine_output  # noqa: E402  (schemas/cupool-*-v1: every --format json/yaml output is validated)
+
 PROFILE_DEFAULT = "configs/profiles/h100.yaml"
 # The first line of a finding: "path:line:col: severity: message [code]".
 FINDING = r"^\S+?(?::\d+:\d+)?: (?:error|warning|note): .* \[([a-z-]+)\]$"
@@ -37,6 +40,7 @@ class Runner:
         self.update = update
         self.passed = 0
         self.failed = []
+        self.schema_checked = 0
 
     def run(self, args, stdin=None, env=None):
         full_env = dict(os.environ)
@@ -47,6 +51,10 @@ class Runner:
             full_env.update(env)
         p = subprocess.run([self.cupool] + args, cwd=self.root, input=stdin, capture_output=True,
                            text=True, errors="replace", env=full_env, timeout=60)
+        try:
+            self.schema_checked += machine_output.check_command(args, p.stdout)
+        except machine_output.OutputError as e:
+            self.ok("output schema", False, str(e))
         return p.returncode, p.stdout, p.stderr
 
     def ok(self, name, cond, detail=""):
@@ -235,7 +243,7 @@ def forgiving(r):
          code == 0 and re.match(r"cupool \d+\.\d+\.\d+ \(commit ([0-9a-f]{12}(-dirty)?|unknown)\)", out) is not None
          and "CUDA " in out and " headers" in out, out + err)
 
-    def hold_log(env, stderr_file=None):
+    def hold_log(env, stderr_file=None, read_back=True):
         """A holder on the simulated node, --log-level after the verb, stopped once it listens:
         its diagnostics (info lines: pools created, listening)."""
         with tempfile.TemporaryDirectory() as tmp:
@@ -251,18 +259,44 @@ def forgiving(r):
                                  cwd=r.root, stdout=subprocess.DEVNULL, stderr=log, env=full)
             deadline = time.time() + 20
             text = ""
-            while time.time() < deadline and "listening" not in text and p.poll() is None:
+            if not read_back:  # a terminal: its other end reads; give the holder time to listen
+                sock = os.path.join(tmp, "s.sock")
+                while time.time() < deadline and not os.path.exists(sock) and p.poll() is None:
+                    time.sleep(0.05)
+                time.sleep(0.2)
+            while read_back and time.time() < deadline and "listening" not in text and p.poll() is None:
                 time.sleep(0.05)
                 log.seek(0)
                 text = log.read().decode(errors="replace")
             p.terminate()
             p.wait(20)
+            if not read_back:
+                return ""
             log.seek(0)
             return log.read().decode(errors="replace")
 
-    text = hold_log({"NO_COLOR": "1"})
-    r.ok("--log-level after the verb; NO_COLOR: plain lines", "cupool: info: " in text and "listening" in text
-         and "\x1b[" not in text, text)
+    text = hold_log({})
+    r.ok("--log-level after the verb", "cupool: info: " in text and "listening" in text and "\x1b[" not in text, text)
+    # On a terminal the level is coloured, unless NO_COLOR is set.
+    import pty
+    for env, coloured in (({}, True), ({"NO_COLOR": "1"}, False)):
+        master, slave = pty.openpty()
+        with os.fdopen(slave, "w+b", buffering=0) as tty:
+            hold_log(env, stderr_file=tty, read_back=False)
+        os.set_blocking(master, False)
+        seen = b""
+        try:
+            while True:
+                chunk = os.read(master, 65536)
+                if not chunk:
+                    break
+                seen += chunk
+        except (BlockingIOError, OSError):
+            pass
+        os.close(master)
+        text = seen.decode(errors="replace")
+        r.ok(f"on a terminal {'with' if env else 'without'} NO_COLOR: {'colour' if coloured else 'plain'}",
+             "listening" in text and ("\x1b[" in text) == coloured, repr(text[:400]))
     # Under systemd (JOURNAL_STREAM names stderr) each line starts with its journald priority.
     with tempfile.TemporaryFile() as f:
         st = os.fstat(f.fileno())
@@ -284,6 +318,32 @@ def bench(r):
                                 "--format", "json"])
         got = json.loads(out)["settings"]["release_threshold"] if code == 0 else None
         r.ok(f"bench {config} tests threshold {want}", got == want, f"got {got!r}\n" + out + err)
+
+
+def output_schemas(r):
+    """Runner.run validates every --format json/yaml output against its schema; here the YAML forms
+    too, and proof that the schemas refuse what they should (a missing schema_version, an unknown
+    field, a wrong type), so the validation can fail."""
+    for config in ("configs/ipc-multiprocess-server.yaml", "configs/training-8gpu.yaml"):
+        r.run(["check", config, "--profile", PROFILE_DEFAULT, "--format", "yaml"])
+    r.run(["query", "--profile", "configs/profiles/h200x2.yaml", "--deep", "--format", "yaml"])
+    r.run(["bench", "--profile", PROFILE_DEFAULT, "--sizes", "1MiB", "-n", "2", "--format", "yaml"])
+    for verb in ("query", "check", "bench"):
+        r.ok(f"{verb} output validated", machine_output.counts.get(verb, 0) >= 2,
+             f"{machine_output.counts.get(verb, 0)} {verb} documents were validated against their schema")
+    code, out, err = r.run(["query", "--profile", PROFILE_DEFAULT, "--format", "json"])
+    doc = json.loads(out)
+    broken = {
+        "without schema_version": {k: v for k, v in doc.items() if k != "schema_version"},
+        "with an unknown field": dict(doc, surprise=1),
+        "with a device index as text": dict(doc, devices=[dict(doc["devices"][0], index="0")]),
+    }
+    for what, bad in broken.items():
+        try:
+            machine_output.validate("query", bad, "query " + what)
+            r.ok(f"the query schema refuses output {what}", False, json.dumps(bad)[:300])
+        except machine_output.OutputError:
+            r.ok(f"the query schema refuses output {what}", True)
 
 
 def no_driver(r):
@@ -313,7 +373,9 @@ def main():
     query(r)
     usage(r)
     forgiving(r)
+    output_schemas(r)
     no_driver(r)
+    print(f"{r.schema_checked} outputs validated against schemas/cupool-*-v{machine_output.VERSION}.schema.json")
     print(f"{r.passed} passed, {len(r.failed)} failed")
     return 1 if r.failed else 0
 

@@ -14,6 +14,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schema"))
+import output as machine_output  # noqa: E402  (schemas/cupool-exec-report-v1)
+
 SECTION = """version: 1
 process:
   devices: all
@@ -110,6 +113,7 @@ def main():
     check(r.returncode == 7, f"the command's exit status comes through (got {r.returncode})")
     check(r.stdout == "inside\n", f"the command ran unmodified: {r.stdout!r}")
     check('"field":"release_threshold","from":"0 B","to":"max"' in r.stderr, f"the change is reported: {r.stderr}")
+    machine_output.check_exec_report(report)
     lines = [json.loads(line) for line in open(report)]
     check(len(lines) >= 1, f"one report line per process: {len(lines)}")
     pool = lines[0]["stats"]["devices"][0]["pools"][0]
@@ -125,11 +129,33 @@ def main():
                         sys.executable, "-c", "print('inside')"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 0 and '"field":"current_pool","from":"the default pool"' in r.stderr,
           f"current_pool is made inside the program: {r.returncode} {r.stderr}")
+    machine_output.check_exec_report(report2)
     pools = [json.loads(line) for line in open(report2)][0]["stats"]["devices"][0]["pools"]
     by = {p["pool"]: p for p in pools}
     check(set(by) == {"default", "current"} and by["current"]["release_threshold"] == 1 << 30
           and by["current"]["reserved_current"] == 512 << 20 and by["default"]["release_threshold"] == 0,
           f"the report shows the current pool with its settings and reserve, the default pool untouched: {pools}")
+
+    # A program whose path holds quotes, backslashes, control and non-UTF-8 bytes: the report is
+    # still one JSON object a line, the path escaped (the bad byte as U+FFFD).
+    odd_dir = os.path.join(tmp.encode(), b'we"ird\\dir\x01\xff')
+    os.makedirs(odd_dir, exist_ok=True)
+    odd = os.path.join(odd_dir, b"echo")
+    with open("/bin/echo", "rb") as src, open(odd, "wb") as dst:
+        dst.write(src.read())
+    os.chmod(odd, 0o755)
+    report3 = os.path.join(tmp, "report-odd.jsonl")
+    r = subprocess.run([args.cupool.encode(), b"exec", config.encode(), b"--at", b"start", b"--profile", profile.encode(),
+                        b"--report=" + report3.encode(), b"--", odd, b"odd"], capture_output=True, timeout=60)
+    machine_output.check_exec_report(report3)
+    odd_line = json.loads(open(report3, encoding="utf-8").readline())
+    check(r.returncode == 0 and odd_line["program"] == os.fsdecode(odd).replace("\udcff", "\ufffd"),
+          f"a program with an odd path is reported as JSON: {r.returncode} {odd_line.get('program')!r}")
+
+    # A bare --report right before `--`: CMD's own options stay CMD's (echo -n, not cupool's -n).
+    r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report", "--",
+                        "/bin/echo", "-n", "hi"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout == "hi", f"--report -- CMD -n: {r.returncode} {r.stdout!r} {r.stderr}")
 
     # A broken file stops before the command (exit 2), with the finding.
     bad = os.path.join(tmp, "bad.yaml")

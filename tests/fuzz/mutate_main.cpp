@@ -46,6 +46,11 @@ const char* const kJsonNasty[] = {"18446744073709551615", "18446744073709551616"
                                   "\"alloc\"", "\"free\"", "\"apply\"", "\"buffer_remove\"", ",\"force\":true",
                                   ",\"device\":1", ",\"size\":1048576", "281474976710656"};
 
+// What a request line and headers get wrong (HTTP heads, --listen addresses).
+const char* const kHttpNasty[] = {"\r\n", "\n", "\r\n\r\n", " ", "\t", "GET", "HEAD", "OPTIONS", "/metrics", "/metrics?a=b",
+                                  "HTTP/1.1", "HTTP/2", "\x00", "\x7f", "\xff", ":", "[", "]", "?", "65536", "-1",
+                                  "99999999999999999999", "[::1]:", "Host: x\r\n"};
+
 std::string mutate(std::string s, std::mt19937_64& rng, const std::vector<std::string>& seeds,
                    const Nasty& nasty = {kYamlNasty, sizeof kYamlNasty / sizeof kYamlNasty[0]}) {
   static const std::string punct = "[]{}:,-#'\"&*!|>%@`? \n\t0123456789.~";
@@ -181,8 +186,10 @@ int main(int argc, char** argv) {
   for (long i = 0; i < iterations; ++i) {
     const std::string& from = seeds[static_cast<std::size_t>(rng() % seeds.size())];
     static const Nasty json{kJsonNasty, sizeof kJsonNasty / sizeof kJsonNasty[0]};
+    static const Nasty http{kHttpNasty, sizeof kHttpNasty / sizeof kHttpNasty[0]};
     const std::string input = frames            ? mutate_frames(from, rng, payloads)
                               : ext == ".yaml" ? mutate(from, rng, seeds)
+                              : ext == ".http" ? mutate(from, rng, seeds, http)
                                                : mutate(from, rng, seeds, json);  // JSON inside (safetensors)
     failures += LLVMFuzzerTestOneInput(reinterpret_cast<const std::uint8_t*>(input.data()), input.size()) != 0;
   }

@@ -15,6 +15,11 @@ import tempfile
 import time
 import traceback
 
+sys_path_schema = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schema")
+if sys_path_schema not in __import__("sys").path:
+    __import__("sys").path.insert(0, sys_path_schema)
+import output as machine_output  # noqa: E402  (schemas/cupool-*-v1: every --format json/yaml output is validated)
+
 ARGS = None
 PROFILE = None  # the simulated node's profile; None with --gpu (the real driver)
 
@@ -239,6 +244,10 @@ def cupool(*args, socket_path=None, stdin=None, check_rc=None):
     r = subprocess.run([ARGS.cupool] + list(args), capture_output=True, text=True, env=env, input=stdin, timeout=60)
     if check_rc is not None and r.returncode != check_rc:
         raise Failure(f"cupool {' '.join(args)}: exit {r.returncode}, expected {check_rc}\n{r.stdout}{r.stderr}")
+    try:
+        machine_output.check_command(args, r.stdout)
+    except machine_output.OutputError as e:
+        raise Failure(str(e)) from e
     return r
 
 
@@ -336,6 +345,9 @@ def run_scenarios(scenarios, what):
         finally:
             if not os.environ.get("CUPOOL_KEEP_TMP"):
                 shutil.rmtree(tmp, ignore_errors=True)
+    counts = machine_output.counts
+    print(f"{sum(counts.values())} outputs validated against schemas/cupool-*-v{machine_output.VERSION}.schema.json"
+          + (f" ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))})" if counts else ""))
     print(f"{len(scenarios) - len(failed)} of {len(scenarios)} {what} passed")
     return 1 if failed else 0
 

@@ -339,6 +339,19 @@ def test_exporter_and_textfile(tmp):
             names = {fam.name for fam in text_string_to_metric_families(f.read())}
         check({"cupool_pool_used_bytes", "cupool_build_info"} <= names, names)
         check(not [n for n in os.listdir(tmp) if n.startswith("cupool.prom.tmp")], os.listdir(tmp))
+        # A file that can't be written: exit 2 naming it, the old file kept whole, no temporary left.
+        nowhere = os.path.join(tmp, "no-such-dir", "cupool.prom")
+        r = cupool("stats", "--format", "prometheus", "--output", nowhere, socket_path=h.socket, check_rc=2)
+        check(nowhere in r.stderr and "No such file" in r.stderr and not r.stdout, r.stderr)
+        os.chmod(tmp, 0o555)
+        try:
+            if os.geteuid() != 0:  # root writes anywhere: the read-only folder is for other users
+                r = cupool("stats", "--format", "prometheus", "--output", prom, socket_path=h.socket, check_rc=2)
+                check(prom in r.stderr and "Permission denied" in r.stderr, r.stderr)
+        finally:
+            os.chmod(tmp, 0o755)
+        with open(prom) as f:
+            check("cupool_build_info" in f.read(), "the last good file stays whole")
         # The holder stops: the exporter still answers, with up 0.
         h.stop()
         families = scrape()
@@ -407,6 +420,8 @@ def test_verbs(tmp):
         # export: accepted by check, and applying it changes nothing.
         exported = os.path.join(tmp, "exported.yaml")
         cupool("export", "--output", exported, socket_path=sock, check_rc=0)
+        with open(exported) as f:
+            H.machine_output.check_config(f.read(), "cupool export --output")
         cupool("check", exported, *(["--profile", H.PROFILE] if H.PROFILE else []), check_rc=0)
         e = json.loads(cupool("plan", exported, "--format", "json", socket_path=sock, check_rc=0).stdout)
         check(e["changes"] == [], e)
@@ -467,8 +482,7 @@ def test_peer_access(tmp):
     if H.PROFILE:
         H.PROFILE = os.path.join(H.ARGS.root, "configs", "profiles", "h200x2.yaml")
     else:
-        q = json.loads(subprocess.run([H.ARGS.cupool, "query", "--format", "json"], capture_output=True, text=True,
-                                      timeout=120).stdout)
+        q = json.loads(H.cupool("query", "--format", "json").stdout)
         if len(q["devices"]) < 2 or not q["peer_access"][1][0]:
             print("    skipped: needs two devices with peer access")
             return
@@ -739,6 +753,7 @@ def test_stats_watch(tmp):
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=10)
         docs = [json.loads(line) for line in out.splitlines() if line.strip()]
+        H.machine_output.check_command(["stats", "--format", "json", "--watch=0.2"], out)
         check(p.returncode == 0, f"Ctrl-C should end --watch with exit 0: {p.returncode} {err}")
         check(len(docs) >= 3 and all("pools" in d for d in docs), f"{len(docs)} documents in 1.5 s: {out[:300]}")
 

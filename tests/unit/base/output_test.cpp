@@ -11,6 +11,21 @@ TEST_CASE("YAML from JSON keeps types a reader would otherwise change") {
   CHECK(yaml_to_json(YAML::Load(y)) == j);
 }
 
+TEST_CASE("YAML from JSON quotes every string a YAML 1.1 or 1.2 reader would type") {
+  // Tensor names, metadata values, client names and paths are anyone's text.
+  for (const char* text : {".nan", ".inf", "-.inf", ".NaN", "TRUE", "True", "On", "off", "Y", "n", "NULL", "~", "1_000",
+                           "0x1f", "0o17", "1:20", "+1", "-1", "1e3", "2026-11-21T20:50:06Z", "2026-11-21", "<<", "=", ""}) {
+    CAPTURE(text);
+    const nlohmann::ordered_json j = {{"v", text}};
+    const std::string y = to_yaml(j);
+    CHECK(y == "v: \"" + std::string(text) + "\"\n");
+    CHECK(yaml_to_json(YAML::Load(y)) == j);
+  }
+  // Plain words stay plain.
+  CHECK(to_yaml(nlohmann::ordered_json{{"v", "kv-cache"}}) == "v: kv-cache\n");
+  CHECK(to_yaml(nlohmann::ordered_json{{"v", "GPU-e886b279"}}) == "v: GPU-e886b279\n");
+}
+
 TEST_CASE("yaml_to_json: quoted scalars stay strings") {
   const auto j = yaml_to_json(YAML::Load("a: \"1\"\nb: 1\nc: 0000:1b:00.0\nd: -5\n"));
   CHECK(j["a"] == "1");

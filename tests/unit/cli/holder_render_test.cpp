@@ -59,9 +59,11 @@ json plan_reply() {
 
 }  // namespace
 
-TEST_CASE("reply_body drops the envelope and keeps the order") {
+TEST_CASE("reply_body drops the envelope, puts schema_version first and keeps the order") {
   const json body = reply_body(json::parse(R"({"id": 12, "ok": true, "config": "version: 1\n", "a": 1})"));
-  CHECK(body.dump() == R"({"config":"version: 1\n","a":1})");
+  CHECK(body.dump() == R"({"schema_version":1,"config":"version: 1\n","a":1})");
+  // A holder's own "schema_version" can't move or replace the CLI's.
+  CHECK(reply_body(json::parse(R"({"ok": true, "a": 1, "schema_version": 7})")).dump() == R"({"schema_version":1,"a":1})");
 }
 
 TEST_CASE("thresholds and durations") {
