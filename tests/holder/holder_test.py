@@ -426,10 +426,12 @@ def test_verbs(tmp):
         e = json.loads(cupool("plan", exported, "--format", "json", socket_path=sock, check_rc=0).stdout)
         check(e["changes"] == [], e)
         # buffers
-        cupool("buffer", "create", "scratch", "--pool", "kv", "--device", "0", "--size", "4MiB", socket_path=sock, check_rc=0)
+        made = json.loads(cupool("buffer", "create", "scratch", "--pool", "kv", "--device", "0", "--size", "4MiB",
+                                 "--format", "json", socket_path=sock, check_rc=0).stdout)
+        check(made["name"] == "scratch" and made["size"] == 4 << 20, made)
         ls = json.loads(cupool("buffer", "ls", "--format", "json", socket_path=sock, check_rc=0).stdout)
         check("scratch" in json.dumps(ls), ls)
-        cupool("buffer", "rm", "scratch", socket_path=sock, check_rc=0)
+        cupool("buffer", "rm", "scratch", "--format", "yaml", socket_path=sock, check_rc=0)
         r = cupool("buffer", "rm", "scratch", socket_path=sock)
         check(r.returncode != 0 and "scratch" in r.stderr, r.stderr)
         # A file with errors: findings, exit 2, nothing changes.

@@ -25,7 +25,8 @@ SCHEMA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."
 # The verbs that print machine output, and the schema of each (buffer's subcommands by name).
 VERBS = {"query": "query", "check": "check", "bench": "bench", "status": "status", "stats": "stats",
          "trim": "trim", "plan": "plan", "apply": "plan"}
-BUFFER_VERBS = {"create": "buffer-create", "load": "buffer-load", "ls": "buffer-ls", "rm": "buffer-rm"}
+BUFFER_VERBS = {"create": "buffer-create", "load": "buffer-load", "ls": "buffer-ls", "rm": "buffer-rm",
+                "remove": "buffer-rm"}
 
 _validators = {}
 counts = {}
