@@ -41,6 +41,8 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "cupool/client.h"
 
 #define CUPOOL_HIDDEN __attribute__((visibility("hidden")))
@@ -52,47 +54,10 @@ bool env_is(const char* name, const char* value) {
   return v && std::strcmp(v, value) == 0;
 }
 
-// `text` as a JSON string literal: quotes, backslashes and control bytes escaped, and a byte that
-// is not part of valid UTF-8 written as U+FFFD (a path may hold any byte but "/" and NUL).
+// `text` as a JSON string literal, as dump_json writes strings: escaped, and bytes that are not
+// UTF-8 as U+FFFD (a path may hold any byte but "/" and NUL).
 std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const std::size_t n = text.size();
-  for (std::size_t i = 0; i < n;) {
-    const unsigned char c = p[i];
-    if (c < 0x80) {
-      if (c == '"' || c == '\\') {
-        out += '\\';
-        out += static_cast<char>(c);
-      } else if (c < 0x20 || c == 0x7f) {
-        char esc[8];
-        std::snprintf(esc, sizeof esc, "\\u%04x", c);
-        out += esc;
-      } else {
-        out += static_cast<char>(c);
-      }
-      ++i;
-      continue;
-    }
-    // The length of a well-formed sequence starting here (RFC 3629), or 0.
-    std::size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-    if (len && i + len <= n) {
-      for (std::size_t k = 1; k < len; ++k)
-        if ((p[i + k] & 0xc0) != 0x80) len = 0;
-      if (len == 3 && ((c == 0xe0 && p[i + 1] < 0xa0) || (c == 0xed && p[i + 1] > 0x9f))) len = 0;  // overlong, surrogate
-      if (len == 4 && ((c == 0xf0 && p[i + 1] < 0x90) || (c == 0xf4 && p[i + 1] > 0x8f))) len = 0;  // overlong, > U+10FFFF
-    } else {
-      len = 0;
-    }
-    if (len) {
-      out.append(text, i, len);
-      i += len;
-    } else {
-      out += "\xef\xbf\xbd";
-      ++i;
-    }
-  }
-  return out + "\"";
+  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string program_name() {
