@@ -1,4 +1,6 @@
 // cupool bench: what allocation costs on this node, against the obvious alternatives, in one run.
+#include "device/bench.h"
+
 #include <unistd.h>
 
 #include <iostream>
@@ -11,7 +13,6 @@
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/resolve.h"
-#include "device/bench.h"
 #include "device/query.h"
 
 namespace cupool::cli {
@@ -36,7 +37,8 @@ std::vector<std::uint64_t> parse_sizes(const std::string& text) {
     std::string why;
     auto size = parse_size(item, &why);
     if (!size || *size == 0)
-      throw InputError("--sizes: '" + item + "' is not a size (" + (why.empty() ? "zero" : why) + "); e.g. --sizes 1MiB,64MiB,1GiB");
+      throw InputError("--sizes: '" + item + "' is not a size (" + (why.empty() ? "zero" : why) +
+                       "); e.g. --sizes 1MiB,64MiB,1GiB");
     out.push_back(*size);
   }
   if (out.empty() || out.size() > 16) throw InputError("--sizes: give 1 to 16 sizes, e.g. --sizes 1MiB,64MiB");
@@ -47,7 +49,8 @@ std::vector<std::uint64_t> parse_sizes(const std::string& text) {
 
 Verb add_bench(CLI::App& app) {
   auto args = std::make_shared<BenchArgs>();
-  CLI::App* sub = app.add_subcommand("bench", "Measure what allocation costs on this node, against cudaMalloc and the defaults");
+  CLI::App* sub =
+      app.add_subcommand("bench", "Measure what allocation costs on this node, against cudaMalloc and the defaults");
   sub->footer(
       "\n"
       "Runs, in one process on one device, for each size: cudaMalloc+cudaFree against\n"
@@ -67,7 +70,8 @@ Verb add_bench(CLI::App& app) {
       ->check(CLI::ExistingFile);
   add_profile_option(sub, args->profile, "Run on");
   add_format_option(sub, args->format);
-  sub->add_option("--device,-d", args->device, "The device: an index, a GPU UUID or a PCI bus id")->capture_default_str();
+  sub->add_option("--device,-d", args->device, "The device: an index, a GPU UUID or a PCI bus id")
+      ->capture_default_str();
   sub->add_option("--sizes", args->sizes, "Comma-separated sizes with units")->capture_default_str();
   sub->add_option("--iterations,-n", args->iterations, "Iterations per case and size")
       ->check(CLI::Range(1, 1000000))
@@ -75,49 +79,53 @@ Verb add_bench(CLI::App& app) {
   sub->add_option("--seed", args->seed, "Seed of the order the cases run in")->capture_default_str();
 
   return {sub, [args](Context& ctx) {
-    const Format format = parse_format(args->format);
-    BenchOptions o;
-    o.sizes = parse_sizes(args->sizes);
-    o.iterations = args->iterations;
-    o.seed = args->seed;
-    auto backend = ctx.make_backend(args->profile);
-    const NodeReport node = build_report(*backend);
-    std::string why;
-    const auto selector = parse_device_selector(args->device, &why);
-    if (!selector) throw InputError("--device: " + why);
-    const auto device = resolve_device(node, *selector);
-    if (!device) throw InputError("--device: no device '" + args->device + "' on this node (run 'cupool query')");
-    o.device = *device;
-    if (!args->config.empty()) {
-      const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
-      Diagnostics diags;
-      const Config config = parse_config(file, diags);
-      if (diags.has_invalid_input()) {
-        std::cerr << render_text(diags, file);
-        throw InputError(file.path() + " is not a valid config");
-      }
-      o.config = file.path();
-      // cudaMallocAsync allocates from the current pool: with current_pool, that is the one whose
-      // threshold the application lives with.
-      const At<Threshold>* t = nullptr;
-      if (config.process && config.process->current_pool && config.process->current_pool->release_threshold.set)
-        t = &config.process->current_pool->release_threshold;
-      else if (config.process && config.process->default_pool && config.process->default_pool->release_threshold.set)
-        t = &config.process->default_pool->release_threshold;
-      if (t) {
-        o.threshold = *resolve_settings(*t, std::nullopt, node.device(o.device)->info.total_memory).release_threshold;
-        o.threshold_text = t->value.text;
-      }
-    }
-    if (::isatty(2)) o.progress = [](const std::string& line) { std::cerr << "cupool bench: " << line << "\n"; };
-    const auto report = run_bench(*backend, o);
-    switch (format) {
-      case Format::table: std::cout << render_bench_table(report); break;
-      case Format::json: std::cout << dump_json(versioned(report)) << "\n"; break;
-      case Format::yaml: std::cout << to_yaml(versioned(report)); break;
-    }
-    return 0;
-  }};
+            const Format format = parse_format(args->format);
+            BenchOptions o;
+            o.sizes = parse_sizes(args->sizes);
+            o.iterations = args->iterations;
+            o.seed = args->seed;
+            auto backend = ctx.make_backend(args->profile);
+            const NodeReport node = build_report(*backend);
+            std::string why;
+            const auto selector = parse_device_selector(args->device, &why);
+            if (!selector) throw InputError("--device: " + why);
+            const auto device = resolve_device(node, *selector);
+            if (!device)
+              throw InputError("--device: no device '" + args->device + "' on this node (run 'cupool query')");
+            o.device = *device;
+            if (!args->config.empty()) {
+              const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
+              Diagnostics diags;
+              const Config config = parse_config(file, diags);
+              if (diags.has_invalid_input()) {
+                std::cerr << render_text(diags, file);
+                throw InputError(file.path() + " is not a valid config");
+              }
+              o.config = file.path();
+              // cudaMallocAsync allocates from the current pool: with current_pool, that is the one whose
+              // threshold the application lives with.
+              const At<Threshold>* t = nullptr;
+              if (config.process && config.process->current_pool && config.process->current_pool->release_threshold.set)
+                t = &config.process->current_pool->release_threshold;
+              else if (config.process && config.process->default_pool &&
+                       config.process->default_pool->release_threshold.set)
+                t = &config.process->default_pool->release_threshold;
+              if (t) {
+                o.threshold =
+                    *resolve_settings(*t, std::nullopt, node.device(o.device)->info.total_memory).release_threshold;
+                o.threshold_text = t->value.text;
+              }
+            }
+            if (::isatty(2))
+              o.progress = [](const std::string& line) { std::cerr << "cupool bench: " << line << "\n"; };
+            const auto report = run_bench(*backend, o);
+            switch (format) {
+              case Format::table: std::cout << render_bench_table(report); break;
+              case Format::json: std::cout << dump_json(versioned(report)) << "\n"; break;
+              case Format::yaml: std::cout << to_yaml(versioned(report)); break;
+            }
+            return 0;
+          }};
 }
 
 }  // namespace cupool::cli

@@ -138,8 +138,8 @@ int run_rm(const BufferArgs& args) {
     const json& error = reply.contains("error") && reply["error"].is_object() ? reply["error"] : json::object();
     if (error.contains("code") && error["code"] == "busy" && error.contains("message") && error["message"].is_string())
       throw Error::reported("busy",
-                  error["message"].get<std::string>() +
-                      " (--force removes it anyway: use it only when the processes that opened it are gone)");
+                            error["message"].get<std::string>() +
+                                " (--force removes it anyway: use it only when the processes that opened it are gone)");
     throw_reply_error(reply);
   }
   print_reply(format, reply, render_buffer_removed);
@@ -177,8 +177,9 @@ Verb add_buffer(CLI::App& app) {
   args->create->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
       ->required();
   args->create->add_option("--pool", args->pool, "The pool to allocate it from")->required();
-  args->create->add_option("--device,-d", args->device,
-                           "The holder's CUDA ordinal of the pool's device (needed only when the pool is on several)")
+  args->create
+      ->add_option("--device,-d", args->device,
+                   "The holder's CUDA ordinal of the pool's device (needed only when the pool is on several)")
       ->check(CLI::NonNegativeNumber);
   args->create->add_option("--size", args->size, "How many bytes, with a unit (e.g. 10GiB)")->required();
 
@@ -205,7 +206,9 @@ Verb add_buffer(CLI::App& app) {
   args->load->add_option("file", args->file, "The safetensors file")->required()->check(CLI::ExistingFile);
   args->load->add_option("--pool", args->pool, "The pool to allocate it from (one with the posix_fd handle type)")
       ->required();
-  args->load->add_option("--device,-d", args->device, "The holder's CUDA ordinal of the pool's device (default: the pool's first)")
+  args->load
+      ->add_option("--device,-d", args->device,
+                   "The holder's CUDA ordinal of the pool's device (default: the pool's first)")
       ->check(CLI::NonNegativeNumber);
   args->load->add_option("--part-size", args->part_size,
                          "The largest allocation of the buffer, with a unit (default 4GiB, at least 1MiB)");
@@ -244,11 +247,11 @@ Verb add_buffer(CLI::App& app) {
   }
 
   return {sub, [args](Context&) {
-    if (args->create->parsed()) return run_create(*args);
-    if (args->load->parsed()) return run_load(*args);
-    if (args->rm->parsed()) return run_rm(*args);
-    return run_ls(*args);
-  }};
+            if (args->create->parsed()) return run_create(*args);
+            if (args->load->parsed()) return run_load(*args);
+            if (args->rm->parsed()) return run_rm(*args);
+            return run_ls(*args);
+          }};
 }
 
 }  // namespace cupool::cli

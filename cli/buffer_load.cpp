@@ -6,8 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <iostream>
 #include <utility>
@@ -26,9 +26,7 @@ namespace {
 using json = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // "loading model: 3.1 GiB of 8.6 GiB (36%), 2.4 GiB/s" on one terminal line, at most ten times a
 // second; nothing when stderr is not a terminal.
@@ -42,8 +40,8 @@ class ProgressLine {
     last_ = now;
     const double s = std::max(seconds_since(start_), 1e-3);
     std::cerr << "\r\033[Kloading " << name_ << ": " << format_bytes(done) << " of " << format_bytes(total) << " ("
-              << (total ? done * 100 / total : 100) << "%), " << format_bytes(static_cast<std::uint64_t>(static_cast<double>(done) / s))
-              << "/s" << std::flush;
+              << (total ? done * 100 / total : 100) << "%), "
+              << format_bytes(static_cast<std::uint64_t>(static_cast<double>(done) / s)) << "/s" << std::flush;
     drawn_ = true;
   }
   ~ProgressLine() {
@@ -75,13 +73,14 @@ Fd open_data(const std::string& path, std::uint64_t expected_size) {
 json load_buffer(const LoadArgs& args) {
   const auto started = Clock::now();
   const tensors::FileHeader header = tensors::read_header(args.file);
-  const tensors::Index placed = tensors::layout(header.index, args.part_size ? args.part_size : tensors::kDefaultPartSize);
+  const tensors::Index placed =
+      tensors::layout(header.index, args.part_size ? args.part_size : tensors::kDefaultPartSize);
   const std::uint64_t size = tensors::total_size(placed);
   const json index = tensors::to_json(placed);
 
-  json create = {{"op", "buffer_create"}, {"name", args.name},         {"pool", args.pool},
-                 {"size", size},          {"parts", index["parts"]},   {"loading", true},
-                 {"tensors", index["tensors"]}, {"metadata", index["metadata"]}};
+  json create = {
+      {"op", "buffer_create"},   {"name", args.name}, {"pool", args.pool},           {"size", size},
+      {"parts", index["parts"]}, {"loading", true},   {"tensors", index["tensors"]}, {"metadata", index["metadata"]}};
   if (args.device >= 0) create["device"] = args.device;
   const std::size_t request_bytes = create.dump().size();
   if (request_bytes > proto::kMaxRequest)
@@ -142,8 +141,8 @@ std::string render_loaded(const json& r) {
   char rate[64];
   std::snprintf(rate, sizeof rate, "%.1f s", r.value("seconds", 0.0));
   return "loaded buffer " + r.value("name", std::string()) + ": " + std::to_string(count) +
-         (count == 1 ? " tensor, " : " tensors, ") + format_bytes(r.value("tensor_bytes", std::uint64_t{0})) + " from " +
-         r.value("file", std::string()) + " in " + rate + " (" +
+         (count == 1 ? " tensor, " : " tensors, ") + format_bytes(r.value("tensor_bytes", std::uint64_t{0})) +
+         " from " + r.value("file", std::string()) + " in " + rate + " (" +
          format_bytes(r.value("bytes_per_second", std::uint64_t{0})) + "/s), pool " + r.value("pool", std::string()) +
          " on device " + std::to_string(r.value("device", 0)) +
          (r.value("parts", 1) > 1 ? ", in " + std::to_string(r.value("parts", 1)) + " parts" : std::string()) + "\n";

@@ -2,9 +2,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace cupool::cli {
 
@@ -13,7 +12,7 @@ struct LoadArgs {
   std::string name;
   std::string file;
   std::string pool;
-  int device = -1;  // -1: the pool's first device
+  int device = -1;              // -1: the pool's first device
   std::uint64_t part_size = 0;  // the largest allocation (0: tensors::kDefaultPartSize)
 };
 

@@ -25,14 +25,17 @@ std::string node_line(const NodeReport& node) {
   // "8x NVIDIA H100 80GB HBM3" rather than the same name eight times.
   std::vector<std::pair<std::string, int>> names;
   for (const auto& d : node.devices) {
-    if (!names.empty() && names.back().first == d.info.name) ++names.back().second;
-    else names.emplace_back(d.info.name, 1);
+    if (!names.empty() && names.back().first == d.info.name)
+      ++names.back().second;
+    else
+      names.emplace_back(d.info.name, 1);
   }
   std::string devices;
-  for (const auto& [name, n] : names) devices += (devices.empty() ? "" : ", ") + (n > 1 ? std::to_string(n) + "x " : "") + name;
-  std::string where = node.source.simulated ? "simulated node " + node.source.profile_path +
-                                                  (node.source.synthetic ? " (synthetic)" : "")
-                                            : "this node";
+  for (const auto& [name, n] : names)
+    devices += (devices.empty() ? "" : ", ") + (n > 1 ? std::to_string(n) + "x " : "") + name;
+  std::string where = node.source.simulated
+                          ? "simulated node " + node.source.profile_path + (node.source.synthetic ? " (synthetic)" : "")
+                          : "this node";
   return where + ": CUDA " + cuda_version_string(node.driver_version) + ", " + std::to_string(node.devices.size()) +
          (node.devices.size() == 1 ? " GPU" : " GPUs") + (devices.empty() ? "" : " (" + devices + ")");
 }
@@ -56,54 +59,61 @@ Verb add_check(CLI::App& app) {
   sub->add_option("config", args->config, "The config file ('-' reads standard input)")->required();
   add_profile_option(sub, args->profile, "Judge against");
   add_format_option(sub, args->format);
-  sub->add_flag("--deep", args->deep, "Also create and export test pools to prove fabric export works (creates a context)");
+  sub->add_flag("--deep", args->deep,
+                "Also create and export test pools to prove fabric export works (creates a context)");
   sub->add_flag("--strict", args->strict, "Warnings make the check fail (exit 1)");
 
   return {sub, [args](Context& ctx) {
-    const Format format = parse_format(args->format);
-    const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
-    CheckOptions options;
-    options.deep = args->deep;
-    const Judged judged = judge_config(
-        file,
-        [&] {
-          auto backend = ctx.make_backend(args->profile);
-          QueryOptions q;
-          q.deep = args->deep;
-          return build_report(*backend, q);
-        },
-        Scope::all, options);
-    const Diagnostics& diags = judged.diags;
-    const std::optional<NodeReport>& node = judged.node;
+            const Format format = parse_format(args->format);
+            const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
+            CheckOptions options;
+            options.deep = args->deep;
+            const Judged judged = judge_config(
+                file,
+                [&] {
+                  auto backend = ctx.make_backend(args->profile);
+                  QueryOptions q;
+                  q.deep = args->deep;
+                  return build_report(*backend, q);
+                },
+                Scope::all, options);
+            const Diagnostics& diags = judged.diags;
+            const std::optional<NodeReport>& node = judged.node;
 
-    ExitCode code = ExitCode::ok;
-    if (diags.has_invalid_input()) code = ExitCode::invalid_input;
-    else if (diags.has_errors() || (args->strict && diags.count(Severity::warning) > 0)) code = ExitCode::does_not_fit;
-    const char* verdict = code == ExitCode::ok ? "fits" : code == ExitCode::does_not_fit ? "does-not-fit" : "invalid";
+            ExitCode code = ExitCode::ok;
+            if (diags.has_invalid_input())
+              code = ExitCode::invalid_input;
+            else if (diags.has_errors() || (args->strict && diags.count(Severity::warning) > 0))
+              code = ExitCode::does_not_fit;
+            const char* verdict = code == ExitCode::ok             ? "fits"
+                                  : code == ExitCode::does_not_fit ? "does-not-fit"
+                                                                   : "invalid";
 
-    if (format == Format::table) {
-      std::cout << render_text(diags, file);
-      std::cout << file.path() << ": ";
-      if (code == ExitCode::invalid_input) std::cout << "not a valid cupool config";
-      else std::cout << (code == ExitCode::ok ? "fits " : "does not fit ") << node_line(*node);
-      std::cout << " (" << summary_line(diags) << ")\n";
-    } else {
-      nlohmann::ordered_json j = versioned(nlohmann::ordered_json::object());
-      j["file"] = file.path();
-      j["verdict"] = verdict;
-      j["exit_code"] = static_cast<int>(code);
-      j["node"] = node ? to_json(*node)["source"] : nlohmann::ordered_json(nullptr);
-      j["summary"] = {{"errors", diags.count(Severity::error)},
-                      {"warnings", diags.count(Severity::warning)},
-                      {"notes", diags.count(Severity::note)},
-                      {"not_listed", diags.dropped()}};
-      nlohmann::ordered_json findings = nlohmann::ordered_json::array();
-      for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
-      j["findings"] = findings;
-      std::cout << (format == Format::json ? dump_json(j) + "\n" : to_yaml(j));
-    }
-    return static_cast<int>(code);
-  }};
+            if (format == Format::table) {
+              std::cout << render_text(diags, file);
+              std::cout << file.path() << ": ";
+              if (code == ExitCode::invalid_input)
+                std::cout << "not a valid cupool config";
+              else
+                std::cout << (code == ExitCode::ok ? "fits " : "does not fit ") << node_line(*node);
+              std::cout << " (" << summary_line(diags) << ")\n";
+            } else {
+              nlohmann::ordered_json j = versioned(nlohmann::ordered_json::object());
+              j["file"] = file.path();
+              j["verdict"] = verdict;
+              j["exit_code"] = static_cast<int>(code);
+              j["node"] = node ? to_json(*node)["source"] : nlohmann::ordered_json(nullptr);
+              j["summary"] = {{"errors", diags.count(Severity::error)},
+                              {"warnings", diags.count(Severity::warning)},
+                              {"notes", diags.count(Severity::note)},
+                              {"not_listed", diags.dropped()}};
+              nlohmann::ordered_json findings = nlohmann::ordered_json::array();
+              for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
+              j["findings"] = findings;
+              std::cout << (format == Format::json ? dump_json(j) + "\n" : to_yaml(j));
+            }
+            return static_cast<int>(code);
+          }};
 }
 
 }  // namespace cupool::cli

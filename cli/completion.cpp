@@ -47,20 +47,20 @@ Verb add_completion(CLI::App& app) {
       ->check(CLI::IsMember({"bash", "zsh", "fish", "man"}));
 
   return {sub, [shell, sub](Context&) {
-    CLI::App* root = sub;
-    while (root->get_parent() != nullptr) root = root->get_parent();
-    const std::string prog = root->get_name().empty() ? "cupool" : root->get_name();
-    const completion::Command model = completion::read_cli(*root);
-    if (*shell == "bash")
-      std::cout << completion::bash_script(model, prog);
-    else if (*shell == "zsh")
-      std::cout << completion::zsh_script(model, prog);
-    else if (*shell == "fish")
-      std::cout << completion::fish_script(model, prog);
-    else
-      std::cout << completion::man_page(model, prog, CUPOOL_VERSION);
-    return 0;
-  }};
+            CLI::App* root = sub;
+            while (root->get_parent() != nullptr) root = root->get_parent();
+            const std::string prog = root->get_name().empty() ? "cupool" : root->get_name();
+            const completion::Command model = completion::read_cli(*root);
+            if (*shell == "bash")
+              std::cout << completion::bash_script(model, prog);
+            else if (*shell == "zsh")
+              std::cout << completion::zsh_script(model, prog);
+            else if (*shell == "fish")
+              std::cout << completion::fish_script(model, prog);
+            else
+              std::cout << completion::man_page(model, prog, CUPOOL_VERSION);
+            return 0;
+          }};
 }
 
 }  // namespace cupool::cli

@@ -12,8 +12,6 @@
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "config/config.h"
-#include "config/config.h"
-#include "config/diagnostics.h"
 #include "config/diagnostics.h"
 #include "device/sim_backend.h"
 #include "process/process.h"
@@ -50,8 +48,9 @@ std::string find_preload() {
          {dir + "/libcupool-preload.so", dir + "/" CUPOOL_PRELOAD_FROM_BIN "/libcupool-preload.so"})
       if (::access(candidate.c_str(), R_OK) == 0) return candidate;
   }
-  throw Error(Errc::does_not_fit, "can't find libcupool-preload.so beside the cupool binary or in " CUPOOL_PRELOAD_FROM_BIN
-                                  " from it; set CUPOOL_PRELOAD");
+  throw Error(Errc::does_not_fit,
+              "can't find libcupool-preload.so beside the cupool binary or in " CUPOOL_PRELOAD_FROM_BIN
+              " from it; set CUPOOL_PRELOAD");
 }
 
 std::string absolute(const std::string& path) {
@@ -86,7 +85,9 @@ Verb add_exec(CLI::App& app) {
       "  cupool exec pools.yaml --strict -- ./batch-job\n"
       "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts; with --strict, 3 from a\n"
       "process of CMD that the section could not be applied to.");
-  sub->add_option("config", args->config, "The config file whose process: section is applied")->required()->check(CLI::ExistingFile);
+  sub->add_option("config", args->config, "The config file whose process: section is applied")
+      ->required()
+      ->check(CLI::ExistingFile);
   add_profile_option(sub, args->profile, "Apply to (a simulated node: for trying it without a GPU)");
   sub->add_flag("--strict", args->strict, "A failure to apply inside CMD ends that process (exit 3)");
   sub->add_option("--at", args->at, "When to apply: cuinit (after CMD's first cuInit) or start (before main)")
@@ -101,34 +102,35 @@ Verb add_exec(CLI::App& app) {
   sub->add_option("command", args->command, "CMD and its arguments, after --")->required();
 
   return {sub, [args, sub](Context& ctx) -> int {
-    // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
-    const SourceFile file = SourceFile::read_regular(args->config, kMaxConfigBytes);
-    {
-      auto backend = ctx.make_backend(args->profile);
-      try {
-        configure_process_check(*backend, file.text(), file.path());
-      } catch (const ConfigRejected& e) {
-        std::cerr << e.rendered();
-        throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
-      }
-    }
-    const std::string preload = find_preload();
-    const char* old = std::getenv("LD_PRELOAD");
-    const std::string ld = old && *old ? preload + ":" + old : preload;
-    ::setenv("LD_PRELOAD", ld.c_str(), 1);
-    ::setenv("CUPOOL_EXEC_CONFIG", absolute(args->config).c_str(), 1);
-    if (args->strict) ::setenv("CUPOOL_EXEC_STRICT", "1", 1);
-    ::setenv("CUPOOL_EXEC_AT", args->at.c_str(), 1);
-    if (args->quiet) ::setenv("CUPOOL_EXEC_QUIET", "1", 1);
-    if (sub->get_option("--report")->count() > 0)
-      ::setenv("CUPOOL_EXEC_REPORT", (args->report.empty() ? std::string("-") : absolute(args->report)).c_str(), 1);
-    if (!args->profile.empty()) ::setenv("CUPOOL_PROFILE", absolute(args->profile).c_str(), 1);
-    std::vector<char*> argv;
-    for (auto& a : args->command) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execvp(argv[0], argv.data());
-    throw Error(Errc::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
-  }};
+            // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
+            const SourceFile file = SourceFile::read_regular(args->config, kMaxConfigBytes);
+            {
+              auto backend = ctx.make_backend(args->profile);
+              try {
+                configure_process_check(*backend, file.text(), file.path());
+              } catch (const ConfigRejected& e) {
+                std::cerr << e.rendered();
+                throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
+              }
+            }
+            const std::string preload = find_preload();
+            const char* old = std::getenv("LD_PRELOAD");
+            const std::string ld = old && *old ? preload + ":" + old : preload;
+            ::setenv("LD_PRELOAD", ld.c_str(), 1);
+            ::setenv("CUPOOL_EXEC_CONFIG", absolute(args->config).c_str(), 1);
+            if (args->strict) ::setenv("CUPOOL_EXEC_STRICT", "1", 1);
+            ::setenv("CUPOOL_EXEC_AT", args->at.c_str(), 1);
+            if (args->quiet) ::setenv("CUPOOL_EXEC_QUIET", "1", 1);
+            if (sub->get_option("--report")->count() > 0)
+              ::setenv("CUPOOL_EXEC_REPORT", (args->report.empty() ? std::string("-") : absolute(args->report)).c_str(),
+                       1);
+            if (!args->profile.empty()) ::setenv("CUPOOL_PROFILE", absolute(args->profile).c_str(), 1);
+            std::vector<char*> argv;
+            for (auto& a : args->command) argv.push_back(a.data());
+            argv.push_back(nullptr);
+            ::execvp(argv[0], argv.data());
+            throw Error(Errc::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
+          }};
 }
 
 }  // namespace cupool::cli

@@ -1,7 +1,7 @@
 // cupool export: the running holder's live state as a config file.
-#include <iostream>
-
 #include <spdlog/spdlog.h>
+
+#include <iostream>
 
 #include "base/output.h"
 #include "cli/holder_client.h"
@@ -37,21 +37,21 @@ Verb add_export(CLI::App& app) {
       ->capture_default_str();
 
   return {sub, [args](Context&) {
-    HolderClient holder = HolderClient::connect(args->socket, "cupool export");
-    const nlohmann::ordered_json reply = holder.request({{"op", "export"}});
-    const auto config = reply.find("config");
-    if (config == reply.end() || !config->is_string())
-      throw Error(Errc::unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");
-    std::string text = config->get<std::string>();
-    if (!text.empty() && text.back() != '\n') text += '\n';
-    if (args->output == "-") {
-      std::cout << text << std::flush;
-    } else {
-      write_file_atomically(args->output, text);  // only once the holder answered: nothing truncated
-      spdlog::info("wrote {} bytes to {}", text.size(), args->output);
-    }
-    return static_cast<int>(ExitCode::ok);
-  }};
+            HolderClient holder = HolderClient::connect(args->socket, "cupool export");
+            const nlohmann::ordered_json reply = holder.request({{"op", "export"}});
+            const auto config = reply.find("config");
+            if (config == reply.end() || !config->is_string())
+              throw Error(Errc::unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");
+            std::string text = config->get<std::string>();
+            if (!text.empty() && text.back() != '\n') text += '\n';
+            if (args->output == "-") {
+              std::cout << text << std::flush;
+            } else {
+              write_file_atomically(args->output, text);  // only once the holder answered: nothing truncated
+              spdlog::info("wrote {} bytes to {}", text.size(), args->output);
+            }
+            return static_cast<int>(ExitCode::ok);
+          }};
 }
 
 }  // namespace cupool::cli

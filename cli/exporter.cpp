@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,8 +15,6 @@
 #include <iostream>
 #include <string>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "base/fd.h"
 #include "cli/holder_client.h"
@@ -32,7 +31,7 @@ struct ExporterArgs {
   std::string socket;
 };
 
-constexpr std::size_t kMaxConnections = 64;           // more wait in the listen backlog
+constexpr std::size_t kMaxConnections = 64;                 // more wait in the listen backlog
 constexpr auto kRequestTimeout = std::chrono::seconds(10);  // to send a whole request head
 
 volatile std::sig_atomic_t g_stop = 0;
@@ -54,14 +53,17 @@ Fd listen_on(const http::ListenAddress& where, std::string* shown) {
   // Every interface: prefer one IPv6 socket that takes IPv4 too.
   std::vector<addrinfo*> order;
   for (addrinfo* a = found; a; a = a->ai_next)
-    if (where.host.empty() && a->ai_family == AF_INET6) order.insert(order.begin(), a);
-    else order.push_back(a);
+    if (where.host.empty() && a->ai_family == AF_INET6)
+      order.insert(order.begin(), a);
+    else
+      order.push_back(a);
   for (addrinfo* a : order) {
     Fd s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (!s) continue;
     const int one = 1, zero = 0;
     ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (a->ai_family == AF_INET6 && where.host.empty()) ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (a->ai_family == AF_INET6 && where.host.empty())
+      ::setsockopt(s.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
     if (::bind(s.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(s.get(), 64) == 0) {
       fd = std::move(s);
       break;
@@ -69,7 +71,9 @@ Fd listen_on(const http::ListenAddress& where, std::string* shown) {
     last_error = std::strerror(errno);
   }
   ::freeaddrinfo(found);
-  if (!fd) throw Error(Errc::unreachable, "can't listen on " + (where.host.empty() ? std::string("*") : where.host) + ":" + port + ": " + last_error);
+  if (!fd)
+    throw Error(Errc::unreachable, "can't listen on " + (where.host.empty() ? std::string("*") : where.host) + ":" +
+                                       port + ": " + last_error);
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
@@ -104,9 +108,11 @@ std::string scrape(const std::string& socket, bool* was_up) {
   }
   if (up && !*was_up) spdlog::info("the holder answers");
   *was_up = up;
-  text += "# HELP cupool_holder_up 1 when the holder answered this scrape, 0 when it is down or refused the exporter.\n"
-          "# TYPE cupool_holder_up gauge\n"
-          "cupool_holder_up " + std::string(up ? "1" : "0") + "\n";
+  text +=
+      "# HELP cupool_holder_up 1 when the holder answered this scrape, 0 when it is down or refused the exporter.\n"
+      "# TYPE cupool_holder_up gauge\n"
+      "cupool_holder_up " +
+      std::string(up ? "1" : "0") + "\n";
   return text;
 }
 
@@ -116,7 +122,7 @@ std::string scrape(const std::string& socket, bool* was_up) {
 struct Peer {
   Fd fd;
   std::string received;
-  std::string reply;      // set once the head is in: what is left to send
+  std::string reply;  // set once the head is in: what is left to send
   std::size_t sent = 0;
   std::chrono::steady_clock::time_point deadline;
 };

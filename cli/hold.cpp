@@ -21,7 +21,8 @@ struct HoldArgs {
 
 Verb add_hold(CLI::App& app) {
   auto args = std::make_shared<HoldArgs>();
-  CLI::App* sub = app.add_subcommand("hold", "Run the holder: keep the config's pools and serve them to other processes");
+  CLI::App* sub =
+      app.add_subcommand("hold", "Run the holder: keep the config's pools and serve them to other processes");
   sub->footer(
       "\n"
       "Runs in the foreground until SIGTERM. Checks the file like 'cupool check' (and refuses to start if it\n"
@@ -48,11 +49,13 @@ Verb add_hold(CLI::App& app) {
       "does not answer within --drop-timeout is disconnected and its leases freed.\n"
       "\nExamples:\n"
       "  cupool hold /etc/cupool/cupool.yaml\n"
-      "  cupool hold configs/ipc-multiprocess-server.yaml --socket /tmp/cupool.sock --profile configs/profiles/h200x2.yaml\n"
+      "  cupool hold configs/ipc-multiprocess-server.yaml --socket /tmp/cupool.sock --profile "
+      "configs/profiles/h200x2.yaml\n"
       "\nExit codes: 0 stopped by SIGTERM, 130 by SIGINT, 1 the config does not fit, 2 invalid config,\n"
       "3 no driver or device, 4 the socket is taken by another holder or can't be made.");
   sub->add_option("config", args->config, "The config file to hold")->required()->check(CLI::ExistingFile);
-  sub->add_option("--socket,-s", args->socket, "Listen here instead of the config's holder.socket")->envname("CUPOOL_SOCKET");
+  sub->add_option("--socket,-s", args->socket, "Listen here instead of the config's holder.socket")
+      ->envname("CUPOOL_SOCKET");
   add_profile_option(sub, args->profile, "Hold pools on");
   sub->add_option("--drain-timeout", args->drain_timeout, "Seconds SIGTERM waits for clients to leave")
       ->check(CLI::Range(0.0, 86400.0))
@@ -70,16 +73,16 @@ Verb add_hold(CLI::App& app) {
   sub->add_flag("--no-kernel-descriptor-refusal", args->no_kernel_refusal)->group("");
 
   return {sub, [args](Context& ctx) {
-    auto backend = ctx.make_backend(args->profile);
-    ServerOptions options;
-    options.config_path = args->config;
-    options.socket = args->socket;
-    options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
-    options.max_clients_per_user = args->max_clients_per_user;
-    options.drop_timeout_ms = static_cast<int>(args->drop_timeout * 1000);
-    options.refuse_descriptors_in_kernel = !args->no_kernel_refusal;
-    return run_holder(*backend, options);
-  }};
+            auto backend = ctx.make_backend(args->profile);
+            ServerOptions options;
+            options.config_path = args->config;
+            options.socket = args->socket;
+            options.drain_timeout_ms = static_cast<int>(args->drain_timeout * 1000);
+            options.max_clients_per_user = args->max_clients_per_user;
+            options.drop_timeout_ms = static_cast<int>(args->drop_timeout * 1000);
+            options.refuse_descriptors_in_kernel = !args->no_kernel_refusal;
+            return run_holder(*backend, options);
+          }};
 }
 
 }  // namespace cupool::cli

@@ -1,5 +1,6 @@
 #include "cli/holder_client.h"
 
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,8 +9,6 @@
 #include <iostream>
 #include <memory>
 #include <utility>
-
-#include <spdlog/spdlog.h>
 
 #include "cli/holder_render.h"
 #include "cupool/client.h"
@@ -45,11 +44,10 @@ std::string connect_failure(const std::string& socket, int status, const std::st
       // The library's message names the socket and the reason (e.g. its mode and group).
       return detail.empty() ? "the holder at " + socket + " refused the connection" : detail;
     case CUPOOL_E_PROTOCOL:
-      return "could not talk to the holder at " + socket + " (not a cupool holder, or another protocol version): " + said;
-    case CUPOOL_E_BUSY:
-      return "the holder at " + socket + " takes no new connections: " + said;
-    default:
-      return "could not connect to the holder at " + socket + ": " + said;
+      return "could not talk to the holder at " + socket +
+             " (not a cupool holder, or another protocol version): " + said;
+    case CUPOOL_E_BUSY: return "the holder at " + socket + " takes no new connections: " + said;
+    default: return "could not connect to the holder at " + socket + ": " + said;
   }
 }
 
@@ -93,8 +91,8 @@ HolderClient HolderClient::connect(const std::string& socket_arg, const std::str
   const char* detail = cupool_last_error(nullptr);
   spdlog::debug("cupool_connect({}): {}: {}", socket, cupool_status_name(status), detail ? detail : "");
   if (conn) cupool_disconnect(conn);
-  throw Error(Errc::unreachable, connect_failure(socket, status == CUPOOL_OK ? CUPOOL_E_INTERNAL : status,
-                                                            detail ? detail : ""));
+  throw Error(Errc::unreachable,
+              connect_failure(socket, status == CUPOOL_OK ? CUPOOL_E_INTERNAL : status, detail ? detail : ""));
 }
 
 HolderClient::HolderClient(HolderClient&& other) noexcept
@@ -120,12 +118,9 @@ void HolderClient::throw_status(int status, const std::string& doing) {
       throw Error(errc, "lost the connection to the holder at " + socket_ + ": " + detail, Origin::holder);
     case CUPOOL_E_REFUSED:
     case CUPOOL_E_PROTOCOL:
-    case CUPOOL_E_BUSY:
-      throw Error(errc, "the holder at " + socket_ + " did not answer: " + detail, Origin::holder);
-    case CUPOOL_E_INVALID:
-      throw Error(errc, detail, Origin::holder);
-    default:
-      throw Error(errc, doing + " to the holder at " + socket_ + " failed: " + detail, Origin::holder);
+    case CUPOOL_E_BUSY: throw Error(errc, "the holder at " + socket_ + " did not answer: " + detail, Origin::holder);
+    case CUPOOL_E_INVALID: throw Error(errc, detail, Origin::holder);
+    default: throw Error(errc, doing + " to the holder at " + socket_ + " failed: " + detail, Origin::holder);
   }
 }
 
@@ -173,15 +168,9 @@ json HolderClient::request(const json& req) {
 
 void print_reply(Format format, const json& reply, const std::function<std::string(const json&)>& table) {
   switch (format) {
-    case Format::table:
-      std::cout << table(reply);
-      break;
-    case Format::json:
-      std::cout << dump_json(reply_body(reply)) << "\n";
-      break;
-    case Format::yaml:
-      std::cout << to_yaml(reply_body(reply));
-      break;
+    case Format::table: std::cout << table(reply); break;
+    case Format::json: std::cout << dump_json(reply_body(reply)) << "\n"; break;
+    case Format::yaml: std::cout << to_yaml(reply_body(reply)); break;
   }
   std::cout.flush();
 }

@@ -2,14 +2,13 @@
 // so only through the C API (include/cupool/client.h): this is its small C++ face for them.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "base/output.h"

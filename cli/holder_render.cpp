@@ -90,9 +90,7 @@ std::string count_and_bytes(const json& j, const char* count_key, const char* by
   return out;
 }
 
-std::string plural(std::uint64_t n, const char* word) {
-  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
-}
+std::string plural(std::uint64_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
 
 // A titled table; "Title: none" when there are no rows.
 std::string section(const std::string& title, const Table& table, std::size_t rows) {
@@ -119,9 +117,12 @@ std::string value_text(const json& v) {
 std::string prometheus_help(std::string_view help) {
   std::string out;
   for (char c : help) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -144,9 +145,11 @@ const Metric kPoolMetrics[] = {
     {"cupool_pool_release_threshold_bytes", "release_threshold",
      "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
     {"cupool_pool_leases", "leases", "Allocations that clients of the holder hold from the pool."},
-    {"cupool_pool_leased_bytes", "leased_bytes", "Bytes that clients of the holder hold from the pool (cached ones included)."},
+    {"cupool_pool_leased_bytes", "leased_bytes",
+     "Bytes that clients of the holder hold from the pool (cached ones included)."},
     {"cupool_pool_cached_leases", "cached",
-     "Leases that clients released into their cache: still mapped by them and charged to them, reused without a round trip."},
+     "Leases that clients released into their cache: still mapped by them and charged to them, reused without a round "
+     "trip."},
     {"cupool_pool_cached_bytes", "cached_bytes", "Bytes of the pool's cached leases."},
 };
 
@@ -167,7 +170,8 @@ struct Label {
   const char* name;
   const char* key;
 };
-const std::vector<Label> kPoolLabels = {{"pool", "name"}, {"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
+const std::vector<Label> kPoolLabels = {
+    {"pool", "name"}, {"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
 const std::vector<Label> kDeviceLabels = {{"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
 
 // A label's value from the reply: the PCI bus id as NVML and dcgm-exporter write it
@@ -195,8 +199,10 @@ void metric_family(std::ostringstream& out, const Metric& m, const json& rows, c
       out << (i ? "," : "") << labels[i].name << "=\"" << prometheus_label_value(label_value(row, labels[i])) << '"';
     // The driver's "no limit" (2^64-1, a release threshold of max) is +Inf, not a 20-digit number.
     out << "} ";
-    if (*value == std::numeric_limits<std::uint64_t>::max()) out << "+Inf";
-    else out << *value;
+    if (*value == std::numeric_limits<std::uint64_t>::max())
+      out << "+Inf";
+    else
+      out << *value;
     out << "\n";
   }
 }
@@ -271,15 +277,17 @@ std::string render_status(const json& reply) {
   out << "\n" << section("Devices", dt, devices.size());
 
   const json& pools = list(reply, "pools");
-  Table pt({"POOL", "DEVICE", "LOCATION", "HANDLE TYPES", "MAX SIZE", "RELEASE THRESHOLD", "LEASES", "CACHED",
-            "BUFFERS"});
+  Table pt(
+      {"POOL", "DEVICE", "LOCATION", "HANDLE TYPES", "MAX SIZE", "RELEASE THRESHOLD", "LEASES", "CACHED", "BUFFERS"});
   for (const auto& p : pools) {
     std::vector<std::string> types;
     for (const auto& t : list(p, "handle_types")) types.push_back(value_text(t));
     const auto max_size = u64(p, "max_size");
     const auto threshold = u64(p, "release_threshold");
     pt.add({text(p, "name"), text(p, "device"), text(p, "location"), types.empty() ? "none" : join(types, ", "),
-            !max_size ? kNone : *max_size == 0 ? "default" : format_bytes(*max_size),
+            !max_size        ? kNone
+            : *max_size == 0 ? "default"
+                             : format_bytes(*max_size),
             threshold ? format_threshold(*threshold) : kNone, count_and_bytes(p, "leases", "leased_bytes"),
             count_and_bytes(p, "cached", "cached_bytes"), count_and_bytes(p, "buffers", "buffer_bytes")});
   }
@@ -297,8 +305,7 @@ std::string render_status(const json& reply) {
     const auto connected = u64(c, "connected_s");
     ct.add({number(c, "id"), number(c, "pid"), number(c, "uid"), text(c, "user"), text(c, "name"),
             count_and_bytes(c, "leases", "leased_bytes"), count_and_bytes(c, "cached", "cached_bytes"),
-            number(c, "open_buffers"),
-            connected ? format_duration(*connected) : kNone});
+            number(c, "open_buffers"), connected ? format_duration(*connected) : kNone});
   }
   out << "\n" << section("Clients", ct, clients.size());
   if (const auto total = u64(reply, "clients_total"); total && *total > clients.size())
@@ -309,8 +316,8 @@ std::string render_status(const json& reply) {
 std::string render_stats(const json& reply) {
   std::ostringstream out;
   const json& pools = list(reply, "pools");
-  Table pt({"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES",
-            "CACHED"});
+  Table pt(
+      {"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES", "CACHED"});
   for (const auto& p : pools) {
     const auto threshold = u64(p, "release_threshold");
     pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_current"), bytes(p, "reserved_high"),
@@ -331,10 +338,14 @@ std::string render_stats(const json& reply) {
 std::string prometheus_label_value(std::string_view value) {
   std::string out;
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return valid_utf8(out);
 }
@@ -351,8 +362,9 @@ std::string prometheus_build_info() {
   const BuildInfo& b = build_info();
   return "# HELP cupool_build_info The cupool that wrote these metrics: version, commit, CUDA headers; always 1.\n"
          "# TYPE cupool_build_info gauge\n"
-         "cupool_build_info{version=\"" + prometheus_label_value(b.version) + "\",commit=\"" +
-         prometheus_label_value(b.commit) + "\",cuda_headers=\"" + prometheus_label_value(b.cuda_headers) + "\"} 1\n";
+         "cupool_build_info{version=\"" +
+         prometheus_label_value(b.version) + "\",commit=\"" + prometheus_label_value(b.commit) + "\",cuda_headers=\"" +
+         prometheus_label_value(b.cuda_headers) + "\"} 1\n";
 }
 
 std::string render_trim(const json& reply) {
@@ -383,18 +395,21 @@ std::string render_change(const json& change) {
   const std::string action = text(change, "action");
 
   std::string mark = "?";
-  if (action == "create") mark = "+";
-  else if (action == "update") mark = "~";
-  else if (action == "replace") mark = "-/+";
-  else if (action == "remove") mark = "-";
+  if (action == "create")
+    mark = "+";
+  else if (action == "update")
+    mark = "~";
+  else if (action == "replace")
+    mark = "-/+";
+  else if (action == "remove")
+    mark = "-";
 
   // "holder" changes (e.g. its socket) have no name of their own.
   const std::string object = text(change, "object");
   const json* name = field(change, "name");
   const bool named = name && !name->is_null() && text(change, "name") != object;
   std::string line = mark + " " + object + (named ? " " + text(change, "name") : "") + device_phrase(change);
-  if (const json* pool = field(change, "pool"); pool && object != "pool")
-    line += " in pool " + value_text(*pool);
+  if (const json* pool = field(change, "pool"); pool && object != "pool") line += " in pool " + value_text(*pool);
   if (mark == "?") line += " (" + action + ")";
   if (field(change, "field")) {
     line += ": " + text(change, "field");
@@ -463,8 +478,10 @@ std::string render_findings(const json& findings, const SourceFile& file) {
     d.severity = severity == "warning" ? Severity::warning : severity == "note" ? Severity::note : Severity::error;
     d.code = text(f, "code");
     d.message = text(f, "message");
-    d.loc.line = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "line").value_or(0), 1 << 30)));
-    d.loc.column = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "column").value_or(0), 1 << 30)));
+    d.loc.line =
+        static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "line").value_or(0), 1 << 30)));
+    d.loc.column =
+        static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "column").value_or(0), 1 << 30)));
     if (const json* fact = field(f, "fact"); fact && fact->is_string()) d.fact = valid_utf8(fact->get<std::string>());
     if (const json* help = field(f, "help"); help && help->is_string()) d.help = valid_utf8(help->get<std::string>());
     d.invalid_input = boolean(f, "invalid_input").value_or(false);
@@ -479,7 +496,10 @@ std::string render_buffers(const json& buffers) {
   for (const auto& b : buffers) {
     const auto permitted = boolean(b, "permitted");
     t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), text(b, "state"),
-           number(b, "tensors"), number(b, "opens"), !permitted ? kNone : *permitted ? "yes" : "no"});
+           number(b, "tensors"), number(b, "opens"),
+           !permitted   ? kNone
+           : *permitted ? "yes"
+                        : "no"});
   }
   return t.str();
 }

@@ -9,8 +9,8 @@ namespace cupool::cli::http {
 
 namespace {
 
-std::string response(int code, std::string_view reason, std::string_view type, const std::string& body,
-                     bool head_only, std::string_view extra = "") {
+std::string response(int code, std::string_view reason, std::string_view type, const std::string& body, bool head_only,
+                     std::string_view extra = "") {
   std::string out = "HTTP/1.1 " + std::to_string(code) + " " + std::string(reason) + "\r\n";
   out += "Content-Type: " + std::string(type) + "\r\n";
   out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
@@ -20,7 +20,10 @@ std::string response(int code, std::string_view reason, std::string_view type, c
   return out;
 }
 
-bool is_token_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos; }
+bool is_token_char(char c) {
+  return std::isalnum(static_cast<unsigned char>(c)) ||
+         std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
 
 }  // namespace
 
@@ -66,7 +69,8 @@ std::string respond(std::string_view head, const std::function<std::string()>& m
   const std::size_t sp1 = line.find(' ');
   const std::size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
   const std::string_view plain = "text/plain; charset=utf-8";
-  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || line.find(' ', sp2 + 1) != std::string_view::npos)
+  if (sp1 == std::string_view::npos || sp2 == std::string_view::npos ||
+      line.find(' ', sp2 + 1) != std::string_view::npos)
     return response(400, "Bad Request", plain, "a request line is METHOD TARGET HTTP/1.1\n", false);
   const std::string_view method = line.substr(0, sp1);
   std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);

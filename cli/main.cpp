@@ -1,5 +1,8 @@
 // cupool: declare CUDA stream-ordered memory pools in YAML, check them against the node, make
 // them real. main() builds the real things (backend, logger) and owns every exit code.
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,10 +15,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <spdlog/pattern_formatter.h>
-#include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include "base/build_info.h"
 #include "base/error.h"
@@ -102,9 +101,10 @@ std::vector<std::string> arguments(const CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"cupool: declare CUDA stream-ordered memory pools in YAML, check them against what this node\n"
-               "supports, and make them real.",
-               "cupool"};
+  CLI::App app{
+      "cupool: declare CUDA stream-ordered memory pools in YAML, check them against what this node\n"
+      "supports, and make them real.",
+      "cupool"};
   app.footer(std::string("\n") + kExitCodes +
              "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_SOCKET (--socket), CUPOOL_LOG_LEVEL (--log-level);\n"
              "NO_COLOR (set: no colour in diagnostics).\n"
@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // Global options (--log-level) work after the verb too: `cupool query --log-level debug`.
   app.fallthrough();
-  app.set_version_flag("--version", cupool::version_text(), "The version, the commit and the CUDA headers it was built with");
+  app.set_version_flag("--version", cupool::version_text(),
+                       "The version, the commit and the CUDA headers it was built with");
   std::string log_level = "warn";
   app.add_option("--log-level", log_level, "Diagnostics on stderr: trace, debug, info, warn, error, off")
       ->envname("CUPOOL_LOG_LEVEL")
@@ -121,10 +122,11 @@ int main(int argc, char** argv) {
 
   // All verbs, in one place, in the order --help lists them.
   namespace verb = cupool::cli;
-  const std::vector<verb::Verb> verbs = {
-      verb::add_query(app),  verb::add_check(app),  verb::add_hold(app),   verb::add_status(app), verb::add_stats(app),
-      verb::add_trim(app),   verb::add_plan(app),   verb::add_apply(app),  verb::add_export(app), verb::add_buffer(app),
-      verb::add_exporter(app), verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
+  const std::vector<verb::Verb> verbs = {verb::add_query(app),  verb::add_check(app),     verb::add_hold(app),
+                                         verb::add_status(app), verb::add_stats(app),     verb::add_trim(app),
+                                         verb::add_plan(app),   verb::add_apply(app),     verb::add_export(app),
+                                         verb::add_buffer(app), verb::add_exporter(app),  verb::add_exec(app),
+                                         verb::add_bench(app),  verb::add_completion(app)};
 
   try {
     std::vector<std::string> args = arguments(app, argc, argv);

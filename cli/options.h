@@ -1,9 +1,8 @@
 // Options that several verbs share, defined once so their names, help and environment twins agree.
 #pragma once
 
-#include <string>
-
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace cupool::cli {
 

@@ -1,4 +1,6 @@
 // cupool query: what this machine supports.
+#include "device/query.h"
+
 #include <fstream>
 #include <iostream>
 
@@ -7,7 +9,6 @@
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "device/nfd.h"
-#include "device/query.h"
 
 namespace cupool::cli {
 
@@ -42,50 +43,47 @@ Verb add_query(CLI::App& app) {
       "  cupool query --deep --devices 0\n"
       "  cupool query --profile-out node.yaml        # record this node for checks elsewhere\n"
       "  cupool query --profile configs/profiles/h100.yaml   # a recorded node, no GPU needed\n"
-      "  cd /etc/kubernetes/node-feature-discovery/features.d && cupool query --format nfd > .cupool && mv .cupool cupool");
+      "  cd /etc/kubernetes/node-feature-discovery/features.d && cupool query --format nfd > .cupool && mv .cupool "
+      "cupool");
   // Not add_format_option: query alone also writes node-feature-discovery labels.
   sub->add_option("--format,-o", args->format,
                   "Output format: table, json, yaml or nfd (node labels for node-feature-discovery)")
       ->check(CLI::IsMember({"table", "json", "yaml", "nfd"}))
       ->capture_default_str();
-  sub->add_option("--devices,-d", args->devices, "Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)")
+  sub->add_option("--devices,-d", args->devices,
+                  "Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)")
       ->delimiter(',');
   add_profile_option(sub, args->profile, "Answer from");
-  sub->add_option("--profile-out", args->profile_out, "Also record the answer as a node profile in this file ('-': stdout)");
+  sub->add_option("--profile-out", args->profile_out,
+                  "Also record the answer as a node profile in this file ('-': stdout)");
   sub->add_flag("--deep", args->deep, "Also create, use and export a small pool per handle type (creates a context)");
 
   return {sub, [args](Context& ctx) {
-    QueryOptions options;
-    options.deep = args->deep;
-    for (const auto& text : args->devices) {
-      std::string why;
-      auto sel = parse_device_selector(text, &why);
-      if (!sel) throw InputError("--devices: '" + text + "' is not a device: " + why);
-      options.devices.push_back(*sel);
-    }
-    if (!args->profile_out.empty() && !options.devices.empty())
-      throw InputError("--profile-out records the whole node; drop --devices");
-    auto backend = ctx.make_backend(args->profile);
-    const NodeReport report = build_report(*backend, options);
-    if (!args->profile_out.empty()) save_profile(report, args->profile_out);
-    if (args->profile_out == "-") return 0;
-    if (args->format == "nfd") {
-      std::cout << render_nfd(report);
-      return 0;
-    }
-    switch (parse_format(args->format)) {
-      case Format::table:
-        std::cout << render_report_table(report);
-        break;
-      case Format::json:
-        std::cout << dump_json(versioned(to_json(report))) << "\n";
-        break;
-      case Format::yaml:
-        std::cout << to_yaml(versioned(to_json(report)));
-        break;
-    }
-    return 0;
-  }};
+            QueryOptions options;
+            options.deep = args->deep;
+            for (const auto& text : args->devices) {
+              std::string why;
+              auto sel = parse_device_selector(text, &why);
+              if (!sel) throw InputError("--devices: '" + text + "' is not a device: " + why);
+              options.devices.push_back(*sel);
+            }
+            if (!args->profile_out.empty() && !options.devices.empty())
+              throw InputError("--profile-out records the whole node; drop --devices");
+            auto backend = ctx.make_backend(args->profile);
+            const NodeReport report = build_report(*backend, options);
+            if (!args->profile_out.empty()) save_profile(report, args->profile_out);
+            if (args->profile_out == "-") return 0;
+            if (args->format == "nfd") {
+              std::cout << render_nfd(report);
+              return 0;
+            }
+            switch (parse_format(args->format)) {
+              case Format::table: std::cout << render_report_table(report); break;
+              case Format::json: std::cout << dump_json(versioned(to_json(report))) << "\n"; break;
+              case Format::yaml: std::cout << to_yaml(versioned(to_json(report))); break;
+            }
+            return 0;
+          }};
 }
 
 }  // namespace cupool::cli

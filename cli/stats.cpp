@@ -22,7 +22,7 @@ struct StatsArgs {
   std::string socket = kDefaultSocket;
   std::string format = "table";
   bool reset_peaks = false;
-  double watch = 0;  // seconds between polls; 0: once
+  double watch = 0;    // seconds between polls; 0: once
   std::string output;  // a file written atomically at every poll; "": standard output
 };
 
@@ -57,7 +57,8 @@ class InterruptGuard {
 // Sleeps `seconds`; false when a signal asked to stop first.
 bool pause_for(double seconds) {
   using clock = std::chrono::steady_clock;
-  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
+  const auto deadline =
+      clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
   while (!g_interrupted) {
     const auto left = deadline - clock::now();
     if (left <= clock::duration::zero()) return true;
@@ -73,8 +74,9 @@ bool pause_for(double seconds) {
 std::string render(const std::string& format, const nlohmann::ordered_json& reply, bool watching) {
   if (format == "prometheus") return render_stats_prometheus(reply);
   if (format == "table") return render_stats(reply);
-  if (format == "json") return watching ? reply_body(reply).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n"
-                                        : dump_json(reply_body(reply)) + "\n";
+  if (format == "json")
+    return watching ? reply_body(reply).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n"
+                    : dump_json(reply_body(reply)) + "\n";
   return (watching ? "---\n" : "") + to_yaml(reply_body(reply));
 }
 
@@ -117,43 +119,48 @@ Verb add_stats(CLI::App& app) {
       ->check(CLI::Range(0.1, 86400.0));
 
   return {sub, [args](Context&) {
-    const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
-    HolderClient holder = HolderClient::connect(args->socket, "cupool stats");
-    if (args->watch <= 0) {
-      const std::string text = render(args->format, holder.request(request), false);
-      if (!args->output.empty()) write_file_atomically(args->output, text);
-      else std::cout << text << std::flush;
-      if (args->reset_peaks && args->format == "table")
-        std::cerr << "cupool stats: peaks reset (the high values above are from before the reset)\n";
-      return static_cast<int>(ExitCode::ok);
-    }
+            const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
+            HolderClient holder = HolderClient::connect(args->socket, "cupool stats");
+            if (args->watch <= 0) {
+              const std::string text = render(args->format, holder.request(request), false);
+              if (!args->output.empty())
+                write_file_atomically(args->output, text);
+              else
+                std::cout << text << std::flush;
+              if (args->reset_peaks && args->format == "table")
+                std::cerr << "cupool stats: peaks reset (the high values above are from before the reset)\n";
+              return static_cast<int>(ExitCode::ok);
+            }
 
-    InterruptGuard guard;
-    const bool redraw = (args->format == "table" || args->format == "prometheus") && ::isatty(STDOUT_FILENO) == 1;
-    bool first = true;
-    while (!g_interrupted) {
-      nlohmann::ordered_json reply;
-      try {
-        reply = holder.request(request);
-      } catch (const Error&) {
-        if (g_interrupted) break;  // Ctrl-C during the request: not a failure
-        throw;
-      }
-      if (g_interrupted) break;
-      if (!args->output.empty()) {
-        write_file_atomically(args->output, render(args->format, reply, false));  // the whole file, each time
-        if (!pause_for(args->watch)) break;
-        continue;
-      }
-      std::string text = render(args->format, reply, true);
-      if (redraw) text = "\033[H\033[2J" + text;
-      else if (!first && (args->format == "table" || args->format == "prometheus")) text = "\n" + text;
-      std::cout << text << std::flush;
-      first = false;
-      if (!pause_for(args->watch)) break;
-    }
-    return static_cast<int>(ExitCode::ok);
-  }};
+            InterruptGuard guard;
+            const bool redraw =
+                (args->format == "table" || args->format == "prometheus") && ::isatty(STDOUT_FILENO) == 1;
+            bool first = true;
+            while (!g_interrupted) {
+              nlohmann::ordered_json reply;
+              try {
+                reply = holder.request(request);
+              } catch (const Error&) {
+                if (g_interrupted) break;  // Ctrl-C during the request: not a failure
+                throw;
+              }
+              if (g_interrupted) break;
+              if (!args->output.empty()) {
+                write_file_atomically(args->output, render(args->format, reply, false));  // the whole file, each time
+                if (!pause_for(args->watch)) break;
+                continue;
+              }
+              std::string text = render(args->format, reply, true);
+              if (redraw)
+                text = "\033[H\033[2J" + text;
+              else if (!first && (args->format == "table" || args->format == "prometheus"))
+                text = "\n" + text;
+              std::cout << text << std::flush;
+              first = false;
+              if (!pause_for(args->watch)) break;
+            }
+            return static_cast<int>(ExitCode::ok);
+          }};
 }
 
 }  // namespace cupool::cli

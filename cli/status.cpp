@@ -33,11 +33,11 @@ Verb add_status(CLI::App& app) {
   add_format_option(sub, args->format);
 
   return {sub, [args](Context&) {
-    const Format format = parse_format(args->format);
-    HolderClient holder = HolderClient::connect(args->socket, "cupool status");
-    print_reply(format, holder.request({{"op", "status"}}), render_status);
-    return static_cast<int>(ExitCode::ok);
-  }};
+            const Format format = parse_format(args->format);
+            HolderClient holder = HolderClient::connect(args->socket, "cupool status");
+            print_reply(format, holder.request({{"op", "status"}}), render_status);
+            return static_cast<int>(ExitCode::ok);
+          }};
 }
 
 }  // namespace cupool::cli

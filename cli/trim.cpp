@@ -50,22 +50,22 @@ Verb add_trim(CLI::App& app) {
   sub->add_flag("--keep-cached", args->keep_cached, "Do not ask clients to drop the blocks they keep cached");
 
   return {sub, [args](Context&) {
-    const Format format = parse_format(args->format);
-    std::uint64_t keep = 0;
-    if (!args->keep.empty()) {
-      std::string why;
-      auto parsed = parse_size(args->keep, &why);
-      if (!parsed) throw InputError("--keep: '" + args->keep + "' is not a size: " + why);
-      keep = *parsed;
-    }
-    nlohmann::ordered_json request = {{"op", "trim"}, {"keep", keep}};
-    if (!args->pool.empty()) request["pool"] = args->pool;
-    request["graph"] = !args->no_graph;
-    if (args->keep_cached) request["cached"] = false;
-    HolderClient holder = HolderClient::connect(args->socket, "cupool trim");
-    print_reply(format, holder.request(request), render_trim);
-    return static_cast<int>(ExitCode::ok);
-  }};
+            const Format format = parse_format(args->format);
+            std::uint64_t keep = 0;
+            if (!args->keep.empty()) {
+              std::string why;
+              auto parsed = parse_size(args->keep, &why);
+              if (!parsed) throw InputError("--keep: '" + args->keep + "' is not a size: " + why);
+              keep = *parsed;
+            }
+            nlohmann::ordered_json request = {{"op", "trim"}, {"keep", keep}};
+            if (!args->pool.empty()) request["pool"] = args->pool;
+            request["graph"] = !args->no_graph;
+            if (args->keep_cached) request["cached"] = false;
+            HolderClient holder = HolderClient::connect(args->socket, "cupool trim");
+            print_reply(format, holder.request(request), render_trim);
+            return static_cast<int>(ExitCode::ok);
+          }};
 }
 
 }  // namespace cupool::cli

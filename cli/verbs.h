@@ -2,11 +2,10 @@
 // to the app and returns the function that runs it; main() owns the exit codes.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <functional>
 #include <memory>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "device/backend.h"
 

@@ -133,7 +133,8 @@ std::string bash_script(const Command& root, const std::string& prog) {
 
   out << "# The subcommands of command path $1.\n__" << p << "_commands() {\n  case $1 in\n";
   for (const auto* c : all)
-    if (!c->subs.empty()) out << "    " << sh_quote(join(c->path, " ")) << ") echo " << sh_quote(join(sub_names(*c), " ")) << " ;;\n";
+    if (!c->subs.empty())
+      out << "    " << sh_quote(join(c->path, " ")) << ") echo " << sh_quote(join(sub_names(*c), " ")) << " ;;\n";
   out << "  esac\n}\n\n";
 
   out << "# The subcommand that word $2 names under command path $1 (aliases resolved), if any.\n__" << p
@@ -151,7 +152,8 @@ std::string bash_script(const Command& root, const std::string& prog) {
   for (const auto* c : all) {
     std::vector<std::string> names;
     for (const auto& o : c->opts) names.insert(names.end(), o.names.begin(), o.names.end());
-    if (!names.empty()) out << "    " << sh_quote(join(c->path, " ")) << ") echo " << sh_quote(join(names, " ")) << " ;;\n";
+    if (!names.empty())
+      out << "    " << sh_quote(join(c->path, " ")) << ") echo " << sh_quote(join(names, " ")) << " ;;\n";
   }
   out << "  esac\n}\n\n";
 
@@ -174,11 +176,13 @@ std::string bash_script(const Command& root, const std::string& prog) {
     for (const auto& pos : c->positionals) {
       const std::string key = join(c->path, " ") + "|";
       if (pos.count == kUnbounded) {
-        out << "    " << sh_quote(key) << "*) echo " << sh_quote(bash_value(pos.value)) << " ;;  # " << pos.name << "...\n";
+        out << "    " << sh_quote(key) << "*) echo " << sh_quote(bash_value(pos.value)) << " ;;  # " << pos.name
+            << "...\n";
         break;  // it takes all the rest
       }
       for (int k = 0; k < pos.count; ++k, ++index)
-        out << "    " << sh_quote(key + std::to_string(index)) << ") echo " << sh_quote(bash_value(pos.value)) << " ;;  # " << pos.name << "\n";
+        out << "    " << sh_quote(key + std::to_string(index)) << ") echo " << sh_quote(bash_value(pos.value))
+            << " ;;  # " << pos.name << "\n";
     }
   }
   out << "  esac\n}\n";

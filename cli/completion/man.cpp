@@ -38,23 +38,16 @@ std::string escape(const std::string& s, bool code) {
       option = j < s.size() && s[j] == '-';
     }
     switch (c) {
-      case '\\':
-        out += "\\e";
-        break;
-      case '`':
-        out += "\\(ga";
-        break;
-      case '\'':
-        out += code ? "\\(aq" : "'";
-        break;
+      case '\\': out += "\\e"; break;
+      case '`': out += "\\(ga"; break;
+      case '\'': out += code ? "\\(aq" : "'"; break;
       case '-': {
         const bool hyphen = !code && !option && i > 1 && i + 2 < s.size() && is_alpha(s[i - 2]) && is_alpha(s[i - 1]) &&
                             is_alpha(s[i + 1]) && is_alpha(s[i + 2]);
         out += hyphen ? "-" : "\\-";
         break;
       }
-      default:
-        out += c;
+      default: out += c;
     }
   }
   return out;
@@ -142,20 +135,16 @@ std::string base_type(const std::string& type) {
 // What a value takes, as a placeholder: its choices (literal), FILE, DIR or CLI11's type (TEXT, INT).
 std::string placeholder(const Value& v, const std::string& type) {
   switch (v.kind) {
-    case Kind::none:
-      return "";
+    case Kind::none: return "";
     case Kind::choices: {
       std::vector<std::string> words;
       for (const auto& c : v.choices) words.push_back(bold(c));
       return join(words, "|");
     }
     case Kind::file:
-    case Kind::yaml:
-      return italic(base_type(type) == "DIR" ? "DIR" : "FILE");
-    case Kind::dir:
-      return italic("DIR");
-    case Kind::any:
-      return italic(base_type(type));
+    case Kind::yaml: return italic(base_type(type) == "DIR" ? "DIR" : "FILE");
+    case Kind::dir: return italic("DIR");
+    case Kind::any: return italic(base_type(type));
   }
   return "";
 }

@@ -1,13 +1,12 @@
 // The model of the command line, read from CLI11: what the shells need to know.
 #include "cli/completion/model.h"
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace cupool::cli::completion {
 

@@ -116,7 +116,8 @@ std::string zsh_script(const Command& root, const std::string& prog) {
     std::string context = prog;
     for (const auto& part : c->path) context += "-" + part;
     out << "      )\n"
-        << "      _describe -t commands '" << zq(join(std::vector<std::string>{context, "command"}, " ")) << "' commands && ret=0\n"
+        << "      _describe -t commands '" << zq(join(std::vector<std::string>{context, "command"}, " "))
+        << "' commands && ret=0\n"
         << "      ;;\n"
         << "    (args)\n"
         << "      curcontext=\"${curcontext%:*:*}:" << context << "-${words[1]}:\"\n"

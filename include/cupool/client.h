@@ -109,7 +109,8 @@ CUPOOL_API int cupool_lease_device(const cupool_lease* lease);
 
 /* Copies between host memory and a lease (offset and bytes must lie inside it); convenient for
  * callers without their own CUDA code. */
-CUPOOL_API int cupool_write(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, const void* source, uint64_t bytes);
+CUPOOL_API int cupool_write(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, const void* source,
+                            uint64_t bytes);
 CUPOOL_API int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, void* target, uint64_t bytes);
 
 /* A part of a file to copy into a lease: `bytes` bytes from `file_offset` to `lease_offset`. */

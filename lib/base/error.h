@@ -47,10 +47,10 @@ enum class Errc {
 // One row of the table.
 struct ErrcInfo {
   Errc errc;
-  const char* wire;     // the error code on the wire ("not_found")
-  int c_status;         // the cupool_status of the C API (CUPOOL_E_NOT_FOUND)
-  ExitCode exit;        // the exit code when the error happens in the cupool process itself
-  ExitCode exit_holder; // the exit code when a holder reports it (a verb that asked the holder)
+  const char* wire;      // the error code on the wire ("not_found")
+  int c_status;          // the cupool_status of the C API (CUPOOL_E_NOT_FOUND)
+  ExitCode exit;         // the exit code when the error happens in the cupool process itself
+  ExitCode exit_holder;  // the exit code when a holder reports it (a verb that asked the holder)
 };
 
 const ErrcInfo& errc_info(Errc errc);
@@ -78,7 +78,9 @@ class Error : public std::runtime_error {
   Origin origin() const noexcept { return origin_; }
   const char* wire_code() const noexcept { return errc_info(code_).wire; }
   int c_status() const noexcept { return errc_info(code_).c_status; }
-  ExitCode exit_code() const noexcept { return origin_ == Origin::here ? errc_info(code_).exit : errc_info(code_).exit_holder; }
+  ExitCode exit_code() const noexcept {
+    return origin_ == Origin::here ? errc_info(code_).exit : errc_info(code_).exit_holder;
+  }
 
  private:
   Errc code_;

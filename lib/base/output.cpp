@@ -54,7 +54,8 @@ void emit(YAML::Emitter& out, const json& v) {
       break;
     case json::value_t::array: {
       // Short lists of scalars read best on one line.
-      const bool flat = std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); }) && v.size() <= 16;
+      const bool flat =
+          std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); }) && v.size() <= 16;
       if (flat) out << YAML::Flow;
       out << YAML::BeginSeq;
       for (const auto& e : v) emit(out, e);
@@ -67,23 +68,12 @@ void emit(YAML::Emitter& out, const json& v) {
       out << s;
       break;
     }
-    case json::value_t::boolean:
-      out << (v.get<bool>() ? "true" : "false");
-      break;
-    case json::value_t::null:
-      out << YAML::Null;
-      break;
-    case json::value_t::number_unsigned:
-      out << v.get<std::uint64_t>();
-      break;
-    case json::value_t::number_integer:
-      out << v.get<std::int64_t>();
-      break;
-    case json::value_t::number_float:
-      out << v.get<double>();
-      break;
-    default:
-      out << YAML::Null;
+    case json::value_t::boolean: out << (v.get<bool>() ? "true" : "false"); break;
+    case json::value_t::null: out << YAML::Null; break;
+    case json::value_t::number_unsigned: out << v.get<std::uint64_t>(); break;
+    case json::value_t::number_integer: out << v.get<std::int64_t>(); break;
+    case json::value_t::number_float: out << v.get<double>(); break;
+    default: out << YAML::Null;
   }
 }
 
@@ -144,8 +134,7 @@ json yaml_to_json(const YAML::Node& node) {
       return s;
     }
     case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      return nullptr;
+    case YAML::NodeType::Undefined: return nullptr;
   }
   return nullptr;
 }

@@ -1,11 +1,11 @@
 // Output helpers: JSON <-> YAML, aligned tables, and the --format choice.
 #pragma once
 
-#include <string>
-#include <vector>
+#include <yaml-cpp/yaml.h>
 
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
+#include <string>
+#include <vector>
 
 namespace cupool {
 

@@ -43,10 +43,14 @@ std::size_t decode_utf8(std::string_view s, std::size_t at, std::uint32_t* code_
   const auto c = static_cast<unsigned char>(s[at]);
   std::size_t len = 0;
   std::uint32_t min = 0;
-  if (c < 0x80) len = 1;
-  else if ((c & 0xe0) == 0xc0) len = 2, min = 0x80;
-  else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800;
-  else if ((c & 0xf8) == 0xf0) len = 4, min = 0x10000;
+  if (c < 0x80)
+    len = 1;
+  else if ((c & 0xe0) == 0xc0)
+    len = 2, min = 0x80;
+  else if ((c & 0xf0) == 0xe0)
+    len = 3, min = 0x800;
+  else if ((c & 0xf8) == 0xf0)
+    len = 4, min = 0x10000;
   if (len == 0 || at + len > s.size()) return 0;
   std::uint32_t cp = len == 1 ? c : (c & (0x7fu >> len));
   for (std::size_t k = 1; k < len; ++k) {
@@ -77,7 +81,7 @@ std::string valid_utf8(std::string_view s) {
 }
 
 bool display_safe(std::uint32_t cp) {
-  if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return false;  // C0, DEL, C1
+  if (cp < 0x20 || (cp >= 0x7f && cp <= 0x9f)) return false;       // C0, DEL, C1
   if (cp == 0x061c || cp == 0x200e || cp == 0x200f) return false;  // bidirectional marks
   if (cp >= 0x202a && cp <= 0x202e) return false;                  // embeddings and overrides
   if (cp >= 0x2066 && cp <= 0x2069) return false;                  // isolates

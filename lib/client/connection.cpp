@@ -337,8 +337,7 @@ void cupool_conn::on_notice(const Json& notice) {
     // A pool we imported was replaced or removed: our import maps the old pool's memory.
     const std::pair<std::string, int> key{notice.value("pool", ""), notice.value("device", -1)};
     auto imp = pools.find(key);
-    if (imp != pools.end() && imp->second.generation == notice.value("generation", imp->second.generation))
-      retire(key);
+    if (imp != pools.end() && imp->second.generation == notice.value("generation", imp->second.generation)) retire(key);
   }
   if (what == "drop" && notice.contains("leases") && notice["leases"].is_array()) {
     // The holder wants cached blocks back: unmap those still cached here (one taken again since is

@@ -10,8 +10,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -70,14 +70,14 @@ struct cupool_conn {
     std::uint64_t generation = 0;  // the holder's pool it came from (a replaced pool has another)
   };
   std::map<std::pair<std::string, int>, Imported> pools;  // by (pool, holder device)
-  std::vector<cupool::PoolHandle> retired;  // imports of pools the holder no longer holds, still mapped
+  std::vector<cupool::PoolHandle> retired;                // imports of pools the holder no longer holds, still mapped
   std::set<cupool_lease*> leases;
 
   // ---- the cache (protocol 2): leases released here and still mapped, to be given out again ----
   std::uint64_t cache_limit = UINT64_MAX;  // bytes kept cached at most (0: no cache)
   std::uint64_t cached_bytes = 0;
   std::vector<cupool_lease*> cache;  // in the order they were released (a request takes the newest fit)
-  std::string quiet_failure;  // the last quiet request the holder refused (it should never)
+  std::string quiet_failure;         // the last quiet request the holder refused (it should never)
   // Answers the holder's drop notices while the application makes no call (started with the first
   // cached block): it reads the socket only when no call holds `mu`.
   // A forked child inherits none of it: only the process that started the watcher signals, joins

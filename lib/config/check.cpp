@@ -60,7 +60,8 @@ class Checker {
   std::string devices_fact() const {
     std::vector<std::string> parts;
     for (const auto& d : n_.devices)
-      parts.push_back(std::to_string(d.info.ordinal) + " = " + d.info.name + " (" + d.info.uuid + ", " + d.info.pci_bus_id + ")");
+      parts.push_back(std::to_string(d.info.ordinal) + " = " + d.info.name + " (" + d.info.uuid + ", " +
+                      d.info.pci_bus_id + ")");
     const std::size_t count = n_.devices.size();
     return where_ + " has " + std::to_string(count) + (count == 1 ? " device: " : " devices: ") + join(parts, "; ");
   }
@@ -87,7 +88,8 @@ class Checker {
         resolve_one(s);
       } else if (repeated < selection.repeated.size() && selection.repeated[repeated].first == &s) {
         const int ordinal = selection.repeated[repeated++].second;
-        d_.warning("duplicate-device", s.loc, "'" + s.value.text + "' names " + label(ordinal) + ", which is already listed");
+        d_.warning("duplicate-device", s.loc,
+                   "'" + s.value.text + "' names " + label(ordinal) + ", which is already listed");
       }
     }
     return selection.ordinals;
@@ -97,7 +99,8 @@ class Checker {
   const PoolWant& want(std::size_t entry, int device) const {
     for (const PoolWant& w : w_.pools)
       if (w.entry == entry && w.device == device) return w;
-    throw std::logic_error("check: no resolved pool for entry " + std::to_string(entry) + " on device " + std::to_string(device));
+    throw std::logic_error("check: no resolved pool for entry " + std::to_string(entry) + " on device " +
+                           std::to_string(device));
   }
 
   const DeviceInfo& info(int ordinal) const { return n_.device(ordinal)->info; }
@@ -126,9 +129,8 @@ class Checker {
       auto p = resolve_device(n_, s.value);
       if (!p) continue;  // reported once by resolve()
       if (*p == owner) {
-        d_.warning("self-access", s.loc,
-                   label(owner) + " is the device " + what + " lives on; it always has access", "",
-                   "remove it from access");
+        d_.warning("self-access", s.loc, label(owner) + " is the device " + what + " lives on; it always has access",
+                   "", "remove it from access");
         continue;
       }
       if (!n_.peer_access[static_cast<std::size_t>(*p)][static_cast<std::size_t>(owner)])
@@ -150,7 +152,8 @@ class Checker {
   void check_reserve_vs_max(const Sizes& s, const std::string& what) {
     if (s.reserve.set && s.max_size.set && s.reserve.value > s.max_size.value)
       d_.error("reserve-above-max-size", s.reserve.loc,
-               "reserve (" + format_bytes(s.reserve.value) + ") is above max_size (" + format_bytes(s.max_size.value) + ") in " + what,
+               "reserve (" + format_bytes(s.reserve.value) + ") is above max_size (" + format_bytes(s.max_size.value) +
+                   ") in " + what,
                "", "lower reserve or raise max_size");
   }
 
@@ -161,14 +164,16 @@ class Checker {
     if (s.reserve.set && s.threshold.set && !reported_threshold) {
       if (s.reserve.value > threshold) {
         reported_threshold = true;
-        const std::string shown = s.threshold.value.kind == Threshold::Kind::percent
-                                      ? s.threshold.value.text + " of " + format_bytes(memory) + " = " + format_bytes(threshold)
-                                      : format_bytes(threshold);
-        d_.error("reserve-above-threshold", s.reserve.loc,
-                 "reserve (" + format_bytes(s.reserve.value) + ") is above release_threshold (" + shown + ") in " + what +
-                     ": the pool would give the reserved memory back at the first synchronize",
-                 "a pool keeps at most release_threshold bytes across a synchronize (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)",
-                 "raise release_threshold (e.g. max) or lower reserve");
+        const std::string shown =
+            s.threshold.value.kind == Threshold::Kind::percent
+                ? s.threshold.value.text + " of " + format_bytes(memory) + " = " + format_bytes(threshold)
+                : format_bytes(threshold);
+        d_.error(
+            "reserve-above-threshold", s.reserve.loc,
+            "reserve (" + format_bytes(s.reserve.value) + ") is above release_threshold (" + shown + ") in " + what +
+                ": the pool would give the reserved memory back at the first synchronize",
+            "a pool keeps at most release_threshold bytes across a synchronize (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)",
+            "raise release_threshold (e.g. max) or lower reserve");
       }
     } else if (s.reserve.set && !s.threshold.set && s.reserve.value > 0 && !reported_threshold) {
       reported_threshold = true;
@@ -181,7 +186,8 @@ class Checker {
     if (device_located && s.max_size.set && s.max_size.value > memory && !reported_max) {
       reported_max = true;
       d_.warning("max-size-above-memory", s.max_size.loc,
-                 "max_size (" + format_bytes(s.max_size.value) + ") is above " + label(d) + "'s memory (" + format_bytes(memory) + ") in " + what,
+                 "max_size (" + format_bytes(s.max_size.value) + ") is above " + label(d) + "'s memory (" +
+                     format_bytes(memory) + ") in " + what,
                  "cuDeviceTotalMem = " + std::to_string(memory) + " on " + where_);
     }
   }
@@ -193,7 +199,8 @@ class Checker {
     if (p.default_pool) {
       if (p.default_pool->access) resolve(*p.default_pool->access);
       for (int d : devices) {
-        if (!require_pools(d, p.devices.loc.line ? p.devices.loc : p.default_pool->loc, "process.default_pool")) continue;
+        if (!require_pools(d, p.devices.loc.line ? p.devices.loc : p.default_pool->loc, "process.default_pool"))
+          continue;
         if (p.default_pool->access) check_access(*p.default_pool->access, d, "its default pool");
       }
     }
@@ -236,8 +243,7 @@ class Checker {
                what + " is shared but has no IPC handle type, so no other process can import it", "",
                "add handle_types: [posix_fd] (or fabric), or remove share");
     if (location.kind == PoolLocation::Kind::host && ipc != 0)
-      d_.error("host-pool-ipc", p.handle_types_loc,
-               what + " has location host, and host pools cannot be exported",
+      d_.error("host-pool-ipc", p.handle_types_loc, what + " has location host, and host pools cannot be exported",
                "the driver requires handleTypes = none for CU_MEM_LOCATION_TYPE_HOST pools (cuMemPoolCreate)",
                "use location: host_numa:<id> for a shareable host pool, or drop handle_types");
 
@@ -245,11 +251,12 @@ class Checker {
         std::find(n_.host_numa_nodes.begin(), n_.host_numa_nodes.end(), location.numa_id) == n_.host_numa_nodes.end()) {
       std::vector<std::string> ids;
       for (int id : n_.host_numa_nodes) ids.push_back(std::to_string(id));
-      d_.error("unknown-numa-node", p.location.loc,
-               "host NUMA node " + std::to_string(location.numa_id) + " does not exist on " + where_ + " (" + what + ")",
-               "the host's NUMA nodes: " + (ids.empty() ? std::string("none (no NUMA)") : join(ids, ", ")) +
-                   " (/sys/devices/system/node/online)",
-               ids.empty() ? "use location: host" : "use location: host_numa:" + ids.front());
+      d_.error(
+          "unknown-numa-node", p.location.loc,
+          "host NUMA node " + std::to_string(location.numa_id) + " does not exist on " + where_ + " (" + what + ")",
+          "the host's NUMA nodes: " + (ids.empty() ? std::string("none (no NUMA)") : join(ids, ", ")) +
+              " (/sys/devices/system/node/online)",
+          ids.empty() ? "use location: host" : "use location: host_numa:" + ids.front());
     }
     if (p.access) resolve(*p.access);
     bool reported_threshold = false;
@@ -261,7 +268,8 @@ class Checker {
       if (!require_pools(d, devices_loc, what)) continue;
 
       if (location.kind == PoolLocation::Kind::host && !dev.host_memory_pools)
-        d_.error("host-pools-unsupported", p.location.loc, label(d) + " does not support host-located pools (" + what + ")",
+        d_.error("host-pools-unsupported", p.location.loc,
+                 label(d) + " does not support host-located pools (" + what + ")",
                  "CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED = 0 for " + label(d) + " on " + where_);
       if (location.kind == PoolLocation::Kind::host_numa) {
         if (!dev.host_numa_memory_pools)
@@ -273,10 +281,13 @@ class Checker {
       if (managed) {
         if (n_.driver_version < 13000)
           d_.error("managed-pools-unsupported", p.alloc_type.loc,
-                   "managed pools need a CUDA 13.0 driver; " + where_ + " has CUDA " + cuda_version_string(n_.driver_version) + " (" + what + ")",
-                   "cuDriverGetVersion = " + std::to_string(n_.driver_version), "use alloc_type: pinned, or update the driver");
+                   "managed pools need a CUDA 13.0 driver; " + where_ + " has CUDA " +
+                       cuda_version_string(n_.driver_version) + " (" + what + ")",
+                   "cuDriverGetVersion = " + std::to_string(n_.driver_version),
+                   "use alloc_type: pinned, or update the driver");
         else if (!dev.managed_memory)
-          d_.error("managed-pools-unsupported", p.alloc_type.loc, label(d) + " cannot allocate managed memory (" + what + ")",
+          d_.error("managed-pools-unsupported", p.alloc_type.loc,
+                   label(d) + " cannot allocate managed memory (" + what + ")",
                    "CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 0 for " + label(d) + " on " + where_);
       }
 
@@ -286,7 +297,8 @@ class Checker {
         const std::string type = handle_type_name(h.value);
         if ((dev.pool_handle_types & bit) == 0) {
           const auto supported = handle_type_names(dev.pool_handle_types);
-          d_.error("handle-type-unsupported", h.loc, label(d) + " does not support " + type + " handles for pools (" + what + ")",
+          d_.error("handle-type-unsupported", h.loc,
+                   label(d) + " does not support " + type + " handles for pools (" + what + ")",
                    "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = " + hex(dev.pool_handle_types) + " (" +
                        (supported.empty() ? "none" : join(supported, ", ")) + ") for " + label(d) + " on " + where_);
           continue;
@@ -297,20 +309,21 @@ class Checker {
       if (p.access && location.kind == PoolLocation::Kind::device) check_access(*p.access, d, what);
 
       const std::uint64_t memory = dev.total_memory;
-      check_sizes(sizes, want(entry, d).settings.release_threshold, d, what, location.kind == PoolLocation::Kind::device,
-                  reported_threshold, reported_max);
+      check_sizes(sizes, want(entry, d).settings.release_threshold, d, what,
+                  location.kind == PoolLocation::Kind::device, reported_threshold, reported_max);
       if (p.share && p.share->quota_per_client.set && !reported_quota) {
         const std::uint64_t quota = p.share->quota_per_client.value;
         if (p.max_size.set && quota > p.max_size.value) {
           reported_quota = true;
           d_.error("quota-above-size", p.share->quota_per_client.loc,
-                   "quota_per_client (" + format_bytes(quota) + ") is above the pool's max_size (" + format_bytes(p.max_size.value) + ") in " + what,
+                   "quota_per_client (" + format_bytes(quota) + ") is above the pool's max_size (" +
+                       format_bytes(p.max_size.value) + ") in " + what,
                    "", "lower quota_per_client to at most max_size");
         } else if (!p.max_size.set && location.kind == PoolLocation::Kind::device && quota > memory) {
           reported_quota = true;
           d_.error("quota-above-size", p.share->quota_per_client.loc,
-                   "quota_per_client (" + format_bytes(quota) + ") is above " + label(d) + "'s memory (" + format_bytes(memory) +
-                       "), the most the pool can hold (" + what + ")",
+                   "quota_per_client (" + format_bytes(quota) + ") is above " + label(d) + "'s memory (" +
+                       format_bytes(memory) + "), the most the pool can hold (" + what + ")",
                    "cuDeviceTotalMem = " + std::to_string(memory) + " on " + where_);
         }
       }
@@ -328,13 +341,16 @@ class Checker {
     }
     if (!o_.deep) {
       d_.note("fabric-unverified", loc,
-              "fabric support for " + label(d) + " is only an attribute; run 'check --deep' to try an export (" + what + ")",
-              "the attribute reads 1 even where export fails with CUDA_ERROR_NOT_PERMITTED because no IMEX channel is reachable");
+              "fabric support for " + label(d) + " is only an attribute; run 'check --deep' to try an export (" + what +
+                  ")",
+              "the attribute reads 1 even where export fails with CUDA_ERROR_NOT_PERMITTED because no IMEX channel is "
+              "reachable");
       return;
     }
     for (const auto& probe : n_.device(d)->probes) {
       if (probe.handle_type != HandleType::fabric || probe.ok) continue;
-      d_.error("fabric-not-exportable", loc, label(d) + " cannot export a fabric handle (" + what + "): " + probe.reason,
+      d_.error("fabric-not-exportable", loc,
+               label(d) + " cannot export a fabric handle (" + what + "): " + probe.reason,
                "--deep: " + probe.api + " failed with " + probe.error + " on " + where_,
                "use handle_types: [posix_fd] for processes on this node; fabric is for multi-node NVLink with IMEX");
     }
@@ -355,15 +371,18 @@ class Checker {
       auto it = pools.find(b.pool.value);
       if (it == pools.end()) {
         const std::string guess = did_you_mean(b.pool.value, pool_names);
-        d_.error("unknown-pool", b.pool.loc, what + " names pool '" + b.pool.value + "', which the file does not declare", "",
-                 guess.empty() ? (pool_names.empty() ? "declare the pool under 'pools'" : "pools declared: " + join(pool_names, ", "))
+        d_.error("unknown-pool", b.pool.loc,
+                 what + " names pool '" + b.pool.value + "', which the file does not declare", "",
+                 guess.empty() ? (pool_names.empty() ? "declare the pool under 'pools'"
+                                                     : "pools declared: " + join(pool_names, ", "))
                                : "did you mean '" + guess + "'?");
         continue;
       }
       const PoolSpec& pool = *it->second;
       if (pool.handle_mask() == 0)
         d_.warning("buffer-not-shareable", b.pool.loc,
-                   what + " lives in pool '" + pool.name.value + "', which has no IPC handle type: no other process can open it",
+                   what + " lives in pool '" + pool.name.value +
+                       "', which has no IPC handle type: no other process can open it",
                    "", "add handle_types: [posix_fd] to pool '" + pool.name.value + "'");
       if (!device) continue;
       // The pool must be on the buffer's device.
@@ -381,8 +400,8 @@ class Checker {
       total += b.size.value;
       if (pool.max_size.set && total > pool.max_size.value) {
         d_.error("buffers-above-max-size", b.size.loc,
-                 "buffers in pool '" + pool.name.value + "' on " + label(*device) + " add up to " + format_bytes(total) +
-                     ", above its max_size (" + format_bytes(pool.max_size.value) + ")",
+                 "buffers in pool '" + pool.name.value + "' on " + label(*device) + " add up to " +
+                     format_bytes(total) + ", above its max_size (" + format_bytes(pool.max_size.value) + ")",
                  "", "raise the pool's max_size or shrink the buffers");
       }
       const bool device_located = !pool.location.set || pool.location.value.kind == PoolLocation::Kind::device;
@@ -400,12 +419,15 @@ class Checker {
       const std::uint64_t available = known ? dev->memory->free : dev->info.total_memory;
       if (total <= available) continue;
       std::vector<std::string> parts;
-      for (const auto& r : items) parts.push_back(r.what + " " + format_bytes(r.bytes) + " (line " + std::to_string(r.loc.line) + ")");
+      for (const auto& r : items)
+        parts.push_back(r.what + " " + format_bytes(r.bytes) + " (line " + std::to_string(r.loc.line) + ")");
       d_.error("reserve-above-free", items.front().loc,
                "reserves and buffers on " + label(d) + " need " + format_bytes(total) + ", but it has " +
                    format_bytes(available) + (known ? " free" : " in all"),
                join(parts, " + ") + "; " +
-                   (known ? "free memory read through NVML on " : "free memory unknown; compared with cuDeviceTotalMem on ") + where_,
+                   (known ? "free memory read through NVML on "
+                          : "free memory unknown; compared with cuDeviceTotalMem on ") +
+                   where_,
                "lower the reserves or buffers, or free memory on the device");
     }
   }

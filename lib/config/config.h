@@ -69,8 +69,8 @@ struct PoolSpec {
   At<AllocType> alloc_type;   // default pinned
   Loc handle_types_loc;
   std::vector<At<HandleType>> handle_types;  // empty: none
-  At<std::uint64_t> max_size;                 // unset: the driver's default (device memory)
-  At<Threshold> release_threshold;            // unset: 0, the driver's default
+  At<std::uint64_t> max_size;                // unset: the driver's default (device memory)
+  At<Threshold> release_threshold;           // unset: 0, the driver's default
   At<std::uint64_t> reserve;
   std::optional<Reuse> reuse;
   std::optional<DeviceList> access;
@@ -107,9 +107,9 @@ struct DefaultPoolSpec {
 // Always device-located, never exported.
 struct CurrentPoolSpec {
   Loc loc;
-  At<std::uint64_t> max_size;          // unset: the driver's default (device memory)
-  At<Threshold> release_threshold;     // unset: 0, the driver's default
-  At<std::uint64_t> reserve;           // allocated and freed once at creation, kept by the threshold
+  At<std::uint64_t> max_size;       // unset: the driver's default (device memory)
+  At<Threshold> release_threshold;  // unset: 0, the driver's default
+  At<std::uint64_t> reserve;        // allocated and freed once at creation, kept by the threshold
   std::optional<Reuse> reuse;
   std::optional<DeviceList> access;
 };

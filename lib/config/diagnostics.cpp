@@ -20,12 +20,9 @@ namespace cupool {
 
 const char* severity_name(Severity s) {
   switch (s) {
-    case Severity::error:
-      return "error";
-    case Severity::warning:
-      return "warning";
-    case Severity::note:
-      return "note";
+    case Severity::error: return "error";
+    case Severity::warning: return "warning";
+    case Severity::note: return "note";
   }
   return "error";
 }
@@ -52,7 +49,8 @@ SourceFile SourceFile::read_regular(const std::string& path, std::size_t limit) 
   if (::fstat(fd.get(), &st) != 0) throw InputError("cannot read '" + path + "': " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw InputError("'" + path + "' is not a regular file");
   if (static_cast<std::uint64_t>(st.st_size) > limit)
-    throw InputError(path + ": file is larger than " + std::to_string(limit >> 10) + " KiB; a config this big is not a config");
+    throw InputError(path + ": file is larger than " + std::to_string(limit >> 10) +
+                     " KiB; a config this big is not a config");
   std::string text;
   char buf[65536];
   while (true) {
@@ -62,7 +60,8 @@ SourceFile SourceFile::read_regular(const std::string& path, std::size_t limit) 
     if (n == 0) break;
     text.append(buf, static_cast<std::size_t>(n));
     if (text.size() > limit)
-      throw InputError(path + ": file is larger than " + std::to_string(limit >> 10) + " KiB; a config this big is not a config");
+      throw InputError(path + ": file is larger than " + std::to_string(limit >> 10) +
+                       " KiB; a config this big is not a config");
   }
   return SourceFile(path, std::move(text));
 }
@@ -82,7 +81,8 @@ SourceFile SourceFile::read(const std::string& path, std::size_t limit) {
     in->read(buf, sizeof buf);
     text.append(buf, static_cast<std::size_t>(in->gcount()));
     if (text.size() > limit)
-      throw InputError(shown + ": file is larger than " + std::to_string(limit >> 10) + " KiB; a config this big is not a config");
+      throw InputError(shown + ": file is larger than " + std::to_string(limit >> 10) +
+                       " KiB; a config this big is not a config");
   }
   if (in->bad()) throw InputError("cannot read '" + shown + "'");
   return SourceFile(shown, std::move(text));
@@ -206,9 +206,7 @@ std::string render_text(const Diagnostic& d, const SourceFile& file) {
 }
 
 std::string summary_line(const Diagnostics& ds) {
-  auto plural = [](int n, const char* word) {
-    return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
-  };
+  auto plural = [](int n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
   return plural(ds.count(Severity::error), "error") + ", " + plural(ds.count(Severity::warning), "warning") + ", " +
          plural(ds.count(Severity::note), "note");
 }
@@ -224,12 +222,12 @@ std::string render_text(const Diagnostics& ds, const SourceFile& file) {
 
 nlohmann::ordered_json to_json(const Diagnostic& d, const std::string& path) {
   nlohmann::ordered_json j = {{"file", path},
-                      {"line", d.loc.line},
-                      {"column", d.loc.column},
-                      {"severity", severity_name(d.severity)},
-                      {"code", d.code},
-                      {"message", d.message},
-                      {"invalid_input", d.invalid_input}};
+                              {"line", d.loc.line},
+                              {"column", d.loc.column},
+                              {"severity", severity_name(d.severity)},
+                              {"code", d.code},
+                              {"message", d.message},
+                              {"invalid_input", d.invalid_input}};
   j["fact"] = d.fact.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.fact);
   j["help"] = d.help.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.help);
   return j;

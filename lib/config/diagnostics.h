@@ -2,10 +2,9 @@
 // and the fact and the fix behind it.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "base/error.h"
 
@@ -22,11 +21,11 @@ struct Loc {
 
 struct Diagnostic {
   Severity severity = Severity::error;
-  std::string code;     // rule id, e.g. "unknown-key", "peer-access"
+  std::string code;  // rule id, e.g. "unknown-key", "peer-access"
   Loc loc;
-  std::string message;  // what is wrong
-  std::string fact;     // the fact behind it (what the node reports), optional
-  std::string help;     // what would be valid / "did you mean", optional
+  std::string message;         // what is wrong
+  std::string fact;            // the fact behind it (what the node reports), optional
+  std::string help;            // what would be valid / "did you mean", optional
   bool invalid_input = false;  // the file is not a valid config (exit 2), not a misfit (exit 1)
 };
 

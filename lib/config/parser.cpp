@@ -1,4 +1,5 @@
-#include "config/config.h"
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
@@ -7,11 +8,9 @@
 #include <set>
 #include <sstream>
 
-#include <yaml-cpp/eventhandler.h>
-#include <yaml-cpp/yaml.h>
-
 #include "base/text.h"
 #include "base/units.h"
+#include "config/config.h"
 
 namespace cupool {
 
@@ -19,12 +18,9 @@ const char* const kDefaultSocket = "/run/cupool/cupool.sock";
 
 std::uint64_t Threshold::resolve(std::uint64_t device_memory) const {
   switch (kind) {
-    case Kind::bytes:
-      return bytes;
-    case Kind::max:
-      return std::numeric_limits<std::uint64_t>::max();
-    case Kind::percent:
-      return static_cast<std::uint64_t>(static_cast<long double>(device_memory) * fraction);
+    case Kind::bytes: return bytes;
+    case Kind::max: return std::numeric_limits<std::uint64_t>::max();
+    case Kind::percent: return static_cast<std::uint64_t>(static_cast<long double>(device_memory) * fraction);
   }
   return bytes;
 }
@@ -53,21 +49,18 @@ bool is_plain(const YAML::Node& n) { return n.Tag() != "!"; }
 
 const char* kind_name(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Null:
-      return "nothing";
-    default:
-      return "a scalar";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "nothing";
+    default: return "a scalar";
   }
 }
 
 bool plain_digits(const YAML::Node& n) {
   if (!n.IsScalar() || !is_plain(n)) return false;
   const std::string& s = n.Scalar();
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; });
 }
 
 // Booleans are written true or false (yes/no/on/True are refused, as by the JSON schema).
@@ -91,7 +84,8 @@ bool matches_account(const std::string& s) {
   if (!((s[0] >= 'a' && s[0] <= 'z') || s[0] == '_')) return false;
   for (std::size_t i = 1; i < s.size(); ++i) {
     const char c = s[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || (c == '$' && i + 1 == s.size());
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || (c == '$' && i + 1 == s.size());
     if (!ok) return false;
   }
   return true;
@@ -161,8 +155,9 @@ class Parser {
       const std::string name = key.Scalar();
       if (std::find(known.begin(), known.end(), name) == known.end()) {
         const std::string guess = did_you_mean(name, known);
-        d_.invalid("unknown-key", key_loc, "unknown key '" + name + "' in " + where,
-                   (guess.empty() ? std::string() : "did you mean '" + guess + "'? ") + "valid keys: " + join(known, ", "));
+        d_.invalid(
+            "unknown-key", key_loc, "unknown key '" + name + "' in " + where,
+            (guess.empty() ? std::string() : "did you mean '" + guess + "'? ") + "valid keys: " + join(known, ", "));
         continue;
       }
       if (out.count(name)) {
@@ -205,7 +200,8 @@ class Parser {
       return std::nullopt;
     }
     if (f.value.size() == 0) {
-      d_.invalid("empty-list", f.value_loc, "'" + what + "' is an empty list", "remove the key, or list at least one item");
+      d_.invalid("empty-list", f.value_loc, "'" + what + "' is an empty list",
+                 "remove the key, or list at least one item");
       return std::nullopt;
     }
     return f.value;
@@ -237,7 +233,8 @@ class Parser {
 
   void parse_holder(const Field& f, HolderSpec& h) {
     h.loc = f.key_loc;
-    if (!expect_map(f, "'holder'", "e.g. holder: {socket: /run/cupool/cupool.sock, mode: \"0660\", group: gpu}")) return;
+    if (!expect_map(f, "'holder'", "e.g. holder: {socket: /run/cupool/cupool.sock, mode: \"0660\", group: gpu}"))
+      return;
     auto fs = fields(f.value, "'holder'", {"socket", "mode", "group"}, {}, f.value_loc);
     if (auto* v = get(fs, "socket")) {
       if (auto s = scalar(*v, "socket")) {
@@ -247,14 +244,13 @@ class Parser {
         } else if (s->size() > 107) {
           d_.invalid("invalid-value", v->value_loc,
                      "socket path is " + std::to_string(s->size()) + " bytes; a Unix socket path holds at most 107");
-        } else if (const auto bad = std::find_if(s->begin(), s->end(), [](char c) {
-                     return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-                   });
+        } else if (const auto bad = std::find_if(
+                       s->begin(), s->end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
                    bad != s->end()) {
           // A NUL would end the path the kernel sees early; other control bytes are never wanted.
           d_.invalid("invalid-value", v->value_loc,
-                     "socket path holds a control character (byte " + std::to_string(bad - s->begin()) +
-                         " is 0x" + hex_byte(static_cast<unsigned char>(*bad)) + ")",
+                     "socket path holds a control character (byte " + std::to_string(bad - s->begin()) + " is 0x" +
+                         hex_byte(static_cast<unsigned char>(*bad)) + ")",
                      std::string("write a plain path, e.g. socket: ") + kDefaultSocket);
         } else {
           h.socket = {*s, v->value_loc, true};
@@ -312,8 +308,8 @@ class Parser {
       CurrentPoolSpec cp;
       cp.loc = v->key_loc;
       if (expect_map(*v, "'current_pool'", "e.g. current_pool: {release_threshold: max, max_size: 16GiB}")) {
-        auto cfs = fields(v->value, "'current_pool'", {"max_size", "release_threshold", "reserve", "reuse", "access"}, {},
-                          v->value_loc);
+        auto cfs = fields(v->value, "'current_pool'", {"max_size", "release_threshold", "reserve", "reuse", "access"},
+                          {}, v->value_loc);
         if (auto* t = get(cfs, "max_size")) cp.max_size = size(*t, "max_size");
         if (auto* t = get(cfs, "release_threshold")) cp.release_threshold = threshold(*t);
         if (auto* t = get(cfs, "reserve")) cp.reserve = size(*t, "reserve");
@@ -346,9 +342,12 @@ class Parser {
     if (auto* v = get(fs, "location")) p.location = location(*v);
     if (auto* v = get(fs, "alloc_type")) {
       if (auto s = scalar(*v, "alloc_type")) {
-        if (*s == "pinned") p.alloc_type = {AllocType::pinned, v->value_loc, true};
-        else if (*s == "managed") p.alloc_type = {AllocType::managed, v->value_loc, true};
-        else bad_choice(*v, "alloc_type", *s, {"pinned", "managed"});
+        if (*s == "pinned")
+          p.alloc_type = {AllocType::pinned, v->value_loc, true};
+        else if (*s == "managed")
+          p.alloc_type = {AllocType::managed, v->value_loc, true};
+        else
+          bad_choice(*v, "alloc_type", *s, {"pinned", "managed"});
       }
     }
     if (auto* v = get(fs, "handle_types")) {
@@ -408,13 +407,17 @@ class Parser {
 
   std::optional<DeviceSelector> selector(const YAML::Node& n, Loc loc) {
     if (!n.IsScalar()) {
-      d_.invalid("wrong-type", loc, std::string("a device must be an index, a GPU UUID or a PCI bus id, found ") + kind_name(n));
+      d_.invalid("wrong-type", loc,
+                 std::string("a device must be an index, a GPU UUID or a PCI bus id, found ") + kind_name(n));
       return std::nullopt;
     }
     const std::string& s = n.Scalar();
-    const bool digits = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; });
+    const bool digits = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c)) != 0;
+    });
     if (digits && !is_plain(n)) {
-      d_.invalid("wrong-type", loc, "device \"" + s + "\" is quoted; a device index is a number", "write " + s + " without quotes");
+      d_.invalid("wrong-type", loc, "device \"" + s + "\" is quoted; a device index is a number",
+                 "write " + s + " without quotes");
       return std::nullopt;
     }
     if (digits) {
@@ -465,7 +468,8 @@ class Parser {
     if (*s == "host") return {PoolLocation{PoolLocation::Kind::host, -1}, f.value_loc, true};
     if (starts_with(*s, "host_numa:")) {
       const std::string id = s->substr(10);
-      if (!id.empty() && id.size() <= 6 && std::all_of(id.begin(), id.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }))
+      if (!id.empty() && id.size() <= 6 &&
+          std::all_of(id.begin(), id.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }))
         return {PoolLocation{PoolLocation::Kind::host_numa, std::stoi(id)}, f.value_loc, true};
       d_.invalid("invalid-value", f.value_loc, "location '" + *s + "' needs a host NUMA node id",
                  "e.g. location: host_numa:0 (see 'cupool query' for the node's NUMA nodes)");
@@ -475,7 +479,8 @@ class Parser {
     return out;
   }
 
-  void bad_choice(const Field& f, const std::string& key, const std::string& value, const std::vector<std::string>& choices) {
+  void bad_choice(const Field& f, const std::string& key, const std::string& value,
+                  const std::vector<std::string>& choices) {
     const std::string guess = did_you_mean(value, choices);
     d_.invalid("invalid-value", f.value_loc, "'" + value + "' is not a valid " + key,
                (guess.empty() ? std::string() : "did you mean '" + guess + "'? ") + "valid: " + list_or(choices));
@@ -496,13 +501,17 @@ class Parser {
       }
       const std::string s = item.Scalar();
       HandleType t;
-      if (s == "none") t = HandleType::none;
-      else if (s == "posix_fd") t = HandleType::posix_fd;
-      else if (s == "fabric") t = HandleType::fabric;
+      if (s == "none")
+        t = HandleType::none;
+      else if (s == "posix_fd")
+        t = HandleType::posix_fd;
+      else if (s == "fabric")
+        t = HandleType::fabric;
       else {
         const std::string guess = did_you_mean(s, {"none", "posix_fd", "fabric"});
-        d_.invalid("invalid-value", loc, "'" + s + "' is not a handle type",
-                   (guess.empty() ? std::string() : "did you mean '" + guess + "'? ") + "valid: none, posix_fd or fabric");
+        d_.invalid(
+            "invalid-value", loc, "'" + s + "' is not a handle type",
+            (guess.empty() ? std::string() : "did you mean '" + guess + "'? ") + "valid: none, posix_fd or fabric");
         continue;
       }
       if (!seen.insert(s).second) {
@@ -549,7 +558,8 @@ class Parser {
     if (!s->empty() && s->back() == '%') {
       auto fraction = parse_percent(*s);
       if (!fraction) {
-        d_.invalid("invalid-value", f.value_loc, "release_threshold: '" + *s + "' is not a percentage between 0 and 100",
+        d_.invalid("invalid-value", f.value_loc,
+                   "release_threshold: '" + *s + "' is not a percentage between 0 and 100",
                    "e.g. 75% (of the device's memory)");
         return out;
       }
@@ -586,17 +596,23 @@ class Parser {
   }
 
   std::optional<Reuse> reuse(const Field& f) {
-    if (!expect_map(f, "'reuse'", "e.g. reuse: {follow_event_dependencies: true, allow_opportunistic: true}")) return std::nullopt;
+    if (!expect_map(f, "'reuse'", "e.g. reuse: {follow_event_dependencies: true, allow_opportunistic: true}"))
+      return std::nullopt;
     Reuse r;
     r.loc = f.value_loc;
     if (f.value.size() == 0) {
-      d_.invalid("empty-map", f.value_loc, "'reuse' is empty", "remove it, or set follow_event_dependencies, allow_opportunistic or allow_internal_dependencies");
+      d_.invalid("empty-map", f.value_loc, "'reuse' is empty",
+                 "remove it, or set follow_event_dependencies, allow_opportunistic or allow_internal_dependencies");
       return std::nullopt;
     }
-    auto fs = fields(f.value, "'reuse'", {"follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies"}, {}, f.value_loc);
-    if (auto* v = get(fs, "follow_event_dependencies")) r.follow_event_dependencies = flag(*v, "follow_event_dependencies");
+    auto fs =
+        fields(f.value, "'reuse'", {"follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies"},
+               {}, f.value_loc);
+    if (auto* v = get(fs, "follow_event_dependencies"))
+      r.follow_event_dependencies = flag(*v, "follow_event_dependencies");
     if (auto* v = get(fs, "allow_opportunistic")) r.allow_opportunistic = flag(*v, "allow_opportunistic");
-    if (auto* v = get(fs, "allow_internal_dependencies")) r.allow_internal_dependencies = flag(*v, "allow_internal_dependencies");
+    if (auto* v = get(fs, "allow_internal_dependencies"))
+      r.allow_internal_dependencies = flag(*v, "allow_internal_dependencies");
     return r;
   }
 
@@ -620,7 +636,8 @@ class Parser {
   }
 
   std::optional<Share> share(const Field& f) {
-    if (!expect_map(f, "'share'", "e.g. share: {users: [svc-infer], groups: [gpu], quota_per_client: 16GiB}")) return std::nullopt;
+    if (!expect_map(f, "'share'", "e.g. share: {users: [svc-infer], groups: [gpu], quota_per_client: 16GiB}"))
+      return std::nullopt;
     Share s;
     s.loc = f.key_loc;
     if (f.value.size() == 0) {
@@ -663,9 +680,12 @@ bool nesting_within(const std::string& text, int limit, Loc* where) {
     const char before = prev;
     if (c != ' ' && c != '\t') prev = c;
     // A quote opens a quoted scalar only where a value starts; an apostrophe inside a word doesn't.
-    const bool value_start = before == '\n' || before == ':' || before == '[' || before == '{' || before == ',' || before == '-';
-    if (c == '#' && (raw_before == ' ' || raw_before == '\t' || raw_before == '\n')) comment = true;
-    else if ((c == '"' || c == '\'') && value_start) quote = c;
+    const bool value_start =
+        before == '\n' || before == ':' || before == '[' || before == '{' || before == ',' || before == '-';
+    if (c == '#' && (raw_before == ' ' || raw_before == '\t' || raw_before == '\n'))
+      comment = true;
+    else if ((c == '"' || c == '\'') && value_start)
+      quote = c;
     else if (c == '[' || c == '{') {
       if (++depth > limit) {
         *where = {line, col};

@@ -12,12 +12,9 @@ namespace cupool {
 
 const char* handle_type_name(HandleType type) {
   switch (type) {
-    case HandleType::none:
-      return "none";
-    case HandleType::posix_fd:
-      return "posix_fd";
-    case HandleType::fabric:
-      return "fabric";
+    case HandleType::none: return "none";
+    case HandleType::posix_fd: return "posix_fd";
+    case HandleType::fabric: return "fabric";
   }
   return "unknown";
 }
@@ -42,9 +39,11 @@ std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSet
   std::vector<SettingChange> out;
   auto text = [](bool b) { return std::string(b ? "true" : "false"); };
   if (from.release_threshold != to.release_threshold)
-    out.push_back({"release_threshold", format_threshold(from.release_threshold), format_threshold(to.release_threshold)});
+    out.push_back(
+        {"release_threshold", format_threshold(from.release_threshold), format_threshold(to.release_threshold)});
   if (from.follow_event_dependencies != to.follow_event_dependencies)
-    out.push_back({"reuse.follow_event_dependencies", text(from.follow_event_dependencies), text(to.follow_event_dependencies)});
+    out.push_back(
+        {"reuse.follow_event_dependencies", text(from.follow_event_dependencies), text(to.follow_event_dependencies)});
   if (from.allow_opportunistic != to.allow_opportunistic)
     out.push_back({"reuse.allow_opportunistic", text(from.allow_opportunistic), text(to.allow_opportunistic)});
   if (from.allow_internal_dependencies != to.allow_internal_dependencies)

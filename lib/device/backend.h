@@ -51,18 +51,18 @@ struct DeviceInfo {
   std::uint64_t total_memory = 0;
   int cc_major = 0;
   int cc_minor = 0;
-  bool memory_pools = false;                  // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
-  std::uint32_t pool_handle_types = 0;        // CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
-  bool fabric_handle = false;                 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
-  bool host_memory_pools = false;             // CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED
-  bool host_numa_memory_pools = false;        // CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED
-  int host_numa_id = -1;                      // CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID (-1: no NUMA)
-  bool managed_memory = false;                // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
-  bool concurrent_managed_access = false;     // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
-  bool pageable_memory_access = false;        // CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS
-  bool vmm = false;                           // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-  bool ipc_events = false;                    // CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED
-  bool gpu_direct_rdma = false;               // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+  bool memory_pools = false;               // CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED
+  std::uint32_t pool_handle_types = 0;     // CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
+  bool fabric_handle = false;              // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+  bool host_memory_pools = false;          // CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED
+  bool host_numa_memory_pools = false;     // CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED
+  int host_numa_id = -1;                   // CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID (-1: no NUMA)
+  bool managed_memory = false;             // CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY
+  bool concurrent_managed_access = false;  // CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
+  bool pageable_memory_access = false;     // CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS
+  bool vmm = false;                        // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  bool ipc_events = false;                 // CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED
+  bool gpu_direct_rdma = false;            // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
 };
 
 // Free and total device memory, read without a CUDA context (through NVML on a real node).
@@ -75,10 +75,10 @@ struct MemoryInfo {
 struct ExportProbe {
   HandleType handle_type = HandleType::none;
   bool ok = false;
-  std::string error;   // e.g. "CUDA_ERROR_NOT_PERMITTED" (empty when ok)
-  std::string api;     // the call that failed, e.g. "cuMemPoolExportToShareableHandle"
-  std::string reason;  // plain words: what the failure means and what would fix it (build_report
-                       // writes them; a recorded profile keeps those of the machine it was made on)
+  std::string error;        // e.g. "CUDA_ERROR_NOT_PERMITTED" (empty when ok)
+  std::string api;          // the call that failed, e.g. "cuMemPoolExportToShareableHandle"
+  std::string reason;       // plain words: what the failure means and what would fix it (build_report
+                            // writes them; a recorded profile keeps those of the machine it was made on)
   std::string description;  // the driver's words for the error (cuGetErrorString), when it has them
 };
 
@@ -86,8 +86,8 @@ struct ExportProbe {
 struct PoolProps {
   enum class Location { device, host, host_numa };
   Location location = Location::device;
-  int location_id = 0;         // device ordinal, or host NUMA node id
-  bool managed = false;        // CU_MEM_ALLOCATION_TYPE_MANAGED instead of PINNED
+  int location_id = 0;             // device ordinal, or host NUMA node id
+  bool managed = false;            // CU_MEM_ALLOCATION_TYPE_MANAGED instead of PINNED
   std::uint32_t handle_types = 0;  // HandleType bits
   std::uint64_t max_size = 0;      // 0: the driver's default
 };

@@ -52,14 +52,16 @@ Json run_bench(Backend& backend, const BenchOptions& o) {
       runs.push_back({name, what, BenchCase{kind, size, threshold, n}});
     };
     add("malloc_free", "cudaMalloc + cudaFree", BenchCase::Kind::malloc_free, 0, o.iterations);
-    add("async_alloc_free", "cudaMallocAsync + cudaFreeAsync", BenchCase::Kind::async_alloc_free, o.threshold, o.iterations);
-    add("alloc_free_sync_default", "alloc/free/synchronize, threshold 0 (the default)", BenchCase::Kind::alloc_free_sync, 0,
+    add("async_alloc_free", "cudaMallocAsync + cudaFreeAsync", BenchCase::Kind::async_alloc_free, o.threshold,
         o.iterations);
-    add("alloc_free_sync_configured", "alloc/free/synchronize, threshold " + configured, BenchCase::Kind::alloc_free_sync,
+    add("alloc_free_sync_default", "alloc/free/synchronize, threshold 0 (the default)",
+        BenchCase::Kind::alloc_free_sync, 0, o.iterations);
+    add("alloc_free_sync_configured", "alloc/free/synchronize, threshold " + configured,
+        BenchCase::Kind::alloc_free_sync, o.threshold, o.iterations);
+    add("graph_alloc_free", "captured graph alloc/free, launch + synchronize", BenchCase::Kind::graph_alloc_free,
         o.threshold, o.iterations);
-    add("graph_alloc_free", "captured graph alloc/free, launch + synchronize", BenchCase::Kind::graph_alloc_free, o.threshold,
-        o.iterations);
-    add("trim", "cuMemPoolTrimTo(0) of a pool holding the size", BenchCase::Kind::trim, UINT64_MAX, std::min(o.iterations, 50));
+    add("trim", "cuMemPoolTrimTo(0) of a pool holding the size", BenchCase::Kind::trim, UINT64_MAX,
+        std::min(o.iterations, 50));
   }
   // The seed shuffles the order, so slow drift of the machine is not charged to one case.
   std::vector<std::size_t> order(runs.size());
@@ -94,15 +96,16 @@ Json run_bench(Backend& backend, const BenchOptions& o) {
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     const Summary& s = results[i];
-    out["cases"].push_back({{"case", r.name},
-                            {"what", r.what},
-                            {"size", r.c.bytes},
-                            {"threshold", threshold_label(r.c.threshold, r.c.threshold == o.threshold ? o.threshold_text : "")},
-                            {"n", r.c.iterations},
-                            {"median_us", s.median_us},
-                            {"p99_us", s.p99_us},
-                            {"mean_us", s.mean_us},
-                            {"min_us", s.min_us}});
+    out["cases"].push_back(
+        {{"case", r.name},
+         {"what", r.what},
+         {"size", r.c.bytes},
+         {"threshold", threshold_label(r.c.threshold, r.c.threshold == o.threshold ? o.threshold_text : "")},
+         {"n", r.c.iterations},
+         {"median_us", s.median_us},
+         {"p99_us", s.p99_us},
+         {"mean_us", s.mean_us},
+         {"min_us", s.min_us}});
   }
   auto median = [&](const std::string& name, std::uint64_t size) {
     for (std::size_t i = 0; i < runs.size(); ++i)
@@ -130,8 +133,9 @@ std::string render_bench_table(const Json& r) {
       << node.value("backend", "") << "\n";
   if (r.contains("note")) out << "NOTE: " << r["note"].get<std::string>() << "\n";
   const Json& s = r["settings"];
-  out << "release threshold under test: " << s.value("release_threshold", "") << (s.value("config", "").empty() ? "" : " (from " + s.value("config", "") + ")")
-      << "; " << s.value("iterations", 0) << " iterations per case; seed " << s.value("seed", 0) << "\n\n";
+  out << "release threshold under test: " << s.value("release_threshold", "")
+      << (s.value("config", "").empty() ? "" : " (from " + s.value("config", "") + ")") << "; "
+      << s.value("iterations", 0) << " iterations per case; seed " << s.value("seed", 0) << "\n\n";
   Table t({"CASE", "SIZE", "N", "MEDIAN us", "P99 us", "MIN us"});
   auto num = [](double v) {
     char buf[32];

@@ -5,10 +5,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "device/backend.h"
 
@@ -17,11 +16,11 @@ namespace cupool {
 struct BenchOptions {
   int device = 0;
   std::vector<std::uint64_t> sizes{1ULL << 20, 64ULL << 20};
-  int iterations = 200;                 // per case and size (trim: at most 50)
-  std::uint64_t seed = 1;               // the order in which the cases run
+  int iterations = 200;                  // per case and size (trim: at most 50)
+  std::uint64_t seed = 1;                // the order in which the cases run
   std::uint64_t threshold = UINT64_MAX;  // the configured release threshold
-  std::string threshold_text = "max";   // as the config wrote it
-  std::string config;                   // the config file, "" when none
+  std::string threshold_text = "max";    // as the config wrote it
+  std::string config;                    // the config file, "" when none
   // Called before each case: "[3/12] alloc/free/sync 64 MiB, threshold 0".
   std::function<void(const std::string&)> progress;
 };

@@ -22,7 +22,6 @@
 #include "base/error.h"
 #include "device/backend.h"
 
-
 namespace cupool {
 
 int built_with_cuda_version() { return CUDA_VERSION; }
@@ -35,23 +34,25 @@ namespace {
 // The driver entry points cupool uses. Names go through cuda.h's macros, so dlsym asks for the
 // versioned symbol the header means (cuDeviceTotalMem -> cuDeviceTotalMem_v2).
 struct DriverApi {
-#define CUPOOL_DRIVER_FUNCTIONS(X)                                                                    \
-  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)               \
-  X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId)               \
-  X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain)          \
-  X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuMemPoolCreate)              \
-  X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)                  \
-  X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)          \
-  X(cuMemPoolSetAccess) X(cuMemPoolTrimTo) X(cuMemPoolImportFromShareableHandle)                      \
-  X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy)            \
-  X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)      \
-  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                      \
-  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim)             \
-  X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolGetAccess)          \
-  X(cuDevicePrimaryCtxGetState)                                                                       \
-  X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture)                 \
-  X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)                     \
-  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)
+#define CUPOOL_DRIVER_FUNCTIONS(X)                                                                                     \
+  X(cuInit)                                                                                                            \
+  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem)   \
+      X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId) X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString)    \
+          X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent)              \
+              X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)    \
+                  X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)           \
+                      X(cuMemPoolSetAccess) X(cuMemPoolTrimTo) X(cuMemPoolImportFromShareableHandle)                   \
+                          X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy)     \
+                              X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                 \
+                                  X(cuEventSynchronize) X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) \
+                                      X(cuMemcpyDtoH) X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute)  \
+                                          X(cuDeviceGraphMemTrim) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)   \
+                                              X(cuDeviceSetMemPool) X(cuMemPoolGetAccess)                              \
+                                                  X(cuDevicePrimaryCtxGetState) X(cuMemAlloc) X(cuMemFree)             \
+                                                      X(cuMemAllocAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) \
+                                                          X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) \
+                                                              X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost)     \
+                                                                  X(cuMemcpyHtoDAsync)
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
 #undef CUPOOL_DECLARE
@@ -107,11 +108,11 @@ class CudaBackend final : public Backend {
       throw NoDriverError(std::string("no NVIDIA driver: libcuda.so.1 could not be loaded (") +
                           (why ? why : "not found") + ")");
     }
-#define CUPOOL_LOAD(name)                                                                     \
-  api_.name = reinterpret_cast<decltype(api_.name)>(cuda_->symbol(CUPOOL_STR(name)));         \
-  if (!api_.name)                                                                             \
-    throw NoDriverError(std::string("the NVIDIA driver is too old: libcuda.so.1 lacks ") +  \
-                        CUPOOL_STR(name) + " (cupool needs a driver for CUDA 11.2 or newer)");
+#define CUPOOL_LOAD(name)                                                                                     \
+  api_.name = reinterpret_cast<decltype(api_.name)>(cuda_->symbol(CUPOOL_STR(name)));                         \
+  if (!api_.name)                                                                                             \
+    throw NoDriverError(std::string("the NVIDIA driver is too old: libcuda.so.1 lacks ") + CUPOOL_STR(name) + \
+                        " (cupool needs a driver for CUDA 11.2 or newer)");
     CUPOOL_DRIVER_FUNCTIONS(CUPOOL_LOAD)
 #undef CUPOOL_LOAD
     const CUresult r = api_.cuInit(0);
@@ -178,9 +179,7 @@ class CudaBackend final : public Backend {
         p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         p.location.id = props.location_id;
         break;
-      case PoolProps::Location::host:
-        p.location.type = CU_MEM_LOCATION_TYPE_HOST;
-        break;
+      case PoolProps::Location::host: p.location.type = CU_MEM_LOCATION_TYPE_HOST; break;
       case PoolProps::Location::host_numa:
         p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
         p.location.id = props.location_id;
@@ -261,7 +260,8 @@ class CudaBackend final : public Backend {
     Pool& pool = find(handle);
     ContextScope scope(api_, context(pool.device));
     CUdeviceptr ptr = 0;
-    check(api_.cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool.pool, nullptr), "cuMemAllocFromPoolAsync");
+    check(api_.cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool.pool, nullptr),
+          "cuMemAllocFromPoolAsync");
     pool.allocations.insert(ptr);
     check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
     return ptr;
@@ -271,7 +271,8 @@ class CudaBackend final : public Backend {
     Pool& pool = find(handle);
     auto it = pool.allocations.find(static_cast<CUdeviceptr>(address));
     if (it == pool.allocations.end())
-      throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "not an allocation of this pool");
+      throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "not an allocation of this pool");
     ContextScope scope(api_, context(pool.device));
     check(api_.cuMemFreeAsync(*it, nullptr), "cuMemFreeAsync");
     pool.allocations.erase(it);
@@ -707,8 +708,9 @@ class CudaBackend final : public Backend {
     info.cc_minor = attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
     info.memory_pools = attribute(dev, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED) != 0;
     info.pool_handle_types =
-        info.memory_pools ? static_cast<std::uint32_t>(attribute(dev, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES))
-                          : 0u;
+        info.memory_pools
+            ? static_cast<std::uint32_t>(attribute(dev, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES))
+            : 0u;
     info.fabric_handle = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED) != 0;
     info.host_memory_pools = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED) != 0;
     info.host_numa_memory_pools = attribute_or_zero(dev, CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED) != 0;
@@ -899,7 +901,8 @@ class CudaBackend final : public Backend {
   // Makes `ctx` current for a scope (nothing when null); never throws.
   class ContextScope {
    public:
-    ContextScope(const DriverApi& api, CUcontext ctx) : api_(api), pushed_(ctx && api.cuCtxPushCurrent(ctx) == CUDA_SUCCESS) {}
+    ContextScope(const DriverApi& api, CUcontext ctx)
+        : api_(api), pushed_(ctx && api.cuCtxPushCurrent(ctx) == CUDA_SUCCESS) {}
     ContextScope(const ContextScope&) = delete;
     ContextScope& operator=(const ContextScope&) = delete;
     ~ContextScope() {
@@ -1032,8 +1035,8 @@ class CudaBackend final : public Backend {
   static std::string format_uuid(const CUuuid& uuid) {
     const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
     char buf[64];
-    std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                  b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+                  b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
     return buf;
   }
 
@@ -1064,8 +1067,7 @@ class CudaBackend final : public Backend {
     nvml_.shutdown = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlShutdown"));
     nvml_.by_uuid = reinterpret_cast<int (*)(const char*, NvmlDevice*)>(nvml_lib_->symbol("nvmlDeviceGetHandleByUUID"));
     nvml_.memory = reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(nvml_lib_->symbol("nvmlDeviceGetMemoryInfo"));
-    nvml_.driver_version =
-        reinterpret_cast<int (*)(char*, unsigned)>(nvml_lib_->symbol("nvmlSystemGetDriverVersion"));
+    nvml_.driver_version = reinterpret_cast<int (*)(char*, unsigned)>(nvml_lib_->symbol("nvmlSystemGetDriverVersion"));
     nvml_ready_ = nvml_.init && nvml_.shutdown && nvml_.by_uuid && nvml_.memory && nvml_.init() == 0;
   }
 

@@ -71,8 +71,10 @@ int largest_clique(const std::vector<std::uint64_t>& adjacent, std::uint64_t can
 std::string nfd_label_value(std::string_view text) {
   std::string out;
   for (char c : text) {
-    if (alnum(c) || c == '.' || c == '_' || c == '-') out += c;
-    else if (out.empty() || out.back() != '-') out += '-';
+    if (alnum(c) || c == '.' || c == '_' || c == '-')
+      out += c;
+    else if (out.empty() || out.back() != '-')
+      out += '-';
   }
   // A value starts and ends with a letter or digit, and has at most 63 characters.
   std::size_t first = 0;
@@ -92,8 +94,7 @@ std::vector<NodeLabel> nfd_labels(const NodeReport& report) {
   const std::size_t n = devices.size();
 
   add("driver.cuda", nfd_label_value(cuda_version_string(report.driver_version)));
-  if (!report.kernel_driver_version.empty())
-    add("driver.kernel-module", nfd_label_value(report.kernel_driver_version));
+  if (!report.kernel_driver_version.empty()) add("driver.kernel-module", nfd_label_value(report.kernel_driver_version));
   add("gpu.count", std::to_string(n));
   bool same_name = true;
   for (const auto& d : devices) same_name = same_name && d.info.name == devices.front().info.name;

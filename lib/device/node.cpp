@@ -1,17 +1,17 @@
 #include "device/node.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <sstream>
-
-#include <unistd.h>
 
 #include "base/error.h"
 #include "base/output.h"
@@ -244,11 +244,16 @@ std::uint32_t handle_mask_from(const json& names, const Reader& r, const std::st
   for (const auto& n : names) {
     if (!n.is_string()) r.fail(key, "must list handle type names");
     const std::string s = n.get<std::string>();
-    if (s == "posix_fd") mask |= 0x1;
-    else if (s == "win32") mask |= 0x2;
-    else if (s == "win32_kmt") mask |= 0x4;
-    else if (s == "fabric") mask |= 0x8;
-    else r.fail(key, "unknown handle type '" + s + "'");
+    if (s == "posix_fd")
+      mask |= 0x1;
+    else if (s == "win32")
+      mask |= 0x2;
+    else if (s == "win32_kmt")
+      mask |= 0x4;
+    else if (s == "fabric")
+      mask |= 0x8;
+    else
+      r.fail(key, "unknown handle type '" + s + "'");
   }
   return mask;
 }
@@ -309,10 +314,10 @@ json to_json(const NodeReport& report) {
     if (!report.source.recorded_host.empty()) source["recorded_host"] = report.source.recorded_host;
   }
   j["source"] = source;
-  j["driver"] = {{"cuda_version", cuda_version_string(report.driver_version)},
-                 {"cuda_version_int", report.driver_version},
-                 {"kernel_module", report.kernel_driver_version.empty() ? json(nullptr)
-                                                                        : json(report.kernel_driver_version)}};
+  j["driver"] = {
+      {"cuda_version", cuda_version_string(report.driver_version)},
+      {"cuda_version_int", report.driver_version},
+      {"kernel_module", report.kernel_driver_version.empty() ? json(nullptr) : json(report.kernel_driver_version)}};
   j["built_with_cuda"] = cuda_version_string(report.built_with_cuda);
   j["host"] = {{"numa_nodes", report.host_numa_nodes}};
   json devices = json::array();
@@ -347,9 +352,11 @@ NodeReport report_from_json(const json& j, const std::string& origin) {
   }
   const json& peers = r.at("peer_access");
   const std::size_t n = report.devices.size();
-  if (!peers.is_array() || peers.size() != n) r.fail("peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
+  if (!peers.is_array() || peers.size() != n)
+    r.fail("peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
   for (const auto& row : peers) {
-    if (!row.is_array() || row.size() != n) r.fail("peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
+    if (!row.is_array() || row.size() != n)
+      r.fail("peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
     std::vector<bool> out;
     for (const auto& v : row) {
       if (!v.is_boolean()) r.fail("peer_access", "must hold true or false");
@@ -377,8 +384,9 @@ NodeReport load_profile(const std::string& path) {
   }
   const json j = yaml_to_json(root);
   if (!j.is_object() || !j.contains("profile") || !j.contains("node"))
-    throw InputError(path + ": not a node profile (expected 'profile:' and 'node:' sections, as written by "
-                            "`cupool query --profile-out`)");
+    throw InputError(path +
+                     ": not a node profile (expected 'profile:' and 'node:' sections, as written by "
+                     "`cupool query --profile-out`)");
   Reader meta(j["profile"], path + ": profile");
   if (meta.integer("version") != 1) meta.fail("version", "unsupported profile version (this cupool reads 1)");
   NodeReport report = report_from_json(j["node"], path + ": node");
@@ -409,9 +417,10 @@ void save_profile(const NodeReport& report, const std::string& path) {
                     {"synthetic", report.source.synthetic},
                     {"recorded_from", report.source.description}};
   doc["node"] = node;
-  const std::string text = "# cupool node profile, written by `cupool query --profile-out`.\n"
-                           "# Use it with --profile to check configs against this node on any machine.\n" +
-                           to_yaml(doc);
+  const std::string text =
+      "# cupool node profile, written by `cupool query --profile-out`.\n"
+      "# Use it with --profile to check configs against this node on any machine.\n" +
+      to_yaml(doc);
   if (path == "-") {
     std::cout << text;
     return;

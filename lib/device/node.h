@@ -2,12 +2,11 @@
 // recorded as a node profile (`query --profile-out`) and read back by the simulated node.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "device/backend.h"
 

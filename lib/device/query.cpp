@@ -70,7 +70,8 @@ NodeReport build_report(Backend& backend, const QueryOptions& options) {
   report.peer_access.assign(n, std::vector<bool>(n, true));
   for (int i = 0; i < count; ++i)
     for (int j = 0; j < count; ++j)
-      if (i != j) report.peer_access[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = backend.can_access_peer(i, j);
+      if (i != j)
+        report.peer_access[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = backend.can_access_peer(i, j);
 
   // Restrict to the selected devices (indexes and the peer matrix stay the node's own).
   if (!options.devices.empty()) {
@@ -124,7 +125,8 @@ std::string render_report_table(const NodeReport& report) {
   std::ostringstream out;
   if (report.source.simulated) {
     out << "Simulated node from " << report.source.profile_path;
-    if (report.source.synthetic) out << " (synthetic profile, not recorded on a real machine)";
+    if (report.source.synthetic)
+      out << " (synthetic profile, not recorded on a real machine)";
     else if (!report.source.recorded.empty())
       out << " (recorded " << report.source.recorded
           << (report.source.recorded_host.empty() ? "" : " on " + report.source.recorded_host) << ")";
@@ -158,8 +160,9 @@ std::string render_report_table(const NodeReport& report) {
     t.add({"pool handle types", types.empty() ? "none" : join(types, ", ")});
     t.add({"fabric handles", yes_no(i.fabric_handle)});
     t.add({"host pools", yes_no(i.host_memory_pools)});
-    t.add({"host NUMA pools", std::string(yes_no(i.host_numa_memory_pools)) +
-                                  (i.host_numa_id >= 0 ? " (nearest node " + std::to_string(i.host_numa_id) + ")" : "")});
+    t.add(
+        {"host NUMA pools", std::string(yes_no(i.host_numa_memory_pools)) +
+                                (i.host_numa_id >= 0 ? " (nearest node " + std::to_string(i.host_numa_id) + ")" : "")});
     t.add({"managed memory", std::string(yes_no(i.managed_memory)) +
                                  (i.concurrent_managed_access ? ", concurrent access" : ", no concurrent access")});
     t.add({"managed pools", yes_no(report.managed_pools_supported(i.ordinal))});

@@ -52,7 +52,8 @@ void SimBackend::enter(const std::string& call, const std::string& args) {
   if (it == failures_.end()) it = failures_.find(calls_.back());
   if (it == failures_.end()) return;
   if (call == "init") {
-    if (it->second == "CUDA_ERROR_NO_DEVICE") throw NoDriverError("the NVIDIA driver is loaded but reports no CUDA device");
+    if (it->second == "CUDA_ERROR_NO_DEVICE")
+      throw NoDriverError("the NVIDIA driver is loaded but reports no CUDA device");
     throw NoDriverError("the NVIDIA driver could not be initialised: cuInit failed with " + it->second);
   }
   throw CudaError("simulated " + call, cuda_error_code(it->second), it->second, "injected failure");
@@ -232,7 +233,8 @@ void SimBackend::settle(Pool& p) {
 PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
   enter("create_pool", std::to_string(dev));
   const DeviceReport& d = device(dev, "cuMemPoolCreate");
-  if (!d.info.memory_pools) throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "the device has no memory pools");
+  if (!d.info.memory_pools)
+    throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "the device has no memory pools");
   if ((props.handle_types & ~d.info.pool_handle_types) != 0)
     throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "handle type not supported");
   if (props.location == PoolProps::Location::host && props.handle_types != 0)
@@ -271,7 +273,8 @@ void SimBackend::destroy_pool(PoolHandle handle) {
   if (pool(handle, "cuMemPoolDestroy").borrowed)
     throw invalid_value("cuMemPoolDestroy", "a device's default pool is not destroyed");
   for (const auto& [dev, current] : current_pools_)
-    if (current == handle) throw invalid_value("cuMemPoolDestroy", "the pool is device " + std::to_string(dev) + "'s current pool");
+    if (current == handle)
+      throw invalid_value("cuMemPoolDestroy", "the pool is device " + std::to_string(dev) + "'s current pool");
   unmap(pool(handle, "cuMemPoolDestroy"));
   pools_.erase(handle);
 }
@@ -317,7 +320,8 @@ void SimBackend::set_pool_access(PoolHandle handle, int peer) {
 std::uint64_t SimBackend::take(PoolHandle handle, Pool& p, std::uint64_t bytes, bool shared, const char* api) {
   if (bytes == 0) throw CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
   PoolUsage& u = p.usage;
-  const std::uint64_t need = bytes > UINT64_MAX - u.used_current ? UINT64_MAX : round_up(u.used_current + bytes, kGranule);
+  const std::uint64_t need =
+      bytes > UINT64_MAX - u.used_current ? UINT64_MAX : round_up(u.used_current + bytes, kGranule);
   if (p.props.max_size && need > p.props.max_size)
     throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
   if (need > u.reserved_current) {
@@ -639,7 +643,9 @@ std::vector<double> SimBackend::bench(int dev, const BenchCase& c) {
   switch (c.kind) {
     case BenchCase::Kind::malloc_free: us = 70.0 + 0.65 * mib; break;
     case BenchCase::Kind::async_alloc_free: us = 0.7; break;
-    case BenchCase::Kind::alloc_free_sync: us = c.threshold >= c.bytes ? 1.75 : 144.0 + 2.26 * std::max(0.0, mib - 64.0); break;
+    case BenchCase::Kind::alloc_free_sync:
+      us = c.threshold >= c.bytes ? 1.75 : 144.0 + 2.26 * std::max(0.0, mib - 64.0);
+      break;
     case BenchCase::Kind::trim: us = 38.0 + 1.67 * mib; break;
     case BenchCase::Kind::graph_alloc_free: us = 1.0 + 0.0023 * mib; break;
   }

@@ -157,8 +157,8 @@ class SimBackend final : public Backend {
     int memfd = -1;           // posix_fd pools (owned); for imported ones, not kept
     void* mapping = nullptr;  // the arena in this process: lazy for own pools, the import itself
     bool imported = false;
-    bool borrowed = false;  // a device's default pool: never destroyed
-    bool created = false;   // made by create_pool
+    bool borrowed = false;                                     // a device's default pool: never destroyed
+    bool created = false;                                      // made by create_pool
     std::map<std::uint64_t, std::uint64_t> imported_pointers;  // host address -> bytes
   };
   Pool& pool(PoolHandle handle, const char* api);

@@ -19,7 +19,7 @@ struct Closer::State {
     std::condition_variable ready;
   };
   std::map<uid_t, Queue> queues;
-  std::size_t total = 0;  // descriptors queued or being closed, all users
+  std::size_t total = 0;                  // descriptors queued or being closed, all users
   std::map<uid_t, std::size_t> in_close;  // descriptors a thread is closing now, by user
 };
 

@@ -108,8 +108,8 @@ class Conversation {
   std::size_t queued_ = 0;
   std::size_t fds_queued_ = 0;
   bool closing_ = false;
-  std::string parts_;  // the payloads of the parts of a request so far
-  bool waiting_ = false;  // a request's reply waits for cached blocks (Holder::Deferred)
+  std::string parts_;             // the payloads of the parts of a request so far
+  bool waiting_ = false;          // a request's reply waits for cached blocks (Holder::Deferred)
   std::deque<std::string> held_;  // payloads of requests that came while one waited
   std::size_t held_bytes_ = 0;
   bool parts_started_ = false;

@@ -6,12 +6,11 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "config/config.h"
 #include "config/resolve.h"
@@ -38,8 +37,8 @@ struct Change {
   std::string action;  // create, update, replace, remove
   std::string object;  // pool, buffer, holder
   std::string name;
-  int device = -1;     // -1: not per device
-  std::string field;   // for update
+  int device = -1;    // -1: not per device
+  std::string field;  // for update
   std::string from;
   std::string to;
   std::string blocked;  // why the change will not be made ("" when it will)
@@ -154,7 +153,7 @@ class Holder {
     PoolWant want;
     PoolHandle handle = 0;
     std::uint64_t generation = 0;  // unique per pool the holder made: a replaced pool gets a new one
-    std::uint64_t leases = 0;  // cached ones included
+    std::uint64_t leases = 0;      // cached ones included
     std::uint64_t leased_bytes = 0;
     std::uint64_t cached = 0;  // leases their clients released into their cache
     std::uint64_t cached_bytes = 0;
@@ -171,7 +170,7 @@ class Holder {
     std::vector<Part> parts;
     bool shared = true;  // false in a pool without an IPC handle type (nobody can open it)
     std::uint64_t opens = 0;
-    std::uint64_t loading = 0;  // the client filling it (buffer_create with "loading"); 0 once ready
+    std::uint64_t loading = 0;            // the client filling it (buffer_create with "loading"); 0 once ready
     std::optional<tensors::Index> index;  // the tensors it holds (`cupool buffer load`)
   };
   struct Lease {
@@ -205,7 +204,7 @@ class Holder {
     std::int64_t connected_at = 0;  // steady clock, seconds
     std::set<std::uint64_t> leases;
     std::map<std::pair<std::string, int>, std::uint64_t> bytes_in_pool;
-    std::map<std::string, std::uint64_t> open_buffers;  // name -> opens
+    std::map<std::string, std::uint64_t> open_buffers;              // name -> opens
     std::map<std::pair<std::string, int>, std::uint64_t> imported;  // pools it imported -> generation
   };
   using PoolKey = std::pair<std::string, int>;

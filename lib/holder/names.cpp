@@ -31,12 +31,9 @@ std::string exact_size(std::uint64_t bytes) {
 
 std::string location_text(const PoolProps& p) {
   switch (p.location) {
-    case PoolProps::Location::device:
-      return "device";
-    case PoolProps::Location::host:
-      return "host";
-    case PoolProps::Location::host_numa:
-      return "host_numa:" + std::to_string(p.location_id);
+    case PoolProps::Location::device: return "device";
+    case PoolProps::Location::host: return "host";
+    case PoolProps::Location::host_numa: return "host_numa:" + std::to_string(p.location_id);
   }
   return "device";
 }

@@ -165,7 +165,8 @@ std::vector<Change> Holder::apply(const Desired& want) {
   // could not be done is reported as blocked, with why.
   std::vector<Change*> socket_changes;
   for (Change& c : changes)
-    if (c.object == "holder" && c.blocked.empty() && (c.field == "mode" || c.field == "group")) socket_changes.push_back(&c);
+    if (c.object == "holder" && c.blocked.empty() && (c.field == "mode" || c.field == "group"))
+      socket_changes.push_back(&c);
   if (!socket_changes.empty()) {
     try {
       if (socket_) socket_->set(want.holder.mode, want.holder.group);
@@ -296,8 +297,10 @@ void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>
   b.shared = (it->second.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
   auto free_part = [&](const HeldBuffer::Part& part) noexcept {
     try {
-      if (b.shared) backend_.free_shared(pool, part.allocation.address);
-      else backend_.free(pool, part.allocation.address);
+      if (b.shared)
+        backend_.free_shared(pool, part.allocation.address);
+      else
+        backend_.free(pool, part.allocation.address);
     } catch (const std::exception& e) {
       spdlog::error("freeing a part of buffer {} failed: {}", w.name, e.what());
     }
@@ -306,8 +309,10 @@ void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>
     for (const std::uint64_t size : part_sizes.empty() ? std::vector<std::uint64_t>{w.size} : part_sizes) {
       HeldBuffer::Part part;
       part.size = size;
-      if (b.shared) part.allocation = backend_.allocate_shared(pool, size);
-      else part.allocation.address = backend_.allocate(pool, size);
+      if (b.shared)
+        part.allocation = backend_.allocate_shared(pool, size);
+      else
+        part.allocation.address = backend_.allocate(pool, size);
       b.parts.push_back(part);
     }
     // Buffers are opened long after: make them ready now, so opening one needs no event.

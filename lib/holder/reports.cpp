@@ -224,11 +224,13 @@ std::string Holder::export_config() const {
   Json buffers = Json::array();
   std::vector<std::string> loaded;
   for (const auto& [name, b] : buffers_)
-    if (b.index) loaded.push_back(name);  // its contents come from a file, not from a config
-    else buffers.push_back({{"name", name},
-                       {"pool", b.want.pool},
-                       {"device", device_uuid(b.want.device)},
-                       {"size", exact_size(b.want.size)}});
+    if (b.index)
+      loaded.push_back(name);  // its contents come from a file, not from a config
+    else
+      buffers.push_back({{"name", name},
+                         {"pool", b.want.pool},
+                         {"device", device_uuid(b.want.device)},
+                         {"size", exact_size(b.want.size)}});
   if (!buffers.empty()) doc["buffers"] = buffers;
   std::string note;
   for (const std::string& name : loaded)

@@ -1,8 +1,8 @@
 // The request table and its handlers: each request of docs/protocol.md parsed, checked against who
 // sent it and answered. The state they read and change lives in the other files of holder/.
-#include <algorithm>
-
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 #include "base/error.h"
 #include "base/text.h"
@@ -246,7 +246,9 @@ Json Holder::op_alloc(Request& r) {
       need = held + size - q;
     }
     const std::set<std::uint64_t> asks = ask_drops(
-        [&](const Lease& l) { return l.pool == key.first && l.device == key.second && (!quota || l.client == client_id); },
+        [&](const Lease& l) {
+          return l.pool == key.first && l.device == key.second && (!quota || l.client == client_id);
+        },
         need, quota ? "quota" : "pressure");
     if (asks.empty()) throw;
     defer(r, asks, attempt);
@@ -266,7 +268,8 @@ Json Holder::op_free(Request& r) {
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not held by this connection");
   const std::uint64_t size = it->second.size;
   if (cache) {
-    if (c.protocol < 2) throw Error(Errc::bad_request, "\"cache\" needs protocol 2 (this connection said hello with 1)");
+    if (c.protocol < 2)
+      throw Error(Errc::bad_request, "\"cache\" needs protocol 2 (this connection said hello with 1)");
     if (it->second.cached) throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is cached already");
     cache_lease(lease);
     return {{"lease", lease}, {"size", size}, {"cached", true}};
@@ -315,7 +318,8 @@ Holder::HeldBuffer& Holder::readable_buffer(std::uint64_t id, const std::string&
   if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
   // Nobody else sees a buffer half loaded: its loader opens it to fill it, then says buffer_ready.
   if (it->second.loading && it->second.loading != id)
-    throw Error(Errc::busy, "buffer " + name + " is still being loaded; open it once `cupool buffer ls` shows it ready");
+    throw Error(Errc::busy,
+                "buffer " + name + " is still being loaded; open it once `cupool buffer ls` shows it ready");
   return it->second;
 }
 
@@ -368,7 +372,7 @@ Json Holder::op_buffer_create(Request& r) {
                   "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
-  Json out{{"name", name}, {"pool", pool},         {"device", p.want.device},
+  Json out{{"name", name}, {"pool", pool},          {"device", p.want.device},
            {"size", size}, {"parts", parts.size()}, {"loading", loading}};
   if (tensors) out["tensors"] = tensors->size();
   return out;
@@ -457,8 +461,8 @@ Json Holder::op_trim(Request& r) {
       const std::uint64_t used = p.leased_bytes;
       if (used <= keep) continue;
       const PoolKey k = key;
-      const auto more = ask_drops([&](const Lease& l) { return l.pool == k.first && l.device == k.second; },
-                                  used - keep, "trim");
+      const auto more =
+          ask_drops([&](const Lease& l) { return l.pool == k.first && l.device == k.second; }, used - keep, "trim");
       asks.insert(more.begin(), more.end());
     }
   const std::uint64_t dropped_before = dropped_bytes_;

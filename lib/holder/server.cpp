@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -14,8 +15,6 @@
 #include <ctime>
 #include <map>
 #include <set>
-
-#include <spdlog/spdlog.h>
 
 #include "base/error.h"
 #include "base/fd.h"
@@ -70,7 +69,7 @@ struct Connection {
   bool peer_gone = false;  // the peer closed its end: serve what it sent, then drop it
   Clock::time_point frame_started{};
   Clock::time_point last_progress{};  // the last byte sent, or when the queue stopped being empty
-  bool sending = false;                // replies were waiting after the last pump
+  bool sending = false;               // replies were waiting after the last pump
   bool dead = false;
 };
 
@@ -250,11 +249,13 @@ void Server::accept_clients() {
       continue;
     }
     const int key = fd.get();
-    Connection& c = connections_.emplace(std::piecewise_construct, std::forward_as_tuple(key),
-                                         std::forward_as_tuple(std::move(fd), *holder_, client, uid, admin))
+    Connection& c = connections_
+                        .emplace(std::piecewise_construct, std::forward_as_tuple(key),
+                                 std::forward_as_tuple(std::move(fd), *holder_, client, uid, admin))
                         .first->second;
     if (draining_)
-      queue(c, {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}}, proto::Kind::notice);
+      queue(c, {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}},
+            proto::Kind::notice);
   }
 }
 
@@ -352,11 +353,13 @@ void Server::serve_requests() {
 
 void Server::reload() {
   spdlog::info("SIGHUP: reloading {}", options_.config_path);
-  sd_notify_state("RELOADING=1\nMONOTONIC_USEC=" +
-                  std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count()));
+  sd_notify_state(
+      "RELOADING=1\nMONOTONIC_USEC=" +
+      std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch()).count()));
   try {
     const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
-    const Loaded loaded = load_config(file, [this] { return build_report(backend_); }, Scope::all);
+    const Loaded loaded = load_config(
+        file, [this] { return build_report(backend_); }, Scope::all);
     if (!loaded.warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, loaded.warnings);
     const bool waits = holder_->apply_after_drops(loaded.desired, [this](const std::vector<Change>& changes) {
       ++reloads_;
@@ -367,8 +370,9 @@ void Server::reload() {
                      ch.field.empty() ? "" : " " + ch.field + ": " + ch.from + " -> " + ch.to,
                      ch.blocked.empty() ? "" : " (not done: " + ch.blocked + ")");
     });
-    if (waits) spdlog::info("reload: waiting for clients to give back cached blocks first (at most {} ms)",
-                            options_.drop_timeout_ms);
+    if (waits)
+      spdlog::info("reload: waiting for clients to give back cached blocks first (at most {} ms)",
+                   options_.drop_timeout_ms);
   } catch (const ConfigRejected& e) {
     spdlog::error("reload: {} was not applied; the holder keeps its state.\n{}", options_.config_path, e.rendered());
   } catch (const std::exception& e) {
@@ -391,8 +395,10 @@ void Server::start_drain(const char* why) {
   // New clients can't come in; those here are asked to leave.
   socket_->close();
   for (auto& [fd, c] : connections_)
-    queue(c, {{"notice", "draining"}, {"message", std::string("the holder is stopping (") + why + "); release your leases"}},
-          proto::Kind::notice);
+    queue(
+        c,
+        {{"notice", "draining"}, {"message", std::string("the holder is stopping (") + why + "); release your leases"}},
+        proto::Kind::notice);
 }
 
 int Server::run() {
@@ -535,7 +541,8 @@ int Server::run() {
     for (auto& [fd, c] : connections_) {
       if (!c.dead && c.talk.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))
         drop(c, "a frame was not completed within " + std::to_string(options_.frame_timeout_ms / 1000) + " s");
-      if (!c.dead && !c.talk.out().empty() && now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
+      if (!c.dead && !c.talk.out().empty() &&
+          now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
         drop(c, "it did not read its replies for " + std::to_string(options_.write_stall_timeout_ms / 1000) + " s");
     }
     for (auto& [fd, c] : connections_)
@@ -579,8 +586,8 @@ bool sd_notify_state(const std::string& state) {
   Fd fd(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!fd) return false;
   const auto addr_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len);
-  return ::sendto(fd.get(), state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr), addr_len) ==
-         static_cast<ssize_t>(state.size());
+  return ::sendto(fd.get(), state.data(), state.size(), MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr),
+                  addr_len) == static_cast<ssize_t>(state.size());
 }
 
 int run_holder(Backend& backend, const ServerOptions& options) {

@@ -11,15 +11,16 @@ namespace cupool {
 
 struct ServerOptions {
   std::string config_path;
-  std::string socket;               // overrides the config's holder.socket when set
-  int drain_timeout_ms = 30000;     // how long SIGTERM waits for clients to leave
-  int frame_timeout_ms = 5000;      // a frame must be complete this long after its first byte
+  std::string socket;                  // overrides the config's holder.socket when set
+  int drain_timeout_ms = 30000;        // how long SIGTERM waits for clients to leave
+  int frame_timeout_ms = 5000;         // a frame must be complete this long after its first byte
   int write_stall_timeout_ms = 30000;  // a reply may wait this long for a peer that doesn't read
-  std::size_t max_queued_bytes = 1 << 20;  // unread replies per peer (besides the one being sent and the newest) before it is dropped
+  std::size_t max_queued_bytes =
+      1 << 20;  // unread replies per peer (besides the one being sent and the newest) before it is dropped
   // Unread replies of one user, all its connections together: past it, that user's requests wait
   // (they are served once its peers read), so its replies take at most this plus one reply.
   std::size_t max_queued_bytes_per_user = 16 << 20;
-  std::size_t max_clients_per_user = 256;   // connections of one non-admin user (HolderLimits)
+  std::size_t max_clients_per_user = 256;  // connections of one non-admin user (HolderLimits)
   // How long a client has to answer a `drop` notice (give back cached blocks) before its
   // connection is closed and its leases freed.
   int drop_timeout_ms = 5000;

@@ -43,8 +43,8 @@ SocketFile::SocketFile(const std::string& socket) : path_(socket), lock_path_(so
                                        " (is the socket directory writable?)");
   struct stat st {};
   if (::fstat(lock_.get(), &st) != 0 || !S_ISREG(st.st_mode))
-    throw Error(Errc::unreachable, "the lock file " + lock_path_ +
-                                       " is not a regular file; remove it, or choose another --socket");
+    throw Error(Errc::unreachable,
+                "the lock file " + lock_path_ + " is not a regular file; remove it, or choose another --socket");
   if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
     // The pid its holder wrote: read from the file already open, at most a few bytes, digits only
     // (anyone who can write the directory can write the file).
@@ -93,7 +93,8 @@ void SocketFile::listen(const HolderWant& h) {
   file_.reset(::open(socket.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
   struct stat made {};
   if (!file_ || ::fstat(file_.get(), &made) != 0 || !S_ISSOCK(made.st_mode) || made.st_uid != ::geteuid())
-    throw Error(Errc::unreachable, socket + " was replaced while the holder made it; check who can write its directory");
+    throw Error(Errc::unreachable,
+                socket + " was replaced while the holder made it; check who can write its directory");
   inode_ = made.st_ino;
   device_ = made.st_dev;
   set(h.mode, h.group);
@@ -131,8 +132,9 @@ void SocketFile::set(unsigned mode, const std::string& group_name) {
                                        " after setting " + want + (group_name.empty() ? "" : " " + group_name));
   }
   if (!still_at_path())
-    spdlog::warn("{} is no longer the holder's socket (it was replaced or removed); the holder's socket has mode {:04o}",
-                 path_, mode & 07777);
+    spdlog::warn(
+        "{} is no longer the holder's socket (it was replaced or removed); the holder's socket has mode {:04o}", path_,
+        mode & 07777);
 }
 
 bool SocketFile::still_at_path() const {

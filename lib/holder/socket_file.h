@@ -2,9 +2,9 @@
 // one holder per socket path), the socket itself, and who may connect to it (mode and group).
 #pragma once
 
-#include <string>
-
 #include <sys/types.h>
+
+#include <string>
 
 #include "base/fd.h"
 #include "config/resolve.h"

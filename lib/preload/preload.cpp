@@ -38,10 +38,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "cupool/client.h"
 
@@ -69,7 +68,8 @@ std::string program_name() {
 }
 
 void debug(const char* what) {
-  if (env_is("CUPOOL_EXEC_DEBUG", "1")) std::fprintf(stderr, "cupool exec: [pid %d] %s\n", static_cast<int>(::getpid()), what);
+  if (env_is("CUPOOL_EXEC_DEBUG", "1"))
+    std::fprintf(stderr, "cupool exec: [pid %d] %s\n", static_cast<int>(::getpid()), what);
 }
 
 std::atomic<bool> g_reported{false};

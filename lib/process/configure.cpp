@@ -1,13 +1,12 @@
 // The process: section applied inside an application: judged on this node (config/load.h), then
 // changed on each selected device, only where it differs, all or nothing.
-#include "process/process.h"
-
 #include <algorithm>
 #include <functional>
 
 #include "base/units.h"
 #include "config/load.h"
 #include "device/query.h"
+#include "process/process.h"
 
 namespace cupool {
 
@@ -26,7 +25,8 @@ namespace {
 // The file, judged on this node for its process: section (attributes only: build_report creates no
 // context). Throws ConfigRejected.
 Loaded load_process_section(Backend& backend, const std::string& text, const std::string& path) {
-  return load_config(SourceFile(path, text), [&backend] { return build_report(backend); }, Scope::process);
+  return load_config(
+      SourceFile(path, text), [&backend] { return build_report(backend); }, Scope::process);
 }
 
 }  // namespace
@@ -125,7 +125,9 @@ class Applier {
   }
 
  private:
-  static std::string size_text(std::uint64_t max_size) { return max_size ? format_bytes(max_size) : "the driver's default"; }
+  static std::string size_text(std::uint64_t max_size) {
+    return max_size ? format_bytes(max_size) : "the driver's default";
+  }
 
   void warn(const std::string& text) { r_.warnings += "warning: " + text + "\n"; }
 
@@ -134,7 +136,8 @@ class Applier {
     const PoolSettings now = b_.pool_settings(pool);
     const PoolSettings next = want.over(now);
     if (next == now) return;
-    for (const SettingChange& ch : diff_settings(now, next)) r_.changes.push_back({device, prefix + ch.field, ch.from, ch.to});
+    for (const SettingChange& ch : diff_settings(now, next))
+      r_.changes.push_back({device, prefix + ch.field, ch.from, ch.to});
     b_.set_pool_settings(pool, next);
     undo_.push([this, pool, now] { b_.set_pool_settings(pool, now); });
   }

@@ -3,10 +3,9 @@
 // attributes and the current pool are per process, so this runs in the application's process.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "device/backend.h"
 
@@ -24,7 +23,7 @@ struct ProcessChange {
 struct ConfigureResult {
   std::vector<int> devices;  // the selected devices, in order
   std::vector<ProcessChange> changes;
-  std::string warnings;      // the section's warnings, compiler style, then "warning: ..." lines ("" when none)
+  std::string warnings;  // the section's warnings, compiler style, then "warning: ..." lines ("" when none)
   nlohmann::ordered_json to_json() const;
 };
 

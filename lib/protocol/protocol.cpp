@@ -210,7 +210,8 @@ int Args::device(const char* key, int fallback) {
   if (!v) return fallback;
   // An unsigned value is read as unsigned: 2^64-1 must not wrap to -1 ("the pool's first device").
   const bool in_range = v->is_number_unsigned() ? v->get<std::uint64_t>() <= kMaxDevice
-                        : v->is_number_integer() && v->get<std::int64_t>() >= -1 && v->get<std::int64_t>() <= kMaxDevice;
+                                                : v->is_number_integer() && v->get<std::int64_t>() >= -1 &&
+                                                      v->get<std::int64_t>() <= kMaxDevice;
   if (!in_range)
     bad_request(std::string("\"") + key + "\" must be a device ordinal from 0 to " + std::to_string(kMaxDevice) +
                 ", or -1 for the pool's first device");
@@ -247,7 +248,8 @@ void Args::finish() const {
     if (std::find(seen_.begin(), seen_.end(), key) == seen_.end()) {
       std::vector<std::string> known(seen_.begin(), seen_.end());
       std::string hint = did_you_mean(key, known);
-      bad_request("unknown argument \"" + valid_utf8(key) + "\"" + (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+      bad_request("unknown argument \"" + valid_utf8(key) + "\"" +
+                  (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
     }
   }
 }

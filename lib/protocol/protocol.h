@@ -7,15 +7,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "base/error.h"
-
 
 namespace cupool::proto {
 
@@ -27,14 +25,14 @@ constexpr std::uint16_t kVersion = 1;  // of the frame format (the header's vers
 constexpr int kProtocol = 2;
 constexpr int kOldestProtocol = 1;
 constexpr std::size_t kHeaderSize = 16;
-constexpr std::size_t kMaxPayload = 65536;       // one frame's payload
-constexpr std::size_t kMaxReply = 16 * 1024 * 1024;   // a reply's payloads together, parts included
+constexpr std::size_t kMaxPayload = 65536;           // one frame's payload
+constexpr std::size_t kMaxReply = 16 * 1024 * 1024;  // a reply's payloads together, parts included
 // The longest "path" of a plan or apply request: the name its findings give the file.
 constexpr std::size_t kMaxConfigName = 256;
 constexpr std::size_t kMaxRequest = 4 * 1024 * 1024;  // a request's, from an admin (others: one frame)
-constexpr std::size_t kMinPayload = 2;  // "{}"
-constexpr int kMaxDepth = 16;           // JSON nesting in a payload
-constexpr int kMaxDevice = 4096;        // the largest device ordinal an argument may name
+constexpr std::size_t kMinPayload = 2;                // "{}"
+constexpr int kMaxDepth = 16;                         // JSON nesting in a payload
+constexpr int kMaxDevice = 4096;                      // the largest device ordinal an argument may name
 constexpr std::uint8_t kMagic[4] = {'C', 'U', 'P', 'L'};
 
 // A message longer than kMaxPayload goes as parts: frames of kind `part` carrying consecutive

@@ -21,8 +21,21 @@ namespace {
 
 // What safetensors defines and a byte-addressed buffer can hold (F4/F6 pack several per byte).
 constexpr std::array<DType, 15> kDTypes = {{
-    {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
-    {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8},
+    {"BOOL", 1},
+    {"U8", 1},
+    {"I8", 1},
+    {"F8_E5M2", 1},
+    {"F8_E4M3", 1},
+    {"I16", 2},
+    {"U16", 2},
+    {"F16", 2},
+    {"BF16", 2},
+    {"I32", 4},
+    {"U32", 4},
+    {"F32", 4},
+    {"F64", 8},
+    {"I64", 8},
+    {"U64", 8},
 }};
 
 constexpr int kMaxDepth = 8;  // a header is {name: {shape: [..]}}: anything deeper is not one
@@ -36,7 +49,8 @@ bool is_count(const Json& j) { return j.is_number_unsigned() || (j.is_number_int
 Tensor read_entry(const std::string& name, const Json& entry, const char* offsets_key, const Fail& fail) {
   const std::string where = "tensor \"" + valid_utf8(name) + "\"";
   if (name.empty()) fail("a tensor has an empty name");
-  if (name.size() > kMaxName) fail(where.substr(0, 80) + "...: a name is at most " + std::to_string(kMaxName) + " bytes");
+  if (name.size() > kMaxName)
+    fail(where.substr(0, 80) + "...: a name is at most " + std::to_string(kMaxName) + " bytes");
   if (std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
     fail(where + ": a name may not hold control characters");
   if (!entry.is_object()) fail(where + ": expected an object with dtype, shape and " + offsets_key);
@@ -56,18 +70,22 @@ Tensor read_entry(const std::string& name, const Json& entry, const char* offset
     if (!is_count(d)) fail(where + ": a shape's sizes are integers of 0 or more");
     const std::uint64_t n = d.get<std::uint64_t>();
     t.shape.push_back(n);
-    if (n != 0 && elements > UINT64_MAX / n) overflow = true;
-    else elements *= n;
+    if (n != 0 && elements > UINT64_MAX / n)
+      overflow = true;
+    else
+      elements *= n;
   }
   if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) elements = 0, overflow = false;
   if (overflow || elements > UINT64_MAX / info->bytes) fail(where + ": its shape holds more than 2^64 bytes");
   const std::uint64_t bytes = elements * info->bytes;
   if (std::string(offsets_key) == "data_offsets") {
     const auto offsets = entry.find("data_offsets");
-    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 || !is_count((*offsets)[0]) || !is_count((*offsets)[1]))
+    if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 || !is_count((*offsets)[0]) ||
+        !is_count((*offsets)[1]))
       fail(where + ": needs \"data_offsets\", [begin, end] in bytes from the start of the data");
     const std::uint64_t begin = (*offsets)[0].get<std::uint64_t>(), end = (*offsets)[1].get<std::uint64_t>();
-    if (end < begin) fail(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] end before they begin");
+    if (end < begin)
+      fail(where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] end before they begin");
     t.offset = begin;
     t.size = end - begin;
   } else {
@@ -154,8 +172,10 @@ FileHeader parse_header(std::string_view what, std::string_view json, std::uint6
   out.data_size = file_size - data_start;
   if (header.size() > kMaxTensors + 1) fail("more than " + std::to_string(kMaxTensors) + " tensors");
   for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") out.index.metadata = read_metadata(entry, fail);
-    else out.index.tensors.push_back(read_entry(name, entry, "data_offsets", fail));
+    if (name == "__metadata__")
+      out.index.metadata = read_metadata(entry, fail);
+    else
+      out.index.tensors.push_back(read_entry(name, entry, "data_offsets", fail));
   }
   check_ranges(out.index.tensors, {out.data_size}, "data", fail);
   return out;

@@ -20,11 +20,11 @@ using Json = nlohmann::ordered_json;
 
 inline constexpr std::uint64_t kMaxHeader = 100'000'000;  // bytes of header JSON (as the reference reader)
 inline constexpr std::size_t kMaxTensors = 100'000;
-inline constexpr std::size_t kMaxName = 1024;      // bytes of a tensor's name
-inline constexpr std::size_t kMaxRank = 16;        // dimensions of a shape
+inline constexpr std::size_t kMaxName = 1024;       // bytes of a tensor's name
+inline constexpr std::size_t kMaxRank = 16;         // dimensions of a shape
 inline constexpr std::size_t kMaxMetadata = 65536;  // bytes of __metadata__ keys and values together
-inline constexpr std::uint64_t kAlignment = 256;   // of each tensor in a buffer (what CUDA allocations give)
-inline constexpr std::size_t kMaxParts = 4096;     // allocations of one buffer
+inline constexpr std::uint64_t kAlignment = 256;    // of each tensor in a buffer (what CUDA allocations give)
+inline constexpr std::size_t kMaxParts = 4096;      // allocations of one buffer
 // The largest part `cupool buffer load` makes by default. A buffer is held as parts (one
 // allocation each) because the driver cannot import every size: on the H100 with driver 580.159.04
 // cuMemPoolImportPointer of a pool allocation over 5 GiB crashed the importing process inside

@@ -3,8 +3,8 @@
 // UTF-8); for a file that fits, its process section applied twice to a simulated node (the second
 // time must change nothing), and a reload of it into a holder that holds a base config (as SIGHUP
 // does: the reload, again with nothing left to change but what stays blocked, and back to the base).
-// Nothing may crash, hang or throw. Built two ways (tests/fuzz/CMakeLists.txt): with libFuzzer when CUPOOL_FUZZ=ON (clang),
-// and always as a deterministic driver (mutate_main.cpp) that CTest runs under the sanitizers.
+// Nothing may crash, hang or throw. Built two ways (tests/fuzz/CMakeLists.txt): with libFuzzer when CUPOOL_FUZZ=ON
+// (clang), and always as a deterministic driver (mutate_main.cpp) that CTest runs under the sanitizers.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -59,7 +59,9 @@ void check_rendering(const cupool::Diagnostics& diags, const cupool::SourceFile&
 // SIGHUP with this file (lib/holder/server.cpp Server::reload): the holder applies what it asks.
 void reload(const cupool::NodeReport& node, const cupool::Desired& want) {
   static const cupool::Desired base =
-      cupool::load_config(cupool::SourceFile("base.yaml", kBase), [&] { return node; }, cupool::Scope::all).desired;
+      cupool::load_config(
+          cupool::SourceFile("base.yaml", kBase), [&] { return node; }, cupool::Scope::all)
+          .desired;
   cupool::SimBackend sim(node);
   cupool::Holder holder(sim, node, /*self_uid=*/0);
   holder.apply(base);
@@ -90,7 +92,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const cupool::SourceFile file("fuzz.yaml", std::string(reinterpret_cast<const char*>(data), size));
   cupool::CheckOptions options;
   options.deep = (size % 2) == 0;
-  const cupool::Judged judged = cupool::judge_config(file, [] { return node; }, cupool::Scope::all, options);
+  const cupool::Judged judged = cupool::judge_config(
+      file, [] { return node; }, cupool::Scope::all, options);
   const cupool::Diagnostics& diags = judged.diags;
   const cupool::Config& config = judged.config;
   if (!diags.has_invalid_input() && !diags.has_errors() && config.process) {

@@ -36,20 +36,62 @@ struct Nasty {
 };
 
 // A number that is too big, or a deep flow collection (config text).
-const char* const kYamlNasty[] = {"99999999999999999999999GiB", "-1", "1e400", "[[[[[[[[", "{a: {b: {c:",
-                                  "\xef\xbb\xbf", "\x00", "*anchor", "&a [*a]", "!!binary aGk="};
+const char* const kYamlNasty[] = {"99999999999999999999999GiB",
+                                  "-1",
+                                  "1e400",
+                                  "[[[[[[[[",
+                                  "{a: {b: {c:",
+                                  "\xef\xbb\xbf",
+                                  "\x00",
+                                  "*anchor",
+                                  "&a [*a]",
+                                  "!!binary aGk="};
 // Values and keys that requests get wrong (protocol payloads).
-const char* const kJsonNasty[] = {"18446744073709551615", "18446744073709551616", "9007199254740992", "-9223372036854775808",
-                                  "-1", "1e400", "0.5", "null", "true", "\"\"", "\"\\ud800\"", "\"\\u0000\"",
-                                  "[[[[[[[[[[[[[[[[[[", "{\"a\":{\"b\":{\"c\":", ",\"x\":1", "\"kv\"", "\"weights\"",
-                                  "\"private\"", "\"local\"", "4096", "\xc3\x28", "\xef\xbb\xbf", "\x00",
-                                  "\"alloc\"", "\"free\"", "\"apply\"", "\"buffer_remove\"", ",\"force\":true",
-                                  ",\"device\":1", ",\"size\":1048576", "281474976710656"};
+const char* const kJsonNasty[] = {"18446744073709551615",
+                                  "18446744073709551616",
+                                  "9007199254740992",
+                                  "-9223372036854775808",
+                                  "-1",
+                                  "1e400",
+                                  "0.5",
+                                  "null",
+                                  "true",
+                                  "\"\"",
+                                  "\"\\ud800\"",
+                                  "\"\\u0000\"",
+                                  "[[[[[[[[[[[[[[[[[[",
+                                  "{\"a\":{\"b\":{\"c\":",
+                                  ",\"x\":1",
+                                  "\"kv\"",
+                                  "\"weights\"",
+                                  "\"private\"",
+                                  "\"local\"",
+                                  "4096",
+                                  "\xc3\x28",
+                                  "\xef\xbb\xbf",
+                                  "\x00",
+                                  "\"alloc\"",
+                                  "\"free\"",
+                                  "\"apply\"",
+                                  "\"buffer_remove\"",
+                                  ",\"force\":true",
+                                  ",\"device\":1",
+                                  ",\"size\":1048576",
+                                  "281474976710656"};
 
 // What a request line and headers get wrong (HTTP heads, --listen addresses).
-const char* const kHttpNasty[] = {"\r\n", "\n", "\r\n\r\n", " ", "\t", "GET", "HEAD", "OPTIONS", "/metrics", "/metrics?a=b",
-                                  "HTTP/1.1", "HTTP/2", "\x00", "\x7f", "\xff", ":", "[", "]", "?", "65536", "-1",
-                                  "99999999999999999999", "[::1]:", "Host: x\r\n"};
+const char* const kHttpNasty[] = {"\r\n",     "\n",
+                                  "\r\n\r\n", " ",
+                                  "\t",       "GET",
+                                  "HEAD",     "OPTIONS",
+                                  "/metrics", "/metrics?a=b",
+                                  "HTTP/1.1", "HTTP/2",
+                                  "\x00",     "\x7f",
+                                  "\xff",     ":",
+                                  "[",        "]",
+                                  "?",        "65536",
+                                  "-1",       "99999999999999999999",
+                                  "[::1]:",   "Host: x\r\n"};
 
 std::string mutate(std::string s, std::mt19937_64& rng, const std::vector<std::string>& seeds,
                    const Nasty& nasty = {kYamlNasty, sizeof kYamlNasty / sizeof kYamlNasty[0]}) {
@@ -187,7 +229,7 @@ int main(int argc, char** argv) {
     const std::string& from = seeds[static_cast<std::size_t>(rng() % seeds.size())];
     static const Nasty json{kJsonNasty, sizeof kJsonNasty / sizeof kJsonNasty[0]};
     static const Nasty http{kHttpNasty, sizeof kHttpNasty / sizeof kHttpNasty[0]};
-    const std::string input = frames            ? mutate_frames(from, rng, payloads)
+    const std::string input = frames           ? mutate_frames(from, rng, payloads)
                               : ext == ".yaml" ? mutate(from, rng, seeds)
                               : ext == ".http" ? mutate(from, rng, seeds, http)
                                                : mutate(from, rng, seeds, json);  // JSON inside (safetensors)

@@ -14,6 +14,7 @@
 // cached and has the buffer open, and answers the holder's drop notices as the C library does).
 // The rest is fed to a Conversation as lib/holder/server.cpp read_from does; a reply that waited
 // for cached blocks (Holder::on_deferred) goes back to it as the server does.
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -23,8 +24,6 @@
 #include <exception>
 #include <string>
 #include <vector>
-
-#include <spdlog/spdlog.h>
 
 #include "base/error.h"
 #include "config/load.h"
@@ -88,7 +87,8 @@ std::string walk_frames(const std::string& bytes, bool carries_fd, const std::st
   std::size_t at = 0;
   while (true) {
     if (bytes.size() - at < proto::kHeaderSize) finding("a reply frame shorter than a header");
-    const proto::Header h = proto::decode_header(reinterpret_cast<const std::uint8_t*>(bytes.data() + at), proto::Kind::reply);
+    const proto::Header h =
+        proto::decode_header(reinterpret_cast<const std::uint8_t*>(bytes.data() + at), proto::Kind::reply);
     if (h.length > bytes.size() - at - proto::kHeaderSize) finding("a reply frame's length exceeds the bytes queued");
     joined.append(bytes, at + proto::kHeaderSize, h.length);
     at += proto::kHeaderSize + h.length;
@@ -179,7 +179,8 @@ void check_released(const cupool::Holder& holder) {
   for (const auto& b : status["buffers"])
     if (b["opens"] != 0) finding("buffer " + b["name"].get<std::string>() + " still open after every client left");
   for (const auto& p : status["pools"])
-    if (p["leases"] != 0 || p["leased_bytes"] != 0) finding("pool " + p["name"].get<std::string>() + " still counts leases");
+    if (p["leases"] != 0 || p["leased_bytes"] != 0)
+      finding("pool " + p["name"].get<std::string>() + " still counts leases");
 }
 
 }  // namespace
@@ -189,7 +190,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     spdlog::set_level(spdlog::level::off);
     return cupool::test::two_gpu_node();
   }();
-  static const cupool::Desired want = cupool::load_config(cupool::SourceFile("fuzz.yaml", kConfig), node, cupool::Scope::all).desired;
+  static const cupool::Desired want =
+      cupool::load_config(cupool::SourceFile("fuzz.yaml", kConfig), node, cupool::Scope::all).desired;
   if (size == 0) return 0;
 
   cupool::SimBackend sim(node);
@@ -223,8 +225,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const Json notice = bystander_drops.front();
       bystander_drops.erase(bystander_drops.begin());
       int fd = -1;
-      holder.handle(bystander, {{"id", 6}, {"op", "dropped"}, {"ask", notice["ask"]}, {"leases", notice["leases"]},
-                                {"quiet", true}}, fd);
+      holder.handle(
+          bystander,
+          {{"id", 6}, {"op", "dropped"}, {"ask", notice["ask"]}, {"leases", notice["leases"]}, {"quiet", true}}, fd);
     }
   };
   static const cupool::Peer peers[4] = {peer(0, "root", {"root"}), peer(1001, "alice", {"alice"}),

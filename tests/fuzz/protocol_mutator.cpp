@@ -68,9 +68,9 @@ extern "C" std::size_t LLVMFuzzerCustomMutator(std::uint8_t* data, std::size_t s
   return n ? n : LLVMFuzzerMutate(data, size, max_size);
 }
 
-extern "C" std::size_t LLVMFuzzerCustomCrossOver(const std::uint8_t* data1, std::size_t size1, const std::uint8_t* data2,
-                                                 std::size_t size2, std::uint8_t* out, std::size_t max_out_size,
-                                                 unsigned int seed) {
+extern "C" std::size_t LLVMFuzzerCustomCrossOver(const std::uint8_t* data1, std::size_t size1,
+                                                 const std::uint8_t* data2, std::size_t size2, std::uint8_t* out,
+                                                 std::size_t max_out_size, unsigned int seed) {
   std::minstd_rand rng(seed);
   cupool::fuzz::Frames a = cupool::fuzz::split(std::string(reinterpret_cast<const char*>(data1), size1));
   const cupool::fuzz::Frames b = cupool::fuzz::split(std::string(reinterpret_cast<const char*>(data2), size2));

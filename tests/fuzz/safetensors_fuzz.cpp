@@ -106,7 +106,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 8) return 0;
   // The same JSON behind a length that fits it, the data as long as bytes 0-4 say.
   std::uint64_t data_size = 0;
-  for (int i = 4; i >= 0; --i) data_size = (data_size << 8) | static_cast<unsigned char>(input[static_cast<std::size_t>(i)]);
+  for (int i = 4; i >= 0; --i)
+    data_size = (data_size << 8) | static_cast<unsigned char>(input[static_cast<std::size_t>(i)]);
   const std::string_view json = input.substr(8);
   std::string fixed(8, '\0');
   for (int i = 0; i < 8; ++i) fixed[static_cast<std::size_t>(i)] = static_cast<char>((json.size() >> (8 * i)) & 0xff);

@@ -12,10 +12,9 @@
 // `--importer FD` (handled first thing in main) and talk to it over a socketpair: the pool's fd
 // travels as SCM_RIGHTS, the export data and the ready event as bytes.
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
-
 #include <cuda.h>
 #include <dlfcn.h>
+#include <doctest/doctest.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -135,9 +134,12 @@ CommandResult run_command(const std::string& command) {
   std::size_t n = 0;
   while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
   const int st = pclose(pipe);
-  if (st == -1) r.status = -1;
-  else if (WIFEXITED(st)) r.status = WEXITSTATUS(st);
-  else if (WIFSIGNALED(st)) r.status = 128 + WTERMSIG(st);
+  if (st == -1)
+    r.status = -1;
+  else if (WIFEXITED(st))
+    r.status = WEXITSTATUS(st);
+  else if (WIFSIGNALED(st))
+    r.status = 128 + WTERMSIG(st);
   return r;
 }
 
@@ -146,9 +148,8 @@ CommandResult run_command(const std::string& command) {
 std::string smi(const std::string& args) {
   const std::string command = "nvidia-smi " + args;
   const CommandResult r = run_command(command);
-  REQUIRE_MESSAGE(r.status != 127,
-                  "nvidia-smi is not on PATH (PATH=" << env("PATH")
-                                                     << "): the GPU tests need it as the independent source");
+  REQUIRE_MESSAGE(r.status != 127, "nvidia-smi is not on PATH (PATH="
+                                       << env("PATH") << "): the GPU tests need it as the independent source");
   REQUIRE_MESSAGE(r.status == 0, "'" << command << "' exited with status " << r.status << "; it printed:\n" << r.out);
   return r.out;
 }
@@ -162,8 +163,7 @@ struct SmiGpu {
 };
 
 std::vector<SmiGpu> smi_gpus() {
-  const std::string out =
-      smi("--query-gpu=index,name,uuid,pci.bus_id,memory.total --format=csv,noheader,nounits");
+  const std::string out = smi("--query-gpu=index,name,uuid,pci.bus_id,memory.total --format=csv,noheader,nounits");
   std::vector<SmiGpu> gpus;
   for (const auto& line : lines_of(out)) {
     const auto f = split_csv(line);
@@ -325,8 +325,11 @@ class DirectDriver {
 std::string describe(const cupool::ExportProbe& p) {
   std::ostringstream out;
   out << cupool::handle_type_name(p.handle_type) << ": ";
-  if (p.ok) out << "ok";
-  else out << "failed in " << p.api << " with " << p.error << " (" << p.description << "; " << cupool::explain_probe(p) << ")";
+  if (p.ok)
+    out << "ok";
+  else
+    out << "failed in " << p.api << " with " << p.error << " (" << p.description << "; " << cupool::explain_probe(p)
+        << ")";
   return out.str();
 }
 
@@ -610,12 +613,13 @@ TEST_CASE("devices: names, UUIDs, PCI bus ids and memory match nvidia-smi") {
     const auto smi_pci = cupool::normalize_pci_bus_id(g->pci_bus_id);
     REQUIRE_MESSAGE(smi_pci.has_value(), "normalize_pci_bus_id rejects nvidia-smi's '" << g->pci_bus_id << "'");
     CHECK_MESSAGE(info.pci_bus_id == *smi_pci, "PCI bus id: cupool '" << info.pci_bus_id << "', nvidia-smi '"
-                                                                     << g->pci_bus_id << "' = '" << *smi_pci << "'");
+                                                                      << g->pci_bus_id << "' = '" << *smi_pci << "'");
 
     // cuDeviceTotalMem is a little below NVML's total (the driver keeps some memory for itself).
     const std::uint64_t smi_bytes = g->total_mib * kMiB;
-    CHECK_MESSAGE(info.total_memory <= smi_bytes,
-                  "total memory: cuDeviceTotalMem " << mib(info.total_memory) << " > nvidia-smi " << g->total_mib << " MiB");
+    CHECK_MESSAGE(info.total_memory <= smi_bytes, "total memory: cuDeviceTotalMem " << mib(info.total_memory)
+                                                                                    << " > nvidia-smi " << g->total_mib
+                                                                                    << " MiB");
     CHECK_MESSAGE(info.total_memory * 100 >= smi_bytes * 95,
                   "total memory: cuDeviceTotalMem " << mib(info.total_memory) << " is below 95% of nvidia-smi's "
                                                     << g->total_mib << " MiB");
@@ -624,7 +628,7 @@ TEST_CASE("devices: names, UUIDs, PCI bus ids and memory match nvidia-smi") {
     if (memory) {
       const std::uint64_t diff = memory->total > smi_bytes ? memory->total - smi_bytes : smi_bytes - memory->total;
       CHECK_MESSAGE(diff <= kMiB, "NVML total through cupool " << mib(memory->total) << " vs nvidia-smi "
-                                                              << g->total_mib << " MiB: differ by " << diff << " B");
+                                                               << g->total_mib << " MiB: differ by " << diff << " B");
     }
   }
 }
@@ -651,7 +655,8 @@ TEST_CASE("peer access matches nvidia-smi topo -p2p r") {
       REQUIRE_MESSAGE(gj != nullptr, "device " << j << " not in nvidia-smi's list");
       const auto cell = cells.find({gi->index, gj->index});
       REQUIRE_MESSAGE(cell != cells.end(), "no cell GPU" << gi->index << "/GPU" << gj->index
-                                                        << " in 'nvidia-smi topo -p2p r':\n" << text);
+                                                         << " in 'nvidia-smi topo -p2p r':\n"
+                                                         << text);
       if (i == j) {
         const bool diagonal = report.peer_access[i][j];
         CHECK_MESSAGE(diagonal, "the diagonal of cupool's peer matrix must be true");
@@ -662,8 +667,9 @@ TEST_CASE("peer access matches nvidia-smi topo -p2p r") {
       MESSAGE("peer " << i << " -> " << j << ": cupool " << as_string(cupool_ok ? "yes" : "no") << ", nvidia-smi '"
                       << cell->second << "'");
       CHECK_MESSAGE(cupool_ok == smi_ok, "cuDeviceCanAccessPeer(" << i << ", " << j << ") = " << cupool_ok
-                                                                 << " but nvidia-smi topo -p2p r says '" << cell->second
-                                                                 << "' for GPU" << gi->index << " -> GPU" << gj->index);
+                                                                  << " but nvidia-smi topo -p2p r says '"
+                                                                  << cell->second << "' for GPU" << gi->index
+                                                                  << " -> GPU" << gj->index);
     }
   }
 }
@@ -675,9 +681,9 @@ TEST_CASE("driver versions match nvidia-smi") {
   MESSAGE("kernel driver: cupool '" << report.kernel_driver_version << "', nvidia-smi '" << out.front()
                                     << "'; CUDA driver API " << report.driver_version << ", built with "
                                     << report.built_with_cuda);
-  CHECK_MESSAGE(report.kernel_driver_version == out.front(),
-                "kernel driver version: cupool '" << report.kernel_driver_version << "', nvidia-smi '" << out.front()
-                                                  << "'");
+  CHECK_MESSAGE(report.kernel_driver_version == out.front(), "kernel driver version: cupool '"
+                                                                 << report.kernel_driver_version << "', nvidia-smi '"
+                                                                 << out.front() << "'");
   CHECK_MESSAGE(report.driver_version >= 12000, "cuDriverGetVersion = " << report.driver_version << " (< 12.0)");
 }
 
@@ -717,8 +723,8 @@ TEST_CASE("query without --deep creates no context and takes no device memory") 
   const std::string& text = before.second;
   MESSAGE("this process is PID " << self << "; nvidia-smi compute apps after build_report: "
                                  << (text.empty() ? std::string("(none)") : "\n" + text));
-  CHECK_MESSAGE(!contains(pids, self), "nvidia-smi lists this process (PID " << self
-                                                                            << ") as a compute app:\n" << text);
+  CHECK_MESSAGE(!contains(pids, self), "nvidia-smi lists this process (PID " << self << ") as a compute app:\n"
+                                                                             << text);
 
   // Positive control: a context we create ourselves must show.
   const int ordinal = report.devices.front().info.ordinal;
@@ -739,9 +745,10 @@ TEST_CASE("query without --deep creates no context and takes no device memory") 
   drv.primary_release(dev);
   CHECK_MESSAGE(!drv.primary_active(ordinal), "control: the primary context is still active after its release");
   if (listed) {
-    MESSAGE("control: with a context of its own, this process IS listed by nvidia-smi, so the nvidia-smi check "
-            "above is meaningful:\n"
-            << seen);
+    MESSAGE(
+        "control: with a context of its own, this process IS listed by nvidia-smi, so the nvidia-smi check "
+        "above is meaningful:\n"
+        << seen);
   } else {
     MESSAGE("WARNING control: even with a context of its own, this process (PID "
             << self << ") is NOT listed by nvidia-smi (PID namespace?); the nvidia-smi check above proves nothing "
@@ -867,9 +874,12 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
   run(sim, sim_reserved, sim_notes);
   std::ostringstream shown;
   for (std::size_t i = 0; i < real_reserved.size(); ++i)
-    shown << " step " << i << ": real " << real_reserved[i] / mib << " MiB, simulated " << sim_reserved[i] / mib << " MiB;";
-  MESSAGE("reserved bytes after allocate 64 MiB (threshold 0), free, allocate+free (threshold max), trim to 16 MiB, trim to 0:"
-          << shown.str());
+    shown << " step " << i << ": real " << real_reserved[i] / mib << " MiB, simulated " << sim_reserved[i] / mib
+          << " MiB;";
+  MESSAGE(
+      "reserved bytes after allocate 64 MiB (threshold 0), free, allocate+free (threshold max), trim to 16 MiB, trim "
+      "to 0:"
+      << shown.str());
   for (const auto& n : notes) MESSAGE(n);
   CHECK_MESSAGE(real_reserved == sim_reserved, "the simulated pool model differs from the driver:" << shown.str());
   DirectDriver drv;
@@ -1049,12 +1059,17 @@ int configure_check_main() {
   const char* who = check.who;
   auto fail = [&](const std::string& what) { check.fail(what); };
   try {
-    auto get_state = reinterpret_cast<decltype(&::cuDevicePrimaryCtxGetState)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxGetState)));
+    auto get_state = reinterpret_cast<decltype(&::cuDevicePrimaryCtxGetState)>(
+        driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxGetState)));
     auto get_dev = reinterpret_cast<decltype(&::cuDeviceGet)>(driver_symbol(GPU_TEST_STR(cuDeviceGet)));
-    auto default_pool = reinterpret_cast<decltype(&::cuDeviceGetDefaultMemPool)>(driver_symbol(GPU_TEST_STR(cuDeviceGetDefaultMemPool)));
-    auto get_attr = reinterpret_cast<decltype(&::cuMemPoolGetAttribute)>(driver_symbol(GPU_TEST_STR(cuMemPoolGetAttribute)));
-    auto retain = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRetain)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxRetain)));
-    auto release = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRelease)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxRelease)));
+    auto default_pool = reinterpret_cast<decltype(&::cuDeviceGetDefaultMemPool)>(
+        driver_symbol(GPU_TEST_STR(cuDeviceGetDefaultMemPool)));
+    auto get_attr =
+        reinterpret_cast<decltype(&::cuMemPoolGetAttribute)>(driver_symbol(GPU_TEST_STR(cuMemPoolGetAttribute)));
+    auto retain =
+        reinterpret_cast<decltype(&::cuDevicePrimaryCtxRetain)>(driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxRetain)));
+    auto release = reinterpret_cast<decltype(&::cuDevicePrimaryCtxRelease)>(
+        driver_symbol(GPU_TEST_STR(cuDevicePrimaryCtxRelease)));
 
     std::unique_ptr<cupool::Backend> b = cupool::make_cuda_backend();
     b->init();
@@ -1171,7 +1186,8 @@ int current_pool_check_main() {
       CUmemAccess_flags flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
       if (cuMemPoolGetAccess(&flags, cur, &where) != CUDA_SUCCESS) throw std::runtime_error("cuMemPoolGetAccess");
       std::cout << who << ": device " << peer << "'s access to the current pool: " << flags << "\n";
-      if (flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) fail("device " + std::to_string(peer) + " has no read-write access");
+      if (flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+        fail("device " + std::to_string(peer) + " has no read-write access");
     }
 
     // What cudaMallocAsync does: allocate on a stream without naming a pool.
@@ -1192,8 +1208,8 @@ int current_pool_check_main() {
       cuStreamSynchronize(nullptr);
     }
     const std::uint64_t cur_used_high = u64(cur, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
-    std::cout << who << ": after 3 x 64 MiB cuMemAllocAsync: current pool used high " << cur_used_high
-              << ", reserved " << u64(cur, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) << "; default pool used high "
+    std::cout << who << ": after 3 x 64 MiB cuMemAllocAsync: current pool used high " << cur_used_high << ", reserved "
+              << u64(cur, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) << "; default pool used high "
               << u64(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH) << "\n";
     if (cur_used_high < (64ULL << 20)) fail("the allocations did not come from the current pool");
     if (u64(def, CU_MEMPOOL_ATTR_USED_MEM_HIGH) != def_used_high) fail("the allocations touched the default pool");

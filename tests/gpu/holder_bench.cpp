@@ -92,9 +92,15 @@ struct Options {
   std::vector<std::uint64_t> sizes = {kMiB, 64 * kMiB, kGiB};
   int iterations = 0;  // 0: 200 for sizes up to 64 MiB, 50 above
   int warmup = 5;
-  std::vector<std::string> paths = {"holder",     "holder-warm",     "bare",
-                                    "bare-t0",    "legacy",          "attach",
-                                    "throughput", "throughput-cold", "throughput-no-write",
+  std::vector<std::string> paths = {"holder",
+                                    "holder-warm",
+                                    "bare",
+                                    "bare-t0",
+                                    "legacy",
+                                    "attach",
+                                    "throughput",
+                                    "throughput-cold",
+                                    "throughput-no-write",
                                     "throughput-write-only"};
   std::vector<int> clients = {1, 8, 64};
   double seconds = 3;
@@ -113,10 +119,14 @@ int iterations_for(std::uint64_t size) {
 
 std::string fmt_size(std::uint64_t bytes) {
   char buf[64];
-  if (bytes >= kGiB && bytes % kGiB == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " GiB", bytes / kGiB);
-  else if (bytes >= kMiB && bytes % kMiB == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " MiB", bytes / kMiB);
-  else if (bytes >= kKiB && bytes % kKiB == 0) std::snprintf(buf, sizeof buf, "%" PRIu64 " KiB", bytes / kKiB);
-  else std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
+  if (bytes >= kGiB && bytes % kGiB == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " GiB", bytes / kGiB);
+  else if (bytes >= kMiB && bytes % kMiB == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " MiB", bytes / kMiB);
+  else if (bytes >= kKiB && bytes % kKiB == 0)
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " KiB", bytes / kKiB);
+  else
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " B", bytes);
   return buf;
 }
 
@@ -157,7 +167,8 @@ bool parse_u64(const std::string& text, std::uint64_t& out) {
 
 bool parse_int(const std::string& text, int lo, int hi, int& out) {
   std::uint64_t v = 0;
-  if (!parse_u64(trim(text), v) || v < static_cast<std::uint64_t>(lo) || v > static_cast<std::uint64_t>(hi)) return false;
+  if (!parse_u64(trim(text), v) || v < static_cast<std::uint64_t>(lo) || v > static_cast<std::uint64_t>(hi))
+    return false;
   out = static_cast<int>(v);
   return true;
 }
@@ -172,20 +183,35 @@ bool parse_size(const std::string& raw, std::uint64_t& out) {
   std::string unit = trim(text.substr(i));
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   std::uint64_t mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = kKiB;
-  else if (unit == "m" || unit == "mib") mult = kMiB;
-  else if (unit == "g" || unit == "gib") mult = kGiB;
-  else if (unit == "t" || unit == "tib") mult = 1024 * kGiB;
-  else return false;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = kKiB;
+  else if (unit == "m" || unit == "mib")
+    mult = kMiB;
+  else if (unit == "g" || unit == "gib")
+    mult = kGiB;
+  else if (unit == "t" || unit == "tib")
+    mult = 1024 * kGiB;
+  else
+    return false;
   if (n == 0 || n > (std::uint64_t{1} << 48) / mult) return false;  // the protocol's limit: 1 ..= 2^48
   out = n * mult;
   return true;
 }
 
-const char* const kAllPaths[] = {"holder",        "holder-warm",      "bare",           "bare-t0",
-                                 "bare-stream",   "bare-free",        "bare-touch",     "attach",
-                                 "legacy",        "throughput",       "throughput-cold", "throughput-no-write",
+const char* const kAllPaths[] = {"holder",
+                                 "holder-warm",
+                                 "bare",
+                                 "bare-t0",
+                                 "bare-stream",
+                                 "bare-free",
+                                 "bare-touch",
+                                 "attach",
+                                 "legacy",
+                                 "throughput",
+                                 "throughput-cold",
+                                 "throughput-no-write",
                                  "throughput-write-only"};
 // Whether the client processes forked next keep released blocks in their cache (holder-warm,
 // throughput) or not (holder, throughput-cold).
@@ -264,8 +290,8 @@ std::string parse_args(int argc, char** argv, bool& help) {
     }
     std::string v;
     if (arg == "--socket" || arg == "--pool" || arg == "--sizes" || arg == "--iterations" || arg == "--warmup" ||
-        arg == "--paths" || arg == "--clients" || arg == "--seconds" || arg == "--throughput-size" ||
-        arg == "--json" || arg == "--timeout") {
+        arg == "--paths" || arg == "--clients" || arg == "--seconds" || arg == "--throughput-size" || arg == "--json" ||
+        arg == "--timeout") {
       if (!need(v)) return arg + " needs a value";
     } else {
       return "unknown argument '" + arg + "'";
@@ -283,12 +309,14 @@ std::string parse_args(int argc, char** argv, bool& help) {
         std::uint64_t s = 0;
         if (!parse_size(item, s))
           return "--sizes: '" + item + "' is not a size (a whole number of B, KiB, MiB, GiB or TiB, 1 B ..= 256 TiB)";
-        if (std::find(sizes.begin(), sizes.end(), s) != sizes.end()) return "--sizes: " + fmt_size(s) + " is listed twice";
+        if (std::find(sizes.begin(), sizes.end(), s) != sizes.end())
+          return "--sizes: " + fmt_size(s) + " is listed twice";
         sizes.push_back(s);
       }
       g_opt.sizes = sizes;
     } else if (arg == "--iterations") {
-      if (!parse_int(v, 1, 10000000, g_opt.iterations)) return "--iterations: '" + v + "' is not a whole number in 1..10000000";
+      if (!parse_int(v, 1, 10000000, g_opt.iterations))
+        return "--iterations: '" + v + "' is not a whole number in 1..10000000";
     } else if (arg == "--warmup") {
       if (!parse_int(v, 0, 1000000, g_opt.warmup)) return "--warmup: '" + v + "' is not a whole number in 0..1000000";
     } else if (arg == "--paths") {
@@ -326,7 +354,8 @@ std::string parse_args(int argc, char** argv, bool& help) {
       if (v.empty()) return "--json needs a file name";
       g_opt.json = v;
     } else if (arg == "--timeout") {
-      if (!parse_int(v, 1, 3600, g_opt.timeout_s)) return "--timeout: '" + v + "' is not a whole number of seconds in 1..3600";
+      if (!parse_int(v, 1, 3600, g_opt.timeout_s))
+        return "--timeout: '" + v + "' is not a whole number of seconds in 1..3600";
     }
   }
   (void)paths_given;
@@ -364,8 +393,8 @@ std::string utc_now() {
 bool g_in_child = false;
 pid_t g_orchestrator_pid = 0;
 std::string g_role = "orchestrator";
-std::string g_where;      // what the process is doing now (size, iteration), for messages
-std::set<pid_t> g_live;   // orchestrator: children not yet waited for
+std::string g_where;     // what the process is doing now (size, iteration), for messages
+std::set<pid_t> g_live;  // orchestrator: children not yet waited for
 
 __attribute__((format(printf, 1, 0))) void vsay(const char* fmt, va_list ap) {
   char msg[4096];
@@ -416,16 +445,17 @@ __attribute__((noreturn, format(printf, 1, 2))) void die(const char* fmt, ...) {
 #define BENCH_STR2(x) #x
 #define BENCH_STR(x) BENCH_STR2(x)  // expands cuda.h's versioning macros (cuMemAlloc -> cuMemAlloc_v2)
 
-#define BENCH_DRIVER_FUNCTIONS(X)                                                                       \
-  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName)                 \
-  X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuGetErrorName) X(cuGetErrorString)                     \
-  X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemPoolCreate) X(cuMemPoolSetAttribute)            \
-  X(cuMemPoolGetAttribute) X(cuMemPoolExportToShareableHandle) X(cuMemPoolImportFromShareableHandle)    \
-  X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)      \
-  X(cuStreamCreate) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize)      \
-  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAlloc)          \
-  X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync)  \
-  X(cuMemsetD8Async) X(cuMemHostAlloc) X(cuMemFreeHost)
+#define BENCH_DRIVER_FUNCTIONS(X)                                                                                    \
+  X(cuInit)                                                                                                          \
+  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)                    \
+      X(cuDeviceGetAttribute) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)   \
+          X(cuMemPoolCreate) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolExportToShareableHandle)   \
+              X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)              \
+                  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuStreamCreate) X(cuStreamSynchronize)              \
+                      X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuIpcGetEventHandle)                 \
+                          X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAlloc) X(cuMemFree)         \
+                              X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync) \
+                                  X(cuMemsetD8Async) X(cuMemHostAlloc) X(cuMemFreeHost)
 
 struct Driver {
 #define BENCH_DECLARE(name) decltype(&::name) name = nullptr;
@@ -442,11 +472,11 @@ bool load_driver(std::string& why) {
     why = std::string("libcuda.so.1 could not be loaded (") + (e ? e : "no reason given") + ")";
     return false;
   }
-#define BENCH_LOAD(name)                                                                                   \
-  g_cu.name = reinterpret_cast<decltype(g_cu.name)>(dlsym(lib, BENCH_STR(name)));                           \
-  if (!g_cu.name) {                                                                                        \
+#define BENCH_LOAD(name)                                                                                        \
+  g_cu.name = reinterpret_cast<decltype(g_cu.name)>(dlsym(lib, BENCH_STR(name)));                               \
+  if (!g_cu.name) {                                                                                             \
     why = std::string("libcuda.so.1 lacks ") + BENCH_STR(name) + " (the driver is too old for this benchmark)"; \
-    return false;                                                                                          \
+    return false;                                                                                               \
   }
   BENCH_DRIVER_FUNCTIONS(BENCH_LOAD)
 #undef BENCH_LOAD
@@ -612,8 +642,10 @@ Io recv_with_fd(int sock, void* buf, std::size_t n, int* fd_out, int timeout_ms,
     for (std::size_t i = 0; i < count; ++i) {
       int received = -1;
       std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (*fd_out < 0) *fd_out = received;
-      else ::close(received);
+      if (*fd_out < 0)
+        *fd_out = received;
+      else
+        ::close(received);
     }
   }
   if (msg.msg_flags & MSG_CTRUNC) {
@@ -713,8 +745,10 @@ PairMsg pair_recv(std::uint32_t kind, std::uint64_t seq, int* fd_out = nullptr) 
         " (magic 0x%08x)",
         pair_kind_name(kind), seq, m.kind, m.seq, m.magic);
   }
-  if (fd_out) *fd_out = fd;
-  else if (fd >= 0) ::close(fd);
+  if (fd_out)
+    *fd_out = fd;
+  else if (fd >= 0)
+    ::close(fd);
   return m;
 }
 
@@ -963,7 +997,8 @@ cupool_conn* holder_connect(const std::string& name) {
   cupool_conn* conn = nullptr;
   const int rc = cupool_connect(g_opt.socket.c_str(), name.c_str(), &conn);
   if (rc != CUPOOL_OK || !conn)
-    die("cupool_connect(\"%s\") failed: %s: %s", g_opt.socket.c_str(), cupool_status_name(rc), cupool_last_error(nullptr));
+    die("cupool_connect(\"%s\") failed: %s: %s", g_opt.socket.c_str(), cupool_status_name(rc),
+        cupool_last_error(nullptr));
   const std::string backend = cupool_backend(conn);
   if (backend != "cuda" && !g_opt.allow_simulated)
     die("the holder at %s runs on a '%s' node, not on the GPU driver: its numbers would say nothing about the GPU "
@@ -1000,11 +1035,14 @@ OpTimes holder_round_trip(cupool_conn* conn, std::uint64_t size, unsigned char b
   if (verify) {
     if (cupool_lease_address(lease) == 0) die("cupool_alloc returned a lease with address 0");
     if (cupool_lease_size(lease) < size)
-      die("cupool_alloc returned a lease of %" PRIu64 " bytes for a request of %" PRIu64, cupool_lease_size(lease), size);
+      die("cupool_alloc returned a lease of %" PRIu64 " bytes for a request of %" PRIu64, cupool_lease_size(lease),
+          size);
     unsigned char back = static_cast<unsigned char>(~byte);
     rc = cupool_read(conn, lease, 0, &back, 1);
-    if (rc != CUPOOL_OK) die("cupool_read (verifying the write) failed: %s: %s", cupool_status_name(rc), cupool_last_error(conn));
-    if (back != byte) die("read back 0x%02x after writing 0x%02x: the lease's memory is not what was written", back, byte);
+    if (rc != CUPOOL_OK)
+      die("cupool_read (verifying the write) failed: %s: %s", cupool_status_name(rc), cupool_last_error(conn));
+    if (back != byte)
+      die("read back 0x%02x after writing 0x%02x: the lease's memory is not what was written", back, byte);
   } else if (second_write) {
     // Is the first write's cost the first touch of the imported memory, or every write's?
     t.second_start = now_ns();
@@ -1029,8 +1067,11 @@ void holder_main() {
   rep.texts.emplace_back("backend", cupool_backend(conn));
   char* status = nullptr;
   const int src = cupool_request(conn, "{\"op\": \"status\"}", &status);
-  if (src == CUPOOL_OK && status) rep.texts.emplace_back("holder_status", status);
-  else rep.texts.emplace_back("holder_status_error", std::string(cupool_status_name(src)) + ": " + cupool_last_error(conn));
+  if (src == CUPOOL_OK && status)
+    rep.texts.emplace_back("holder_status", status);
+  else
+    rep.texts.emplace_back("holder_status_error",
+                           std::string(cupool_status_name(src)) + ": " + cupool_last_error(conn));
   cupool_free_string(status);
 
   bool first = true;
@@ -1048,16 +1089,19 @@ void holder_main() {
       }
       if (!timed) continue;
       rep.add(size, "round trip", 0, kTotal).push_back(us(t.start, t.end) - us(t.second_start, t.second_end));
-      rep.add(size, g_child_cache ? "cupool_alloc (a cached block: one quiet reuse, no wait)"
-                                  : "cupool_alloc (request, cuMemPoolImportPointer, ready-event wait)",
+      rep.add(size,
+              g_child_cache ? "cupool_alloc (a cached block: one quiet reuse, no wait)"
+                            : "cupool_alloc (request, cuMemPoolImportPointer, ready-event wait)",
               10, kStep)
           .push_back(us(t.start, t.allocated));
-      rep.add(size, g_child_cache ? "cupool_write (1-byte cuMemcpyHtoD + synchronize)"
-                                  : "cupool_write (first use: 1-byte cuMemcpyHtoD + synchronize)",
+      rep.add(size,
+              g_child_cache ? "cupool_write (1-byte cuMemcpyHtoD + synchronize)"
+                            : "cupool_write (first use: 1-byte cuMemcpyHtoD + synchronize)",
               20, kStep)
           .push_back(us(t.allocated, t.written));
-      rep.add(size, g_child_cache ? "cupool_release (into the cache: one quiet free, no wait)"
-                                  : "cupool_release (cuMemFree here, then a quiet free)",
+      rep.add(size,
+              g_child_cache ? "cupool_release (into the cache: one quiet free, no wait)"
+                            : "cupool_release (cuMemFree here, then a quiet free)",
               30, kStep)
           .push_back(us(t.release_start, t.end));
       rep.add(size, "a second 1-byte cupool_write right after the first (not in the round trip)", 40, kInfo)
@@ -1099,7 +1143,8 @@ void attach_main() {
   rep.add(size, "cupool_connect (socket, hello)", 10, kStep).push_back(us(c1, t1));
   rep.add(size, "first cupool_alloc (import_pool, ready event, alloc, import, wait)", 20, kStep).push_back(us(t1, t2));
   rep.add(size, "first cupool_write (first use)", 30, kStep).push_back(us(t2, t3));
-  rep.add(size, "the application's CUDA start-up before it (cuInit, primary context)", 100, kInfo).push_back(us(c0, c1));
+  rep.add(size, "the application's CUDA start-up before it (cuInit, primary context)", 100, kInfo)
+      .push_back(us(c0, c1));
   rep.add(size, "a second cupool_alloc on the same connection, for comparison", 101, kInfo).push_back(us(t4, t5));
   send_frame(kFrameReport, encode(rep));
   _exit(0);
@@ -1135,7 +1180,8 @@ void throughput_main(int index, int clients, int barrier_fd) {
     cuda_start();
     CU(cuMemAlloc, &own, static_cast<std::size_t>(size));
   } else {
-    conn = holder_connect("cupool_holder_bench throughput " + std::to_string(index + 1) + "/" + std::to_string(clients));
+    conn =
+        holder_connect("cupool_holder_bench throughput " + std::to_string(index + 1) + "/" + std::to_string(clients));
     if (!g_child_cache && cupool_set_cache_limit(conn, 0) != CUPOOL_OK)
       die("cupool_set_cache_limit(0) failed: %s", cupool_last_error(conn));
   }
@@ -1143,8 +1189,10 @@ void throughput_main(int index, int clients, int barrier_fd) {
   const int warm = std::max(1, g_opt.warmup);
   for (int i = 0; i < warm; ++i) {
     g_where = "throughput warm-up round trip " + std::to_string(i + 1) + " of " + std::to_string(warm);
-    if (conn) holder_round_trip(conn, size, static_cast<unsigned char>(i & 0xff), true);
-    else (void)throughput_step(nullptr, own, size, static_cast<unsigned char>(i & 0xff));
+    if (conn)
+      holder_round_trip(conn, size, static_cast<unsigned char>(i & 0xff), true);
+    else
+      (void)throughput_step(nullptr, own, size, static_cast<unsigned char>(i & 0xff));
   }
   g_where = "throughput: waiting at the start barrier";
   send_frame(kFrameReady, "");
@@ -1217,7 +1265,8 @@ void pool_exporter_main(bool threshold_zero) {
   CUstream stream = nullptr;
   CU(cuStreamCreate, &stream, static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
   CUevent event = nullptr;
-  CU(cuEventCreate, &event, static_cast<unsigned>(CU_EVENT_INTERPROCESS) | static_cast<unsigned>(CU_EVENT_DISABLE_TIMING));
+  CU(cuEventCreate, &event,
+     static_cast<unsigned>(CU_EVENT_INTERPROCESS) | static_cast<unsigned>(CU_EVENT_DISABLE_TIMING));
   int pool_fd = -1;
   CU(cuMemPoolExportToShareableHandle, &pool_fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0ULL);
   CUipcEventHandle event_handle;
@@ -1234,8 +1283,7 @@ void pool_exporter_main(bool threshold_zero) {
       ++seq;
       g_where = where("exporter", size, i, g_opt.warmup);
       const PairMsg req = pair_recv(kAlloc, seq);
-      if (req.size != size)
-        die("the importer asked for %" PRIu64 " bytes where %" PRIu64 " were due", req.size, size);
+      if (req.size != size) die("the importer asked for %" PRIu64 " bytes where %" PRIu64 " were due", req.size, size);
       CUdeviceptr ptr = 0;
       const std::int64_t a0 = now_ns();
       CU(cuMemAllocFromPoolAsync, &ptr, static_cast<std::size_t>(size), pool, stream);
@@ -1266,7 +1314,8 @@ void pool_exporter_main(bool threshold_zero) {
     }
     cuuint64_t reserved = 0;
     CU(cuMemPoolGetAttribute, pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved);
-    rep.integers.emplace_back("exporter pool reserved bytes after " + fmt_size(size), static_cast<std::int64_t>(reserved));
+    rep.integers.emplace_back("exporter pool reserved bytes after " + fmt_size(size),
+                              static_cast<std::int64_t>(reserved));
   }
   g_where.clear();
   pair_recv(kDone, seq + 1);
@@ -1382,9 +1431,10 @@ void pool_importer_main(ImporterWay way) {
               22, kStep)
           .push_back(us(t_ev, t_use));
       if (way.touch_ways) rep.add(size, kTouchWays[touch], 102 + touch, kInfo).push_back(us(t_ev, t_use));
-      rep.add(size,
-              way.free_sync ? "importer: cuMemFree (unmaps)" : "importer: cuMemFreeAsync + cuStreamSynchronize (unmaps)",
-              23, kStep)
+      rep.add(
+             size,
+             way.free_sync ? "importer: cuMemFree (unmaps)" : "importer: cuMemFreeAsync + cuStreamSynchronize (unmaps)",
+             23, kStep)
           .push_back(us(t_f0, t_f1));
       rep.add(size, "importer: alloc request sent -> export data received (exporter steps + messaging)", 100, kInfo)
           .push_back(us(t0, t_rx));
@@ -1410,8 +1460,7 @@ void legacy_exporter_main() {
       ++seq;
       g_where = where("legacy exporter", size, i, g_opt.warmup);
       const PairMsg req = pair_recv(kAlloc, seq);
-      if (req.size != size)
-        die("the importer asked for %" PRIu64 " bytes where %" PRIu64 " were due", req.size, size);
+      if (req.size != size) die("the importer asked for %" PRIu64 " bytes where %" PRIu64 " were due", req.size, size);
       CUdeviceptr ptr = 0;
       const std::int64_t a0 = now_ns();
       CU(cuMemAlloc, &ptr, static_cast<std::size_t>(size));
@@ -1531,9 +1580,12 @@ pid_t spawn(const std::string& role, const std::vector<int>& keep, const std::fu
 
 std::string describe_status(int st) {
   char buf[128];
-  if (WIFEXITED(st)) std::snprintf(buf, sizeof buf, "exited with status %d", WEXITSTATUS(st));
-  else if (WIFSIGNALED(st)) std::snprintf(buf, sizeof buf, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
-  else std::snprintf(buf, sizeof buf, "ended with wait status 0x%x", static_cast<unsigned>(st));
+  if (WIFEXITED(st))
+    std::snprintf(buf, sizeof buf, "exited with status %d", WEXITSTATUS(st));
+  else if (WIFSIGNALED(st))
+    std::snprintf(buf, sizeof buf, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+  else
+    std::snprintf(buf, sizeof buf, "ended with wait status 0x%x", static_cast<unsigned>(st));
   return buf;
 }
 
@@ -1847,8 +1899,10 @@ PathResult run_holder_path(bool warm) {
   }
   take(r, kid.report);
   r.wall_s = us(t0, now_ns()) / 1e6;
-  if (!kid.ended) fail_path(r, kid.err);
-  else say_progress("path %s: done in %.1f s", r.path.c_str(), r.wall_s);
+  if (!kid.ended)
+    fail_path(r, kid.err);
+  else
+    say_progress("path %s: done in %.1f s", r.path.c_str(), r.wall_s);
   return r;
 }
 
@@ -1874,8 +1928,10 @@ PathResult run_attach_path() {
       Series* into = nullptr;
       for (Series& have : r.series)
         if (have.size == s.size && have.name == s.name) into = &have;
-      if (into) into->us.insert(into->us.end(), s.us.begin(), s.us.end());
-      else r.series.push_back(s);
+      if (into)
+        into->us.insert(into->us.end(), s.us.begin(), s.us.end());
+      else
+        r.series.push_back(s);
     }
     if (!kid.ended) {
       fail_path(r, kid.err);
@@ -1926,8 +1982,10 @@ PathResult run_pair_path(const std::string& path) {
     g_result_fd = rex[1];
     g_peer_fd = pair[0];
     g_peer = importer_role;
-    if (legacy) legacy_exporter_main();
-    else pool_exporter_main(t0);
+    if (legacy)
+      legacy_exporter_main();
+    else
+      pool_exporter_main(t0);
   });
   const int fork_errno = errno;
   if (kids[0].pid > 0) {
@@ -1935,8 +1993,10 @@ PathResult run_pair_path(const std::string& path) {
       g_result_fd = rim[1];
       g_peer_fd = pair[1];
       g_peer = exporter_role;
-      if (legacy) legacy_importer_main();
-      else pool_importer_main(way);
+      if (legacy)
+        legacy_importer_main();
+      else
+        pool_importer_main(way);
     });
   }
   const int fork_errno2 = errno;
@@ -1961,8 +2021,10 @@ PathResult run_pair_path(const std::string& path) {
   take(r, kids[0].report);
   add_messaging(r);
   r.wall_s = us(start, now_ns()) / 1e6;
-  if (!ended) fail_path(r, err);
-  else say_progress("path %s: done in %.1f s", path.c_str(), r.wall_s);
+  if (!ended)
+    fail_path(r, err);
+  else
+    say_progress("path %s: done in %.1f s", path.c_str(), r.wall_s);
   return r;
 }
 
@@ -1986,7 +2048,7 @@ ThroughputResult run_throughput(int clients, const std::string& path) {
            : path == "throughput-no-write" ? "warm-no-write"
                                            : "write-only";
   g_child_cache = path != "throughput-cold";
-  g_child_loop = path == "throughput-no-write"      ? Loop::no_write
+  g_child_loop = path == "throughput-no-write"     ? Loop::no_write
                  : path == "throughput-write-only" ? Loop::write_only
                                                    : Loop::round_trip;
   auto fail = [&](const std::string& why) {
@@ -2050,7 +2112,8 @@ ThroughputResult run_throughput(int clients, const std::string& path) {
   }
   const bool ended = finish_kids(kids, err);
   std::vector<double> all;
-  std::int64_t first_start = std::numeric_limits<std::int64_t>::max(), last_end = std::numeric_limits<std::int64_t>::min();
+  std::int64_t first_start = std::numeric_limits<std::int64_t>::max(),
+               last_end = std::numeric_limits<std::int64_t>::min();
   t.per_client_min = std::numeric_limits<std::uint64_t>::max();
   for (const Kid& k : kids) {
     const Series* s = k.report.find(g_opt.throughput_size, kTotal);
@@ -2129,11 +2192,16 @@ std::string jstr(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     const auto u = static_cast<unsigned char>(c);
-    if (c == '"') out += "\\\"";
-    else if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
-    else if (c == '\r') out += "\\r";
+    if (c == '"')
+      out += "\\\"";
+    else if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
+    else if (c == '\r')
+      out += "\\r";
     else if (u < 0x20 || u == 0x7f) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
@@ -2295,8 +2363,9 @@ void print_text(const DeviceInfo& dev, const std::vector<PathResult>& results,
       }
   std::printf("n/a: a path did not run or failed\n");
 
-  std::printf("\n== where the time goes: steps of one round trip (microseconds; the steps and the messaging add up "
-              "to the round trip, so their means add up to the mean) ==\n");
+  std::printf(
+      "\n== where the time goes: steps of one round trip (microseconds; the steps and the messaging add up "
+      "to the round trip, so their means add up to the mean) ==\n");
   for (const PathResult& r : results) {
     if (r.status != "ok") continue;
     for (std::uint64_t size : g_opt.sizes) {
@@ -2335,7 +2404,8 @@ void print_text(const DeviceInfo& dev, const std::vector<PathResult>& results,
       for (const Series* s : ordered_parts(r, largest))
         if (s->kind == kStep) parts.emplace_back(stats_of(s->us).mean, s->name);
       std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-      if (!header) std::printf("\nlargest parts at %s (mean us, share of the mean round trip):\n", fmt_size(largest).c_str());
+      if (!header)
+        std::printf("\nlargest parts at %s (mean us, share of the mean round trip):\n", fmt_size(largest).c_str());
       header = true;
       std::printf("  %s (round trip mean %s us):\n", r.path.c_str(), fus(mean_total).c_str());
       for (std::size_t i = 0; i < parts.size() && i < 3; ++i)
@@ -2345,11 +2415,12 @@ void print_text(const DeviceInfo& dev, const std::vector<PathResult>& results,
   }
 
   if (!tput.empty()) {
-    std::printf("\n== throughput: client processes each in a loop for %.1f s, %s ==\n"
-                "warm / cold: alloc -> 1-byte write -> release through the holder, the client's cache on / off;\n"
-                "warm-no-write: alloc -> release (the holder and the library alone); write-only: the 1-byte write\n"
-                "and its synchronize on a cuMemAlloc of the process's own (the GPU's part alone, no cupool)\n",
-                g_opt.seconds, fmt_size(g_opt.throughput_size).c_str());
+    std::printf(
+        "\n== throughput: client processes each in a loop for %.1f s, %s ==\n"
+        "warm / cold: alloc -> 1-byte write -> release through the holder, the client's cache on / off;\n"
+        "warm-no-write: alloc -> release (the holder and the library alone); write-only: the 1-byte write\n"
+        "and its synchronize on a cuMemAlloc of the process's own (the GPU's part alone, no cupool)\n",
+        g_opt.seconds, fmt_size(g_opt.throughput_size).c_str());
     std::printf("%-13s %7s %9s %9s %11s %10s %10s %10s %10s %17s\n", "loop", "clients", "ops", "window s", "ops/s",
                 "p50 us", "p99 us", "min us", "max us", "ops per client");
     for (const ThroughputResult& t : tput) {
@@ -2359,17 +2430,18 @@ void print_text(const DeviceInfo& dev, const std::vector<PathResult>& results,
       }
       char per[64];
       std::snprintf(per, sizeof per, "%" PRIu64 "..%" PRIu64, t.per_client_min, t.per_client_max);
-      std::printf("%-13s %7d %9" PRIu64 " %9.3f %11.0f %10s %10s %10s %10s %17s\n", t.mode.c_str(),
-                  t.clients, t.ops, t.window_s,
-                  t.ops_per_s, fus(t.latency.median).c_str(), fus(t.latency.p99).c_str(), fus(t.latency.min).c_str(),
-                  fus(t.latency.max).c_str(), per);
+      std::printf("%-13s %7d %9" PRIu64 " %9.3f %11.0f %10s %10s %10s %10s %17s\n", t.mode.c_str(), t.clients, t.ops,
+                  t.window_s, t.ops_per_s, fus(t.latency.median).c_str(), fus(t.latency.p99).c_str(),
+                  fus(t.latency.min).c_str(), fus(t.latency.max).c_str(), per);
     }
-    std::printf("ops/s = all clients' round trips / (last client's end - first client's start); latencies pooled over "
-                "all clients\n");
+    std::printf(
+        "ops/s = all clients' round trips / (last client's end - first client's start); latencies pooled over "
+        "all clients\n");
   }
   (void)dev;
   std::printf("\n");
-  if (failures.empty()) std::printf("RESULT: every selected path ran\n");
+  if (failures.empty())
+    std::printf("RESULT: every selected path ran\n");
   else {
     std::printf("RESULT: %zu failure%s:\n", failures.size(), failures.size() == 1 ? "" : "s");
     for (const std::string& f : failures) std::printf("  - %s\n", f.c_str());
@@ -2406,7 +2478,11 @@ bool write_json(const std::string& file, const std::string& date, const DeviceIn
     JObj c;
     std::vector<std::string> sizes, paths, clients;
     for (std::uint64_t s : g_opt.sizes)
-      sizes.push_back(JObj().add("bytes", juint(s)).add("text", jstr(fmt_size(s))).add("iterations", jint(iterations_for(s))).str());
+      sizes.push_back(JObj()
+                          .add("bytes", juint(s))
+                          .add("text", jstr(fmt_size(s)))
+                          .add("iterations", jint(iterations_for(s)))
+                          .str());
     for (const std::string& p : g_opt.paths) paths.push_back(jstr(p));
     for (int n : g_opt.clients) clients.push_back(jint(n));
     auto inline_arr = [](const std::vector<std::string>& v) {
@@ -2441,7 +2517,8 @@ bool write_json(const std::string& file, const std::string& date, const DeviceIn
       const Series* total = r.find(size, kTotal);
       if (!total) continue;
       const Stats ts = stats_of(total->us);
-      latency.push_back(jstats(JObj().add("path", jstr(r.path)).add("size", juint(size)).add("size_text", jstr(fmt_size(size))), ts));
+      latency.push_back(
+          jstats(JObj().add("path", jstr(r.path)).add("size", juint(size)).add("size_text", jstr(fmt_size(size))), ts));
       for (const Series* s : ordered_parts(r, size)) {
         const Stats st = stats_of(s->us);
         JObj o;
@@ -2572,27 +2649,30 @@ int main(int argc, char** argv) {
     std::printf("device 0: %s, %.1f GiB; %" PRId64 " device(s) visible; driver API %" PRId64 "; cuda.h %d\n",
                 dev.name.c_str(), static_cast<double>(dev.total) / static_cast<double>(kGiB), dev.count, dev.driver,
                 CUDA_VERSION);
-    if (!dev.pools) notes.push_back("device 0 reports no memory-pool support: the bare paths will fail");
+    if (!dev.pools)
+      notes.push_back("device 0 reports no memory-pool support: the bare paths will fail");
     else if (!(dev.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR))
       notes.push_back("device 0's pools have no posix_fd handle type: the bare paths will fail");
   }
-  std::printf("holder: %s, pool %s\n", g_opt.socket.empty() ? "(no --socket: holder and throughput paths skipped)" : g_opt.socket.c_str(),
+  std::printf("holder: %s, pool %s\n",
+              g_opt.socket.empty() ? "(no --socket: holder and throughput paths skipped)" : g_opt.socket.c_str(),
               g_opt.pool.c_str());
   std::printf("sizes: %s (timed round trips each, after %d warm-up round trips that are verified by reading back)\n",
               sizes_text().c_str(), g_opt.warmup);
   std::printf("times: microseconds, std::chrono::steady_clock; median and p99 by nearest rank\n");
-  std::printf("paths: holder = cupool_alloc -> cupool_write(1 byte) -> cupool_release against the holder;\n"
-              "       bare = driver only: exporter process with a pool (release threshold max) allocates, records an\n"
-              "              IPC event and exports the pointer; importer process imports it, waits for the event,\n"
-              "              writes 1 byte, unmaps; then the exporter frees;\n"
-              "       bare-t0 = bare with the exporter's threshold at 0 and a cuStreamSynchronize after its free\n"
-              "              (without a synchronize in the owning process a threshold never releases anything);\n"
-              "       bare-stream, bare-free = bare with the importer's first use on its own stream, or its\n"
-              "              release by cuMemFree; bare-touch = bare-free with the first use made four ways in\n"
-              "              turn; attach = 10 processes that started CUDA connect, allocate and write once\n"
-              "              (these four run only when named);\n"
-              "       legacy = cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, 1-byte write, cuIpcCloseMemHandle\n"
-              "              / cuMemFree.\n\n");
+  std::printf(
+      "paths: holder = cupool_alloc -> cupool_write(1 byte) -> cupool_release against the holder;\n"
+      "       bare = driver only: exporter process with a pool (release threshold max) allocates, records an\n"
+      "              IPC event and exports the pointer; importer process imports it, waits for the event,\n"
+      "              writes 1 byte, unmaps; then the exporter frees;\n"
+      "       bare-t0 = bare with the exporter's threshold at 0 and a cuStreamSynchronize after its free\n"
+      "              (without a synchronize in the owning process a threshold never releases anything);\n"
+      "       bare-stream, bare-free = bare with the importer's first use on its own stream, or its\n"
+      "              release by cuMemFree; bare-touch = bare-free with the first use made four ways in\n"
+      "              turn; attach = 10 processes that started CUDA connect, allocate and write once\n"
+      "              (these four run only when named);\n"
+      "       legacy = cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle, 1-byte write, cuIpcCloseMemHandle\n"
+      "              / cuMemFree.\n\n");
   for (const std::string& n : notes) std::printf("note: %s\n", n.c_str());
   std::fflush(stdout);
 

@@ -67,7 +67,10 @@ static int fill_or_check(cupool_conn* conn, cupool_lease* lease, uint64_t seed, 
     const uint64_t off = offsets[k];
     if (check) {
       int rc = cupool_read(conn, lease, off, buf, chunk);
-      if (rc != CUPOOL_OK) { free(buf); return fail(conn, "read", rc); }
+      if (rc != CUPOOL_OK) {
+        free(buf);
+        return fail(conn, "read", rc);
+      }
       for (uint64_t i = 0; i < chunk; ++i)
         if (buf[i] != pattern(seed, off + i)) {
           printf("testclient: mismatch at byte %llu: %u, expected %u\n", (unsigned long long)(off + i), buf[i],
@@ -78,7 +81,10 @@ static int fill_or_check(cupool_conn* conn, cupool_lease* lease, uint64_t seed, 
     } else {
       for (uint64_t i = 0; i < chunk; ++i) buf[i] = pattern(seed, off + i);
       int rc = cupool_write(conn, lease, off, buf, chunk);
-      if (rc != CUPOOL_OK) { free(buf); return fail(conn, "write", rc); }
+      if (rc != CUPOOL_OK) {
+        free(buf);
+        return fail(conn, "write", rc);
+      }
     }
   }
   free(buf);
@@ -123,7 +129,8 @@ static void* worker_main(void* arg) {
     cupool_lease* lease = NULL;
     int rc = cupool_alloc(w->conn, w->pool, w->device, w->size, &lease);
     if (rc != CUPOOL_OK) {
-      fprintf(stderr, "testclient: thread %d: alloc: %s: %s\n", w->index, cupool_status_name(rc), cupool_last_error(w->conn));
+      fprintf(stderr, "testclient: thread %d: alloc: %s: %s\n", w->index, cupool_status_name(rc),
+              cupool_last_error(w->conn));
       w->result = 2;
       break;
     }
@@ -138,7 +145,8 @@ static void* worker_main(void* arg) {
       rc = cupool_alloc(w->conn, missing, w->device, w->size, &none);
       const char* message = cupool_last_error(w->conn);
       if (rc != CUPOOL_E_NOT_FOUND || !strstr(message, missing)) {
-        fprintf(stderr, "testclient: thread %d: alloc from %s: %s, message \"%s\" (expected CUPOOL_E_NOT_FOUND naming it)\n",
+        fprintf(stderr,
+                "testclient: thread %d: alloc from %s: %s, message \"%s\" (expected CUPOOL_E_NOT_FOUND naming it)\n",
                 w->index, missing, cupool_status_name(rc), message);
         w->result = 2;
       }
@@ -147,7 +155,8 @@ static void* worker_main(void* arg) {
       char* reply = NULL;
       rc = cupool_request(w->conn, "{\"op\": \"status\"}", &reply);
       if (rc != CUPOOL_OK || !reply || !strstr(reply, "\"ok\":true")) {
-        fprintf(stderr, "testclient: thread %d: status: %s: %s\n", w->index, cupool_status_name(rc), reply ? reply : "");
+        fprintf(stderr, "testclient: thread %d: status: %s: %s\n", w->index, cupool_status_name(rc),
+                reply ? reply : "");
         w->result = 2;
       }
       cupool_free_string(reply);
@@ -186,7 +195,9 @@ int main(int argc, char** argv) {
       result = fail(conn, "open", rc);
     } else {
       result = fill_or_check(conn, lease, strtoull(argv[4], NULL, 10), !strcmp(action, "read"));
-      if (result == 0) printf("testclient: %s ok (%llu bytes, backend %s)\n", action, (unsigned long long)cupool_lease_size(lease), cupool_backend(conn));
+      if (result == 0)
+        printf("testclient: %s ok (%llu bytes, backend %s)\n", action, (unsigned long long)cupool_lease_size(lease),
+               cupool_backend(conn));
       rc = cupool_release(conn, lease);
       if (rc != CUPOOL_OK && result == 0) result = fail(conn, "release", rc);
     }
@@ -199,7 +210,11 @@ int main(int argc, char** argv) {
     printf("testclient: ready");
     for (int i = 0; i < count && result == 0; ++i) {
       rc = cupool_alloc(conn, argv[3], device, size, &leases[i]);
-      if (rc != CUPOOL_OK) { printf("\n"); result = fail(conn, "alloc", rc); break; }
+      if (rc != CUPOOL_OK) {
+        printf("\n");
+        result = fail(conn, "alloc", rc);
+        break;
+      }
       result = fill_or_check(conn, leases[i], (uint64_t)i, 0);
       printf(" %llu", (unsigned long long)cupool_lease_id(leases[i]));
     }
@@ -227,7 +242,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n && result == 0; ++i) {
       cupool_lease* lease = NULL;
       rc = cupool_alloc(conn, argv[3], atoi(argv[4]), size, &lease);
-      if (rc != CUPOOL_OK) { result = fail(conn, "alloc", rc); break; }
+      if (rc != CUPOOL_OK) {
+        result = fail(conn, "alloc", rc);
+        break;
+      }
       result = fill_or_check(conn, lease, (uint64_t)i, 0);
       if (result == 0) result = fill_or_check(conn, lease, (uint64_t)i, 1);
       rc = cupool_release(conn, lease);
@@ -269,8 +287,12 @@ int main(int argc, char** argv) {
     result = workers && count > 0 ? 0 : 2;
     int started = 0;
     for (int i = 0; i < count && result == 0; ++i) {
-      workers[i] = (struct worker){.conn = conn, .pool = argv[3], .device = atoi(argv[4]),
-                                   .size = strtoull(argv[5], NULL, 10), .index = i, .cycles = atoi(argv[7])};
+      workers[i] = (struct worker){.conn = conn,
+                                   .pool = argv[3],
+                                   .device = atoi(argv[4]),
+                                   .size = strtoull(argv[5], NULL, 10),
+                                   .index = i,
+                                   .cycles = atoi(argv[7])};
       if (pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]) != 0) {
         fprintf(stderr, "testclient: pthread_create failed\n");
         result = 2;
@@ -293,7 +315,10 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n && result == 0; ++i) {
       cupool_lease* lease = NULL;
       rc = cupool_alloc(conn, argv[3], device, size, &lease);
-      if (rc != CUPOOL_OK) { result = fail(conn, "alloc", rc); break; }
+      if (rc != CUPOOL_OK) {
+        result = fail(conn, "alloc", rc);
+        break;
+      }
       if (i == 0) {
         first_address = cupool_lease_address(lease);
         first_id = cupool_lease_id(lease);
@@ -317,7 +342,10 @@ int main(int argc, char** argv) {
     result = leases ? 0 : 2;
     for (int i = 0; i < count && result == 0; ++i) {
       rc = cupool_alloc(conn, argv[3], device, size, &leases[i]);
-      if (rc != CUPOOL_OK) { result = fail(conn, "alloc", rc); break; }
+      if (rc != CUPOOL_OK) {
+        result = fail(conn, "alloc", rc);
+        break;
+      }
       result = fill_or_check(conn, leases[i], (uint64_t)i, 0);
     }
     for (int i = 0; i < count && result == 0; ++i) {

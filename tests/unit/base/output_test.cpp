@@ -1,6 +1,6 @@
-#include <doctest/doctest.h>
-
 #include "base/output.h"
+
+#include <doctest/doctest.h>
 
 using namespace cupool;
 
@@ -13,8 +13,10 @@ TEST_CASE("YAML from JSON keeps types a reader would otherwise change") {
 
 TEST_CASE("YAML from JSON quotes every string a YAML 1.1 or 1.2 reader would type") {
   // Tensor names, metadata values, client names and paths are anyone's text.
-  for (const char* text : {".nan", ".inf", "-.inf", ".NaN", "TRUE", "True", "On", "off", "Y", "n", "NULL", "~", "1_000",
-                           "0x1f", "0o17", "1:20", "+1", "-1", "1e3", "2026-11-21T20:50:06Z", "2026-11-21", "<<", "=", ""}) {
+  for (const char* text :
+       {".nan",       ".inf", "-.inf", ".NaN", "TRUE", "True", "On", "off", "Y",   "n",
+        "NULL",       "~",    "1_000", "0x1f", "0o17", "1:20", "+1", "-1",  "1e3", "2026-11-21T20:50:06Z",
+        "2026-11-21", "<<",   "=",     ""}) {
     CAPTURE(text);
     const nlohmann::ordered_json j = {{"v", text}};
     const std::string y = to_yaml(j);
@@ -48,10 +50,14 @@ TEST_CASE("parse_format") {
 TEST_CASE("a table shows text from elsewhere as text: no control sequences, no reordering") {
   Table t({"NAME", "PID"});
   t.add({"evil\x1b]0;owned\x07", "1"});
-  t.add({"a\xe2\x80\xae" "b", "2"});
+  t.add(
+      {"a\xe2\x80\xae"
+       "b",
+       "2"});
   const std::string out = t.str();
   CHECK(out.find('\x1b') == std::string::npos);
   CHECK(out.find('\x07') == std::string::npos);
   CHECK(out.find("\xe2\x80\xae") == std::string::npos);
-  CHECK(out.find("a\xef\xbf\xbd" "b") != std::string::npos);
+  CHECK(out.find("a\xef\xbf\xbd"
+                 "b") != std::string::npos);
 }

@@ -1,6 +1,6 @@
-#include <doctest/doctest.h>
-
 #include "base/text.h"
+
+#include <doctest/doctest.h>
 
 using namespace cupool;
 
@@ -28,10 +28,13 @@ TEST_CASE("list_or") {
 TEST_CASE("valid_utf8 keeps UTF-8 and replaces everything else") {
   CHECK(valid_utf8("plain") == "plain");
   CHECK(valid_utf8("caf\xc3\xa9") == "caf\xc3\xa9");
-  CHECK(valid_utf8("so\x94" "cket") == "so\xef\xbf\xbd" "cket");
-  CHECK(valid_utf8("\xc0\xaf") == "\xef\xbf\xbd\xef\xbf\xbd");      // overlong
+  CHECK(valid_utf8("so\x94"
+                   "cket") ==
+        "so\xef\xbf\xbd"
+        "cket");
+  CHECK(valid_utf8("\xc0\xaf") == "\xef\xbf\xbd\xef\xbf\xbd");                  // overlong
   CHECK(valid_utf8("\xed\xa0\x80") == "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
-  CHECK(valid_utf8("\xe2\x82") == "\xef\xbf\xbd\xef\xbf\xbd");      // truncated
+  CHECK(valid_utf8("\xe2\x82") == "\xef\xbf\xbd\xef\xbf\xbd");                  // truncated
   CHECK(valid_utf8("\xf0\x9f\x98\x80") == "\xf0\x9f\x98\x80");
 }
 
@@ -39,13 +42,15 @@ TEST_CASE("UTF-8: decoding, what shows as itself, and cutting at a character bou
   std::uint32_t cp = 0;
   CHECK(decode_utf8("\xc3\xa9", 0, &cp) == 2);
   CHECK(cp == 0xe9);
-  CHECK(decode_utf8("\xc0\xaf", 0, &cp) == 0);  // overlong
+  CHECK(decode_utf8("\xc0\xaf", 0, &cp) == 0);      // overlong
   CHECK(decode_utf8("\xed\xa0\x80", 0, &cp) == 0);  // surrogate
-  CHECK(decode_utf8("\xe2\x82", 0, &cp) == 0);  // cut short
+  CHECK(decode_utf8("\xe2\x82", 0, &cp) == 0);      // cut short
   CHECK(displays_as_is("kv-cache caf\xc3\xa9"));
   CHECK_FALSE(displays_as_is("a\tb"));
-  CHECK_FALSE(displays_as_is("a\xc2\x85"));          // NEL (C1)
-  CHECK_FALSE(displays_as_is("a\xe2\x80\xae" "b"));      // RIGHT-TO-LEFT OVERRIDE
+  CHECK_FALSE(displays_as_is("a\xc2\x85"));  // NEL (C1)
+  CHECK_FALSE(
+      displays_as_is("a\xe2\x80\xae"
+                     "b"));  // RIGHT-TO-LEFT OVERRIDE
   CHECK_FALSE(displays_as_is("a\xff"));
   CHECK(safe_for_display("a\x1b[2Jb") == "a\xef\xbf\xbd[2Jb");
   CHECK(safe_for_display("x\xe2\x80\xaey") == "x\xef\xbf\xbdy");

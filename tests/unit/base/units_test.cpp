@@ -1,6 +1,6 @@
-#include <doctest/doctest.h>
-
 #include "base/units.h"
+
+#include <doctest/doctest.h>
 
 using namespace cupool;
 

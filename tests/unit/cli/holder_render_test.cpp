@@ -1,8 +1,9 @@
+#include "cli/holder_render.h"
+
 #include <doctest/doctest.h>
 
 #include "base/build_info.h"
 #include "base/units.h"
-#include "cli/holder_render.h"
 #include "config/diagnostics.h"
 
 using namespace cupool;
@@ -63,7 +64,8 @@ TEST_CASE("reply_body drops the envelope, puts schema_version first and keeps th
   const json body = reply_body(json::parse(R"({"id": 12, "ok": true, "config": "version: 1\n", "a": 1})"));
   CHECK(body.dump() == R"({"schema_version":1,"config":"version: 1\n","a":1})");
   // A holder's own "schema_version" can't move or replace the CLI's.
-  CHECK(reply_body(json::parse(R"({"ok": true, "a": 1, "schema_version": 7})")).dump() == R"({"schema_version":1,"a":1})");
+  CHECK(reply_body(json::parse(R"({"ok": true, "a": 1, "schema_version": 7})")).dump() ==
+        R"({"schema_version":1,"a":1})");
 }
 
 TEST_CASE("thresholds and durations") {
@@ -78,31 +80,33 @@ TEST_CASE("thresholds and durations") {
 }
 
 TEST_CASE("status: holder, devices, pools, buffers, clients") {
-  CHECK(render_status(status_reply()) ==
-        "holder  cupool 0.1.0 (pid 4242, cuda backend)\n"
-        "uptime  1h 0m (since 2026-11-21T10:00:00Z)\n"
-        "config  /etc/cupool/cupool.yaml (0 reloads)\n"
-        "socket  /run/cupool/cupool.sock\n"
-        "state   serving\n"
-        "\n"
-        "Devices:\n"
-        "  DEVICE  UUID\n"
-        "  0       GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b\n"
-        "  1       GPU-11111111-2222-3333-4444-555555555555\n"
-        "\n"
-        "Pools:\n"
-        "  POOL      DEVICE  LOCATION  HANDLE TYPES      MAX SIZE  RELEASE THRESHOLD  LEASES       CACHED      BUFFERS\n"
-        "  kv-cache  0       device    posix_fd          32 GiB    max                3 (192 MiB)  1 (64 MiB)  1 (10 GiB)\n"
-        "  scratch   1       device    none              default   0 B                0 (0 B)      0 (0 B)     0 (0 B)\n"
-        "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)     0 (0 B)\n"
-        "\n"
-        "Buffers:\n"
-        "  BUFFER   POOL      DEVICE  SIZE    OPENS\n"
-        "  weights  kv-cache  0       10 GiB  2\n"
-        "\n"
-        "Clients:\n"
-        "  CLIENT  PID   UID   USER       NAME       LEASES       CACHED      OPEN BUFFERS  CONNECTED\n"
-        "  12      5151  1000  svc-infer  my-server  3 (192 MiB)  1 (64 MiB)  1             2m 0s\n");
+  CHECK(
+      render_status(status_reply()) ==
+      "holder  cupool 0.1.0 (pid 4242, cuda backend)\n"
+      "uptime  1h 0m (since 2026-11-21T10:00:00Z)\n"
+      "config  /etc/cupool/cupool.yaml (0 reloads)\n"
+      "socket  /run/cupool/cupool.sock\n"
+      "state   serving\n"
+      "\n"
+      "Devices:\n"
+      "  DEVICE  UUID\n"
+      "  0       GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b\n"
+      "  1       GPU-11111111-2222-3333-4444-555555555555\n"
+      "\n"
+      "Pools:\n"
+      "  POOL      DEVICE  LOCATION  HANDLE TYPES      MAX SIZE  RELEASE THRESHOLD  LEASES       CACHED      BUFFERS\n"
+      "  kv-cache  0       device    posix_fd          32 GiB    max                3 (192 MiB)  1 (64 MiB)  1 (10 "
+      "GiB)\n"
+      "  scratch   1       device    none              default   0 B                0 (0 B)      0 (0 B)     0 (0 B)\n"
+      "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)     0 (0 B)\n"
+      "\n"
+      "Buffers:\n"
+      "  BUFFER   POOL      DEVICE  SIZE    OPENS\n"
+      "  weights  kv-cache  0       10 GiB  2\n"
+      "\n"
+      "Clients:\n"
+      "  CLIENT  PID   UID   USER       NAME       LEASES       CACHED      OPEN BUFFERS  CONNECTED\n"
+      "  12      5151  1000  svc-infer  my-server  3 (192 MiB)  1 (64 MiB)  1             2m 0s\n");
 }
 
 TEST_CASE("status: an idle, draining holder") {
@@ -180,9 +184,12 @@ TEST_CASE("stats in the Prometheus text format") {
     const std::size_t end = text.find('\n', start);
     REQUIRE(end != std::string::npos);
     const std::string line = text.substr(start, end - start);
-    if (line.rfind("# HELP ", 0) == 0) ++help;
-    else if (line.rfind("# TYPE ", 0) == 0) ++type;
-    else ++samples;
+    if (line.rfind("# HELP ", 0) == 0)
+      ++help;
+    else if (line.rfind("# TYPE ", 0) == 0)
+      ++type;
+    else
+      ++samples;
     CHECK(line.rfind("cupool_", 0) == (line[0] == '#' ? std::string::npos : 0));
     start = end + 1;
   }
@@ -208,8 +215,9 @@ TEST_CASE("Prometheus label values are escaped") {
   reply["pools"][0]["name"] = "we\"ird\\na\nme";
   reply["pools"][0]["uuid"] = nullptr;
   const std::string text = render_stats_prometheus(reply);
-  CHECK(text.find("cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",gpu=\"0\",UUID=\"\",pci_bus_id=\"00000000:1B:00.0\"} "
-                  "10737418240\n") != std::string::npos);
+  CHECK(text.find(
+            "cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",gpu=\"0\",UUID=\"\",pci_bus_id=\"00000000:1B:00.0\"} "
+            "10737418240\n") != std::string::npos);
 }
 
 TEST_CASE("Prometheus: no pools, no samples; a sample without its value is left out") {
@@ -282,7 +290,8 @@ TEST_CASE("plan: replace and other value types") {
         "-/+ pool kv-cache on device 1: max_size 32 GiB -> 64 GiB");
   CHECK(render_change(json::parse(R"({"action": "replace", "object": "pool", "name": "kv-cache", "device": 0,
       "field": "handle_types", "from": ["posix_fd"], "to": ["posix_fd", "fabric"], "blocked": "3 leases held by 2 clients"})")) ==
-        "-/+ pool kv-cache on device 0: handle_types [posix_fd] -> [posix_fd, fabric] (kept: 3 leases held by 2 clients)");
+        "-/+ pool kv-cache on device 0: handle_types [posix_fd] -> [posix_fd, fabric] (kept: 3 leases held by 2 "
+        "clients)");
   CHECK(render_change(json::parse(R"({"action": "update", "object": "pool", "name": "p", "device": 0,
       "field": "access", "from": null, "to": 7})")) == "~ pool p on device 0: access none -> 7");
   CHECK(render_change(json::parse(R"({"action": "create", "object": "buffer", "name": "w", "pool": "kv-cache",
@@ -344,8 +353,8 @@ TEST_CASE("buffers") {
         "b       U8     [2147483648]  1     0       2 GiB\n");
   CHECK(render_buffer_tensors(json::parse(R"({"name": "w", "size": 1024, "indexed": false, "tensors": []})")) ==
         "buffer w: 1 KiB, 0 tensors\n(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n");
-  const json created = json::parse(
-      R"({"id": 13, "ok": true, "name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240})");
+  const json created =
+      json::parse(R"({"id": 13, "ok": true, "name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240})");
   CHECK(render_buffer_created(created) == "created buffer weights: 10 GiB in pool kv-cache on device 0\n");
   CHECK(render_buffer_removed(created) == "removed buffer weights (10 GiB in pool kv-cache on device 0)\n");
 }

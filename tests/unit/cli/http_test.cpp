@@ -23,7 +23,8 @@ TEST_CASE("parse_listen: host:port, [v6]:port, :port, and what is wrong with the
   CHECK(parse_listen("127.0.0.1:0").port == 0);
   CHECK(parse_listen("[::1]:9402").host == "::1");
   CHECK(parse_listen("localhost:80").host == "localhost");
-  for (const char* bad : {"9402", "", ":", "host:", ":65536", ":-1", ":94x2", "[::1]9402", "[]:1", "::1:9402", "[::1"}) {
+  for (const char* bad :
+       {"9402", "", ":", "host:", ":65536", ":-1", ":94x2", "[::1]9402", "[]:1", "::1:9402", "[::1"}) {
     CAPTURE(bad);
     CHECK_THROWS_AS(parse_listen(bad), cupool::InputError);
   }
@@ -67,8 +68,9 @@ TEST_CASE("respond: /metrics, /, 404, 405, 400") {
     asked = true;
     return std::string();
   };
-  for (const char* bad : {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET /metrics HTTP/1.1 extra\r\n\r\n",
-                          "GET /metrics SPDY/3\r\n\r\n", "G(T /metrics HTTP/1.1\r\n\r\n", " /metrics HTTP/1.1\r\n\r\n"}) {
+  for (const char* bad :
+       {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET /metrics HTTP/1.1 extra\r\n\r\n",
+        "GET /metrics SPDY/3\r\n\r\n", "G(T /metrics HTTP/1.1\r\n\r\n", " /metrics HTTP/1.1\r\n\r\n"}) {
     CAPTURE(bad);
     CHECK(status_line(respond(bad, count)) == "HTTP/1.1 400 Bad Request");
   }

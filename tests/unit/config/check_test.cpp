@@ -11,7 +11,8 @@ namespace {
 
 // Parses `text` (which must be valid) and checks it against `node`; returns the finding codes.
 std::vector<std::string> codes(const std::string& text, const NodeReport& node, const CheckOptions& o = {}) {
-  const Judged j = judge_config(SourceFile("t.yaml", text), [&] { return node; }, Scope::all, o);
+  const Judged j = judge_config(
+      SourceFile("t.yaml", text), [&] { return node; }, Scope::all, o);
   const Diagnostics& d = j.diags;
   REQUIRE_MESSAGE(!d.has_invalid_input(), render_text(d, SourceFile("t.yaml", text)));
   std::vector<std::string> out;
@@ -19,7 +20,9 @@ std::vector<std::string> codes(const std::string& text, const NodeReport& node, 
   return out;
 }
 
-bool has(const std::vector<std::string>& v, const std::string& code) { return std::find(v.begin(), v.end(), code) != v.end(); }
+bool has(const std::vector<std::string>& v, const std::string& code) {
+  return std::find(v.begin(), v.end(), code) != v.end();
+}
 
 const char* const kGood = R"(version: 1
 pools:
@@ -58,20 +61,27 @@ TEST_CASE("node facts turn into findings") {
   }
   SUBCASE("old driver: managed pools") {
     n.driver_version = 12080;
-    CHECK(has(codes("version: 1\npools: [{name: m, devices: [0], alloc_type: managed}]\n", n), "managed-pools-unsupported"));
+    CHECK(has(codes("version: 1\npools: [{name: m, devices: [0], alloc_type: managed}]\n", n),
+              "managed-pools-unsupported"));
   }
   SUBCASE("no managed memory on the device") {
     n.devices[0].info.managed_memory = false;
-    CHECK(has(codes("version: 1\npools: [{name: m, devices: [0], alloc_type: managed}]\n", n), "managed-pools-unsupported"));
+    CHECK(has(codes("version: 1\npools: [{name: m, devices: [0], alloc_type: managed}]\n", n),
+              "managed-pools-unsupported"));
   }
   SUBCASE("host NUMA node missing, host pools unsupported") {
     n.devices[0].info.host_memory_pools = false;
-    const auto c = codes("version: 1\npools:\n  - {name: a, devices: [0], location: host_numa:2}\n  - {name: b, devices: [0], location: host}\n", n);
+    const auto c = codes(
+        "version: 1\npools:\n  - {name: a, devices: [0], location: host_numa:2}\n  - {name: b, devices: [0], location: "
+        "host}\n",
+        n);
     CHECK(has(c, "unknown-numa-node"));
     CHECK(has(c, "host-pools-unsupported"));
   }
   SUBCASE("unknown devices by index, UUID and PCI bus id") {
-    const auto c = codes("version: 1\npools: [{name: a, devices: [2, GPU-11111111-2222-3333-4444-555555555555, \"0000:99:00.0\"]}]\n", n);
+    const auto c = codes(
+        "version: 1\npools: [{name: a, devices: [2, GPU-11111111-2222-3333-4444-555555555555, \"0000:99:00.0\"]}]\n",
+        n);
     CHECK(std::count(c.begin(), c.end(), "unknown-device") == 3);
   }
 }
@@ -83,7 +93,8 @@ TEST_CASE("fabric: an attribute is not proof; a --deep probe is") {
   CheckOptions deep;
   deep.deep = true;
   CHECK(codes(text, n, deep).empty());
-  n.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX channel is reachable", ""});
+  n.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED",
+                                 "cuMemPoolExportToShareableHandle", "no IMEX channel is reachable", ""});
   CHECK(codes(text, n, deep) == std::vector<std::string>{"fabric-not-exportable"});
   n.devices[0].info.fabric_handle = false;
   CHECK(codes(text, n, deep) == std::vector<std::string>{"handle-type-unsupported"});
@@ -91,26 +102,38 @@ TEST_CASE("fabric: an attribute is not proof; a --deep probe is") {
 
 TEST_CASE("rules that need no node") {
   const NodeReport n = test::two_gpu_node();
-  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], max_size: 1GiB, release_threshold: max, reserve: 2GiB}]\n", n), "reserve-above-max-size"));
-  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], release_threshold: 50%, reserve: 41GiB}]\n", n), "reserve-above-threshold"));
+  CHECK(has(
+      codes("version: 1\npools: [{name: a, devices: [0], max_size: 1GiB, release_threshold: max, reserve: 2GiB}]\n", n),
+      "reserve-above-max-size"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], release_threshold: 50%, reserve: 41GiB}]\n", n),
+            "reserve-above-threshold"));
   CHECK(codes("version: 1\npools: [{name: a, devices: [0], release_threshold: 50%, reserve: 40GiB}]\n", n).empty());
-  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], share: {groups: [gpu]}}]\n", n), "share-without-handle-type"));
-  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], handle_types: [posix_fd], max_size: 1GiB, share: {quota_per_client: 2GiB}}]\n", n), "quota-above-size"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], share: {groups: [gpu]}}]\n", n),
+            "share-without-handle-type"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], handle_types: [posix_fd], max_size: 1GiB, share: "
+                  "{quota_per_client: 2GiB}}]\n",
+                  n),
+            "quota-above-size"));
   CHECK(has(codes("version: 1\npools: [{name: a, devices: [0]}, {name: a, devices: [1]}]\n", n), "duplicate-name"));
-  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], location: host, handle_types: [posix_fd]}]\n", n), "host-pool-ipc"));
+  CHECK(has(codes("version: 1\npools: [{name: a, devices: [0], location: host, handle_types: [posix_fd]}]\n", n),
+            "host-pool-ipc"));
 }
 
 TEST_CASE("buffers: pool, device, size and sharing") {
   const NodeReport n = test::two_gpu_node();
   const std::string pools = "version: 1\npools: [{name: w, devices: [0], handle_types: [posix_fd], max_size: 2GiB}]\n";
   CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 1GiB}]\n", n).empty());
-  CHECK(codes(pools + "buffers: [{name: b, pool: x, device: 0, size: 1GiB}]\n", n) == std::vector<std::string>{"unknown-pool"});
-  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 1, size: 1GiB}]\n", n) == std::vector<std::string>{"buffer-device"});
-  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 3GiB}]\n", n) == std::vector<std::string>{"buffers-above-max-size"});
-  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 1GiB}, {name: b, pool: w, device: 0, size: 1GiB}]\n", n) ==
-        std::vector<std::string>{"duplicate-name"});
-  CHECK(codes("version: 1\npools: [{name: w, devices: [0]}]\nbuffers: [{name: b, pool: w, device: 0, size: 1GiB}]\n", n) ==
-        std::vector<std::string>{"buffer-not-shareable"});
+  CHECK(codes(pools + "buffers: [{name: b, pool: x, device: 0, size: 1GiB}]\n", n) ==
+        std::vector<std::string>{"unknown-pool"});
+  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 1, size: 1GiB}]\n", n) ==
+        std::vector<std::string>{"buffer-device"});
+  CHECK(codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 3GiB}]\n", n) ==
+        std::vector<std::string>{"buffers-above-max-size"});
+  CHECK(
+      codes(pools + "buffers: [{name: b, pool: w, device: 0, size: 1GiB}, {name: b, pool: w, device: 0, size: 1GiB}]\n",
+            n) == std::vector<std::string>{"duplicate-name"});
+  CHECK(codes("version: 1\npools: [{name: w, devices: [0]}]\nbuffers: [{name: b, pool: w, device: 0, size: 1GiB}]\n",
+              n) == std::vector<std::string>{"buffer-not-shareable"});
 }
 
 TEST_CASE("findings name the node they were judged against") {
@@ -119,7 +142,9 @@ TEST_CASE("findings name the node they were judged against") {
   n.source.profile_path = "p.yaml";
   n.peer_access[1][0] = false;
   const std::string text = "version: 1\npools: [{name: a, devices: [0], access: [1]}]\n";
-  const Diagnostics d = judge_config(SourceFile("t.yaml", text), [&] { return n; }, Scope::all).diags;
+  const Diagnostics d = judge_config(
+                            SourceFile("t.yaml", text), [&] { return n; }, Scope::all)
+                            .diags;
   REQUIRE(d.all().size() == 1);
   CHECK(d.all()[0].fact == "cuDeviceCanAccessPeer(1, 0) = 0 on the node in p.yaml");
   CHECK(d.all()[0].loc.line == 2);

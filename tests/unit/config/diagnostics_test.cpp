@@ -1,11 +1,11 @@
-#include <doctest/doctest.h>
+#include "config/diagnostics.h"
 
+#include <doctest/doctest.h>
 #include <sys/stat.h>
 
 #include <cstdio>
 
 #include "base/error.h"
-#include "config/diagnostics.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;

@@ -11,7 +11,8 @@ Config parse(const std::string& text, Diagnostics& d) { return parse_config(Sour
 std::string first(const Diagnostics& d) {
   auto all = d.sorted();
   if (all.empty()) return "";
-  return std::to_string(all[0].loc.line) + ":" + std::to_string(all[0].loc.column) + " " + all[0].code + ": " + all[0].message;
+  return std::to_string(all[0].loc.line) + ":" + std::to_string(all[0].loc.column) + " " + all[0].code + ": " +
+         all[0].message;
 }
 
 }  // namespace
@@ -37,7 +38,8 @@ pools:
     share: {users: [svc-infer], groups: [gpu], quota_per_client: 16GiB}
 buffers:
   - {name: weights, pool: kv-cache, device: 0, size: 10GiB}
-)", d);
+)",
+                         d);
   CHECK(d.all().empty());
   CHECK(c.version.value == 1);
   CHECK(c.holder.socket.value == "/run/x.sock");
@@ -78,7 +80,8 @@ pools:
     release_threshold: 1024
   - name: KV
     devices: []
-)", d);
+)",
+        d);
   const auto all = d.sorted();
   REQUIRE(all.size() == 4);
   CHECK(all[0].code == "unknown-key");
@@ -124,7 +127,8 @@ TEST_CASE("YAML syntax errors carry line and column") {
 TEST_CASE("bounded input: nesting and counts") {
   Diagnostics d;
   parse("version: 1\nx: " + std::string(200, '[') + std::string(200, ']') + "\n", d);
-  CHECK(first(d) == "2:" + std::to_string(3 + kMaxNesting + 1) + " too-deep: lists and mappings nested more than 32 deep");
+  CHECK(first(d) ==
+        "2:" + std::to_string(3 + kMaxNesting + 1) + " too-deep: lists and mappings nested more than 32 deep");
 
   std::string many = "version: 1\npools:\n";
   for (std::size_t i = 0; i <= kMaxPools; ++i) many += "  - {name: p" + std::to_string(i) + ", devices: [0]}\n";
@@ -135,7 +139,8 @@ TEST_CASE("bounded input: nesting and counts") {
 
   // Brackets inside quotes and comments don't count; an apostrophe inside a word opens no quote.
   Diagnostics d3;
-  parse("version: 1 # [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\nholder: {group: \"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"}\n", d3);
+  parse("version: 1 # [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\nholder: {group: \"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"}\n",
+        d3);
   CHECK(first(d3).find("too-deep") == std::string::npos);
   Diagnostics d4;
   parse("version: 1\nx: it's " + std::string(40, '[') + "\n", d4);

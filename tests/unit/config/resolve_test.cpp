@@ -21,7 +21,9 @@ Desired resolved(const std::string& text, const NodeReport& node = test::two_gpu
 TEST_CASE("a device list: written order, each once, unknown and repeated selectors set apart") {
   Diagnostics d;
   const Config c = parse_config(
-      SourceFile("t.yaml", "version: 1\npools: [{name: a, devices: [1, GPU-00000000-0000-4000-8000-000000000001, 0, 7]}]\n"), d);
+      SourceFile("t.yaml",
+                 "version: 1\npools: [{name: a, devices: [1, GPU-00000000-0000-4000-8000-000000000001, 0, 7]}]\n"),
+      d);
   REQUIRE(!d.has_invalid_input());
   const DeviceSelection s = select_devices(c.pools[0].devices, test::two_gpu_node());
   CHECK(s.ordinals == std::vector<int>{1, 0});
@@ -43,7 +45,8 @@ pools:
   - {name: kv, devices: all, handle_types: [posix_fd], release_threshold: 50%, access: [1, 0],
      reuse: {allow_opportunistic: false}}
   - {name: scratch, devices: [1]}
-)", node);
+)",
+                             node);
   REQUIRE(w.pools.size() == 3);
   CHECK(w.pools[0].name == "kv");
   CHECK(w.pools[0].device == 0);
@@ -88,7 +91,8 @@ process:
 
 TEST_CASE("check and the holder see the same threshold: the loader resolves once") {
   const std::string text = "version: 1\npools: [{name: kv, devices: [0], release_threshold: 10%, reserve: 9GiB}]\n";
-  const Judged j = judge_config(SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all);
+  const Judged j = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all);
   REQUIRE(j.desired);
   CHECK(j.desired->pools[0].settings.release_threshold == (80ULL << 30) / 10);
   // 9 GiB is above 10% of 80 GiB (8 GiB): the finding quotes the resolved bytes.

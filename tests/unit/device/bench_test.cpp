@@ -1,9 +1,10 @@
+#include "device/bench.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#include "device/bench.h"
 #include "device/sim_backend.h"
 #include "tests/unit/fixtures.h"
 

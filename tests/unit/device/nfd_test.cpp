@@ -1,10 +1,11 @@
+#include "device/nfd.h"
+
 #include <doctest/doctest.h>
 
 #include <map>
 #include <regex>
 #include <string>
 
-#include "device/nfd.h"
 #include "device/query.h"
 #include "device/sim_backend.h"
 #include "tests/unit/fixtures.h"
@@ -124,8 +125,8 @@ TEST_CASE("nfd: fabric is usable only where every device's export worked") {
   node.deep = true;
   for (auto& d : node.devices) d.probes.push_back({HandleType::fabric, true, "", "", "", ""});
   CHECK(by_name(node).at("fabric.usable") == "true");
-  node.devices[1].probes[0] = {HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle",
-                               "no IMEX channel", ""};
+  node.devices[1].probes[0] = {
+      HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX channel", ""};
   CHECK(by_name(node).at("fabric.usable") == "false");
 }
 

@@ -1,10 +1,11 @@
+#include "device/node.h"
+
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <fstream>
 
 #include "base/error.h"
-#include "device/node.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;
@@ -49,7 +50,8 @@ TEST_CASE("resolve_device finds a device by any of its names") {
 
 TEST_CASE("a report survives JSON and a profile file") {
   NodeReport node = test::two_gpu_node();
-  node.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX channel", ""});
+  node.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED",
+                                    "cuMemPoolExportToShareableHandle", "no IMEX channel", ""});
   const auto again = report_from_json(to_json(node), "test");
   CHECK(to_json(again) == to_json(node));
 

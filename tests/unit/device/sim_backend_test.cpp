@@ -1,3 +1,5 @@
+#include "device/sim_backend.h"
+
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -10,7 +12,6 @@
 
 #include "base/error.h"
 #include "device/query.h"
-#include "device/sim_backend.h"
 #include "tests/unit/fixtures.h"
 
 using namespace cupool;
@@ -21,8 +22,9 @@ TEST_CASE("query asks attributes only, and records each call") {
   CHECK(r.devices.size() == 2);
   CHECK(r.source.simulated);
   const std::vector<std::string> expected{
-      "init()", "driver_version()", "kernel_driver_version()", "host_numa_nodes()", "device_count()",
-      "device_info(0)", "memory_info(0)", "device_info(1)", "memory_info(1)", "can_access_peer(0,1)", "can_access_peer(1,0)"};
+      "init()",         "driver_version()",     "kernel_driver_version()", "host_numa_nodes()",
+      "device_count()", "device_info(0)",       "memory_info(0)",          "device_info(1)",
+      "memory_info(1)", "can_access_peer(0,1)", "can_access_peer(1,0)"};
   CHECK(sim.calls() == expected);
 }
 
@@ -46,7 +48,8 @@ TEST_CASE("--deep probes every handle type on every selected device") {
 
 TEST_CASE("recorded probes are the node's answer") {
   NodeReport node = test::two_gpu_node();
-  node.devices[0].probes.push_back({HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX", ""});
+  node.devices[0].probes.push_back(
+      {HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "no IMEX", ""});
   SimBackend sim(node);
   const ExportProbe p = sim.probe_export(0, HandleType::fabric);
   CHECK_FALSE(p.ok);
@@ -503,7 +506,8 @@ TEST_CASE("a failed probe is explained where the report is made") {
   CHECK(posix->reason == "the driver does not support posix_fd handles for memory pools on this device");
   ExportProbe fabric{HandleType::fabric, false, "CUDA_ERROR_NOT_PERMITTED", "cuMemPoolExportToShareableHandle", "", ""};
   CHECK(explain_probe(fabric).rfind("no IMEX channel is reachable: ", 0) == 0);
-  ExportProbe other{HandleType::posix_fd, false, "CUDA_ERROR_LAUNCH_FAILED", "cuMemAllocFromPoolAsync", "", "unspecified launch failure"};
+  ExportProbe other{HandleType::posix_fd,      false, "CUDA_ERROR_LAUNCH_FAILED",
+                    "cuMemAllocFromPoolAsync", "",    "unspecified launch failure"};
   CHECK(explain_probe(other) == "unspecified launch failure");
 }
 

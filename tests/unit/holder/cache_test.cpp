@@ -344,7 +344,7 @@ TEST_CASE("a connection whose request waits is served its quiet requests; others
   };
   send({{"id", 20}, {"op", "alloc"}, {"pool", "kv"}, {"size", 100 * MiB}});
   CHECK(talk.waiting());
-  CHECK(talk.out().empty());  // no reply yet
+  CHECK(talk.out().empty());           // no reply yet
   send({{"id", 21}, {"op", "list"}});  // held
   CHECK(talk.out().empty());
   const Json drop = f.last_notice_for(alice);

@@ -1,3 +1,5 @@
+#include "holder/holder.h"
+
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -7,7 +9,6 @@
 #include "config/load.h"
 #include "device/sim_backend.h"
 #include "holder/conversation.h"
-#include "holder/holder.h"
 #include "tests/unit/fixtures.h"
 #include "tests/unit/holder/requests.h"
 
@@ -51,7 +52,9 @@ struct Fixture {
   Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000};
 
   Fixture() { holder.adopt_holder_settings(want().holder); }
-  Desired want(const std::string& text = kConfig) { return load_config(SourceFile("test.yaml", text), test::two_gpu_node(), Scope::all).desired; }
+  Desired want(const std::string& text = kConfig) {
+    return load_config(SourceFile("test.yaml", text), test::two_gpu_node(), Scope::all).desired;
+  }
 
   std::uint64_t client(const Peer& p) {
     const std::uint64_t id = holder.connect(p);
@@ -178,7 +181,8 @@ TEST_CASE("quota per client and pool") {
   CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 200 << 20}}) == "ok");
   CHECK(f.error_code(other, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 200 << 20}}) == "ok");
   // The pool's max_size still applies.
-  CHECK(f.error_code(f.client(peer(0, "root")), {{"op", "alloc"}, {"pool", "private"}, {"size", 2ULL << 30}}) == "out_of_memory");
+  CHECK(f.error_code(f.client(peer(0, "root")), {{"op", "alloc"}, {"pool", "private"}, {"size", 2ULL << 30}}) ==
+        "out_of_memory");
 }
 
 TEST_CASE("a closed connection's leases are freed and its buffers closed") {
@@ -216,7 +220,8 @@ TEST_CASE("trim reports what was really released, measured before and after") {
   // 64 MiB reserve per device; the buffer's 128 MiB stays on device 0.
   std::uint64_t total = 0;
   for (const auto& p : t["pools"]) {
-    CHECK(p["released"].get<std::uint64_t>() == p["reserved_before"].get<std::uint64_t>() - p["reserved_after"].get<std::uint64_t>());
+    CHECK(p["released"].get<std::uint64_t>() ==
+          p["reserved_before"].get<std::uint64_t>() - p["reserved_after"].get<std::uint64_t>());
     total += p["released"].get<std::uint64_t>();
   }
   CHECK(t["released"] == total);
@@ -229,9 +234,13 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
   f.holder.apply(f.want());
   const auto root = f.client(peer(0, "root"));
   const auto alice = f.client(peer(1001, "alice"));
-  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}) == "ok");
-  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"size", 1 << 20}}) == "exists");
-  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "Bad Name"}, {"pool", "kv"}, {"size", 1}}) == "bad_request");
+  CHECK(f.error_code(
+            root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}) ==
+        "ok");
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"size", 1 << 20}}) ==
+        "exists");
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "Bad Name"}, {"pool", "kv"}, {"size", 1}}) ==
+        "bad_request");
   CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size", 1}}) == "not_found");
   const Json open = f.call(alice, {{"op", "buffer_open"}, {"name", "scratch"}});
   CHECK(open["size"] == 1 << 20);
@@ -245,12 +254,18 @@ namespace {
 
 Json tensor(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32",
             std::uint32_t part = 0) {
-  return {{"name", name}, {"dtype", dtype}, {"shape", {elements}}, {"part", part}, {"offset", offset}, {"size", elements * 4}};
+  return {{"name", name}, {"dtype", dtype},   {"shape", {elements}},
+          {"part", part}, {"offset", offset}, {"size", elements * 4}};
 }
 
 Json loading_buffer(const std::string& name, Json tensors, std::uint64_t size = 1 << 20) {
-  return {{"op", "buffer_create"}, {"name", name}, {"pool", "kv"}, {"size", size}, {"loading", true},
-          {"tensors", std::move(tensors)}, {"metadata", {{"format", "pt"}}}};
+  return {{"op", "buffer_create"},
+          {"name", name},
+          {"pool", "kv"},
+          {"size", size},
+          {"loading", true},
+          {"tensors", std::move(tensors)},
+          {"metadata", {{"format", "pt"}}}};
 }
 
 }  // namespace
@@ -300,7 +315,8 @@ pools:
 )";
   bool blocked = false;
   for (const auto& c : f.holder.plan(f.want(without_kv)))
-    if (c.object == "pool" && c.name == "kv" && c.device == 0) blocked = c.blocked.find("buffer model") != std::string::npos;
+    if (c.object == "pool" && c.name == "kv" && c.device == 0)
+      blocked = c.blocked.find("buffer model") != std::string::npos;
   CHECK(blocked);
   const std::string exported = f.holder.export_config();
   CHECK(exported.find("name: model") == std::string::npos);
@@ -314,8 +330,8 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   const auto alice = f.client(peer(1001, "alice"));
   const auto buffer_bytes = [&] { return f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>(); };
   const std::uint64_t before = buffer_bytes();
-  Json create = loading_buffer("model", {tensor("a", 0, 256), tensor("b", 0, 512, "F32", 1), tensor("c", 2048, 4, "F32", 1)},
-                               1024 + 4096);
+  Json create = loading_buffer(
+      "model", {tensor("a", 0, 256), tensor("b", 0, 512, "F32", 1), tensor("c", 2048, 4, "F32", 1)}, 1024 + 4096);
   create["parts"] = {1024, 4096};
   const Json created = f.call(root, create);
   CHECK(created["parts"] == 2);
@@ -441,9 +457,15 @@ TEST_CASE("hello: a client name is shown to admins, so it must show as itself") 
   f.holder.apply(f.want());
   const auto id = f.holder.connect(peer(1001, "alice"));
   // C0, DEL, C1 (U+009B is CSI), and the right-to-left override U+202E are refused.
-  for (const char* bad : {"a\x1b[2Jb", "a\x7f", "a\xc2\x9b" "31m", "evil\xe2\x80\xaegnp.exe", "a\xe2\x81\xa6" "b"})
+  for (const char* bad : {"a\x1b[2Jb", "a\x7f",
+                          "a\xc2\x9b"
+                          "31m",
+                          "evil\xe2\x80\xaegnp.exe",
+                          "a\xe2\x81\xa6"
+                          "b"})
     CHECK_MESSAGE(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", bad}}) == "bad_request", bad);
-  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86"}}) == "ok");
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86"}}) ==
+        "ok");
   CHECK(f.holder.status()["clients"][0]["name"] == "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86");
 }
 
@@ -491,7 +513,10 @@ TEST_CASE("a pool name is replaced on all its devices or on none") {
   f.holder.apply(f.want(bigger));
   for (std::size_t i = before; i < f.sim.calls().size(); ++i) CHECK(f.sim.calls()[i].rfind("destroy_pool", 0) != 0);
   // export still describes one pool that applies to itself unchanged.
-  CHECK(f.holder.plan(load_config(SourceFile("export.yaml", f.holder.export_config()), test::two_gpu_node(), Scope::all).desired).empty());
+  CHECK(f.holder
+            .plan(load_config(SourceFile("export.yaml", f.holder.export_config()), test::two_gpu_node(), Scope::all)
+                      .desired)
+            .empty());
 }
 
 TEST_CASE("connection limits: per user for everyone but admins, and a reserve that keeps admins in") {
@@ -741,6 +766,7 @@ TEST_CASE("the findings of a file made to be large fit a reply; the name a reque
     REQUIRE_FALSE(small["error"]["findings"].empty());
     CHECK(small["error"]["findings"].size() < kMaxFindings);
     CHECK(small["error"]["findings"][0] == reply["error"]["findings"][0]);
-    CHECK(small["error"]["rendered"].get<std::string>().find("(cut: a reply is at most 200000 bytes)") != std::string::npos);
+    CHECK(small["error"]["rendered"].get<std::string>().find("(cut: a reply is at most 200000 bytes)") !=
+          std::string::npos);
   }
 }

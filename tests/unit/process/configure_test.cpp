@@ -13,7 +13,8 @@ using namespace cupool;
 namespace {
 
 std::size_t count_calls(const SimBackend& sim, const std::string& prefix, std::size_t from = 0) {
-  return static_cast<std::size_t>(std::count_if(sim.calls().begin() + static_cast<std::ptrdiff_t>(from), sim.calls().end(),
+  return static_cast<std::size_t>(std::count_if(sim.calls().begin() + static_cast<std::ptrdiff_t>(from),
+                                                sim.calls().end(),
                                                 [&](const std::string& c) { return c.rfind(prefix, 0) == 0; }));
 }
 
@@ -73,7 +74,8 @@ TEST_CASE("configure refuses a bad file with findings, and changes nothing") {
     CHECK(e.rendered().find("release_threshold") != std::string::npos);  // did you mean
   }
   try {
-    configure_process(sim, "version: 1\nprocess:\n  devices: [5]\n  default_pool: {release_threshold: max}\n", "five.yaml");
+    configure_process(sim, "version: 1\nprocess:\n  devices: [5]\n  default_pool: {release_threshold: max}\n",
+                      "five.yaml");
     FAIL("accepted a missing device");
   } catch (const ConfigRejected& e) {
     CHECK_FALSE(e.invalid_input());
@@ -120,7 +122,7 @@ TEST_CASE("configure creates a pool on each selected device and makes it current
   const PoolSettings s = sim.pool_settings(cur);
   CHECK(s.release_threshold == UINT64_MAX);
   CHECK_FALSE(s.allow_opportunistic);
-  CHECK(s.follow_event_dependencies);  // not named: the driver's default
+  CHECK(s.follow_event_dependencies);                           // not named: the driver's default
   CHECK(sim.pool_usage(cur).reserved_current == (1ULL << 30));  // the reserve, kept by the threshold
   CHECK(sim.pool_usage(cur).used_current == 0);
   CHECK(sim.pool_access(cur, 0));
@@ -148,7 +150,8 @@ TEST_CASE("configure creates a pool on each selected device and makes it current
 
   // A later file with other settings changes the same pool; max_size can't change on a live pool.
   const ConfigureResult third = configure_process(
-      sim, "version: 1\nprocess:\n  devices: [1]\n  current_pool: {max_size: 4GiB, release_threshold: 2GiB}\n", "d.yaml");
+      sim, "version: 1\nprocess:\n  devices: [1]\n  current_pool: {max_size: 4GiB, release_threshold: 2GiB}\n",
+      "d.yaml");
   CHECK(sim.current_pool(1) == cur);
   REQUIRE(third.changes.size() == 1);
   CHECK(third.changes[0].field == "current_pool.release_threshold");

@@ -16,4 +16,3 @@ TEST_CASE("process_stats reports the default pool of each used device") {
   CHECK(stats["devices"][0]["pools"][0]["release_threshold"] == (40ULL << 30));
   CHECK(stats["devices"][0]["graph"]["used_current"] == 0);
 }
-

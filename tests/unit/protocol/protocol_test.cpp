@@ -1,3 +1,5 @@
+#include "protocol/protocol.h"
+
 #include <doctest/doctest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -5,8 +7,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "protocol/protocol.h"
 
 using namespace cupool;
 using namespace cupool::proto;
@@ -78,7 +78,8 @@ TEST_CASE("malformed frames are refused with bad_frame and a reason") {
   CHECK(bad_frame_message(header(1, 1, 7, 0) + std::string("{}\0junk", 7)).find("NUL") != std::string::npos);
   std::string deep(40, '[');
   deep = "{\"a\":" + deep + std::string(40, ']') + "}";
-  CHECK(bad_frame_message(header(1, 1, static_cast<std::uint32_t>(deep.size()), 0) + deep).find("nests") != std::string::npos);
+  CHECK(bad_frame_message(header(1, 1, static_cast<std::uint32_t>(deep.size()), 0) + deep).find("nests") !=
+        std::string::npos);
 }
 
 TEST_CASE("hex round trip of 64-byte handles") {
@@ -196,7 +197,8 @@ TEST_CASE("a part carries no descriptor, and kinds other than 1 to 4 are refused
                        doctest::Contains("descriptor"), Error);
   CHECK_THROWS_WITH_AS(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 5, 2, 0).data()), Kind::reply),
                        doctest::Contains("kind 5"), Error);
-  CHECK(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 4, 2, 0).data()), Kind::request).kind == Kind::part);
+  CHECK(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 4, 2, 0).data()), Kind::request).kind ==
+        Kind::part);
   CHECK_THROWS_WITH_AS(decode_header(reinterpret_cast<const std::uint8_t*>(header(1, 3, 2, 0).data()), Kind::request),
                        doctest::Contains("kind 3"), Error);
 }

@@ -1,10 +1,11 @@
+#include "tensors/safetensors.h"
+
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <string>
 
 #include "base/error.h"
-#include "tensors/safetensors.h"
 
 using namespace cupool;
 using namespace cupool::tensors;
