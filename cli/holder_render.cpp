@@ -179,7 +179,7 @@ const std::vector<Label> kDeviceLabels = {{"gpu", "device"}, {"UUID", "uuid"}, {
 std::string label_value(const json& row, const Label& l) {
   const json* v = field(row, l.key);
   if (!v || v->is_null()) return "";
-  const std::string value = text(row, l.key);
+  std::string value = text(row, l.key);
   if (std::string_view(l.key) != "pci_bus_id") return value;
   const auto normal = normalize_pci_bus_id(value);  // "0000:1b:00.0"
   if (!normal) return value;

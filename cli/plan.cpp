@@ -23,7 +23,7 @@ struct PlanArgs {
 
 // A request carries at most this many payload bytes (docs/protocol.md, "Limits"). Over 64 KiB it
 // goes in parts, which the holder takes from admins only: others are told so by the holder.
-constexpr std::size_t kMaxRequest = 4 * 1024 * 1024;
+constexpr std::size_t kMaxRequest = std::size_t{4} << 20;
 // Room left for the "id" the library adds.
 constexpr std::size_t kIdRoom = 32;
 // The longest "path" the holder takes (proto::kMaxConfigName): a longer one is sent as its end.

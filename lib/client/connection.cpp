@@ -39,13 +39,11 @@ std::uint64_t next_serial() {
 cupool_conn::~cupool_conn() {
   stop_watcher();
   for (cupool_lease* lease : cache) delete lease;
-  if (fd >= 0) ::close(fd);
-  if (lost_fd >= 0) ::close(lost_fd);
 }
 
 // One request, its reply (notices in between are noted). Throws Failure on transport errors.
 Json cupool_conn::request(Json body, int* fd_out) {
-  if (fd < 0) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
+  if (!fd) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
   const std::uint64_t id = next_id++;
   body["id"] = id;
   std::string frames;
@@ -56,18 +54,18 @@ Json cupool_conn::request(Json body, int* fd_out) {
   }
   try {
     try {
-      cupool::proto::send_all(fd, frames);
+      cupool::proto::send_all(fd.get(), frames);
     } catch (const std::system_error& e) {
       // The holder may have refused this connection (a limit) and closed it before reading what
       // we sent: its reason was sent first and is waiting here. Say that, not "unreachable".
-      if (auto reason = closing_reason()) throw *reason;
+      if (auto reason = closing_reason()) throw Failure{*reason};
       throw;
     }
     while (true) {
       int received = -1;
-      auto [header, reply] = cupool::proto::receive_frame(fd, received);
+      auto [header, reply] = cupool::proto::receive_frame(fd.get(), received);
+      cupool::Fd got(received);  // a descriptor that came with the frame
       if (header.kind == cupool::proto::Kind::notice) {
-        if (received >= 0) ::close(received);
         on_notice(reply);
         continue;
       }
@@ -76,13 +74,11 @@ Json cupool_conn::request(Json body, int* fd_out) {
           rid->get<std::uint64_t>() < next_id && (rid->get<std::uint64_t>() < id || !reply.value("ok", true))) {
         // A quiet request of ours that failed (a quiet request is answered only then): one sent
         // before this request, or while it waited (a `dropped` answer).
-        if (received >= 0) ::close(received);
         if (!reply.value("ok", true))
           quiet_failure = reply.value("error", Json::object()).value("message", "the holder refused a request");
         continue;
       }
       if (rid == reply.end() || !rid->is_number_unsigned() || rid->get<std::uint64_t>() != id) {
-        if (received >= 0) ::close(received);
         // A reply without our id is the holder telling us why it is closing the connection.
         if (reply.value("ok", true) == false && reply.contains("error")) {
           const Json& e = reply["error"];
@@ -90,10 +86,7 @@ Json cupool_conn::request(Json body, int* fd_out) {
         }
         throw Failure{CUPOOL_E_PROTOCOL, "the holder answered a different request"};
       }
-      if (fd_out)
-        *fd_out = received;
-      else if (received >= 0)
-        ::close(received);
+      if (fd_out) *fd_out = got.release();
       return reply;
     }
   } catch (const cupool::Error& e) {
@@ -127,8 +120,8 @@ void cupool_conn::retire(const std::pair<std::string, int>& key) {
 std::optional<Failure> cupool_conn::closing_reason() {
   try {
     int received = -1;
-    auto [header, reply] = cupool::proto::receive_frame(fd, received);
-    if (received >= 0) ::close(received);
+    auto [header, reply] = cupool::proto::receive_frame(fd.get(), received);
+    const cupool::Fd got(received);  // nothing is expected with it: closed here
     if (header.kind == cupool::proto::Kind::reply && reply.value("ok", true) == false && reply.contains("error") &&
         reply["error"].is_object()) {
       const Json& e = reply["error"];
@@ -152,17 +145,15 @@ Json cupool_conn::call(Json body, int* fd_out) {
 }
 
 void cupool_conn::close_socket() {
-  if (fd < 0) return;
+  if (!fd) return;
   if (watcher_here()) {
     // The watcher polls this descriptor: shut it down (the watcher wakes and ends), close it later,
     // so its number is not reused under the watcher.
-    ::shutdown(fd, SHUT_RDWR);
-    if (lost_fd >= 0) ::close(lost_fd);
-    lost_fd = fd;
+    ::shutdown(fd.get(), SHUT_RDWR);
+    lost_fd = std::move(fd);
   } else {
-    ::close(fd);
+    fd.reset();
   }
-  fd = -1;
 }
 
 cupool::Backend& cupool_conn::backend() {
@@ -194,10 +185,7 @@ cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, int dev
   int fd_in = -1;
   Json reply = call({{"op", "import_pool"}, {"pool", pool}, {"device", device}}, &fd_in);
   if (fd_in < 0) throw Failure{CUPOOL_E_PROTOCOL, "the holder's import_pool reply carried no file descriptor"};
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd_in};
+  const cupool::Fd closer(fd_in);
   const int holder_device = reply.value("device", 0);
   Imported imp;
   imp.local_device = local_device(reply.value("uuid", ""), holder_device);
@@ -281,7 +269,7 @@ std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int de
 void cupool_conn::release(cupool_lease* lease) {
   std::unique_ptr<cupool_lease> owned(lease);
   leases.erase(lease);
-  if (protocol >= 2 && !lease->buffer && fd >= 0 && lease->size <= cache_limit) {
+  if (protocol >= 2 && !lease->buffer && fd && lease->size <= cache_limit) {
     try {
       shrink_cache(cache_limit - lease->size);
       tell({{"op", "free"}, {"lease", lease->id}, {"cache", true}});
@@ -303,7 +291,7 @@ void cupool_conn::release(cupool_lease* lease) {
   } catch (const std::exception& e) {
     unmap_error = e.what();
   }
-  if (fd >= 0) {
+  if (fd) {
     if (lease->buffer)
       call({{"op", "buffer_close"}, {"name", lease->name}});
     else if (protocol >= 2)
@@ -317,14 +305,14 @@ void cupool_conn::release(cupool_lease* lease) {
 // ---- protocol 2: quiet requests, notices, the cache and its watcher ----
 
 void cupool_conn::tell(Json body) {
-  if (fd < 0) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
+  if (!fd) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
   body["id"] = next_id++;
   body["quiet"] = true;
   const std::string frames = cupool::proto::encode(cupool::proto::Kind::request, body);
   try {
-    cupool::proto::send_all(fd, frames);
+    cupool::proto::send_all(fd.get(), frames);
   } catch (const std::system_error& e) {
-    if (auto reason = closing_reason()) throw *reason;
+    if (auto reason = closing_reason()) throw Failure{*reason};
     close_socket();
     throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
   }
@@ -399,18 +387,18 @@ void cupool_conn::shrink_cache(std::uint64_t keep) {
       backend().free_imported(lease->imported, lease->address);
     } catch (...) {
     }
-    if (fd >= 0) tell({{"op", "free"}, {"lease", lease->id}});
+    if (fd) tell({{"op", "free"}, {"lease", lease->id}});
   }
 }
 
 void cupool_conn::read_waiting_frame() {
-  if (fd < 0) return;
-  pollfd p{fd, POLLIN, 0};
+  if (!fd) return;
+  pollfd p{fd.get(), POLLIN, 0};
   if (::poll(&p, 1, 0) <= 0) return;  // a call read it first
   try {
     int received = -1;
-    auto [header, body] = cupool::proto::receive_frame(fd, received);
-    if (received >= 0) ::close(received);
+    auto [header, body] = cupool::proto::receive_frame(fd.get(), received);
+    const cupool::Fd got(received);  // nothing is expected with it: closed here
     if (header.kind == cupool::proto::Kind::notice) {
       on_notice(body);
     } else if (!body.value("ok", true)) {
@@ -428,22 +416,22 @@ bool cupool_conn::watcher_here() const { return watching && ::getpid() == watche
 
 void* cupool_conn::watch(void* self) {
   cupool_conn* conn = static_cast<cupool_conn*>(self);
-  pollfd fds[2] = {{conn->watched_fd, POLLIN, 0}, {conn->watcher_wake, POLLIN, 0}};
+  pollfd fds[2] = {{conn->watched_fd, POLLIN, 0}, {conn->watcher_wake.get(), POLLIN, 0}};
   while (true) {
     fds[0].revents = fds[1].revents = 0;
     if (::poll(fds, 2, -1) < 0 && errno != EINTR) return nullptr;
     if (fds[1].revents) return nullptr;
     std::lock_guard<std::mutex> lock(conn->mu);
-    if (conn->fd < 0) return nullptr;
+    if (!conn->fd) return nullptr;
     conn->read_waiting_frame();
   }
 }
 
 void cupool_conn::start_watcher() {
-  if (watching || fd < 0) return;
-  watcher_wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (watcher_wake < 0) return;  // no watcher: drop notices are answered at the next call
-  watched_fd = fd;
+  if (watching || !fd) return;
+  watcher_wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!watcher_wake) return;  // no watcher: drop notices are answered at the next call
+  watched_fd = fd.get();
   // Signals are for the application's threads: the watcher starts with all of them blocked.
   sigset_t all, before;
   sigfillset(&all);
@@ -451,8 +439,7 @@ void cupool_conn::start_watcher() {
   const int rc = ::pthread_create(&watcher, nullptr, &cupool_conn::watch, this);
   pthread_sigmask(SIG_SETMASK, &before, nullptr);
   if (rc != 0) {
-    ::close(watcher_wake);
-    watcher_wake = -1;
+    watcher_wake.reset();
     return;
   }
   watching = true;
@@ -464,13 +451,11 @@ void cupool_conn::stop_watcher() {
   watching = false;
   // In a forked child the thread is the parent's: the eventfd is shared, so it is not written.
   if (::getpid() != watcher_pid) {
-    ::close(watcher_wake);  // this process's copy
-    watcher_wake = -1;
+    watcher_wake.reset();  // this process's copy
     return;
   }
   const std::uint64_t one = 1;
-  (void)!::write(watcher_wake, &one, sizeof one);
+  (void)!::write(watcher_wake.get(), &one, sizeof one);
   ::pthread_join(watcher, nullptr);
-  ::close(watcher_wake);
-  watcher_wake = -1;
+  watcher_wake.reset();
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "base/fd.h"
 #include "device/backend.h"
 
 namespace cupool::client {
@@ -54,7 +55,7 @@ struct cupool_lease {
 };
 
 struct cupool_conn {
-  int fd = -1;  // the socket; -1 once lost or closed
+  cupool::Fd fd;  // the socket; none once lost or closed
   mutable std::mutex mu;
   int protocol = 1;  // what hello agreed on: 2 has cached blocks and quiet requests
   const std::uint64_t serial = cupool::client::next_serial();
@@ -86,8 +87,8 @@ struct cupool_conn {
   bool watching = false;
   pid_t watcher_pid = 0;
   int watched_fd = -1;
-  int watcher_wake = -1;  // an eventfd that stops it
-  int lost_fd = -1;       // the socket, shut down but kept open until the watcher has stopped
+  cupool::Fd watcher_wake;  // an eventfd that stops it
+  cupool::Fd lost_fd;       // the socket, shut down but kept open until the watcher has stopped
 
   ~cupool_conn();
   // One request, its reply (notices in between are noted). Throws Failure on transport errors.

@@ -97,12 +97,12 @@ int cupool_connect(const char* socket_path, const char* client_name, cupool_conn
     }
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    conn->fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (conn->fd < 0) {
+    conn->fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!conn->fd) {
       cupool::client::no_connection_error() = std::string("socket: ") + std::strerror(errno);
       return CUPOOL_E_UNREACHABLE;
     }
-    if (::connect(conn->fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    if (::connect(conn->fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
       const int err = errno;
       if (err == EACCES || err == EPERM) {
         cupool::client::no_connection_error() =

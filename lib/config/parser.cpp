@@ -152,7 +152,7 @@ class Parser {
         d_.invalid("wrong-type", key_loc, "keys in " + where + " must be plain words");
         continue;
       }
-      const std::string name = key.Scalar();
+      const std::string& name = key.Scalar();
       if (std::find(known.begin(), known.end(), name) == known.end()) {
         const std::string guess = did_you_mean(name, known);
         d_.invalid(

@@ -34,26 +34,26 @@ namespace {
 // The driver entry points cupool uses. Names go through cuda.h's macros, so dlsym asks for the
 // versioned symbol the header means (cuDeviceTotalMem -> cuDeviceTotalMem_v2).
 struct DriverApi {
+// (clang-format lays a list like this out differently on each pass)
+// clang-format off
 #define CUPOOL_DRIVER_FUNCTIONS(X)                                                                                     \
-  X(cuInit)                                                                                                            \
-  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem)   \
-      X(cuDeviceGetAttribute) X(cuDeviceGetPCIBusId) X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString)    \
-          X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent)              \
-              X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)    \
-                  X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)           \
-                      X(cuMemPoolSetAccess) X(cuMemPoolTrimTo) X(cuMemPoolImportFromShareableHandle)                   \
-                          X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy)     \
-                              X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                 \
-                                  X(cuEventSynchronize) X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) \
-                                      X(cuMemcpyDtoH) X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute)  \
-                                          X(cuDeviceGraphMemTrim) X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool)   \
-                                              X(cuDeviceSetMemPool) X(cuMemPoolGetAccess)                              \
-                                                  X(cuDevicePrimaryCtxGetState) X(cuMemAlloc) X(cuMemFree)             \
-                                                      X(cuMemAllocAsync) X(cuStreamBeginCapture) X(cuStreamEndCapture) \
-                                                          X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy) \
-                                                              X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost)     \
-                                                                  X(cuMemcpyHtoDAsync)
-#define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet)                                                   \
+  X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)                                    \
+  X(cuDeviceGetPCIBusId) X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString)                                \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent)                      \
+  X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)                \
+  X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)                           \
+  X(cuMemPoolSetAccess) X(cuMemPoolTrimTo) X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
+  X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent)                                  \
+  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                                            \
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                                       \
+  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim) X(cuDeviceGetDefaultMemPool) \
+  X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolGetAccess) X(cuDevicePrimaryCtxGetState)                      \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture)                                                \
+  X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                                   \
+  X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)
+// clang-format on
+#define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;  // NOLINT(bugprone-macro-parentheses): a name
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
 #undef CUPOOL_DECLARE
 };
@@ -639,7 +639,7 @@ class CudaBackend final : public Backend {
         const std::uint64_t n = std::min(kChunk, r.bytes - at);
         if (busy[slot]) check(api_.cuEventSynchronize(s.done[slot]), "cuEventSynchronize");
         read_file_range(fd, s.host[slot], n, r.file_offset + at);
-        check(api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(r.address + at), s.host[slot], static_cast<size_t>(n),
+        check(api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(r.address) + at, s.host[slot], static_cast<size_t>(n),
                                      s.stream),
               "cuMemcpyHtoDAsync");
         check(api_.cuEventRecord(s.done[slot], s.stream), "cuEventRecord");

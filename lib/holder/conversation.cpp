@@ -30,7 +30,7 @@ Json rejected_body(const Json& id, const ConfigRejected& e, std::size_t limit) {
   const std::string note = "\n... (cut: a reply is at most " + std::to_string(limit) + " bytes)\n";
   std::size_t total = size();
   if (total <= limit) return body;
-  const std::string rendered = e.rendered();
+  const std::string& rendered = e.rendered();
   const std::size_t without = total - body["error"]["rendered"].dump().size() + 2;
   body["error"]["rendered"] = without + note.size() + 64 < limit
                                   ? utf8_prefix(rendered, (limit - without - note.size() - 64) / 6) + note

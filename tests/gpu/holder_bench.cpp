@@ -445,17 +445,20 @@ __attribute__((noreturn, format(printf, 1, 2))) void die(const char* fmt, ...) {
 #define BENCH_STR2(x) #x
 #define BENCH_STR(x) BENCH_STR2(x)  // expands cuda.h's versioning macros (cuMemAlloc -> cuMemAlloc_v2)
 
-#define BENCH_DRIVER_FUNCTIONS(X)                                                                                    \
-  X(cuInit)                                                                                                          \
-  X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetName) X(cuDeviceTotalMem)                    \
-      X(cuDeviceGetAttribute) X(cuGetErrorName) X(cuGetErrorString) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)   \
-          X(cuMemPoolCreate) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolExportToShareableHandle)   \
-              X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer) X(cuMemPoolImportPointer)              \
-                  X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) X(cuStreamCreate) X(cuStreamSynchronize)              \
-                      X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuIpcGetEventHandle)                 \
-                          X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemAlloc) X(cuMemFree)         \
-                              X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync) \
-                                  X(cuMemsetD8Async) X(cuMemHostAlloc) X(cuMemFreeHost)
+// (clang-format lays a list like this out differently on each pass)
+// clang-format off
+#define BENCH_DRIVER_FUNCTIONS(X)                                                                                             \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet)                                                          \
+  X(cuDeviceGetName) X(cuDeviceTotalMem) X(cuDeviceGetAttribute) X(cuGetErrorName)                                            \
+  X(cuGetErrorString) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemPoolCreate)                                       \
+  X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute) X(cuMemPoolExportToShareableHandle) X(cuMemPoolImportFromShareableHandle) \
+  X(cuMemPoolExportPointer) X(cuMemPoolImportPointer) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync)                            \
+  X(cuStreamCreate) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventRecord)                                                  \
+  X(cuEventSynchronize) X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD)                                        \
+  X(cuMemcpyDtoH) X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle)                                                             \
+  X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync) X(cuMemsetD8Async)                                        \
+  X(cuMemHostAlloc) X(cuMemFreeHost)
+// clang-format on
 
 struct Driver {
 #define BENCH_DECLARE(name) decltype(&::name) name = nullptr;
