@@ -10,7 +10,7 @@ BUILD=${1:-build}
 # (yaml-cpp is built from source by scripts/deps.sh: it goes statically into the client library.)
 PACKAGES=(cmake g++ ninja-build pkg-config curl xz-utils libcli11-dev libspdlog-dev doctest-dev
           nlohmann-json3-dev python3 python3-jsonschema python3-yaml python3-numpy zsh fish clang
-          libclang-rt-dev groff-base python3-prometheus-client)
+          libclang-rt-dev groff-base python3-prometheus-client clang-format clang-tidy)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -21,6 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: packages installed in ${SECONDS} s"
 fi
 
 # The CUDA toolkit provides the headers; the driver is loaded at run time.
@@ -31,10 +32,16 @@ if [ ! -f "${CUDA_HOME:-/usr/local/cuda}/include/cuda.h" ] && ! command -v nvcc 
 fi
 
 # yaml-cpp as a static, position-independent library (.deps/yaml-cpp), for the client library.
+t=$SECONDS
 bash scripts/deps.sh
+[ $((SECONDS - t)) -lt 2 ] || echo "setup: yaml-cpp built in $((SECONDS - t)) s"
 
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"} >/dev/null
+# The trees' shared options (unity batches among them): scripts/trees.sh.
+. scripts/trees.sh
+t=$SECONDS
+cmake -S . -B "$BUILD" "${TREE_OPTIONS[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 cmake --build "$BUILD"
+echo "setup: $BUILD/ built in $((SECONDS - t)) s"
 
 [ -z "${SKIP_MAIN_JOB:-}" ] || exit 0
 

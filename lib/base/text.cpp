@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 
 namespace cupool {
 
@@ -153,5 +155,7 @@ std::string list_or(const std::vector<std::string>& parts) {
   std::vector<std::string> head(parts.begin(), parts.end() - 1);
   return join(head, ", ") + " or " + parts.back();
 }
+
+std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace cupool

@@ -38,6 +38,9 @@ std::string to_lower(std::string_view s);
 bool starts_with(std::string_view s, std::string_view prefix);
 bool iequals(std::string_view a, std::string_view b);
 std::string join(const std::vector<std::string>& parts, std::string_view sep);
+
+// strerror(errno) as a string: what the last failed system call said.
+std::string errno_text();
 // "a, b or c" for messages that list valid choices.
 std::string list_or(const std::vector<std::string>& parts);
 

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "base/text.h"
+
 namespace cupool {
 
 namespace {
-
-std::string errno_text() { return std::strerror(errno); }
 
 std::string user_name(uid_t uid) {
   std::vector<char> buf(16384);

@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/fd.h"
+#include "base/text.h"
 #include "config/load.h"
 #include "device/query.h"
 #include "holder/closer.h"
@@ -42,8 +43,6 @@ constexpr std::size_t kMaxPendingClosesPerUser = 16;
 // Open files the holder asks for (RLIMIT_NOFILE): 1024 connections and room for the rest.
 constexpr rlim_t kWantedFiles = 4096;
 using proto::Json;
-
-std::string errno_text() { return std::strerror(errno); }
 
 std::int64_t steady_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();

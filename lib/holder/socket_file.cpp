@@ -15,14 +15,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/text.h"
 
 namespace cupool {
-
-namespace {
-
-std::string errno_text() { return std::strerror(errno); }
-
-}  // namespace
 
 SocketFile::SocketFile(const std::string& socket) : path_(socket), lock_path_(socket + ".lock") {
   const std::string dir = socket.substr(0, socket.rfind('/') == std::string::npos ? 0 : socket.rfind('/'));

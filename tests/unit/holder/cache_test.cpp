@@ -19,7 +19,7 @@ using namespace cupool;
 
 namespace {
 
-const char* const kConfig = R"(version: 1
+const char* const kCacheConfig = R"(version: 1
 holder: {socket: /tmp/cupool-unit.sock, mode: "0666"}
 pools:
   - name: kv
@@ -51,7 +51,7 @@ struct CacheFixture {
   CacheFixture() {
     holder.on_notice([this](std::uint64_t c, const Json& n) { notices.emplace_back(c, n); });
     holder.on_deferred([this](std::uint64_t c, const Json& r) { deferred.emplace_back(c, r); });
-    const Desired d = load_config(SourceFile("t.yaml", kConfig), test::two_gpu_node(), Scope::all).desired;
+    const Desired d = load_config(SourceFile("t.yaml", kCacheConfig), test::two_gpu_node(), Scope::all).desired;
     holder.adopt_holder_settings(d.holder);
     holder.apply(d);
   }
@@ -264,7 +264,7 @@ TEST_CASE("apply asks back the cached blocks that alone keep a pool from going")
   const auto alice = f.client(2001, "alice");
   const auto lease = f.alloc(alice, "kv", 64 * MiB);
   f.cache(alice, lease);
-  std::string without_kv = kConfig;
+  std::string without_kv = kCacheConfig;
   without_kv.erase(without_kv.find("  - name: kv"), without_kv.find("  - name: big") - without_kv.find("  - name: kv"));
   const std::string yaml = without_kv;
   // plan says why it would wait.
@@ -295,7 +295,7 @@ TEST_CASE("a reload waits for the cached blocks that keep a pool from going, the
   const auto alice = f.client(2001, "alice");
   const auto lease = f.alloc(alice, "kv", 64 * MiB);
   f.cache(alice, lease);
-  std::string yaml = kConfig;
+  std::string yaml = kCacheConfig;
   yaml.erase(yaml.find("  - name: kv"), yaml.find("  - name: big") - yaml.find("  - name: kv"));
   const Desired without_kv = load_config(SourceFile("t.yaml", yaml), test::two_gpu_node(), Scope::all).desired;
   std::vector<Change> applied;

@@ -16,7 +16,7 @@ using namespace cupool;
 
 namespace {
 
-const char* const kConfig = R"(version: 1
+const char* const kHolderConfig = R"(version: 1
 holder: {socket: /tmp/cupool-unit.sock, mode: "0666"}
 pools:
   - name: kv
@@ -52,7 +52,7 @@ struct Fixture {
   Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000};
 
   Fixture() { holder.adopt_holder_settings(want().holder); }
-  Desired want(const std::string& text = kConfig) {
+  Desired want(const std::string& text = kHolderConfig) {
     return load_config(SourceFile("test.yaml", text), test::two_gpu_node(), Scope::all).desired;
   }
 
@@ -100,7 +100,7 @@ TEST_CASE("reserve is mapped and stays reserved (read back from the pool)") {
 TEST_CASE("plan shows a threshold change; apply makes only that change") {
   Fixture f;
   f.holder.apply(f.want());
-  std::string changed = kConfig;
+  std::string changed = kHolderConfig;
   changed.replace(changed.find("release_threshold: max"), 22, "release_threshold: 512MiB");
   const auto plan = f.holder.plan(f.want(changed));
   REQUIRE(plan.size() == 2);  // kv on both devices
@@ -120,7 +120,7 @@ TEST_CASE("a pool with leases is not removed, and the answer says so") {
   f.holder.apply(f.want());
   const auto alice = f.client(peer(1001, "alice"));
   const Json lease = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}});
-  std::string without = kConfig;
+  std::string without = kHolderConfig;
   without.replace(without.find("devices: [0, 1]"), 15, "devices: [0]");
   const auto changes = f.holder.apply(f.want(without));
   REQUIRE(changes.size() == 1);
@@ -252,8 +252,8 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
 
 namespace {
 
-Json tensor(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32",
-            std::uint32_t part = 0) {
+Json tensor_entry(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32",
+                  std::uint32_t part = 0) {
   return {{"name", name}, {"dtype", dtype},   {"shape", {elements}},
           {"part", part}, {"offset", offset}, {"size", elements * 4}};
 }
@@ -277,7 +277,7 @@ TEST_CASE("buffers: a loading buffer is its loader's alone until buffer_ready, t
   const auto owner = f.client(peer(1000, "svc"));
   const auto alice = f.client(peer(1001, "alice"));
   const auto eve = f.client(peer(1003, "eve", {"eve"}));
-  const Json created = f.call(root, loading_buffer("model", {tensor("b", 256, 8), tensor("a", 0, 16)}));
+  const Json created = f.call(root, loading_buffer("model", {tensor_entry("b", 256, 8), tensor_entry("a", 0, 16)}));
   CHECK(created["tensors"] == 2);
   CHECK(created["loading"] == true);
   CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "model"}}) == "busy");
@@ -295,7 +295,7 @@ TEST_CASE("buffers: a loading buffer is its loader's alone until buffer_ready, t
   CHECK(index["size"] == 1 << 20);
   REQUIRE(index["tensors"].size() == 2);
   CHECK(index["tensors"][0]["name"] == "a");  // by offset
-  CHECK(index["tensors"][1] == tensor("b", 256, 8));
+  CHECK(index["tensors"][1] == tensor_entry("b", 256, 8));
   CHECK(index["metadata"]["format"] == "pt");
   CHECK(f.error_code(eve, {{"op", "buffer_tensors"}, {"name", "model"}}) == "not_permitted");
   const Json plain = f.call(alice, {{"op", "buffer_tensors"}, {"name", "weights"}});
@@ -331,7 +331,8 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   const auto buffer_bytes = [&] { return f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>(); };
   const std::uint64_t before = buffer_bytes();
   Json create = loading_buffer(
-      "model", {tensor("a", 0, 256), tensor("b", 0, 512, "F32", 1), tensor("c", 2048, 4, "F32", 1)}, 1024 + 4096);
+      "model", {tensor_entry("a", 0, 256), tensor_entry("b", 0, 512, "F32", 1), tensor_entry("c", 2048, 4, "F32", 1)},
+      1024 + 4096);
   create["parts"] = {1024, 4096};
   const Json created = f.call(root, create);
   CHECK(created["parts"] == 2);
@@ -351,7 +352,7 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   const Json index = f.call(alice, {{"op", "buffer_tensors"}, {"name", "model"}});
   CHECK(index["parts"] == Json::array({1024, 4096}));
   REQUIRE(index["tensors"].size() == 3);
-  CHECK(index["tensors"][1] == tensor("b", 0, 512, "F32", 1));  // by part, then offset
+  CHECK(index["tensors"][1] == tensor_entry("b", 0, 512, "F32", 1));  // by part, then offset
   CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "model"}, {"force", true}}) == "ok");
   CHECK(buffer_bytes() == before);
 }
@@ -368,15 +369,17 @@ TEST_CASE("buffers: parts are checked before anything is made") {
     CHECK_MESSAGE(message.find(words) != std::string::npos, message);
     CHECK(f.error_code(root, request) == "bad_request");
   };
-  refused({1024, 1024}, {tensor("a", 0, 4)}, 4096, "add up to 2048 bytes, not 4096");
-  refused({1024, 0}, {tensor("a", 0, 4)}, 1024, "holds 0, not a size");
-  refused(Json::array(), {tensor("a", 0, 4)}, 1024, "is not a list of parts");
-  refused({"1024"}, {tensor("a", 0, 4)}, 1024, "not a size");
-  refused({1024, 1024}, {tensor("a", 0, 4, "F32", 2)}, 2048, "is in part 2, but the buffer has 2 parts");
-  refused({1024, 1024}, {tensor("a", 1000, 16, "F32", 1)}, 2048, "past the end of the buffer (1024 bytes)");
-  refused({1024, 1024}, {tensor("a", 0, 64, "F32", 1), tensor("b", 128, 64, "F32", 1)}, 2048, "overlap");
+  refused({1024, 1024}, Json::array({tensor_entry("a", 0, 4)}), 4096, "add up to 2048 bytes, not 4096");
+  refused({1024, 0}, Json::array({tensor_entry("a", 0, 4)}), 1024, "holds 0, not a size");
+  refused(Json::array(), Json::array({tensor_entry("a", 0, 4)}), 1024, "is not a list of parts");
+  refused({"1024"}, Json::array({tensor_entry("a", 0, 4)}), 1024, "not a size");
+  refused({1024, 1024}, Json::array({tensor_entry("a", 0, 4, "F32", 2)}), 2048,
+          "is in part 2, but the buffer has 2 parts");
+  refused({1024, 1024}, Json::array({tensor_entry("a", 1000, 16, "F32", 1)}), 2048,
+          "past the end of the buffer (1024 bytes)");
+  refused({1024, 1024}, {tensor_entry("a", 0, 64, "F32", 1), tensor_entry("b", 128, 64, "F32", 1)}, 2048, "overlap");
   // The same offsets in two parts are two places.
-  Json fine = loading_buffer("x", {tensor("a", 0, 64), tensor("b", 0, 64, "F32", 1)}, 2048);
+  Json fine = loading_buffer("x", {tensor_entry("a", 0, 64), tensor_entry("b", 0, 64, "F32", 1)}, 2048);
   fine["parts"] = {1024, 1024};
   CHECK(f.error_code(root, fine) == "ok");
   CHECK(f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>() == before + 2048);
@@ -393,7 +396,7 @@ TEST_CASE("buffers: a loader that leaves before buffer_ready takes its half-made
   };
   const std::uint64_t before = used();
   const auto loader = f.client(peer(0, "root"));
-  f.call(loader, loading_buffer("half", {tensor("a", 0, 1024)}, 64 << 20));
+  f.call(loader, loading_buffer("half", Json::array({tensor_entry("a", 0, 1024)}), 64 << 20));
   f.call(loader, {{"op", "buffer_open"}, {"name", "half"}});
   CHECK(used() == before + (64 << 20));
   f.holder.disconnect(loader);
@@ -401,7 +404,7 @@ TEST_CASE("buffers: a loader that leaves before buffer_ready takes its half-made
   CHECK(used() == before);
   // A loaded one stays when its loader leaves.
   const auto second = f.client(peer(0, "root"));
-  f.call(second, loading_buffer("done", {tensor("a", 0, 1024)}));
+  f.call(second, loading_buffer("done", Json::array({tensor_entry("a", 0, 1024)})));
   f.call(second, {{"op", "buffer_ready"}, {"name", "done"}});
   f.holder.disconnect(second);
   CHECK(f.holder.status()["buffers"].size() == 2);
@@ -420,19 +423,20 @@ TEST_CASE("buffers: an index is checked before anything is made") {
       CHECK_MESSAGE(std::string(e.what()).find(words) != std::string::npos, std::string(e.what()));
     }
   };
-  refused(loading_buffer("x", {tensor("a", 1 << 20, 1)}), "past the end of the buffer");
-  refused(loading_buffer("x", {tensor("a", 0, 64), tensor("b", 128, 64)}), "overlap");
-  refused(loading_buffer("x", {tensor("a", 0, 4), tensor("a", 256, 4)}), "two tensors are named \"a\"");
-  refused(loading_buffer("x", {tensor("a", 0, 4, "F17")}), "unknown dtype");
+  refused(loading_buffer("x", Json::array({tensor_entry("a", 1 << 20, 1)})), "past the end of the buffer");
+  refused(loading_buffer("x", {tensor_entry("a", 0, 64), tensor_entry("b", 128, 64)}), "overlap");
+  refused(loading_buffer("x", {tensor_entry("a", 0, 4), tensor_entry("a", 256, 4)}), "two tensors are named \"a\"");
+  refused(loading_buffer("x", Json::array({tensor_entry("a", 0, 4, "F17")})), "unknown dtype");
   refused(loading_buffer("x", Json::object()), "expected an array");
-  Json bad_size = tensor("a", 0, 4);
+  Json bad_size = tensor_entry("a", 0, 4);
   bad_size["size"] = 17;
-  refused(loading_buffer("x", {bad_size}), "is 16 bytes, but its offsets span 17");
+  refused(loading_buffer("x", Json::array({bad_size})), "is 16 bytes, but its offsets span 17");
   refused({{"op", "buffer_create"}, {"name", "x"}, {"pool", "kv"}, {"size", 64}, {"metadata", Json::object()}},
           "\"metadata\" comes with \"tensors\"");
   CHECK(f.holder.status()["buffers"].size() == 1);
   // Not an admin: refused before the index is looked at.
-  CHECK(f.error_code(f.client(peer(1001, "alice")), loading_buffer("x", {tensor("a", 0, 4)})) == "not_permitted");
+  CHECK(f.error_code(f.client(peer(1001, "alice")), loading_buffer("x", Json::array({tensor_entry("a", 0, 4)}))) ==
+        "not_permitted");
 }
 
 TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
@@ -498,7 +502,7 @@ TEST_CASE("a pool name is replaced on all its devices or on none") {
   Fixture f;
   f.holder.apply(f.want());
   // The buffer 'weights' lives in kv on device 0, so kv can't be replaced there; device 1 must wait too.
-  std::string bigger = kConfig;
+  std::string bigger = kHolderConfig;
   bigger.replace(bigger.find("max_size: 1GiB"), 14, "max_size: 2GiB");
   const auto changes = f.holder.plan(f.want(bigger));
   int replaces = 0;
@@ -592,7 +596,7 @@ TEST_CASE("apply changes the socket's mode and group, and says so only when they
   FakeSocket socket;
   f.holder.attach_socket(&socket);
   f.holder.apply(f.want());
-  std::string tighter = kConfig;
+  std::string tighter = kHolderConfig;
   tighter.replace(tighter.find("mode: \"0666\""), 12, "mode: \"0600\", group: gpu");
   auto changes = f.holder.apply(f.want(tighter));
   REQUIRE(changes.size() == 2);
@@ -629,7 +633,7 @@ TEST_CASE("a client that imported a pool is told when the pool is replaced; repl
   const std::uint64_t before = imported["generation"];
   CHECK(f.call(other, {{"op", "list"}})["pools"].size() == 4);  // it imported nothing
   // max_size can't change on a live pool: the pool is replaced (it has no leases or buffers).
-  std::string bigger = kConfig;
+  std::string bigger = kHolderConfig;
   const auto at = bigger.find("max_size: 1GiB", bigger.find("name: private"));
   bigger.replace(at, 14, "max_size: 2GiB");
   const auto changes = f.holder.apply(f.want(bigger));
@@ -686,7 +690,7 @@ TEST_CASE("a request in parts is joined for admins, refused for others, and boun
   CHECK(user_hello["limits"]["max_request"] == proto::kMaxPayload);
   CHECK(user_hello["limits"]["max_reply"] == proto::kMaxReply);
   // The held config over 64 KiB (long comments) planned back: no changes.
-  std::string text = kConfig;
+  std::string text = kHolderConfig;
   for (int i = 0; i < 2000; ++i) text += "# a long comment, line " + std::to_string(i) + std::string(60, '.') + "\n";
   const Json plan = {{"id", 5}, {"op", "plan"}, {"config", text}, {"path", "big.yaml"}};
   const std::string request = proto::encode(proto::Kind::request, plan);
