@@ -53,6 +53,24 @@ std::string find_preload() {
               " from it; set CUPOOL_PRELOAD");
 }
 
+// The dynamic loader splits LD_PRELOAD at spaces and colons and opens a relative entry from the
+// working directory: a preload path with either, or a relative one, would load something else
+// (issue 22: the part after a space was another user's library, run inside root's command).
+std::string checked_preload(const std::string& path) {
+  const char* why = nullptr;
+  if (path.empty() || path[0] != '/')
+    why = "is not an absolute path (the loader would look for it in the command's working directory)";
+  else if (path.find_first_of(" :\t\n") != std::string::npos)
+    why = "holds a space or a colon (the loader splits LD_PRELOAD there and would load other files)";
+  if (why)
+    throw Error(Errc::does_not_fit, "the preload library's path \"" + path + "\" " + why +
+                                        "; install cupool under a path without them, or set CUPOOL_PRELOAD to the "
+                                        "absolute path of a copy of libcupool-preload.so that has none");
+  if (::access(path.c_str(), R_OK) != 0)
+    throw Error(Errc::does_not_fit, "can't read the preload library " + path + ": " + std::strerror(errno));
+  return path;
+}
+
 std::string absolute(const std::string& path) {
   if (path.empty() || path[0] == '/' || path == "-") return path;
   char cwd[4096];
@@ -113,7 +131,7 @@ Verb add_exec(CLI::App& app) {
                 throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
               }
             }
-            const std::string preload = find_preload();
+            const std::string preload = checked_preload(find_preload());
             const char* old = std::getenv("LD_PRELOAD");
             const std::string ld = old && *old ? preload + ":" + old : preload;
             ::setenv("LD_PRELOAD", ld.c_str(), 1);

@@ -78,20 +78,26 @@ std::unique_ptr<cupool::Backend> make_backend(const std::string& profile) {
   return cupool::make_cuda_backend([](const std::string& line) { spdlog::debug("{}", line); });
 }
 
-// CLI11 takes a `--` right after an option whose value is optional (`exec P --report -- CMD -n`) as
-// the end of that option's values, and would then read CMD's own options as cupool's. A second
-// `--` there keeps everything after it CMD's. Returns the arguments, in CLI11's (reversed) order.
+// CLI11 takes a `--` right after an option whose value is optional, or right after that option's
+// value (`exec P --report -- CMD -n`, `exec P --report FILE -- CMD -n`), as the end of that
+// option's values, and would then read CMD's own options as cupool's (issue 22: `--report FILE`
+// exited 2). A second `--` there keeps everything after it CMD's. Returns the arguments, in
+// CLI11's (reversed) order.
 std::vector<std::string> arguments(const CLI::App& app, int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  const auto optional_value = [&](const std::string& name) {
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      const CLI::Option* opt = sub->get_option_no_throw(name);
+      if (opt && opt->get_expected_min() == 0 && opt->get_expected_max() >= 1) return true;
+    }
+    return false;
+  };
   for (std::size_t i = 1; i < args.size(); ++i) {
     if (args[i] != "--") continue;
-    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-      const CLI::Option* opt = sub->get_option_no_throw(args[i - 1]);
-      if (opt && opt->get_expected_min() == 0 && opt->get_expected_max() >= 1) {
-        args.insert(args.begin() + static_cast<std::ptrdiff_t>(i), "--");
-        break;
-      }
-    }
+    const bool after_option = optional_value(args[i - 1]);
+    const bool after_value =
+        i >= 2 && (args[i - 1] == "-" || args[i - 1].rfind('-', 0) != 0) && optional_value(args[i - 2]);
+    if (after_option || after_value) args.insert(args.begin() + static_cast<std::ptrdiff_t>(i), "--");
     break;  // only the first `--` ends cupool's own arguments
   }
   std::reverse(args.begin(), args.end());

@@ -29,9 +29,12 @@
 //   CUPOOL_EXEC_QUIET    "1": no line on stderr when the section was applied
 //   CUPOOL_EXEC_DEBUG    "1": say on stderr which of the driver's entry points were handed out
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -93,12 +96,33 @@ void write_report() {
     std::fputs(line.c_str(), stderr);
     return;
   }
-  if (FILE* f = std::fopen(target, "a")) {
-    std::fputs(line.c_str(), f);
-    std::fclose(f);
-  } else {
-    std::fprintf(stderr, "cupool exec: can't write the report to %s\n", target);
+  // The file may sit in a directory others can write (issue 22): a link there is not followed
+  // (root would append to whatever it names), a FIFO does not hold the process at exit, nothing
+  // but a regular file is written, and a new one is the user's alone (0600).
+  const int fd = ::open(target, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY, 0600);
+  if (fd < 0) {
+    std::fprintf(stderr, "cupool exec: can't write the report to %s: %s%s\n", target, std::strerror(errno),
+                 errno == ELOOP ? " (it is a symbolic link, which is not followed)" : "");
+    return;
   }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    std::fprintf(stderr, "cupool exec: can't write the report to %s: not a regular file\n", target);
+    ::close(fd);
+    return;
+  }
+  // One write a line (O_APPEND): lines of processes that exit at once do not interleave.
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      std::fprintf(stderr, "cupool exec: writing the report to %s failed: %s\n", target, std::strerror(errno));
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
 }
 
 // Set while this library itself is inside cupool_configure or cupool_stats: its own lookups of the

@@ -30,8 +30,9 @@ class Connection:
     def __init__(self, socket: Optional[PathLike] = None, name: Optional[str] = None) -> None:
         lib = _lib.library()
         handle = ctypes.c_void_p()
-        path = os.fsencode(socket) if socket is not None else None
-        status = lib.cupool_connect(path, name.encode() if name is not None else None, ctypes.byref(handle))
+        path = _c_string("socket", os.fsencode(socket)) if socket is not None else None
+        status = lib.cupool_connect(path, _c_string("name", name) if name is not None else None,
+                                    ctypes.byref(handle))
         if status != 0:
             raise error_for_status(status, _lib.text(lib.cupool_last_error(None)))
         self._session = Session(lib, handle.value)
@@ -53,7 +54,7 @@ class Connection:
         session = self._session
         with session.lock:
             handle = session.check_open()
-            session.check(session.lib.cupool_alloc(handle, pool.encode(), -1 if device is None else device,
+            session.check(session.lib.cupool_alloc(handle, _c_string("pool", pool), -1 if device is None else device,
                                                    size, ctypes.byref(out)))
             return Lease(self, session, out.value, pool=pool)
 
@@ -67,7 +68,7 @@ class Connection:
         session = self._session
         with session.lock:
             handle = session.check_open()
-            session.check(session.lib.cupool_open_buffer_part(handle, name.encode(), part, ctypes.byref(out)))
+            session.check(session.lib.cupool_open_buffer_part(handle, _c_string("name", name), part, ctypes.byref(out)))
             return Lease(self, session, out.value, name=name)
 
     def tensor_index(self, name: str) -> Dict[str, Any]:
@@ -154,6 +155,18 @@ def connect(socket: Optional[PathLike] = None, name: Optional[str] = None) -> Co
     `name` (at most 64 characters are kept) shows in `cupool status`. Raises Unreachable when no
     holder listens there, Refused when this user may not open the socket."""
     return Connection(socket, name)
+
+
+def _c_string(what: str, value: Union[str, bytes]) -> bytes:
+    """`value` as the C library takes it: UTF-8 without NUL. A NUL would end the string there, so
+    "kv\\x00evil" would name the pool "kv"; it is refused instead."""
+    if isinstance(value, str):
+        value = value.encode()
+    elif not isinstance(value, bytes):
+        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
+    if b"\0" in value:
+        raise InvalidArgument(f"{what} may not hold a NUL character")
+    return value
 
 
 def _require_int(what: str, value: Any, minimum: int, maximum: int) -> None:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "schema"))
 import output as machine_output  # noqa: E402  (schemas/cupool-exec-report-v1)
@@ -24,6 +25,12 @@ process:
     release_threshold: max
     reuse: {allow_opportunistic: false}
 """
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def main():
@@ -156,6 +163,51 @@ def main():
     r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report", "--",
                         "/bin/echo", "-n", "hi"], capture_output=True, text=True, timeout=60)
     check(r.returncode == 0 and r.stdout == "hi", f"--report -- CMD -n: {r.returncode} {r.stdout!r} {r.stderr}")
+
+    # --report FILE, the file a separate argument, is --report=FILE (issue 22: it exited 2).
+    report4 = os.path.join(tmp, "report-separate.jsonl")
+    r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report", report4, "--",
+                        sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and os.path.exists(report4), f"--report FILE -- CMD: {r.returncode} {r.stderr}")
+    r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report", "-", "--",
+                        "/bin/echo", "-n", "hi"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout == "hi", f"--report - -- CMD -n: {r.returncode} {r.stdout!r} {r.stderr}")
+    if os.path.exists(report4):
+        machine_output.check_exec_report(report4)
+        mode = os.stat(report4).st_mode & 0o777
+        check(mode == 0o600 & ~current_umask(), f"a new report file is the user's alone: {oct(mode)}")
+
+    # The report's path may be in a directory others can write (issue 22): a link there is not
+    # followed (root appended to a root-only file through it), a FIFO does not hold the process at
+    # exit; either is said on stderr and the command's status stands.
+    victim = os.path.join(tmp, "victim")
+    with open(victim, "w") as f:
+        f.write("keep\n")
+    link = os.path.join(tmp, "link.jsonl")
+    os.symlink(victim, link)
+    r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report=" + link, "--",
+                        sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and open(victim).read() == "keep\n" and "symbolic link" in r.stderr,
+          f"--report through a link: {r.returncode} {open(victim).read()!r} {r.stderr}")
+    fifo = os.path.join(tmp, "fifo.jsonl")
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    try:
+        r = subprocess.run([args.cupool, "exec", config, "--at", "start", "--profile", profile, "--report=" + fifo,
+                            "--", sys.executable, "-c", "pass"], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0 and "can't write the report" in r.stderr and time.monotonic() - start < 20,
+              f"--report to a FIFO nobody reads: {r.returncode} {r.stderr}")
+    except subprocess.TimeoutExpired:
+        check(False, "--report to a FIFO nobody reads: the process hung at exit")
+
+    # A preload path the dynamic loader would split (a space or colon) or look up in the command's
+    # working directory (relative) is refused before the command runs (issue 22: with --strict the
+    # command ran with nothing applied, and the part after the space was another user's library).
+    for preload in ("/opt/my tools/libcupool-preload.so", "/opt/a:b/libcupool-preload.so", "libcupool-preload.so"):
+        r = subprocess.run([args.cupool, "exec", config, "--strict", "--profile", profile, "--", "/bin/echo", "ran"],
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, CUPOOL_PRELOAD=preload))
+        check(r.returncode == 1 and "ran" not in r.stdout and "preload library's path" in r.stderr,
+              f"CUPOOL_PRELOAD={preload!r}: {r.returncode} {r.stdout!r} {r.stderr}")
 
     # A broken file stops before the command (exit 2), with the finding.
     bad = os.path.join(tmp, "bad.yaml")

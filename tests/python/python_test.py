@@ -364,6 +364,11 @@ def test_every_error_status(tmp):
             check(reply["ok"] is False and reply["error"]["code"] == "unknown_op", f"raw reply {reply}")
             # Arguments Python refuses before the library sees them.
             expect_error(cupool.InvalidArgument, conn.alloc, "kv", -1, contains="size")
+            # A NUL would end the C string: "kv\0evil" must not allocate from "kv" (issue 22).
+            expect_error(cupool.InvalidArgument, conn.alloc, "kv\x00evil", 4096, contains="NUL")
+            expect_error(cupool.InvalidArgument, conn.open_buffer, "shared\x00x", contains="NUL")
+            expect_error(cupool.InvalidArgument, cupool.connect, h.socket + "\x00x", contains="NUL")
+            expect_error(cupool.InvalidArgument, cupool.connect, h.socket, "me\x00you", contains="NUL")
             try:
                 conn.alloc("kv", 1.5)
                 raise Failure("a float size was taken")
