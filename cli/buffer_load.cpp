@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "base/fd.h"
@@ -56,23 +58,14 @@ class ProgressLine {
   Clock::time_point last_{};
 };
 
-// The file again, for the copy: the same file read_header checked (same size).
-Fd open_data(const std::string& path, std::uint64_t expected_size) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
-  Fd fd(raw);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || static_cast<std::uint64_t>(st.st_size) != expected_size)
-    throw InputError(path + ": the file changed while it was being read");
-  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
-  return fd;
-}
-
 }  // namespace
 
 json load_buffer(const LoadArgs& args) {
   const auto started = Clock::now();
-  const tensors::FileHeader header = tensors::read_header(args.file);
+  // One open for the header and the data: a path opened twice may name two files (issue 22: a
+  // user who could write the directory swapped in a link to a root-only file between the opens).
+  const Fd file = tensors::open_file(args.file);
+  const tensors::FileHeader header = tensors::read_header(file.get(), args.file);
   const tensors::Index placed =
       tensors::layout(header.index, args.part_size ? args.part_size : tensors::kDefaultPartSize);
   const std::uint64_t size = tensors::total_size(placed);
@@ -94,19 +87,19 @@ json load_buffer(const LoadArgs& args) {
   // killed, the holder would remove it when the connection drops.
   cupool_lease* lease = nullptr;
   try {
-    const Fd fd = open_data(args.file, header.data_start + header.data_size);
-    // `placed` is in file order (layout keeps it), so header.index.tensors[i] is the same tensor.
+    ::posix_fadvise(file.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+    // Each placed tensor's bytes, from where the file has them (names are unique: read_header).
+    std::map<std::string, std::uint64_t> in_file;
+    for (const tensors::Tensor& t : header.index.tensors) in_file[t.name] = t.offset;
     std::vector<std::vector<cupool_file_range>> ranges(placed.parts.size());
-    for (std::size_t i = 0; i < placed.tensors.size(); ++i) {
-      const tensors::Tensor& t = placed.tensors[i];
-      ranges[t.part].push_back({header.data_start + header.index.tensors[i].offset, t.offset, t.size});
-    }
+    for (const tensors::Tensor& t : placed.tensors)
+      ranges[t.part].push_back({header.data_start + in_file.at(t.name), t.offset, t.size});
     std::uint64_t total = 0, before = 0;
     for (const auto& t : placed.tensors) total += t.size;
     ProgressLine progress(args.name);
     for (std::uint32_t part = 0; part < ranges.size(); ++part) {
       lease = holder.open_buffer(args.name, part);
-      holder.load_file(lease, fd.get(), ranges[part],
+      holder.load_file(lease, file.get(), ranges[part],
                        [&](std::uint64_t done, std::uint64_t) { progress(before + done, total); });
       for (const auto& r : ranges[part]) before += r.bytes;
       holder.release(std::exchange(lease, nullptr));

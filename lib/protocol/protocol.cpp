@@ -9,6 +9,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/json_reader.h"
 #include "base/text.h"
 
 namespace cupool::proto {
@@ -90,13 +91,16 @@ Json parse_payload(std::string_view payload) {
   // JSON text never holds a raw NUL (strings escape it as \u0000), and a parser may take one for
   // the end of its input: "{...}\0junk" would pass as "{...}".
   if (payload.find('\0') != std::string_view::npos) bad_frame("the payload holds a NUL byte");
-  // Requests are flat; deep nesting only costs stack (in parsing and in destruction).
-  const Json::parser_callback_t limit_depth = [](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxDepth) bad_frame("the payload nests deeper than " + std::to_string(kMaxDepth) + " levels");
-    return true;
-  };
-  Json j = Json::parse(payload.begin(), payload.end(), limit_depth, /*allow_exceptions=*/false);
-  if (j.is_discarded()) bad_frame("the payload is not valid JSON");
+  // Requests are flat; deep nesting only costs stack (in parsing and in destruction). Keys are
+  // read in linear time and a key twice in one object is refused (base/json_reader.h).
+  Json j;
+  try {
+    JsonLimits limits;
+    limits.max_depth = kMaxDepth;
+    j = read_json(payload, limits);
+  } catch (const JsonReadError& e) {
+    bad_frame(std::string("the payload ") + e.what());
+  }
   if (!j.is_object()) bad_frame("the payload is not a JSON object");
   return j;
 }
@@ -238,6 +242,11 @@ std::vector<std::uint64_t> Args::ids(const char* key, std::size_t max_items) {
       bad_request(std::string("\"") + key + "\" must hold lease ids (integers from 1 to 2^64-1)");
     out.push_back(item.get<std::uint64_t>());
   }
+  // Each id once: a list that names one twice would have it acted on twice.
+  std::vector<std::uint64_t> sorted = out;
+  std::sort(sorted.begin(), sorted.end());
+  if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end())
+    bad_request(std::string("\"") + key + "\" names lease " + std::to_string(*twice) + " twice");
   return out;
 }
 

@@ -106,7 +106,8 @@ class Args {
   // A device ordinal; `fallback` when absent.
   int device(const char* key, int fallback);
   bool boolean(const char* key, bool fallback);
-  // An array of at most `max_items` integers from 1 to 2^64-1 (lease ids); missing is an error.
+  // An array of at most `max_items` integers from 1 to 2^64-1 (lease ids), each once; missing is an
+  // error.
   std::vector<std::uint64_t> ids(const char* key, std::size_t max_items);
   // An argument of any JSON type, checked by the caller; nullptr when absent.
   const Json* value(const char* key) { return find(key); }

@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/fd.h"
+#include "base/json_reader.h"
 #include "base/text.h"
 #include "base/units.h"
 
@@ -50,9 +51,12 @@ Tensor read_entry(const std::string& name, const Json& entry, const char* offset
   const std::string where = "tensor \"" + valid_utf8(name) + "\"";
   if (name.empty()) fail("a tensor has an empty name");
   if (name.size() > kMaxName)
-    fail(where.substr(0, 80) + "...: a name is at most " + std::to_string(kMaxName) + " bytes");
-  if (std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20; }))
-    fail(where + ": a name may not hold control characters");
+    fail(valid_utf8(where.substr(0, 80)) + "...: a name is at most " + std::to_string(kMaxName) + " bytes");
+  // Names reach `buffer ls`, JSON indexes and Python: printable text only (docs/protocol.md).
+  if (!displays_as_is(name))
+    fail("tensor \"" + valid_utf8(safe_for_display(name).substr(0, 80)) +
+         "\": a name is printable UTF-8 text (no control characters: C0, DEL, C1; no bidirectional formatting "
+         "characters such as U+202E)");
   if (!entry.is_object()) fail(where + ": expected an object with dtype, shape and " + offsets_key);
   Tensor t;
   t.name = name;
@@ -106,15 +110,19 @@ Tensor read_entry(const std::string& name, const Json& entry, const char* offset
   return t;
 }
 
-// Sorts by part and offset and checks that every tensor lies within its part (`limits[part]` bytes;
-// a file's data is one part) and none overlaps another.
+// The one order of an index, whatever the input's: by part, offset, size, then name (zero-size
+// tensors may share an offset with each other and with the tensor that follows them).
+bool by_place(const Tensor& a, const Tensor& b) {
+  if (a.part != b.part) return a.part < b.part;
+  if (a.offset != b.offset) return a.offset < b.offset;
+  return a.size != b.size ? a.size < b.size : a.name < b.name;
+}
+
+// Sorts by place and checks that every tensor lies within its part (`limits[part]` bytes; a
+// file's data is one part) and none overlaps another.
 void check_ranges(std::vector<Tensor>& tensors, const std::vector<std::uint64_t>& limits, const std::string& space,
                   const Fail& fail) {
-  std::sort(tensors.begin(), tensors.end(), [](const Tensor& a, const Tensor& b) {
-    if (a.part != b.part) return a.part < b.part;
-    if (a.offset != b.offset) return a.offset < b.offset;
-    return a.size != b.size ? a.size < b.size : a.name < b.name;  // one order, whatever the input's
-  });
+  std::sort(tensors.begin(), tensors.end(), by_place);
   const Tensor* previous = nullptr;
   for (const Tensor& t : tensors) {
     if (t.part >= limits.size())
@@ -135,13 +143,32 @@ void check_ranges(std::vector<Tensor>& tensors, const std::vector<std::uint64_t>
   }
 }
 
+// A metadata value: lines of text (tab and newline allowed), otherwise what displays as itself.
+bool text_value(std::string_view s) {
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::uint32_t cp = 0;
+    const std::size_t len = decode_utf8(s, i, &cp);
+    if (!len || (cp != '\t' && cp != '\n' && !display_safe(cp))) return false;
+    i += len;
+  }
+  return true;
+}
+
 std::map<std::string, std::string> read_metadata(const Json& m, const Fail& fail) {
   std::map<std::string, std::string> out;
   if (m.is_null()) return out;
   if (!m.is_object()) fail("__metadata__ must be an object of strings");
   std::size_t bytes = 0;
   for (const auto& [k, v] : m.items()) {
+    if (!displays_as_is(k))
+      fail("__metadata__ \"" + valid_utf8(safe_for_display(k).substr(0, 80)) +
+           "\": a key is printable UTF-8 text (no control or bidirectional formatting characters)");
     if (!v.is_string()) fail("__metadata__ \"" + valid_utf8(k) + "\": values must be strings");
+    if (!text_value(v.get_ref<const std::string&>()))
+      fail("__metadata__ \"" + valid_utf8(k) +
+           "\": a value is UTF-8 text; of the control and bidirectional formatting characters it may hold only tab "
+           "and newline");
     bytes += k.size() + v.get_ref<const std::string&>().size();
     if (bytes > kMaxMetadata) fail("__metadata__ holds more than " + std::to_string(kMaxMetadata) + " bytes");
     out[k] = v.get<std::string>();
@@ -159,24 +186,34 @@ FileHeader parse_header(std::string_view what, std::string_view json, std::uint6
                         std::uint64_t file_size) {
   const std::string file(what);
   const Fail fail = [&](const std::string& message) { throw InputError(file + ": " + message); };
-  const Json::parser_callback_t limit_depth = [&](int depth, Json::parse_event_t, Json&) {
-    if (depth > kMaxDepth) fail("the header nests deeper than a safetensors header does");
-    return true;
-  };
-  Json header = Json::parse(json.begin(), json.end(), limit_depth, /*allow_exceptions=*/false);
-  if (header.is_discarded())
-    fail("the header is not valid JSON (is this a safetensors file? it starts with an 8-byte length, then JSON)");
+  // Read in linear time, the tensor count bounded while reading (the entries and __metadata__),
+  // a name twice refused (nlohmann's parser let the last one win).
+  const std::string too_many = "the header has more than " + std::to_string(kMaxTensors) + " tensors";
+  JsonLimits limits;
+  limits.max_depth = kMaxDepth;
+  limits.max_keys = kMaxTensors + 1;
+  limits.too_many_keys = too_many.c_str();
+  Json header;
+  try {
+    header = read_json(json, limits);
+  } catch (const JsonReadError& e) {
+    const std::string why = e.what();
+    if (why.rfind("nests deeper", 0) == 0) fail("the header nests deeper than a safetensors header does");
+    if (why.rfind("is not valid JSON", 0) == 0)
+      fail("the header " + why + "; is this a safetensors file? it starts with an 8-byte length, then JSON");
+    fail(why == too_many ? why : "the header " + why);
+  }
   if (!header.is_object()) fail("the header is not a JSON object of tensors");
   FileHeader out;
   out.data_start = data_start;
   out.data_size = file_size - data_start;
-  if (header.size() > kMaxTensors + 1) fail("more than " + std::to_string(kMaxTensors) + " tensors");
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__")
       out.index.metadata = read_metadata(entry, fail);
     else
       out.index.tensors.push_back(read_entry(name, entry, "data_offsets", fail));
   }
+  if (out.index.tensors.size() > kMaxTensors) fail(too_many);
   check_ranges(out.index.tensors, {out.data_size}, "data", fail);
   return out;
 }
@@ -210,19 +247,55 @@ FileHeader parse_file(std::string_view what, std::string_view bytes, std::uint64
   return parse_header(what, bytes.substr(8, length), 8 + length, file_size);
 }
 
-FileHeader read_header(const std::string& path) {
-  const int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) throw InputError(path + ": cannot open: " + std::strerror(errno));
-  const Fd fd(raw);
+Fd open_file(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd) throw InputError(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw InputError(path + ": cannot stat: " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw InputError(path + ": not a regular file (a " +
+                     (S_ISFIFO(st.st_mode)   ? "FIFO"
+                      : S_ISDIR(st.st_mode)  ? "directory"
+                      : S_ISCHR(st.st_mode)  ? "character device"
+                      : S_ISBLK(st.st_mode)  ? "block device"
+                      : S_ISSOCK(st.st_mode) ? "socket"
+                                             : "special file") +
+                     "); give the path of a .safetensors file");
+  // A link is followed only where it is the caller's or root's (as fs.protected_symlinks does in
+  // sticky directories): root loading from a directory another user can write must not read a
+  // root-only file through that user's link. And the path must still name the file opened, so a
+  // link swapped in after the open is seen too.
+  struct stat at_path {};
+  if (::lstat(path.c_str(), &at_path) != 0) throw InputError(path + ": cannot stat: " + std::strerror(errno));
+  if (S_ISLNK(at_path.st_mode)) {
+    if (at_path.st_uid != ::geteuid() && at_path.st_uid != 0)
+      throw InputError(path + ": a symbolic link of another user (uid " + std::to_string(at_path.st_uid) +
+                       "); a link is followed only when it is yours or root's: give the file's own path");
+    if (::stat(path.c_str(), &at_path) != 0) throw InputError(path + ": cannot stat: " + std::strerror(errno));
+  }
+  if (at_path.st_dev != st.st_dev || at_path.st_ino != st.st_ino)
+    throw InputError(path + ": the file changed while it was being opened (another file is there now)");
+  // Reads of a regular file never wait on O_NONBLOCK, but take it off all the same.
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+FileHeader read_header(const std::string& path) {
+  const Fd fd = open_file(path);
+  return read_header(fd.get(), path);
+}
+
+FileHeader read_header(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw InputError(path + ": cannot stat: " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) throw InputError(path + ": not a regular file");
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   std::string bytes(8, '\0');
   auto read_at = [&](char* into, std::size_t n, std::uint64_t at) {
     std::size_t done = 0;
     while (done < n) {
-      const ssize_t got = ::pread(fd.get(), into + done, n - done, static_cast<off_t>(at + done));
+      const ssize_t got = ::pread(fd, into + done, n - done, static_cast<off_t>(at + done));
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) throw InputError(path + ": cannot read: " + std::strerror(errno));
       if (got == 0) break;
@@ -263,6 +336,9 @@ Index layout(const Index& file, std::uint64_t part_size) {
     out.tensors.push_back(std::move(placed));
   }
   out.parts.push_back(std::max<std::uint64_t>(at, 1));
+  // Zero-size tensors placed at the same offset keep file order here but not by name: the index's
+  // one order is the one a holder reads it back in (from_json), or the two would differ.
+  std::sort(out.tensors.begin(), out.tensors.end(), by_place);
   return out;
 }
 

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/fd.h"
+
 namespace cupool::tensors {
 
 using Json = nlohmann::ordered_json;
@@ -65,9 +67,18 @@ struct FileHeader {
   std::uint64_t data_size = 0;   // the file's size - data_start
 };
 
-// Reads and checks the header of the safetensors file at `path`. Throws InputError naming the file
-// and what is wrong (unreadable, truncated, header too large, not JSON, an unknown dtype, a shape
-// that does not match its offsets, offsets past the end or overlapping) and what would be valid.
+// Opens the file at `path` once, for its header and its data alike (a second open by path could
+// find another file there: issue 22), without blocking (a FIFO with no writer would wait forever),
+// and refuses what is not a regular file. A link is followed where it is the caller's or root's
+// (model caches, Hugging Face's among them, link each file to a blob), not another user's. Throws
+// InputError naming the file.
+Fd open_file(const std::string& path);
+// Reads and checks the header of the safetensors file open at `fd` (`path` names it in messages).
+// Throws InputError naming the file and what is wrong (unreadable, truncated, header too large,
+// not JSON, a name twice, an unknown dtype, a shape that does not match its offsets, offsets past
+// the end or overlapping) and what would be valid.
+FileHeader read_header(int fd, const std::string& path);
+// open_file, then read_header.
 FileHeader read_header(const std::string& path);
 // The same over the file's first bytes (at least the length and the header) and its size: for the
 // fuzzer and tests. `what` names the file in messages.
@@ -76,7 +87,8 @@ FileHeader parse_file(std::string_view what, std::string_view bytes, std::uint64
 // Where each tensor goes in a buffer: in file order, each at a multiple of kAlignment of its part;
 // a part is closed when the next tensor would take it past `part_size` (a larger tensor gets a part
 // of its own). Returns the buffer's index with `parts` filled (at least one part, each at least 1
-// byte). Throws InputError when that needs more than kMaxParts parts.
+// byte), its tensors by part, offset, size and name (the order from_json gives). Throws
+// InputError when that needs more than kMaxParts parts.
 Index layout(const Index& file, std::uint64_t part_size = kDefaultPartSize);
 // The bytes of all parts.
 std::uint64_t total_size(const Index& index);

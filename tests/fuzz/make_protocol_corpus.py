@@ -233,6 +233,18 @@ SEEDS = {
     "parts-small": session(ROOT, parts({"id": 2, "op": "status"}, 3), frame({"id": 3, "op": "list"})),
     "parts-cut": session(ROOT, parts({"id": 2, "op": "status"}, 3)[:-20]),
     "parts-then-hello": bytes([ROOT]) + parts({"id": 1, "op": "hello", "protocol": 1}, 2),
+    # issue 22: a key twice (refused, not the last one winning), many keys (read in linear time),
+    # a lease named twice in `dropped` (refused, not "internal")
+    "key-twice": session(ALICE, frame(b'{"id": 2, "op": "list", "op": "status"}'),
+                         frame(b'{"id": 3, "op": "alloc", "pool": "kv", "size": 1, "size": 2}')),
+    "many-keys": session(ROOT, parts(dict({"id": 2, "op": "status"}, **{f"k{i}": i for i in range(1100)}), 2)),
+    "dropped-twice": session(
+        ALICE,
+        {"op": "alloc", "pool": "kv", "device": 0, "size": 1 << 20},
+        {"op": "free", "lease": 1, "cache": True, "quiet": True},
+        {"op": "dropped", "ask": 0, "leases": [1, 1]},
+        {"op": "dropped", "ask": 0, "leases": [1]},
+        protocol=2),
 }
 
 

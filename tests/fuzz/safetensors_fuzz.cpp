@@ -11,6 +11,7 @@
 // always as a deterministic driver (mutate_main.cpp) that CTest runs under the sanitizers.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 
@@ -58,9 +59,22 @@ void check_layout(const Index& file, std::uint64_t part_size) {
   require(placed.tensors.size() == file.tensors.size());
   require(!placed.parts.empty() && placed.parts.size() <= cupool::tensors::kMaxParts);
   for (std::uint64_t p : placed.parts) require(p >= 1);
+  // Every tensor of the file, placed; those with bytes in file order (the zero-size ones may share
+  // an offset, and are then ordered by name, as the holder reads them back).
+  std::map<std::string, std::size_t> in_file;
+  for (std::size_t i = 0; i < file.tensors.size(); ++i) in_file[file.tensors[i].name] = i;
+  std::size_t last_with_bytes = 0;
+  bool any_with_bytes = false;
   for (std::size_t i = 0; i < placed.tensors.size(); ++i) {
     const Tensor& t = placed.tensors[i];
-    require(t.name == file.tensors[i].name && t.size == file.tensors[i].size);  // file order
+    const auto from = in_file.find(t.name);
+    require(from != in_file.end() && t.size == file.tensors[from->second].size &&
+            t.dtype == file.tensors[from->second].dtype);
+    if (t.size > 0) {
+      require(!any_with_bytes || from->second > last_with_bytes);
+      last_with_bytes = from->second;
+      any_with_bytes = true;
+    }
     require(t.offset % cupool::tensors::kAlignment == 0);
     require(t.part < placed.parts.size());
     require(t.offset <= placed.parts[t.part] && t.size <= placed.parts[t.part] - t.offset);

@@ -80,6 +80,10 @@ TEST_CASE("malformed frames are refused with bad_frame and a reason") {
   deep = "{\"a\":" + deep + std::string(40, ']') + "}";
   CHECK(bad_frame_message(header(1, 1, static_cast<std::uint32_t>(deep.size()), 0) + deep).find("nests") !=
         std::string::npos);
+  // A key twice in one object: refused, not the last one winning (issue 22).
+  const std::string twice = R"({"id":1,"op":"list","op":"status"})";
+  CHECK(bad_frame_message(header(1, 1, static_cast<std::uint32_t>(twice.size()), 0) + twice)
+            .find("has the key \"op\" twice") != std::string::npos);
 }
 
 TEST_CASE("hex round trip of 64-byte handles") {
@@ -120,6 +124,11 @@ TEST_CASE("Args: typed, bounded, and unknown arguments are refused with a hint")
   CHECK_THROWS_WITH_AS(d.device("neg", 0), doctest::Contains("device ordinal"), Error);
   CHECK(d.device("ok", 0) == 7);
   CHECK(d.device("any", 0) == -1);
+  // Lease ids: each once (a `dropped` naming one twice answered internal, "map::at": issue 22).
+  const Json ids = {{"twice", {3U, 5U, 3U}}, {"once", {3U, 5U}}};
+  Args i(ids);
+  CHECK_THROWS_WITH_AS(i.ids("twice", 8), doctest::Contains("names lease 3 twice"), Error);
+  CHECK(i.ids("once", 8) == std::vector<std::uint64_t>{3, 5});
 }
 
 TEST_CASE("a descriptor rides with a frame over a socket pair, and only one is kept") {

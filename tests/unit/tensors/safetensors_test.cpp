@@ -179,3 +179,58 @@ TEST_CASE("safetensors: an index a peer sends is checked like a file, within eac
   CHECK(ok.tensors[0].part == 0);
   CHECK(ok.tensors[1].part == 1);
 }
+
+TEST_CASE("safetensors: a name twice, names and metadata that would not display as themselves (issue 22)") {
+  const auto says = [](const std::string& message, const std::string& words) {
+    CHECK_MESSAGE(message.find("m.safetensors: ") == 0, message);
+    CHECK_MESSAGE(message.find(words) != std::string::npos, message);
+  };
+  // The last one used to win.
+  says(refusal(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]},
+                   "w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}})",
+               2),
+       "has the key \"w\" twice");
+  for (const char* name : {"a\\u007f", "a\\u009b31m", "evil\\u202egnp", "a\\u2066b", "x\\u001b]0;t"})
+    says(refusal(std::string(R"({")") + name + R"(": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]}})"),
+         "a name is printable UTF-8 text");
+  says(refusal(R"({"__metadata__": {"k": "\u001b[2J"}})"), "may hold only tab and newline");
+  says(refusal(R"({"__metadata__": {"k\u202e": "v"}})"), "a key is printable");
+  const FileHeader ok = parse(R"({"caf\u00e9 \u4e2d": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]},
+    "__metadata__": {"notes": "two\nlines\tand a tab"}})");
+  CHECK(ok.index.tensors[0].name == "caf\xc3\xa9 \xe4\xb8\xad");
+  CHECK(ok.index.metadata.at("notes") == "two\nlines\tand a tab");
+}
+
+TEST_CASE("safetensors: many tensors are read in linear time and the count is bounded while reading") {
+  // 80,000 names took 6.4 s (a linear search per key), and the count was checked after parsing.
+  std::string header = "{";
+  for (int i = 0; i < 80000; ++i)
+    header += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]})";
+  header += "}";
+  const FileHeader h = parse(header);
+  CHECK(h.index.tensors.size() == 80000);
+  std::string over = "{";
+  for (std::size_t i = 0; i <= kMaxTensors + 1; ++i) over += (i ? ",\"t" : "\"t") + std::to_string(i) + R"(": 1)";
+  over += ", this is not JSON";
+  // Stopped at the bound: the text after it is never read.
+  CHECK(refusal(over).find("has more than 100000 tensors") != std::string::npos);
+}
+
+TEST_CASE("safetensors: zero-size tensors at one offset read back the same (issue 22, the fuzzer's case)") {
+  // {"s": U8 [0] at [0,0], "a": F32 [0,5] at [8,8], "x": I8 [3] at [8,11]}: layout put s and a at
+  // offset 0 in file order (s, a), the holder read them back by name (a, s).
+  const FileHeader h = parse(R"({"s": {"dtype": "U8", "shape": [0], "data_offsets": [0, 0]},
+    "a": {"dtype": "F32", "shape": [0, 5], "data_offsets": [8, 8]},
+    "x": {"dtype": "I8", "shape": [3], "data_offsets": [8, 11]}})",
+                             11);
+  for (std::uint64_t part_size : {kDefaultPartSize, std::uint64_t{1}}) {
+    const Index placed = layout(h.index, part_size);
+    const Json j = to_json(placed);
+    const Index back = from_json(j["tensors"], j["metadata"], placed.parts);
+    REQUIRE(back.tensors.size() == placed.tensors.size());
+    for (std::size_t i = 0; i < back.tensors.size(); ++i) {
+      CHECK(back.tensors[i].name == placed.tensors[i].name);
+      CHECK(back.tensors[i].offset == placed.tensors[i].offset);
+    }
+  }
+}
