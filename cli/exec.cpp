@@ -1,6 +1,10 @@
 // cupool exec: run a command with the config's process: section applied inside it.
+#include <elf.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "config/config.h"
@@ -71,6 +76,63 @@ std::string checked_preload(const std::string& path) {
   return path;
 }
 
+// Where execvp would find `command`: a name with a slash as it is, else the first executable
+// regular file of that name in $PATH; "" when there is none (execvp then says so).
+std::string resolve_command(const std::string& command) {
+  if (command.find('/') != std::string::npos) return command;
+  const char* env = std::getenv("PATH");
+  const std::string path = env && *env ? env : "/usr/local/bin:/usr/bin:/bin";
+  std::size_t at = 0;
+  while (at <= path.size()) {
+    const std::size_t end = std::min(path.find(':', at), path.size());
+    const std::string dir = end > at ? path.substr(at, end - at) : ".";
+    std::string candidate = dir + "/" + command;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    at = end + 1;
+  }
+  return "";
+}
+
+// Why the dynamic loader would load no library into the program `file` ("" when it would, as far
+// as can be told): a set-user-ID or set-group-ID program (secure execution ignores LD_PRELOAD
+// paths with a slash) or a statically linked one (no loader runs in it). A script is judged by its
+// interpreter. Then the process: section is not applied, and nothing inside could say so.
+std::string why_no_preload(const std::string& file, int depth = 0) {
+  struct stat st {};
+  if (file.empty() || ::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";  // execvp says why
+  if (st.st_mode & (S_ISUID | S_ISGID))
+    return file + " is set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it";
+  const Fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  if (!fd) return "";
+  unsigned char head[256] = {};
+  const ssize_t n = ::pread(fd.get(), head, sizeof head, 0);
+  if (n >= 2 && head[0] == '#' && head[1] == '!') {
+    std::size_t i = 2;
+    while (i < static_cast<std::size_t>(n) && (head[i] == ' ' || head[i] == '\t')) ++i;
+    std::string interpreter;
+    while (i < static_cast<std::size_t>(n) && head[i] != ' ' && head[i] != '\t' && head[i] != '\n')
+      interpreter += static_cast<char>(head[i++]);
+    const std::string why = depth < 2 ? why_no_preload(interpreter, depth + 1) : "";
+    return why.empty() ? "" : file + " runs " + why;
+  }
+  Elf64_Ehdr eh{};
+  if (n < static_cast<ssize_t>(sizeof eh) || std::memcmp(head, ELFMAG, SELFMAG) != 0 || head[EI_CLASS] != ELFCLASS64)
+    return "";
+  std::memcpy(&eh, head, sizeof eh);
+  if ((eh.e_type != ET_EXEC && eh.e_type != ET_DYN) || eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phnum > 256)
+    return "";
+  for (unsigned k = 0; k < eh.e_phnum; ++k) {
+    Elf64_Phdr ph{};
+    if (::pread(fd.get(), &ph, sizeof ph, static_cast<off_t>(eh.e_phoff + k * sizeof ph)) !=
+        static_cast<ssize_t>(sizeof ph))
+      return "";
+    if (ph.p_type == PT_INTERP) return "";
+  }
+  return file + " is statically linked: no dynamic loader runs in it to load the library";
+}
+
 std::string absolute(const std::string& path) {
   if (path.empty() || path[0] == '/' || path == "-") return path;
   char cwd[4096];
@@ -96,7 +158,9 @@ Verb add_exec(CLI::App& app) {
       "modified; processes it starts get the same treatment, each when it initialises CUDA. The file is\n"
       "checked first (an invalid file stops here, exit 2; one that does not fit, exit 1). A failure to\n"
       "apply inside CMD is reported on stderr and CMD runs anyway, unless --strict (then that process\n"
-      "ends with exit 3).\n"
+      "ends with exit 3). A CMD that no library can be loaded into (statically linked, set-user-ID or\n"
+      "set-group-ID, or a script run by such a program) gets nothing applied: a warning, or with --strict\n"
+      "exit 1 before it starts.\n"
       "\nExamples:\n"
       "  cupool exec configs/single-gpu-inference.yaml -- python serve.py --port 8000\n"
       "  cupool exec pools.yaml --report=usage.jsonl -- ./train   # per-process pool figures at exit\n"
@@ -119,36 +183,44 @@ Verb add_exec(CLI::App& app) {
   sub->add_flag("--quiet,-q", args->quiet, "No line on stderr when the section was applied");
   sub->add_option("command", args->command, "CMD and its arguments, after --")->required();
 
-  return {sub, [args, sub](Context& ctx) -> int {
-            // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
-            const SourceFile file = SourceFile::read_regular(args->config, kMaxConfigBytes);
-            {
-              auto backend = ctx.make_backend(args->profile);
-              try {
-                configure_process_check(*backend, file.text(), file.path());
-              } catch (const ConfigRejected& e) {
-                std::cerr << e.rendered();
-                throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
-              }
-            }
-            const std::string preload = checked_preload(find_preload());
-            const char* old = std::getenv("LD_PRELOAD");
-            const std::string ld = old && *old ? preload + ":" + old : preload;
-            ::setenv("LD_PRELOAD", ld.c_str(), 1);
-            ::setenv("CUPOOL_EXEC_CONFIG", absolute(args->config).c_str(), 1);
-            if (args->strict) ::setenv("CUPOOL_EXEC_STRICT", "1", 1);
-            ::setenv("CUPOOL_EXEC_AT", args->at.c_str(), 1);
-            if (args->quiet) ::setenv("CUPOOL_EXEC_QUIET", "1", 1);
-            if (sub->get_option("--report")->count() > 0)
-              ::setenv("CUPOOL_EXEC_REPORT", (args->report.empty() ? std::string("-") : absolute(args->report)).c_str(),
-                       1);
-            if (!args->profile.empty()) ::setenv("CUPOOL_PROFILE", absolute(args->profile).c_str(), 1);
-            std::vector<char*> argv;
-            for (auto& a : args->command) argv.push_back(a.data());
-            argv.push_back(nullptr);
-            ::execvp(argv[0], argv.data());
-            throw Error(Errc::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
-          }};
+  return {
+      sub, [args, sub](Context& ctx) -> int {
+        // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
+        const SourceFile file = SourceFile::read_regular(args->config, kMaxConfigBytes);
+        {
+          auto backend = ctx.make_backend(args->profile);
+          try {
+            configure_process_check(*backend, file.text(), file.path());
+          } catch (const ConfigRejected& e) {
+            std::cerr << e.rendered();
+            throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
+          }
+        }
+        const std::string preload = checked_preload(find_preload());
+        // A program the loader puts no library into gets nothing applied, and nothing inside it
+        // could say so: --strict refuses it here (issue 22: it ran with nothing applied, exit 0).
+        if (const std::string why = why_no_preload(resolve_command(args->command[0])); !why.empty()) {
+          if (args->strict)
+            throw Error(Errc::does_not_fit,
+                        "the process: section can't be applied: " + why + " (--strict; without it, CMD runs as it is)");
+          std::cerr << "cupool exec: warning: nothing will be applied: " << why << "\n";
+        }
+        const char* old = std::getenv("LD_PRELOAD");
+        const std::string ld = old && *old ? preload + ":" + old : preload;
+        ::setenv("LD_PRELOAD", ld.c_str(), 1);
+        ::setenv("CUPOOL_EXEC_CONFIG", absolute(args->config).c_str(), 1);
+        if (args->strict) ::setenv("CUPOOL_EXEC_STRICT", "1", 1);
+        ::setenv("CUPOOL_EXEC_AT", args->at.c_str(), 1);
+        if (args->quiet) ::setenv("CUPOOL_EXEC_QUIET", "1", 1);
+        if (sub->get_option("--report")->count() > 0)
+          ::setenv("CUPOOL_EXEC_REPORT", (args->report.empty() ? std::string("-") : absolute(args->report)).c_str(), 1);
+        if (!args->profile.empty()) ::setenv("CUPOOL_PROFILE", absolute(args->profile).c_str(), 1);
+        std::vector<char*> argv;
+        for (auto& a : args->command) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        ::execvp(argv[0], argv.data());
+        throw Error(Errc::does_not_fit, "can't run " + args->command[0] + ": " + std::strerror(errno));
+      }};
 }
 
 }  // namespace cupool::cli

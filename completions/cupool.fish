@@ -248,7 +248,7 @@ complete -c cupool -n '__cupool_at "buffer rm"' -l 'log-level' -x -a 'trace debu
 
 # cupool exporter
 complete -c cupool -n '__cupool_at "exporter"' -l 'help' -s 'h' -d 'Print this help message and exit'
-complete -c cupool -n '__cupool_at "exporter"' -l 'listen' -s 'l' -x -d 'HOST:PORT, [IPV6]:PORT or :PORT (every interface) to serve on'
+complete -c cupool -n '__cupool_at "exporter"' -l 'listen' -s 'l' -x -d 'HOST:PORT, [IPV6]:PORT or :PORT (every interface) to serve on (default: loopback)'
 complete -c cupool -n '__cupool_at "exporter"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "exporter"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "exporter"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'

@@ -268,6 +268,16 @@ def main():
     r.check("terminationGracePeriodSeconds covers the drain timeout with room to free",
             grace >= drain_timeout(cmd) + 15, f"grace {grace} s, drain {drain_timeout(cmd)} s")
     all_ds_containers = pod.get("initContainers", []) + pod.get("containers", [])
+    exporters = [c for c in all_ds_containers if c.get("command", [])[:2] == ["cupool", "exporter"]]
+    # The exporter listens on loopback unless told: in a pod, the pod's address, on its port.
+    r.check("the DaemonSet's exporter serves the pod's port 9402 (--listen :9402, containerPort 9402) from the socket",
+            len(exporters) == 1 and exporters[0]["command"][2:4] == ["--listen", ":9402"] and
+            any(p.get("containerPort") == 9402 for p in exporters[0].get("ports", [])) and
+            "--socket" in exporters[0]["command"] and
+            exporters[0]["command"][exporters[0]["command"].index("--socket") + 1] == socket,
+            exporters)
+    # Every container but the exporter (which asks the holder over the socket) uses the GPUs.
+    all_ds_containers = [c for c in all_ds_containers if c not in exporters]
     gpu_requests = [c["name"] for c in all_ds_containers
                     if any("nvidia.com/gpu" in c.get("resources", {}).get(k, {}) for k in ("limits", "requests"))]
     r.check("the holder pod asks for no nvidia.com/gpu (client pods keep every GPU)", not gpu_requests, gpu_requests)

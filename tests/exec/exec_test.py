@@ -10,6 +10,7 @@ its pool figures at exit.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -208,6 +209,34 @@ def main():
                            capture_output=True, text=True, timeout=60, env=dict(os.environ, CUPOOL_PRELOAD=preload))
         check(r.returncode == 1 and "ran" not in r.stdout and "preload library's path" in r.stderr,
               f"CUPOOL_PRELOAD={preload!r}: {r.returncode} {r.stdout!r} {r.stderr}")
+
+    # A program the dynamic loader puts no library into (set-user-ID, statically linked, or a script
+    # run by one) gets nothing applied: a warning, or with --strict exit 1 before it runs (issue 22:
+    # it ran with nothing applied and exited 0).
+    suid = os.path.join(tmp, "suid-true")
+    shutil.copy("/bin/true", suid)
+    os.chmod(suid, 0o4755)
+    script = os.path.join(tmp, "by-suid.sh")
+    with open(script, "w") as f:
+        f.write(f"#!{suid}\n")
+    os.chmod(script, 0o755)
+    static = os.path.join(tmp, "static-true")
+    with open(static + ".c", "w") as f:
+        f.write("int main(void) { return 0; }\n")
+    built = subprocess.run(["cc", "-static", "-o", static, static + ".c"], capture_output=True, text=True)
+    programs = [(suid, "set-user-ID"), (script, "set-user-ID")]
+    if built.returncode == 0:
+        programs.append((static, "statically linked"))
+    else:
+        print("skip  a statically linked program: cc -static does not link here")
+    for program, why in programs:
+        r = subprocess.run([args.cupool, "exec", config, "--strict", "--profile", profile, "--", program],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 1 and why in r.stderr, f"--strict -- {os.path.basename(program)}: {r.returncode} {r.stderr}")
+        r = subprocess.run([args.cupool, "exec", config, "--profile", profile, "--", program],
+                           capture_output=True, text=True, timeout=60)
+        check(r.returncode == 0 and "nothing will be applied" in r.stderr,
+              f"-- {os.path.basename(program)}: {r.returncode} {r.stderr}")
 
     # A broken file stops before the command (exit 2), with the finding.
     bad = os.path.join(tmp, "bad.yaml")

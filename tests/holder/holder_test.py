@@ -352,8 +352,10 @@ def test_exporter_and_textfile(tmp):
             os.chmod(tmp, 0o755)
         with open(prom) as f:
             check("cupool_build_info" in f.read(), "the last good file stays whole")
-        # The holder stops: the exporter still answers, with up 0.
+        # The holder stops: the exporter still answers, with up 0 (once its last answer, at most a
+        # second old, has aged: the holder is asked at most once a second).
         h.stop()
+        time.sleep(1.1)
         families = scrape()
         check(families["cupool_holder_up"].samples[0].value == 0, families["cupool_holder_up"])
         check("cupool_build_info" in families and "cupool_pool_reserved_bytes" not in families, list(families))

@@ -17,6 +17,7 @@ import ctypes
 import json
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -700,7 +701,276 @@ def test_quiet_requests_and_cached_blocks_of_a_peer_that_never_reads(tmp):
     attacked(tmp, "quiet requests nobody reads", attack)
 
 
-# ---- 8. the smaller ones ----
+# ---- 8. round two (issue 22): the loader, the exporter, the parsers ----
+
+def safetensors_file(path, tensors):
+    """Writes a safetensors file of [(name, data bytes)] as U8 tensors."""
+    header, data = {}, b""
+    for name, raw in tensors:
+        header[name] = {"dtype": "U8", "shape": [len(raw)], "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_loader_reads_the_file_it_checked(tmp):
+    """Root loads a model from a directory another user can write. Before, `buffer load` opened the
+    path twice (header, then data) and compared sizes: swapping in a link to a root-only file of the
+    same size between the opens put that file into a pool the user reads. Now the file is opened
+    once; a link of another user is not followed; a FIFO is refused at once, not waited on."""
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    os.chmod(tmp, 0o755)
+    h = Holder(tmp, CONFIG.format(socket=os.path.join(tmp, "cupool.sock"), user="nobody"))
+    try:
+        secret_dir = os.path.join(tmp, "secret")
+        os.mkdir(secret_dir, 0o700)
+        secret = os.path.join(secret_dir, "root-only.safetensors")
+        safetensors_file(secret, [("secret", b"S" * 4096)])
+        os.chmod(secret, 0o600)
+        shared = os.path.join(tmp, "models")
+        os.mkdir(shared)
+        os.chmod(shared, 0o777)
+        model = os.path.join(shared, "model.safetensors")
+        # 1. The user's link to the root-only file: refused, whoever made it is named.
+        r = as_other_user("import os, sys; os.symlink(sys.argv[1], sys.argv[2])", secret, model)
+        check(r.returncode == 0, r.stderr)
+        r = cupool("buffer", "load", "m", model, "--pool", "kv", socket_path=h.socket)
+        check(r.returncode == 2 and "symbolic link of another user" in r.stderr, f"{r.returncode} {r.stderr}")
+        # 2. The swap, in a loop, while root loads 20 times: each load is the user's own file whole
+        #    (its header and its data) or refused; the root-only tensor never.
+        code = r"""
+import json, os, struct, sys, time
+d, secret = sys.argv[1], sys.argv[2]
+text = json.dumps({"mine": {"dtype": "U8", "shape": [4096], "data_offsets": [0, 4096]}}).encode()
+with open(os.path.join(d, "mine"), "wb") as f: f.write(struct.pack("<Q", len(text)) + text + b"M" * 4096)
+os.symlink(secret, os.path.join(d, "link"))
+end = time.time() + float(sys.argv[3])
+while time.time() < end:
+    os.link(os.path.join(d, "mine"), os.path.join(d, "tmp")); os.rename(os.path.join(d, "tmp"), os.path.join(d, "model.safetensors"))
+    os.symlink(secret, os.path.join(d, "tmpl")); os.rename(os.path.join(d, "tmpl"), os.path.join(d, "model.safetensors"))
+"""
+        os.unlink(model)
+        swapper = subprocess.Popen(["setpriv", f"--reuid={other_user()}", f"--regid={pwd.getpwnam(other_user()).pw_gid}",
+                                    "--clear-groups", sys.executable, "-c", code, shared, secret, "30"])
+        loaded = refused = 0
+        try:
+            time.sleep(0.2)
+            for i in range(20):
+                r = cupool("buffer", "load", f"m{i}", model, "--pool", "kv", "--format", "json", socket_path=h.socket)
+                if r.returncode == 0:
+                    one = json.loads(cupool("buffer", "ls", f"m{i}", "--format", "json", socket_path=h.socket,
+                                            check_rc=0).stdout)
+                    check([t["name"] for t in one["tensors"]] == ["mine"], f"load {i} holds {one['tensors']}")
+                    cupool("buffer", "rm", f"m{i}", socket_path=h.socket, check_rc=0)
+                    loaded += 1
+                else:
+                    check(r.returncode == 2 and "secret" not in r.stdout, f"load {i}: {r.returncode} {r.stderr}")
+                    refused += 1
+        finally:
+            swapper.kill()
+            swapper.wait()
+        print(f"    under the swap: {loaded} loads of the user's own file, {refused} refused, none of the root's")
+        # 3. A FIFO with no writer: refused at once (it blocked in open() forever).
+        fifo = os.path.join(tmp, "fifo.safetensors")
+        os.mkfifo(fifo)
+        start = time.monotonic()
+        r = cupool("buffer", "load", "f", fifo, "--pool", "kv", socket_path=h.socket)
+        check(r.returncode == 2 and "not a regular file (a FIFO)" in r.stderr and time.monotonic() - start < 10,
+              f"a FIFO: {r.returncode} {r.stderr}")
+        check(not status(h).get("buffers") or all(b["name"] == "shared" for b in status(h)["buffers"]),
+              "a refused load left a buffer")
+    finally:
+        h.stop()
+
+
+def test_requests_of_many_keys_or_a_key_twice(tmp):
+    """A request of 111,845 keys (1.3 MB in parts, as an admin may send) is refused at once: the
+    parser searched the keys so far for each new one, and such a request stalled every client 13 s.
+    A key twice in one object is refused (the last one used to win)."""
+
+    def attack(h):
+        c = RawClient(h.socket)
+        c.hello()
+        body = {"id": 2, "op": "status"}
+        for i in range(111845):
+            body[f"k{i}"] = 1
+        payload = json.dumps(body).encode()
+        frames = b""
+        for at in range(0, len(payload), 65536):
+            chunk = payload[at:at + 65536]
+            kind = 1 if at + 65536 >= len(payload) else 4
+            frames += b"CUPL" + struct.pack("<HHII", 1, kind, len(chunk), 0) + chunk
+        start = time.monotonic()
+        c.sock.sendall(frames)
+        _, reply, _ = c.receive()
+        took = time.monotonic() - start
+        check(reply["ok"] is False and reply["error"]["code"] == "bad_request" and "k0" in reply["error"]["message"],
+              reply)
+        check(took < 2.0 * H.slowness(), f"a request of 111,845 keys took {took:.2f} s")
+        print(f"    111,845 keys: refused in {took:.2f} s")
+        c.close()
+        c = RawClient(h.socket)
+        c.hello()
+        p = b'{"id": 3, "op": "list", "op": "status"}'
+        c.sock.sendall(b"CUPL" + struct.pack("<HHII", 1, 1, len(p), 0) + p)
+        _, reply, _ = c.receive()
+        check(reply["ok"] is False and reply["error"]["code"] == "bad_frame" and "twice" in reply["error"]["message"],
+              reply)
+        c.close()
+
+    attacked(tmp, "requests of many keys or a key twice", attack)
+
+
+def test_dropped_naming_a_lease_twice(tmp):
+    """Protocol 2: a `dropped` that names one cached lease twice is refused (bad_request), not an
+    internal error ("map::at"); the lease stays cached, and a proper `dropped` then frees it."""
+
+    def attack(h):
+        c = RawClient(h.socket)
+        body, _ = c.request("hello", protocol=2)
+        check(body["ok"], body)
+        body, fds = c.request("alloc", pool="kv", device=0, size=1 << 20)
+        for fd in fds:
+            os.close(fd)
+        lease = body["lease"]
+        c.send_frame(dict(id=c.next_id, op="free", lease=lease, cache=True, quiet=True))
+        c.next_id += 1
+        body, _ = c.request("dropped", ask=0, leases=[lease, lease])
+        check(body["ok"] is False and body["error"]["code"] == "bad_request" and "twice" in body["error"]["message"],
+              body)
+        check(status(h)["pools"][0]["cached"] == 1, "the refused dropped changed the cache")
+        body, _ = c.request("dropped", ask=0, leases=[lease])
+        check(body["ok"] and body["leases"] == 1, body)
+        c.close()
+
+    attacked(tmp, "dropped naming a lease twice", attack)
+
+
+def test_exporter_idle_and_slow_peers(tmp):
+    """`cupool exporter` under 100 idle connections and 20 that send a byte a second (slowloris),
+    all from one address, then 300 connects that send nothing: a scrape from the same address is
+    still answered at once (before: 64 slots, held 10 s each; a scrape waited 9 s, behind 2,000
+    idle connects 20 s). The holder sees one exporter connection however many scrapes come."""
+    h = Holder(tmp)
+    exporter = subprocess.Popen([H.ARGS.cupool, "exporter", "--listen", "127.0.0.1:0", "--socket", h.socket],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    held = []
+    try:
+        line = exporter.stderr.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", line)
+        check(m is not None, f"the exporter did not say where it serves: {line!r}")
+        port = int(m.group(1))
+
+        def scrape():
+            start = time.monotonic()
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            data = b""
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            check(data.startswith(b"HTTP/1.1 200") and b"cupool_holder_up 1" in data, data[:200])
+            return time.monotonic() - start
+
+        for _ in range(100):
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        held += slow
+        for _ in range(3):
+            for s in slow:
+                try:
+                    s.send(b"G")
+                except OSError:
+                    pass
+            took = scrape()
+            check(took < 1.0 * H.slowness(), f"a scrape behind idle and slow peers took {took:.2f} s")
+            time.sleep(1)
+        for _ in range(300):
+            held.append(socket.create_connection(("127.0.0.1", port)))
+        took = scrape()
+        check(took < 1.0 * H.slowness(), f"a scrape behind 300 idle connects took {took:.2f} s")
+        print(f"    a scrape behind 420 idle and slow connections: {took * 1000:.0f} ms")
+        for _ in range(20):
+            scrape()
+        names = [c.get("name") for c in status(h)["clients"]]
+        check(names.count("cupool exporter") == 1, f"the holder sees these clients: {names}")
+    finally:
+        for s in held:
+            s.close()
+        exporter.kill()
+        exporter.wait()
+        h.stop()
+
+
+def exec_args(*extra):
+    root = os.path.abspath(H.ARGS.root)
+    return [H.ARGS.cupool, "exec", os.path.join(root, "configs", "single-gpu-inference.yaml"),
+            "--profile", os.path.join(root, "configs", "profiles", "h100.yaml")] + list(extra)
+
+
+def test_exec_preload_path_the_loader_would_split(tmp):
+    """`cupool exec` put the preload's path into LD_PRELOAD unchecked: the loader splits it at
+    spaces and colons and looks a relative one up in the working directory, so with an install
+    path like "/opt/my tools" root's command ran another user's "tools/..." library from the
+    working directory, and --strict ran it with nothing applied. Such a path is refused now, before
+    the command runs."""
+    work = os.path.join(tmp, "work")
+    os.makedirs(os.path.join(work, "tools"))
+    marker = os.path.join(tmp, "ran")
+    for preload in ("/opt/my tools/libcupool-preload.so", "/opt/a:tools/libcupool-preload.so",
+                    "tools/libcupool-preload.so"):
+        r = subprocess.run(exec_args("--strict", "--", "/bin/sh", "-c", f"touch {marker}"), cwd=work,
+                           capture_output=True, text=True, timeout=60, env=dict(os.environ, CUPOOL_PRELOAD=preload))
+        check(r.returncode == 1 and "preload library's path" in r.stderr and not os.path.exists(marker),
+              f"CUPOOL_PRELOAD={preload!r}: exit {r.returncode}, ran: {os.path.exists(marker)}, {r.stderr}")
+
+
+def test_exec_report_through_a_users_link(tmp):
+    """Root's `cupool exec --report FILE` where FILE is in a directory another user can write: the
+    user's link there to a root-only file is not followed (root appended to it), a FIFO there does
+    not hold the command at exit, and a new report is root's alone (0600)."""
+    if H.sanitized():
+        print("    skipped: a sanitized preload library can't be loaded into an unsanitized command")
+        return
+    if not other_user():
+        print("    skipped: needs root and setpriv (the attacker is another user)")
+        return
+    os.chmod(tmp, 0o755)
+    secret = os.path.join(tmp, "root-only")
+    with open(secret, "w") as f:
+        f.write("root's\n")
+    os.chmod(secret, 0o600)
+    shared = os.path.join(tmp, "reports")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    link = os.path.join(shared, "link.jsonl")
+    r = as_other_user("import os, sys; os.symlink(sys.argv[1], sys.argv[2]); os.mkfifo(sys.argv[3])",
+                      secret, link, os.path.join(shared, "fifo.jsonl"))
+    check(r.returncode == 0, r.stderr)
+    r = subprocess.run(exec_args("--at", "start", "--report=" + link, "--", "/bin/true"), capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0 and open(secret).read() == "root's\n" and "symbolic link" in r.stderr,
+          f"through the link: exit {r.returncode}, {open(secret).read()!r}, {r.stderr}")
+    try:
+        r = subprocess.run(exec_args("--at", "start", "--report=" + os.path.join(shared, "fifo.jsonl"), "--",
+                                     "/bin/true"), capture_output=True, text=True, timeout=30)
+        check(r.returncode == 0 and "can't write the report" in r.stderr, f"a FIFO: {r.returncode} {r.stderr}")
+    except subprocess.TimeoutExpired:
+        check(False, "--report to a FIFO: the command hung at exit")
+    new = os.path.join(shared, "new.jsonl")
+    r = subprocess.run(exec_args("--at", "start", "--report=" + new, "--", "/bin/true"), capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0 and os.path.exists(new) and os.stat(new).st_mode & 0o077 == 0,
+          f"a new report: exit {r.returncode}, {oct(os.stat(new).st_mode) if os.path.exists(new) else 'missing'}")
+
+
+# ---- 9. the smaller ones ----
 
 def test_bytes_after_a_malformed_frame_cost_no_cpu(tmp):
     """A peer with replies queued sends a malformed frame and then keeps sending bytes: the holder
