@@ -394,12 +394,21 @@ void warn_if_missed() {
   using CountFn = int (*)(int*);
   auto count = reinterpret_cast<CountFn>(real_dlsym(driver, "cuDeviceGetCount"));
   int devices = 0;
-  if (count && count(&devices) != 3)
+  const bool missed = count && count(&devices) != 3;
+  if (missed)
     std::fprintf(stderr,
                  "cupool exec: pid %d initialised the CUDA driver without cupool seeing its cuInit: the process: "
                  "section was not applied to it (run it with --at start)\n",
                  static_cast<int>(::getpid()));
   ::dlclose(driver);
+  // --strict: a process that used CUDA with nothing applied fails (issue 22), as one whose
+  // section failed to apply does. Its own output is flushed first; exit handlers registered
+  // before this one (the application's earliest) do not run.
+  if (missed && env_is("CUPOOL_EXEC_STRICT", "1")) {
+    std::fprintf(stderr, "cupool exec: --strict: pid %d exits 3\n", static_cast<int>(::getpid()));
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
 }
 
 __attribute__((constructor)) void cupool_exec_start() {

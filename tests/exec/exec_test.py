@@ -101,6 +101,9 @@ def main():
     check(r.returncode == 0 and f.get("rtld_next_same") == "1" and f.get("rtld_default_same") == "1",
           f"RTLD_NEXT and RTLD_DEFAULT keep their meaning under the preload library: {r.stdout}")
     check(f.get("missing_null") == "1" and f.get("dlerror_set") == "1", f"a failed dlsym still sets dlerror: {r.stdout}")
+    r, f, applied = probe("hidden", "--strict")
+    check(r.returncode == 3 and applied == [] and "--strict: pid" in r.stderr,
+          f"--strict: a process that used CUDA out of sight, nothing applied, exits 3: {r.returncode} {r.stderr}")
     r, f, applied = probe("hidden")
     check(r.returncode == 0 and applied == [] and "initialised the CUDA driver without cupool seeing its cuInit" in r.stderr
           and "--at start" in r.stderr, f"a driver initialised out of sight is reported at exit: {r.stderr}")
