@@ -1,11 +1,14 @@
 // Output helpers: JSON <-> YAML, aligned tables, and the --format choice.
 #pragma once
 
-#include <yaml-cpp/yaml.h>
-
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+// yaml-cpp is only named here (yaml_to_json): the files that use it include it, not every verb.
+namespace YAML {
+class Node;
+}  // namespace YAML
 
 namespace cupool {
 

@@ -1,6 +1,7 @@
 #include "device/node.h"
 
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>

@@ -1,6 +1,7 @@
 #include "base/output.h"
 
 #include <doctest/doctest.h>
+#include <yaml-cpp/yaml.h>
 
 using namespace cupool;
 
