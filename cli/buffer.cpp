@@ -189,9 +189,10 @@ Verb add_buffer(CLI::App& app) {
       "Checks the file's header first (a truncated file, a header too large, an unknown dtype, a shape\n"
       "that disagrees with its offsets, offsets past the end or overlapping are refused before anything\n"
       "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data\n"
-      "through pinned staging memory, with a progress line on a terminal. The buffer is held in parts of\n"
-      "at most --part-size, one allocation each (a tensor larger than that gets a part of its own): the\n"
-      "driver may not import larger ones (an import over 5 GiB crashed on the H100 with driver 580).\n"
+      "through pinned staging memory, with a progress line on a terminal. The buffer is one allocation\n"
+      "(in a device pool: an exported allocation, which outlives a restart of the holder); --part-size\n"
+      "splits it into parts of at most that size, one allocation each (a tensor larger than that gets a\n"
+      "part of its own), for host pools (their imports over 5 GiB crashed on the H100 with driver 580).\n"
       "Nobody can open the buffer until\n"
       "it is complete; if the load fails or this process is killed, the buffer is removed. Processes then\n"
       "map the weights with cupool.tensors(NAME) in Python, or cupool_open_buffer and the index from\n"
@@ -211,7 +212,7 @@ Verb add_buffer(CLI::App& app) {
                    "The holder's CUDA ordinal of the pool's device (default: the pool's first)")
       ->check(CLI::NonNegativeNumber);
   args->load->add_option("--part-size", args->part_size,
-                         "The largest allocation of the buffer, with a unit (default 4GiB, at least 1MiB)");
+                         "The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)");
 
   args->ls = sub->add_subcommand("ls", "List the named buffers, or the tensors one holds");
   args->ls->alias("list");

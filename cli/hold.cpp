@@ -16,6 +16,9 @@ struct HoldArgs {
   double drop_timeout = 5;
   std::size_t max_clients_per_user = 256;
   bool no_kernel_refusal = false;
+  std::string keeper;
+  double keeper_wait = 30;
+  bool fresh = false;
 };
 }  // namespace
 
@@ -43,12 +46,21 @@ Verb add_hold(CLI::App& app) {
       "beyond the 1024, so 'cupool status' works on a full holder. Past a limit the peer is told\n"
       "limit_exceeded and closed.\n"
       "\n"
+      "Held buffers outlive the holder: a buffer or tensor set of a device pool is an exported allocation\n"
+      "whose descriptor goes into custody as soon as it exists, with a manifest of names, sizes, device UUIDs\n"
+      "and tensor indexes: systemd's file-descriptor store under the unit, or a keeper ('cupool keeper',\n"
+      "--keeper) elsewhere. A holder that restarts, is upgraded or crashes adopts them (checked against the\n"
+      "node and the manifest) before it serves: nothing is read again, and clients keep their mappings.\n"
+      "Pools, leases and cached blocks are this process's and are made again from the config. --fresh starts\n"
+      "from nothing. 'cupool status' says what custody holds.\n"
+      "\n"
       "Cached blocks: a client (protocol 2) keeps the mappings of blocks it released, to get them again\n"
       "without a round trip; they stay charged to it (CACHED in 'cupool status'). When the holder needs\n"
       "them (trim, apply or SIGHUP, an allocation that does not fit) it asks the client to drop them; a client that\n"
       "does not answer within --drop-timeout is disconnected and its leases freed.\n"
       "\nExamples:\n"
       "  cupool hold /etc/cupool/cupool.yaml\n"
+      "  cupool keeper & cupool hold /etc/cupool/cupool.yaml --keeper /run/cupool/keeper.sock\n"
       "  cupool hold configs/ipc-multiprocess-server.yaml --socket /tmp/cupool.sock --profile "
       "configs/profiles/h200x2.yaml\n"
       "\nExit codes: 0 stopped by SIGTERM, 130 by SIGINT, 1 the config does not fit, 2 invalid config,\n"
@@ -68,6 +80,15 @@ Verb add_hold(CLI::App& app) {
                   "Connections one user (not root, not the holder's user) may hold at once")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  sub->add_option("--keeper", args->keeper,
+                  "Keep the held buffers' descriptors in the keeper at this socket ('cupool keeper'), where there is "
+                  "no systemd file-descriptor store")
+      ->envname("CUPOOL_KEEPER");
+  sub->add_option("--keeper-wait", args->keeper_wait, "Seconds the start waits for the keeper to answer")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  sub->add_flag("--fresh", args->fresh,
+                "Start from nothing: drop the buffers custody kept instead of adopting them (their memory is freed)");
   // For the hostile-peer tests: behave as on kernels before 6.16, which can't refuse descriptors
   // that clients send (tests/holder/hostile_test.py). Not shown in --help.
   sub->add_flag("--no-kernel-descriptor-refusal", args->no_kernel_refusal)->group("");
@@ -81,6 +102,9 @@ Verb add_hold(CLI::App& app) {
             options.max_clients_per_user = args->max_clients_per_user;
             options.drop_timeout_ms = static_cast<int>(args->drop_timeout * 1000);
             options.refuse_descriptors_in_kernel = !args->no_kernel_refusal;
+            options.keeper = args->keeper;
+            options.keeper_wait_ms = static_cast<int>(args->keeper_wait * 1000);
+            options.fresh = args->fresh;
             return run_holder(*backend, options);
           }};
 }

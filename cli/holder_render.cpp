@@ -294,10 +294,27 @@ std::string render_status(const json& reply) {
   out << "\n" << section("Pools", pt, pools.size());
 
   const json& buffers = list(reply, "buffers");
-  Table bt({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS"});
-  for (const auto& b : buffers)
-    bt.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), number(b, "opens")});
+  Table bt({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS", "KEPT"});
+  for (const auto& b : buffers) {
+    // KEPT: whether it outlives the holder (custody has it), and whether this holder adopted it.
+    std::string kept = b.value("kept", false) ? "yes" : b.value("memory", "") == "pool" ? "no (host pool)" : "no";
+    if (b.value("adopted", false)) kept += ", adopted";
+    bt.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), number(b, "opens"), kept});
+  }
   out << "\n" << section("Buffers", bt, buffers.size());
+  if (reply.contains("custody") && reply["custody"].is_object()) {
+    const json& c = reply["custody"];
+    out << "\nCustody: " << (c.value("kind", "none") == "none" ? "none" : c.value("where", std::string()));
+    if (c.contains("manifest") && c["manifest"].is_number()) out << " (manifest " << c["manifest"].dump() << ")";
+    out << ". A restart keeps " << c.value("survives_restart", std::string())
+        << "; made again: " << c.value("made_again", std::string()) << ".\n";
+    if (c.contains("error") && c["error"].is_string())
+      out << "Custody error: " << c["error"].get<std::string>() << "\n";
+    if (c.contains("adopted") && c["adopted"].is_object())
+      for (const auto& r : c["adopted"].value("refused", json::array()))
+        out << "Not adopted at start: " << r.value("name", std::string()) << ": " << r.value("reason", std::string())
+            << "\n";
+  }
 
   const json& clients = list(reply, "clients");
   Table ct({"CLIENT", "PID", "UID", "USER", "NAME", "LEASES", "CACHED", "OPEN BUFFERS", "CONNECTED"});

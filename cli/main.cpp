@@ -128,11 +128,11 @@ int main(int argc, char** argv) {
 
   // All verbs, in one place, in the order --help lists them.
   namespace verb = cupool::cli;
-  const std::vector<verb::Verb> verbs = {verb::add_query(app),  verb::add_check(app),     verb::add_hold(app),
-                                         verb::add_status(app), verb::add_stats(app),     verb::add_trim(app),
-                                         verb::add_plan(app),   verb::add_apply(app),     verb::add_export(app),
-                                         verb::add_buffer(app), verb::add_exporter(app),  verb::add_exec(app),
-                                         verb::add_bench(app),  verb::add_completion(app)};
+  const std::vector<verb::Verb> verbs = {verb::add_query(app),  verb::add_check(app),  verb::add_hold(app),
+                                         verb::add_keeper(app), verb::add_status(app), verb::add_stats(app),
+                                         verb::add_trim(app),   verb::add_plan(app),   verb::add_apply(app),
+                                         verb::add_export(app), verb::add_buffer(app), verb::add_exporter(app),
+                                         verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
 
   try {
     std::vector<std::string> args = arguments(app, argc, argv);
@@ -147,9 +147,11 @@ int main(int argc, char** argv) {
     return static_cast<int>(cupool::ExitCode::invalid_input);
   }
 
-  // The holder is a daemon: what it creates, reloads and frees belongs in its log by default.
-  if (app.get_option("--log-level")->count() == 0 && !std::getenv("CUPOOL_LOG_LEVEL") && app.got_subcommand("hold"))
-    log_level = "info";
+  // The holder and the keeper are daemons: what they create, reload and free belongs in their log by default.
+  const CLI::App* keeper = app.get_subcommand("keeper");
+  const bool daemon = app.got_subcommand("hold") || (keeper->parsed() && keeper->get_option("--list")->count() == 0 &&
+                                                     keeper->get_option("--release")->count() == 0);
+  if (app.get_option("--log-level")->count() == 0 && !std::getenv("CUPOOL_LOG_LEVEL") && daemon) log_level = "info";
   make_logger();
   auto logger = spdlog::get("cupool");
   logger->set_level(spdlog::level::from_str(log_level));

@@ -41,5 +41,7 @@ Verb add_apply(CLI::App& app);
 Verb add_export(CLI::App& app);
 Verb add_buffer(CLI::App& app);
 Verb add_exporter(CLI::App& app);
+// The keeper of the holder's descriptors (custody/keeper.h); --list and --release ask a running one.
+Verb add_keeper(CLI::App& app);
 
 }  // namespace cupool::cli

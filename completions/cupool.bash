@@ -5,7 +5,7 @@
 # The subcommands of command path $1.
 __cupool_commands() {
   case $1 in
-    '') echo 'query check hold status stats trim plan apply export buffer exporter exec bench completion' ;;
+    '') echo 'query check hold keeper status stats trim plan apply export buffer exporter exec bench completion' ;;
     'buffer') echo 'create load ls list rm remove' ;;
   esac
 }
@@ -16,6 +16,7 @@ __cupool_subcommand() {
     '|query') echo 'query' ;;
     '|check') echo 'check' ;;
     '|hold') echo 'hold' ;;
+    '|keeper') echo 'keeper' ;;
     '|status') echo 'status' ;;
     '|stats') echo 'stats' ;;
     '|trim') echo 'trim' ;;
@@ -40,7 +41,8 @@ __cupool_options() {
     '') echo '--help -h --version --log-level' ;;
     'query') echo '--help -h --format -o --devices -d --profile -p --profile-out --deep --version --log-level' ;;
     'check') echo '--help -h --profile -p --format -o --deep --strict --version --log-level' ;;
-    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user --version --log-level' ;;
+    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user --keeper --keeper-wait --fresh --version --log-level' ;;
+    'keeper') echo '--help -h --socket -s --list --release --format -o --version --log-level' ;;
     'status') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'stats') echo '--help -h --socket -s --format -o --output --reset-peaks --watch -w --version --log-level' ;;
     'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph --keep-cached --version --log-level' ;;
@@ -77,7 +79,12 @@ __cupool_option_value() {
     'hold|--drain-timeout') echo 'any' ;;
     'hold|--drop-timeout') echo 'any' ;;
     'hold|--max-clients-per-user') echo 'any' ;;
+    'hold|--keeper') echo 'any' ;;
+    'hold|--keeper-wait') echo 'any' ;;
     'hold|--log-level') echo 'choices trace debug info warn error off' ;;
+    'keeper|--socket' | 'keeper|-s') echo 'file' ;;
+    'keeper|--format' | 'keeper|-o') echo 'choices table json' ;;
+    'keeper|--log-level') echo 'choices trace debug info warn error off' ;;
     'status|--socket' | 'status|-s') echo 'file' ;;
     'status|--format' | 'status|-o') echo 'choices table json yaml' ;;
     'status|--log-level') echo 'choices trace debug info warn error off' ;;

@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--keeper' 'hold|--keeper-wait' 'hold|--log-level' 'keeper|--socket' 'keeper|-s' 'keeper|--format' 'keeper|-o' 'keeper|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -14,6 +14,8 @@ function __cupool_subcommand
             echo 'check'
         case '|hold'
             echo 'hold'
+        case '|keeper'
+            echo 'keeper'
         case '|status'
             echo 'status'
         case '|stats'
@@ -102,6 +104,7 @@ complete -c cupool -f
 complete -c cupool -n '__cupool_at ""' -a 'query' -d 'Report what this machine supports for CUDA memory pools'
 complete -c cupool -n '__cupool_at ""' -a 'check' -d 'Judge a config file against this node; nothing is created'
 complete -c cupool -n '__cupool_at ""' -a 'hold' -d 'Run the holder: keep the config\'s pools and serve them to other processes'
+complete -c cupool -n '__cupool_at ""' -a 'keeper' -d 'Keep the holder\'s buffers alive across its restarts (where there is no systemd fd store)'
 complete -c cupool -n '__cupool_at ""' -a 'status' -d 'Show what the running holder holds: pools, buffers, clients'
 complete -c cupool -n '__cupool_at ""' -a 'stats' -d 'Show pool and graph memory usage in the running holder'
 complete -c cupool -n '__cupool_at ""' -a 'trim' -d 'Release reserved pool and graph memory in the running holder'
@@ -144,9 +147,21 @@ complete -c cupool -n '__cupool_at "hold"' -l 'profile' -s 'p' -x -k -a '(__fish
 complete -c cupool -n '__cupool_at "hold"' -l 'drain-timeout' -x -d 'Seconds SIGTERM waits for clients to leave'
 complete -c cupool -n '__cupool_at "hold"' -l 'drop-timeout' -x -d 'Seconds a client has to give back cached blocks when asked, before it is disconnected'
 complete -c cupool -n '__cupool_at "hold"' -l 'max-clients-per-user' -x -d 'Connections one user (not root, not the holder\'s user) may hold at once'
+complete -c cupool -n '__cupool_at "hold"' -l 'keeper' -x -d 'Keep the held buffers\' descriptors in the keeper at this socket (\'cupool keeper\'), where there is no systemd file-descriptor store'
+complete -c cupool -n '__cupool_at "hold"' -l 'keeper-wait' -x -d 'Seconds the start waits for the keeper to answer'
+complete -c cupool -n '__cupool_at "hold"' -l 'fresh' -d 'Start from nothing: drop the buffers custody kept instead of adopting them (their memory is freed)'
 complete -c cupool -n '__cupool_at "hold"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "hold"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "hold" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file to hold'
+
+# cupool keeper
+complete -c cupool -n '__cupool_at "keeper"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "keeper"' -l 'socket' -s 's' -r -F -d 'The keeper\'s socket'
+complete -c cupool -n '__cupool_at "keeper"' -l 'list' -d 'Print the names a running keeper keeps, and exit'
+complete -c cupool -n '__cupool_at "keeper"' -l 'release' -d 'Ask a running keeper to close everything it keeps (the memory goes)'
+complete -c cupool -n '__cupool_at "keeper"' -l 'format' -s 'o' -x -a 'table json' -d 'Output format of --list: table or json'
+complete -c cupool -n '__cupool_at "keeper"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "keeper"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool status
 complete -c cupool -n '__cupool_at "status"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -224,7 +239,7 @@ complete -c cupool -n '__cupool_at "buffer create"' -l 'log-level' -x -a 'trace 
 complete -c cupool -n '__cupool_at "buffer load"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'pool' -x -d 'The pool to allocate it from (one with the posix_fd handle type)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (default: the pool\'s first)'
-complete -c cupool -n '__cupool_at "buffer load"' -l 'part-size' -x -d 'The largest allocation of the buffer, with a unit (default 4GiB, at least 1MiB)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'part-size' -x -d 'The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'

@@ -6,7 +6,7 @@
 # is built already. Fails when a fuzzer finds anything (crash, sanitizer report, leak, timeout,
 # out of memory), printing the input; the inputs are kept in build-san/fuzz-findings/. Without
 # clang or the libFuzzer runtime it says so and exits 0.
-# Usage: [FUZZ_SECONDS=30] [FUZZ_JOBS=2] [FUZZ_TARGETS="config protocol safetensors http"] [FUZZ_CC=clang FUZZ_CXX=clang++] scripts/fuzz.sh
+# Usage: [FUZZ_SECONDS=30] [FUZZ_JOBS=2] [FUZZ_TARGETS="config protocol safetensors http manifest"] [FUZZ_CC=clang FUZZ_CXX=clang++] scripts/fuzz.sh
 # Debian 12 packages: clang and libclang-rt-14-dev (libFuzzer and the sanitizer runtimes), besides
 # what scripts/setup.sh installs (cmake, ninja-build, the libraries). With only clang-14 installed:
 # FUZZ_CC=clang-14 FUZZ_CXX=clang++-14.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 FUZZ_JOBS=${FUZZ_JOBS:-2}
-FUZZ_TARGETS=${FUZZ_TARGETS:-config protocol safetensors http}
+FUZZ_TARGETS=${FUZZ_TARGETS:-config protocol safetensors http manifest}
 
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/cupool-fuzz.XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
@@ -73,6 +73,9 @@ fuzz_one() {
     http)
       collect "$work/corpus" .http tests/fuzz/http-corpus tests/fuzz/regressions/http
       extra+=(-dict=tests/fuzz/http.dict -max_len=12288) ;;
+    manifest)
+      collect "$work/corpus" .json tests/fuzz/manifest-corpus tests/fuzz/regressions/manifest
+      extra+=(-max_len=16384) ;;
   esac
   {
     echo "== fuzz: cupool_${t}_fuzz for ${FUZZ_SECONDS} s over $(find "$work/corpus" -type f | wc -l) seeds"
@@ -102,7 +105,7 @@ fuzz_one() {
 
 for t in $FUZZ_TARGETS; do
   case $t in
-    config|protocol|safetensors|http) ;;
+    config|protocol|safetensors|http|manifest) ;;
     *) echo "fuzz: unknown target $t" >&2; exit 2 ;;
   esac
 done

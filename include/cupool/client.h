@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define CUPOOL_CLIENT_ABI_VERSION 1
-#define CUPOOL_PROTOCOL_VERSION 2
+#define CUPOOL_PROTOCOL_VERSION 3
 
 typedef enum cupool_status {
   CUPOOL_OK = 0,
@@ -87,6 +87,13 @@ CUPOOL_API int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_le
  * held in parts, one allocation each (the `buffer_tensors` request lists their sizes, and each
  * tensor's part). CUPOOL_E_NOT_FOUND when the buffer has no such part. */
 CUPOOL_API int cupool_open_buffer_part(cupool_conn* conn, const char* name, uint32_t part, cupool_lease** out);
+/* Opens part `part` of the named buffer for use from this process's device `device` (-1: the
+ * device that holds it). A buffer on another device is mapped for `device` over peer access
+ * (NVLink or PCIe): the lease's device is then `device`, its memory stays where it is held.
+ * CUPOOL_E_REFUSED when the pool's `access` does not list that device, CUPOOL_E_CUDA when the
+ * driver can't map it there. Needs a holder of protocol 3 (its buffers are exported allocations). */
+CUPOOL_API int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, int device,
+                                     cupool_lease** out);
 /* Frees an allocation (or closes a buffer): unmapped here, then released in the holder. Finish
  * this process's GPU work on the lease first (synchronize the streams that use it): the release
  * does not wait for them. The lease is freed even when the holder can't be told. NULL is ignored

@@ -236,6 +236,36 @@ void cupool_conn::map(cupool_lease& lease, const Json& reply) {
   }
 }
 
+void cupool_conn::map_exported(cupool_lease& lease, const Json& reply, int descriptor, int device) {
+  const std::uint64_t mapped = reply.value("mapped_size", std::uint64_t{0});
+  if (descriptor < 0 || mapped < lease.size || mapped == 0)
+    throw Failure{CUPOOL_E_PROTOCOL, "the holder sent a buffer without its descriptor or size"};
+  const int home = local_device(reply.value("uuid", ""), lease.holder_device);
+  std::vector<int> peers;
+  if (device >= 0 && device != home) {
+    // Only where the pool's access lets a device use the buffer (the config's `access`).
+    const std::string uuid = backend().device_info(device).uuid;
+    bool allowed = false;
+    for (const Json& a : reply.value("access", Json::array())) allowed = allowed || a.value("uuid", "") == uuid;
+    if (!allowed)
+      throw Failure{CUPOOL_E_REFUSED, "buffer " + lease.name + " is held on " + reply.value("uuid", "") +
+                                          " and its pool " + lease.pool + " gives no access to " + uuid +
+                                          " (this process's device " + std::to_string(device) +
+                                          "); add it to the pool's access: list"};
+    peers.push_back(device);
+  }
+  lease.exported = true;
+  lease.address = backend().map_exported(home, descriptor, mapped, peers);
+  lease.local_device = peers.empty() ? home : device;
+}
+
+void cupool_conn::unmap(const cupool_lease& lease) {
+  if (lease.exported)
+    backend().unmap_exported(lease.address);
+  else
+    backend().free_imported(lease.imported, lease.address);
+}
+
 // Allocates and maps a lease; when the ready event can't be used here, asks the holder to
 // wait for its allocations instead (from then on, for this connection).
 std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int device, std::uint64_t size) {
@@ -287,7 +317,7 @@ void cupool_conn::release(cupool_lease* lease) {
   }
   std::string unmap_error;
   try {
-    backend().free_imported(lease->imported, lease->address);
+    unmap(*lease);
   } catch (const std::exception& e) {
     unmap_error = e.what();
   }

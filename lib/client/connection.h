@@ -52,6 +52,7 @@ struct cupool_lease {
   std::uint64_t address = 0;
   std::uint64_t size = 0;
   cupool::PoolHandle imported = 0;
+  bool exported = false;  // an exported allocation (a buffer of a protocol 3 holder), mapped whole
 };
 
 struct cupool_conn {
@@ -126,6 +127,11 @@ struct cupool_conn {
   void retire(const std::pair<std::string, int>& key);
   // Imports an allocation and waits until it is ready.
   void map(cupool_lease& lease, const cupool::client::Json& reply);
+  // Maps an exported allocation (a buffer_open reply of protocol 3 and its descriptor) for this
+  // process's device `device` (-1: where it is held).
+  void map_exported(cupool_lease& lease, const cupool::client::Json& reply, int fd, int device);
+  // Unmaps a lease here (an import of a pool's allocation, or an exported allocation).
+  void unmap(const cupool_lease& lease);
   // Allocates and maps a lease; when the ready event can't be used here, asks the holder to
   // wait for its allocations instead (from then on, for this connection).
   std::unique_ptr<cupool_lease> alloc(const std::string& pool, int device, std::uint64_t size);

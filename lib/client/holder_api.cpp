@@ -120,10 +120,12 @@ int cupool_connect(const char* socket_path, const char* client_name, cupool_conn
     if (client_name) hello["client"] = cupool::utf8_prefix(client_name, 64);
     try {
       Json reply = conn->request(hello);
-      if (!reply.value("ok", false) &&
-          reply.value("error", Json::object()).value("code", "") == "unsupported_protocol") {
-        // A holder from before protocol 2: version 1 works, without the cache.
-        hello["protocol"] = 1;
+      // An older holder: protocol 2 works (its buffers are pool allocations), and 1 without the cache.
+      for (int older = CUPOOL_PROTOCOL_VERSION - 1;
+           older >= 1 && !reply.value("ok", false) &&
+           reply.value("error", Json::object()).value("code", "") == "unsupported_protocol";
+           --older) {
+        hello["protocol"] = older;
         reply = conn->request(hello);
       }
       if (!reply.value("ok", false)) {
@@ -155,7 +157,7 @@ void cupool_disconnect(cupool_conn* conn) {
     // free its side.
     auto unmap = [conn](cupool_lease* lease) {
       try {
-        if (conn->importer) conn->importer->free_imported(lease->imported, lease->address);
+        if (conn->importer) conn->unmap(*lease);
       } catch (...) {
       }
       delete lease;
@@ -222,12 +224,19 @@ int cupool_open_buffer(cupool_conn* conn, const char* name, cupool_lease** out) 
 }
 
 int cupool_open_buffer_part(cupool_conn* conn, const char* name, uint32_t part, cupool_lease** out) {
+  return cupool_open_buffer_on(conn, name, part, -1, out);
+}
+
+int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, int device, cupool_lease** out) {
   if (out) *out = nullptr;
   return guarded(conn, [&] {
     if (!name || !out) throw Failure{CUPOOL_E_INVALID, "name and out must not be NULL"};
+    if (device < -1) throw Failure{CUPOOL_E_INVALID, "device must be a device of this process, or -1"};
     Json request = {{"op", "buffer_open"}, {"name", name}};
     if (part) request["part"] = part;  // a holder from before parts knows no "part"
-    Json reply = conn->call(request);
+    int received = -1;
+    Json reply = conn->call(request, &received);
+    cupool::Fd descriptor(received);
     auto lease = std::make_unique<cupool_lease>();
     lease->buffer = true;
     lease->name = name;
@@ -235,7 +244,13 @@ int cupool_open_buffer_part(cupool_conn* conn, const char* name, uint32_t part, 
     lease->holder_device = reply.value("device", 0);
     lease->size = reply.value("size", std::uint64_t{0});
     try {
-      conn->map(*lease, reply);
+      if (reply.value("mapping", "") == "exported")
+        conn->map_exported(*lease, reply, descriptor.get(), device);
+      else if (device >= 0 && device != conn->local_device(reply.value("uuid", ""), lease->holder_device))
+        throw Failure{CUPOOL_E_INVALID, "this holder (protocol " + std::to_string(conn->protocol) +
+                                            ") holds buffers in pools: open them on their own device"};
+      else
+        conn->map(*lease, reply);
     } catch (...) {
       try {
         conn->call({{"op", "buffer_close"}, {"name", name}});

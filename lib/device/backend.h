@@ -139,6 +139,14 @@ struct SharedAllocation {
   Blob64 export_data{};
 };
 
+// An exported allocation (Backend::create_exported): its address here, its size (a multiple of the
+// device's allocation granularity) and a descriptor of its shareable handle (the caller owns it).
+struct ExportedAllocation {
+  std::uint64_t address = 0;
+  std::uint64_t size = 0;
+  int fd = -1;
+};
+
 // Graph memory of one device (CU_GRAPH_MEM_ATTR_{USED,RESERVED}_MEM_{CURRENT,HIGH}), in bytes.
 struct GraphMemUsage {
   std::uint64_t reserved_current = 0;
@@ -280,6 +288,30 @@ class Backend {
   // that fails, throws InputError.
   virtual void load_file(int device, int fd, const std::vector<FileRange>& ranges,
                          const std::function<void(std::uint64_t)>& progress) = 0;
+
+  // ---- exported allocations (VMM): held buffers ----
+  // A held buffer is physical memory of one device made for sharing (cuMemCreate, pinned, with a
+  // POSIX-fd shareable handle), not a pool allocation: whoever holds its descriptor keeps it alive
+  // (a process with no CUDA context too), so it outlives the process that made it, and an importer
+  // maps it whole at any size, for peer devices too.
+
+  // The allocation granularity of the device (cuMemGetAllocationGranularity, minimum): sizes of
+  // exported allocations are multiples of it.
+  virtual std::uint64_t allocation_granularity(int device) = 0;
+  // Makes an allocation of at least `bytes` (rounded up to the granularity) on `device`, maps it
+  // read-write here for that device, and exports it. Throws CudaError (OUT_OF_MEMORY when the
+  // device has no room).
+  virtual ExportedAllocation create_exported(int device, std::uint64_t bytes) = 0;
+  // Maps the allocation behind `fd` (a descriptor create_exported gave, in this process or
+  // another; not taken) here: all `size` bytes (its rounded size), read-write for `device`, where
+  // the memory must be, and for each of `peers`. Throws CudaError when `fd` is no exported
+  // allocation, its memory is on another device, or it is smaller than `size`.
+  virtual std::uint64_t map_exported(int device, int fd, std::uint64_t size, const std::vector<int>& peers) = 0;
+  // Gives `peer` read-write access to a mapping made here, after the fact (cuMemSetAccess).
+  virtual void grant_exported_access(std::uint64_t address, int peer) = 0;
+  // Unmaps an allocation that create_exported made or map_exported mapped here. The memory goes
+  // when its last mapping and descriptor, in any process, are gone.
+  virtual void unmap_exported(std::uint64_t address) = 0;
 
   // ---- this process's own pools (cupool_configure, cupool_stats) ----
 

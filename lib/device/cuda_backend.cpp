@@ -51,7 +51,10 @@ struct DriverApi {
   X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolGetAccess) X(cuDevicePrimaryCtxGetState)                      \
   X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture)                                                \
   X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                                   \
-  X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)
+  X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)                                       \
+  X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)                      \
+  X(cuMemImportFromShareableHandle) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve)                  \
+  X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)
 // clang-format on
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;  // NOLINT(bugprone-macro-parentheses): a name
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
@@ -163,6 +166,11 @@ class CudaBackend final : public Backend {
       ContextScope scope(api_, context_or_null(ordinal));
       if (state.event) api_.cuEventDestroy(state.event);
       if (state.stream) api_.cuStreamDestroy(state.stream);
+    }
+    for (auto& [address, m] : mappings_) {
+      ContextScope scope(api_, context_or_null(m.device));
+      api_.cuMemUnmap(static_cast<CUdeviceptr>(address), static_cast<size_t>(m.size));
+      api_.cuMemAddressFree(static_cast<CUdeviceptr>(address), static_cast<size_t>(m.size));
     }
     for (auto& [ordinal, ctx] : contexts_) api_.cuDevicePrimaryCtxRelease(device_nothrow(ordinal));
     if (nvml_ready_ && nvml_.shutdown) nvml_.shutdown();
@@ -538,6 +546,88 @@ class CudaBackend final : public Backend {
     zero = 0;
     check(api_.cuDeviceSetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero),
           "cuDeviceSetGraphMemAttribute");
+  }
+
+  // ---- exported allocations (VMM) ----
+
+  std::uint64_t allocation_granularity(int ordinal) override {
+    CUmemAllocationProp prop = exported_prop(ordinal);
+    size_t granularity = 0;
+    check(api_.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+          "cuMemGetAllocationGranularity");
+    return granularity;
+  }
+
+  ExportedAllocation create_exported(int ordinal, std::uint64_t bytes) override {
+    ContextScope scope(api_, context(ordinal));
+    const std::uint64_t granularity = allocation_granularity(ordinal);
+    if (bytes == 0 || bytes > UINT64_MAX - granularity)
+      throw CudaError("cuMemCreate", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "no size to allocate");
+    const std::uint64_t size = (bytes + granularity - 1) / granularity * granularity;
+    CUmemAllocationProp prop = exported_prop(ordinal);
+    CUmemGenericAllocationHandle handle = 0;
+    check(api_.cuMemCreate(&handle, static_cast<size_t>(size), &prop, 0), "cuMemCreate");
+    // The mapping (and the descriptor) keep the memory; the handle is released on every path.
+    struct Release {
+      const DriverApi& api;
+      CUmemGenericAllocationHandle handle;
+      ~Release() { api.cuMemRelease(handle); }
+    } release{api_, handle};
+    int fd = -1;
+    check(api_.cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemExportToShareableHandle");
+    try {
+      const std::uint64_t address = map_handle(ordinal, handle, size, {});
+      return {address, size, fd};
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+  }
+
+  std::uint64_t map_exported(int ordinal, int fd, std::uint64_t size, const std::vector<int>& peers) override {
+    ContextScope scope(api_, context(ordinal));
+    CUmemGenericAllocationHandle handle = 0;
+    // The posix_fd handle is the fd itself, passed by value in the pointer argument.
+    void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
+    check(api_.cuMemImportFromShareableHandle(&handle, shareable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle");
+    struct Release {
+      const DriverApi& api;
+      CUmemGenericAllocationHandle handle;
+      ~Release() { api.cuMemRelease(handle); }
+    } release{api_, handle};
+    CUmemAllocationProp prop;
+    std::memset(&prop, 0, sizeof prop);
+    check(api_.cuMemGetAllocationPropertiesFromHandle(&prop, handle), "cuMemGetAllocationPropertiesFromHandle");
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != ordinal)
+      throw CudaError("cuMemGetAllocationPropertiesFromHandle", CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE",
+                      "the allocation is on device " + std::to_string(prop.location.id) + ", not on device " +
+                          std::to_string(ordinal));
+    return map_handle(ordinal, handle, size, peers);
+  }
+
+  void grant_exported_access(std::uint64_t address, int peer) override {
+    auto it = mappings_.find(address);
+    if (it == mappings_.end())
+      throw CudaError("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "not an exported allocation mapped by this process");
+    ContextScope scope(api_, context(it->second.device));
+    const CUmemAccessDesc desc = access_desc(peer);
+    check(api_.cuMemSetAccess(static_cast<CUdeviceptr>(address), static_cast<size_t>(it->second.size), &desc, 1),
+          "cuMemSetAccess");
+  }
+
+  void unmap_exported(std::uint64_t address) override {
+    auto it = mappings_.find(address);
+    if (it == mappings_.end())
+      throw CudaError("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
+                      "not an exported allocation mapped by this process");
+    ContextScope scope(api_, context(it->second.device));
+    const std::uint64_t size = it->second.size;
+    mappings_.erase(it);
+    check(api_.cuMemUnmap(static_cast<CUdeviceptr>(address), static_cast<size_t>(size)), "cuMemUnmap");
+    check(api_.cuMemAddressFree(static_cast<CUdeviceptr>(address), static_cast<size_t>(size)), "cuMemAddressFree");
   }
 
   // ---- sharing: the importing side ----
@@ -916,6 +1006,49 @@ class CudaBackend final : public Backend {
   };
 
   // The device's primary context, retained once for the backend's lifetime.
+  // What a held buffer's memory is made with: pinned memory of the device, exportable as a POSIX fd.
+  static CUmemAllocationProp exported_prop(int ordinal) {
+    CUmemAllocationProp prop;
+    std::memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = ordinal;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return prop;
+  }
+
+  static CUmemAccessDesc access_desc(int ordinal) {
+    CUmemAccessDesc desc;
+    std::memset(&desc, 0, sizeof desc);
+    desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc.location.id = ordinal;
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return desc;
+  }
+
+  // Reserves `size` bytes of address space, maps `handle` there and gives `ordinal` and `peers`
+  // read-write access; undoes what it did when a step fails.
+  std::uint64_t map_handle(int ordinal, CUmemGenericAllocationHandle handle, std::uint64_t size,
+                           const std::vector<int>& peers) {
+    CUdeviceptr ptr = 0;
+    check(api_.cuMemAddressReserve(&ptr, static_cast<size_t>(size), 0, 0, 0), "cuMemAddressReserve");
+    bool mapped = false;
+    try {
+      check(api_.cuMemMap(ptr, static_cast<size_t>(size), 0, handle, 0), "cuMemMap");
+      mapped = true;
+      std::vector<CUmemAccessDesc> access{access_desc(ordinal)};
+      for (int peer : peers)
+        if (peer != ordinal) access.push_back(access_desc(peer));
+      check(api_.cuMemSetAccess(ptr, static_cast<size_t>(size), access.data(), access.size()), "cuMemSetAccess");
+    } catch (...) {
+      if (mapped) api_.cuMemUnmap(ptr, static_cast<size_t>(size));
+      api_.cuMemAddressFree(ptr, static_cast<size_t>(size));
+      throw;
+    }
+    mappings_[ptr] = Mapping{ordinal, size};
+    return ptr;
+  }
+
   CUcontext context(int ordinal) {
     auto it = contexts_.find(ordinal);
     if (it != contexts_.end()) return it->second;
@@ -1083,6 +1216,12 @@ class CudaBackend final : public Backend {
   NvmlApi nvml_;
   std::map<int, CUcontext> contexts_;
   std::map<PoolHandle, Pool> pools_;
+  // Exported allocations mapped here (create_exported, map_exported): address -> its device, size.
+  struct Mapping {
+    int device = 0;
+    std::uint64_t size = 0;
+  };
+  std::map<std::uint64_t, Mapping> mappings_;
   std::map<int, DeviceState> device_states_;
   std::map<Blob64, OpenedEvent> opened_events_;
   PoolHandle last_handle_ = 0;

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/fd.h"
 
 namespace cupool {
 
@@ -35,6 +36,8 @@ SimBackend::SimBackend(NodeReport profile) : profile_(std::move(profile)) {}
 
 SimBackend::~SimBackend() {
   for (auto& [handle, p] : pools_) unmap(p);
+  for (auto& [address, m] : mappings_)
+    ::munmap(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), static_cast<std::size_t>(m.size));
 }
 
 ReportSource SimBackend::source() const {
@@ -138,6 +141,8 @@ std::uint64_t round_up(std::uint64_t bytes, std::uint64_t granule) {
 
 constexpr std::uint8_t kExportMagic[10] = {'C', 'U', 'P', 'O', 'O', 'L', 'S', 'I', 'M', '1'};
 constexpr std::uint8_t kEventMagic[10] = {'C', 'U', 'P', 'O', 'O', 'L', 'E', 'V', 'T', '1'};
+constexpr std::uint8_t kExportedMagic[10] = {'C', 'U', 'P', 'O', 'O', 'L', 'V', 'M', 'M', '1'};
+constexpr std::uint64_t kExportedPage = 4096;  // what follows an exported allocation's bytes
 
 void put_u64(Blob64& blob, std::size_t at, std::uint64_t value) {
   for (std::size_t i = 0; i < 8; ++i) blob[at + i] = static_cast<std::uint8_t>(value >> (8 * i));
@@ -221,6 +226,8 @@ std::uint64_t SimBackend::reserved_on(int dev) const {
   for (const auto& [h, p] : pools_)
     if (!p.imported && p.device == dev && p.props.location == PoolProps::Location::device)
       total += p.usage.reserved_current;
+  for (const auto& [address, m] : mappings_)
+    if (m.own && m.device == dev) total += m.size;
   return total;
 }
 
@@ -491,8 +498,89 @@ void SimBackend::free_imported(PoolHandle handle, std::uint64_t address) {
     throw invalid_value("cuMemFreeAsync", "not an imported pointer of this pool");
 }
 
+// ---- exported allocations ----
+
+std::uint64_t SimBackend::allocation_granularity(int dev) {
+  enter("allocation_granularity", std::to_string(dev));
+  device(dev, "cuMemGetAllocationGranularity");
+  return kGranule;  // as an H100's and an H200's (tests/gpu/RESULTS.md)
+}
+
+ExportedAllocation SimBackend::create_exported(int dev, std::uint64_t bytes) {
+  enter("create_exported", std::to_string(dev) + "," + std::to_string(bytes));
+  const char* api = "cuMemCreate";
+  const DeviceReport& d = device(dev, api);
+  if (bytes == 0 || bytes > kMaxArena) throw invalid_value(api, "no size, or more than a simulated device holds");
+  const std::uint64_t size = round_up(bytes, kGranule);
+  const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
+  if (reserved_on(dev) + size > free) throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
+  Fd fd(::memfd_create("cupool-sim-exported", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throw system_error(api, "memfd_create", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+  Blob64 page{};
+  std::copy(std::begin(kExportedMagic), std::end(kExportedMagic), page.begin());
+  put_u64(page, 16, static_cast<std::uint64_t>(dev));
+  put_u64(page, 24, size);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size + kExportedPage)) != 0 ||
+      ::pwrite(fd.get(), page.data(), page.size(), static_cast<off_t>(size)) != static_cast<ssize_t>(page.size()) ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    throw system_error(api, "making the allocation's memfd", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+  void* base =
+      ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd.get(), 0);
+  if (base == MAP_FAILED) throw system_error(api, "mmap of the allocation", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+  const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base));
+  mappings_[address] = Mapping{dev, size, true};
+  return {address, size, fd.release()};
+}
+
+std::uint64_t SimBackend::map_exported(int dev, int fd, std::uint64_t size, const std::vector<int>& peers) {
+  enter("map_exported", std::to_string(dev) + "," + std::to_string(size));
+  const char* api = "cuMemImportFromShareableHandle";
+  struct stat st;
+  if (::fstat(fd, &st) != 0) throw system_error(api, "fstat of the allocation's fd", errno, "CUDA_ERROR_INVALID_VALUE");
+  Blob64 page{};
+  const auto length = static_cast<std::uint64_t>(st.st_size);
+  if (!S_ISREG(st.st_mode) || length < kExportedPage ||
+      ::pread(fd, page.data(), page.size(), static_cast<off_t>(length - kExportedPage)) !=
+          static_cast<ssize_t>(page.size()) ||
+      !has_magic(page, kExportedMagic) || get_u64(page, 24) != length - kExportedPage)
+    throw invalid_value(api, "the fd is not a simulated exported allocation");
+  if (get_u64(page, 16) != static_cast<std::uint64_t>(dev))
+    throw CudaError(
+        "cuMemGetAllocationPropertiesFromHandle", 101, "CUDA_ERROR_INVALID_DEVICE",
+        "the allocation is on device " + std::to_string(get_u64(page, 16)) + ", not on device " + std::to_string(dev));
+  if (size == 0 || size > length - kExportedPage)
+    throw invalid_value("cuMemMap", "the allocation has " + std::to_string(length - kExportedPage) + " bytes, not " +
+                                        std::to_string(size));
+  (void)peers;  // the importing side never consults the profile; any peer can address host memory
+  void* base =
+      ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (base == MAP_FAILED) throw system_error("cuMemMap", "mmap of the allocation", errno, "CUDA_ERROR_OUT_OF_MEMORY");
+  const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base));
+  mappings_[address] = Mapping{dev, size, false};
+  return address;
+}
+
+void SimBackend::grant_exported_access(std::uint64_t address, int peer) {
+  enter("grant_exported_access", std::to_string(peer));
+  if (!mappings_.count(address)) throw invalid_value("cuMemSetAccess", "not an exported allocation mapped here");
+}
+
+void SimBackend::unmap_exported(std::uint64_t address) {
+  enter("unmap_exported");
+  auto it = mappings_.find(address);
+  if (it == mappings_.end()) throw invalid_value("cuMemUnmap", "not an exported allocation mapped here");
+  ::munmap(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), static_cast<std::size_t>(it->second.size));
+  mappings_.erase(it);
+}
+
 std::uint8_t* SimBackend::host_view(std::uint64_t address, std::uint64_t bytes, const char* api) {
   if (bytes > UINT64_MAX - address) throw invalid_value(api, "the range wraps around");
+  // An exported allocation mapped here.
+  if (auto m = mappings_.upper_bound(address); m != mappings_.begin()) {
+    --m;
+    if (address - m->first <= m->second.size && bytes <= m->second.size - (address - m->first))
+      return reinterpret_cast<std::uint8_t*>(static_cast<std::uintptr_t>(address));
+  }
   // An imported pointer: a host address inside an imported arena.
   for (auto& [handle, p] : pools_) {
     if (!p.imported) continue;

@@ -92,6 +92,17 @@ class SimBackend final : public Backend {
                  const std::function<void(std::uint64_t)>& progress) override;
   void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) override;
 
+  // Exported allocations are memfds too: the allocation's bytes, then one page that says what it
+  // is (bytes 0..9 "CUPOOLVMM1", 16..23 the device ordinal, 24..31 the size), sealed against
+  // growing and shrinking. Their address here is where the memfd is mapped; create_exported
+  // counts them as the device's used memory (an allocation that would pass the profile's free
+  // memory fails with OUT_OF_MEMORY), map_exported checks the page against what it is asked.
+  std::uint64_t allocation_granularity(int device) override;
+  ExportedAllocation create_exported(int device, std::uint64_t bytes) override;
+  std::uint64_t map_exported(int device, int fd, std::uint64_t size, const std::vector<int>& peers) override;
+  void grant_exported_access(std::uint64_t address, int peer) override;
+  void unmap_exported(std::uint64_t address) override;
+
   static constexpr std::uint64_t kGranule = 2ULL << 20;
   static constexpr std::uint64_t kTrimChunk = 32ULL << 20;
   static constexpr unsigned kAddressBits = 44;
@@ -177,10 +188,18 @@ class SimBackend final : public Backend {
   // The driver's release at a synchronize: keep at most max(used, threshold) reserved.
   static void settle(Pool& p);
 
+  // An exported allocation mapped here.
+  struct Mapping {
+    int device = 0;
+    std::uint64_t size = 0;
+    bool own = false;  // made by create_exported here (counted in reserved_on)
+  };
+
   NodeReport profile_;
   std::map<PoolHandle, Pool> pools_;
-  std::map<int, PoolHandle> default_pools_;  // device -> its default pool, made on first use
-  std::map<int, PoolHandle> current_pools_;  // device -> the pool set_current_pool made current
+  std::map<std::uint64_t, Mapping> mappings_;  // host address -> mapping
+  std::map<int, PoolHandle> default_pools_;    // device -> its default pool, made on first use
+  std::map<int, PoolHandle> current_pools_;    // device -> the pool set_current_pool made current
   PoolHandle last_pool_ = 0;
   std::map<std::string, std::string> failures_;
   std::vector<std::string> calls_;

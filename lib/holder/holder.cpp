@@ -39,7 +39,8 @@ std::string Holder::device_pci_bus_id(int device) const {
 }
 
 void Holder::shutdown() noexcept {
-  notice_ = nullptr;  // the holder is ending: nobody to tell, and the owner may be half gone
+  custody_ = nullptr;  // what custody keeps stays there: the next holder adopts it
+  notice_ = nullptr;   // the holder is ending: nobody to tell, and the owner may be half gone
   deferred_ = nullptr;
   waiters_.clear();
   std::vector<std::uint64_t> ids;

@@ -12,8 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "base/fd.h"
 #include "config/config.h"
 #include "config/resolve.h"
+#include "custody/custody.h"
 #include "device/backend.h"
 #include "device/node.h"
 #include "protocol/protocol.h"
@@ -146,7 +148,26 @@ class Holder {
   std::size_t cached_count() const;
   std::uint64_t cached_bytes() const;
   // Frees everything (leases first, then buffers, then pools); the holder is empty afterwards.
+  // Custody keeps what it holds: the next holder adopts it.
   void shutdown() noexcept;
+
+  // ---- custody: held buffers outlive the holder (adopt.cpp) ----
+  // Where the descriptors of exported buffers go as soon as they exist, with a manifest of them
+  // (none: the buffers die with this process). `custody` outlives the holder's use of it.
+  void attach_custody(custody::Custody* custody);
+  // At start, before the first apply: adopts the buffers that custody kept (`kept`, what it
+  // withdrew) as the newest manifest that opens describes them, each checked against the node
+  // (its device's UUID) and the driver (its size, its device); refuses the rest and says why.
+  // Descriptors no manifest names, and those of refused buffers, are removed from custody. Writes
+  // a manifest of what it adopted. Returns the report `status` shows under custody.adopted.
+  Json adopt(std::vector<custody::Kept> kept);
+  // `hold --fresh`: removes everything custody kept (`kept`) and closes it: the memory goes.
+  // Returns how many descriptors were dropped.
+  std::size_t forget_custody(std::vector<custody::Kept> kept);
+  // A keeper that restarted (a container restarted by Kubernetes) keeps nothing: asks it what it
+  // keeps and gives it again what is missing, then a new manifest. Nothing for systemd's store
+  // (it lives as long as the unit). The server calls it about once a second.
+  void audit_custody() noexcept;
 
  private:
   struct HeldPool {
@@ -164,14 +185,22 @@ class Holder {
     // One allocation per part: a buffer from a config has one; `cupool buffer load` makes a tensor
     // set of parts no larger than the driver imports (tensors/safetensors.h, kDefaultPartSize).
     struct Part {
-      SharedAllocation allocation;
+      SharedAllocation allocation;  // an exported allocation's: the address only
       std::uint64_t size = 0;
+      std::uint64_t mapped = 0;  // an exported allocation's size (a multiple of the granularity)
+      Fd fd;                     // an exported allocation's descriptor
     };
     std::vector<Part> parts;
     bool shared = true;  // false in a pool without an IPC handle type (nobody can open it)
+    // Held as exported allocations (Backend::create_exported; the buffers of device pools): what a
+    // restart of the holder keeps. Otherwise allocations of its pool (host pools).
+    bool exported = false;
     std::uint64_t opens = 0;
     std::uint64_t loading = 0;            // the client filling it (buffer_create with "loading"); 0 once ready
     std::optional<tensors::Index> index;  // the tensors it holds (`cupool buffer load`)
+    std::uint32_t owner = 0;              // who made it (the holder's user for the config's)
+    bool from_config = true;              // the config's buffers:, or a client's buffer_create
+    bool adopted = false;                 // taken over from custody at this holder's start
   };
   struct Lease {
     std::uint64_t client = 0;
@@ -285,6 +314,20 @@ class Holder {
   // Makes the buffer `w` from parts of `part_sizes` bytes (empty: one part of w.size); all or nothing.
   void create_buffer(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes = {});
   void destroy_buffer(const std::string& name);
+  // Bytes of exported allocations charged to a pool (its buffers').
+  std::uint64_t buffer_bytes(const std::string& pool, int device) const;
+  // Custody after a change: every exported buffer's parts are deposited (create_buffer), then a
+  // new manifest of the ready ones, then what went away is removed. Failures are logged and shown
+  // in `status` (custody.error); the buffers stay held. Called at the end of each request, apply
+  // and disconnect (the manifest is rewritten only when something changed).
+  void deposit_parts(const std::string& name);
+  void sync_custody() noexcept;
+  // Calls sync_custody() when it goes out of scope (at the end of a request, an apply, a disconnect).
+  struct SyncCustodyAtEnd {
+    Holder& holder;
+    ~SyncCustodyAtEnd() { holder.sync_custody(); }
+  };
+  Json custody_status() const;
 
   Backend& backend_;
   NodeReport node_;
@@ -310,6 +353,13 @@ class Holder {
   bool draining_ = false;
   std::int64_t created_at_ = 0;
   Json identity_ = Json::object();
+  // Custody (adopt.cpp).
+  custody::Custody* custody_ = nullptr;
+  std::uint64_t manifest_sequence_ = 0;        // the one in custody (0: none yet)
+  bool manifest_stale_ = false;                // the ready buffers changed since it was written
+  std::vector<std::string> custody_removals_;  // descriptor names to remove once the manifest is new
+  std::string custody_error_;                  // the last failure ("" when custody has it all)
+  Json adoption_;                              // what adopt() reported (null: it did not run)
 };
 
 }  // namespace cupool

@@ -34,6 +34,7 @@ std::uint64_t Holder::connect(const Peer& peer) {
 }
 
 void Holder::disconnect(std::uint64_t id) {
+  const SyncCustodyAtEnd sync{*this};
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
   // A request of its own that waited for drops is answered to nobody.
@@ -89,6 +90,17 @@ std::pair<std::uint64_t, SharedAllocation> Holder::grant_lease(std::uint64_t id,
     throw Error(Errc::quota_exceeded, "pool " + p.want.name + " on device " + std::to_string(p.want.device) + ": " +
                                           format_bytes(quota) + " quota per client; this client holds " +
                                           format_bytes(held) + " and asked for " + format_bytes(size));
+  // The pool's buffers are exported allocations beside it, charged to it: its max_size holds them
+  // and the leases together.
+  if (const std::uint64_t charged = p.want.props.max_size ? buffer_bytes(p.want.name, p.want.device) : 0) {
+    const std::uint64_t used = backend_.pool_usage(p.handle).used_current;
+    if (charged >= p.want.props.max_size || size > p.want.props.max_size - charged ||
+        used > p.want.props.max_size - charged - size)
+      throw Error(Errc::out_of_memory, "pool " + p.want.name + " on device " + std::to_string(p.want.device) +
+                                           " has no room for " + format_bytes(size) + ": its max_size " +
+                                           format_bytes(p.want.props.max_size) + " holds " + format_bytes(charged) +
+                                           " of buffers and " + format_bytes(used) + " of leases");
+  }
   SharedAllocation s;
   try {
     s = backend_.allocate_shared(p.handle, size);

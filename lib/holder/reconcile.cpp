@@ -39,7 +39,7 @@ std::vector<Change> Holder::plan(const Desired& want) const {
         for (const auto& bw : keep->buffers)
           if (bw.name == name && bw.pool == b.want.pool && bw.device == b.want.device && bw.size == b.want.size)
             kept = true;
-      if (kept || b.opens > 0 || b.index || !keep) names.push_back(name);
+      if (kept || b.opens > 0 || b.index || !b.from_config || !keep) names.push_back(name);
     }
     return names;
   };
@@ -68,9 +68,10 @@ std::vector<Change> Holder::plan(const Desired& want) const {
 
   // Buffers that go away or change (before pools, so their pools can go).
   for (const auto& [name, b] : buffers_) {
-    // A held tensor set (`cupool buffer load`) is not the config's: apply and a reload leave it
-    // alone, and its pool stays while it is there (blocked_reason).
-    if (b.index) continue;
+    // A held tensor set (`cupool buffer load`), or any buffer a client made (`cupool buffer
+    // create`), is not the config's: apply and a reload leave it alone, and its pool stays while it
+    // is there (blocked_reason).
+    if (b.index || !b.from_config) continue;
     const BufferWant* w = nullptr;
     for (const auto& bw : want.buffers)
       if (bw.name == name) w = &bw;
@@ -154,6 +155,7 @@ std::vector<Change> Holder::plan(const Desired& want) const {
 }
 
 std::vector<Change> Holder::apply(const Desired& want) {
+  const SyncCustodyAtEnd sync{*this};
   std::vector<Change> changes = plan(want);
   auto find_want = [&](const std::string& name, int device) -> const PoolWant* {
     for (const auto& pw : want.pools)
@@ -290,14 +292,32 @@ void Holder::destroy_pool(const PoolKey& key) {
 void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes) {
   auto it = pools_.find({w.pool, w.device});
   if (it == pools_.end()) throw Error(Errc::not_found, "no pool " + w.pool + " on device " + std::to_string(w.device));
-  const PoolHandle pool = it->second.handle;
+  const HeldPool& held = it->second;
+  const PoolHandle pool = held.handle;
   HeldBuffer b;
   b.want = w;
   // A buffer in a pool without an IPC handle type is only kept (check warns about it).
-  b.shared = (it->second.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
+  b.shared = (held.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
+  // A device pool's buffers are exported allocations charged to the pool: they outlive the holder.
+  b.exported = held.want.props.location == PoolProps::Location::device;
+  const std::vector<std::uint64_t> sizes = part_sizes.empty() ? std::vector<std::uint64_t>{w.size} : part_sizes;
+  if (b.exported && held.want.props.max_size) {
+    const std::uint64_t granularity = backend_.allocation_granularity(w.device);
+    std::uint64_t need = 0;
+    for (const std::uint64_t size : sizes) need += (size + granularity - 1) / granularity * granularity;
+    const std::uint64_t charged = buffer_bytes(w.pool, w.device);
+    const std::uint64_t reserved = backend_.pool_usage(pool).reserved_current;
+    if (charged + reserved + need > held.want.props.max_size)
+      throw CudaError("cuMemCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY",
+                      "pool " + w.pool + " has max_size " + format_bytes(held.want.props.max_size) + ": " +
+                          format_bytes(charged) + " in buffers and " + format_bytes(reserved) +
+                          " reserved leave no room for " + format_bytes(need));
+  }
   auto free_part = [&](const HeldBuffer::Part& part) noexcept {
     try {
-      if (b.shared)
+      if (b.exported)
+        backend_.unmap_exported(part.allocation.address);
+      else if (b.shared)
         backend_.free_shared(pool, part.allocation.address);
       else
         backend_.free(pool, part.allocation.address);
@@ -306,42 +326,67 @@ void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>
     }
   };
   try {
-    for (const std::uint64_t size : part_sizes.empty() ? std::vector<std::uint64_t>{w.size} : part_sizes) {
+    for (const std::uint64_t size : sizes) {
       HeldBuffer::Part part;
       part.size = size;
-      if (b.shared)
+      if (b.exported) {
+        const ExportedAllocation a = backend_.create_exported(w.device, size);
+        part.fd = Fd(a.fd);
+        part.allocation.address = a.address;
+        part.mapped = a.size;
+      } else if (b.shared) {
         part.allocation = backend_.allocate_shared(pool, size);
-      else
+      } else {
         part.allocation.address = backend_.allocate(pool, size);
-      b.parts.push_back(part);
+      }
+      b.parts.push_back(std::move(part));
     }
     // Buffers are opened long after: make them ready now, so opening one needs no event.
-    if (b.shared) backend_.synchronize(w.device);
+    if (b.shared && !b.exported) backend_.synchronize(w.device);
   } catch (...) {
     for (const auto& part : b.parts) free_part(part);
     throw;
   }
-  buffers_[w.name] = b;
-  if (b.parts.size() == 1)
+  const std::size_t count = b.parts.size();
+  b.owner = self_uid_;
+  buffers_[w.name] = std::move(b);
+  deposit_parts(w.name);
+  if (count == 1)
     spdlog::info("created buffer {} ({}) in pool {} on device {}", w.name, format_bytes(w.size), w.pool, w.device);
   else
-    spdlog::info("created buffer {} ({} in {} parts) in pool {} on device {}", w.name, format_bytes(w.size),
-                 b.parts.size(), w.pool, w.device);
+    spdlog::info("created buffer {} ({} in {} parts) in pool {} on device {}", w.name, format_bytes(w.size), count,
+                 w.pool, w.device);
 }
 
 void Holder::destroy_buffer(const std::string& name) {
   auto it = buffers_.find(name);
   if (it == buffers_.end()) return;
-  auto p = pools_.find({it->second.want.pool, it->second.want.device});
-  if (p != pools_.end()) {
-    for (const auto& part : it->second.parts) {
-      if (it->second.shared)
-        backend_.free_shared(p->second.handle, part.allocation.address);
-      else
-        backend_.free(p->second.handle, part.allocation.address);
-    }
+  const HeldBuffer& b = it->second;
+  auto p = pools_.find({b.want.pool, b.want.device});
+  if (b.exported && custody_) {
+    // Out of custody once a manifest without it is in (sync_custody).
+    for (std::size_t i = 0; i < b.parts.size(); ++i) custody_removals_.push_back(custody::part_fd_name(name, i));
+    manifest_stale_ = true;
+  }
+  for (const auto& part : b.parts) {
+    if (b.exported)
+      backend_.unmap_exported(part.allocation.address);
+    else if (p == pools_.end())
+      continue;
+    else if (b.shared)
+      backend_.free_shared(p->second.handle, part.allocation.address);
+    else
+      backend_.free(p->second.handle, part.allocation.address);
   }
   buffers_.erase(it);
   spdlog::info("removed buffer {}", name);
+}
+
+std::uint64_t Holder::buffer_bytes(const std::string& pool, int device) const {
+  std::uint64_t total = 0;
+  for (const auto& [name, b] : buffers_)
+    if (b.exported && b.want.pool == pool && b.want.device == device)
+      for (const auto& part : b.parts) total += part.mapped;
+  return total;
 }
 }  // namespace cupool

@@ -49,7 +49,11 @@ Json Holder::status() const {
                               {"parts", b.parts.size()},
                               {"opens", b.opens},
                               {"state", b.loading ? "loading" : "ready"},
-                              {"tensors", b.index ? Json(b.index->tensors.size()) : Json()}});
+                              {"tensors", b.index ? Json(b.index->tensors.size()) : Json()},
+                              {"memory", b.exported ? "exported" : "pool"},
+                              {"kept", b.exported && !b.loading && custody_ != nullptr},
+                              {"adopted", b.adopted}});
+  out["custody"] = custody_status();
   out["clients"] = Json::array();
   out["clients_total"] = clients_.size();
   const std::int64_t now = now_s();

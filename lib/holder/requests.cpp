@@ -1,5 +1,6 @@
 // The request table and its handlers: each request of docs/protocol.md parsed, checked against who
 // sent it and answered. The state they read and change lives in the other files of holder/.
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -70,6 +71,7 @@ const std::vector<Holder::Operation>& Holder::operations() {
 
 Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   fd_out = -1;
+  const SyncCustodyAtEnd sync{*this};
   Client& c = client(id);
   proto::Args a(request);
   auto op_it = request.find("op");
@@ -295,6 +297,16 @@ Json Holder::op_buffer_open(Request& r) {
   if (open == c.open_buffers.end() && c.open_buffers.size() >= limits_.max_open_buffers_per_client)
     throw Error(Errc::limit_exceeded, "a connection may have at most " +
                                           std::to_string(limits_.max_open_buffers_per_client) + " buffers open");
+  if (b.exported && c.protocol < 3)
+    throw Error(Errc::bad_request, "buffer " + name +
+                                       " is held as an exported allocation, which protocol 3 opens; this connection "
+                                       "speaks protocol " +
+                                       std::to_string(c.protocol) + ": upgrade the client library (libcupool-client)");
+  Fd descriptor;
+  if (b.exported) {
+    descriptor = Fd(::fcntl(b.parts[part].fd.get(), F_DUPFD_CLOEXEC, 0));
+    if (!descriptor) throw Error(Errc::internal, "can't duplicate buffer " + name + "'s descriptor: " + errno_text());
+  }
   c.open_buffers[name] += 1;
   b.opens += 1;
   Json out;
@@ -306,6 +318,15 @@ Json Holder::op_buffer_open(Request& r) {
   out["part"] = part;
   out["parts"] = b.parts.size();
   out["buffer_size"] = b.want.size;
+  if (b.exported) {
+    // The allocation's descriptor rides with the reply: the client maps it whole.
+    out["mapping"] = "exported";
+    out["mapped_size"] = b.parts[part].mapped;
+    out["access"] = Json::array();  // the devices that may map it besides its own (the pool's access)
+    for (int peer : p.want.access) out["access"].push_back({{"device", peer}, {"uuid", device_uuid(peer)}});
+    r.fd_out = descriptor.release();
+    return out;
+  }
   out["generation"] = p.generation;
   out["export_data"] = proto::to_hex(b.parts[part].allocation.export_data);
   out["ready"] = true;
@@ -366,6 +387,9 @@ Json Holder::op_buffer_create(Request& r) {
     HeldBuffer& b = buffers_.at(name);
     b.loading = loading ? r.id : 0;
     b.index = std::move(index);
+    b.owner = c.peer.uid;
+    b.from_config = false;
+    manifest_stale_ = true;
   } catch (const CudaError& e) {
     if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
       throw Error(Errc::out_of_memory,
@@ -391,6 +415,7 @@ Json Holder::op_buffer_ready(Request& r) {
                                        (b.loading ? "another one loads it" : "it is ready") + ")");
   // The loader waited for its own copies before it said so (cupool_lease_load returns when done).
   b.loading = 0;
+  manifest_stale_ = true;  // ready now: in the next manifest
   const std::size_t count = b.index ? b.index->tensors.size() : 0;
   spdlog::info("buffer {} is ready ({}, {} tensor{})", name, format_bytes(b.want.size), count, count == 1 ? "" : "s");
   return {{"name", name}, {"tensors", count}};

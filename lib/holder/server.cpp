@@ -15,11 +15,13 @@
 #include <ctime>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "base/error.h"
 #include "base/fd.h"
 #include "base/text.h"
 #include "config/load.h"
+#include "custody/custody.h"
 #include "device/query.h"
 #include "holder/closer.h"
 #include "holder/conversation.h"
@@ -100,8 +102,14 @@ class Server {
   void start_drain(const char* why);
   void update_identity();
 
+  // Where the held buffers' descriptors are kept (ServerOptions::keeper); null for none.
+  std::unique_ptr<custody::Custody> choose_custody() const;
+  // What custody kept, waiting up to keeper_wait_ms for a keeper that is not there yet.
+  std::vector<custody::Kept> withdraw_from_custody();
+
   Backend& backend_;
   ServerOptions options_;
+  std::unique_ptr<custody::Custody> custody_;  // outlives holder_, which uses it
   std::unique_ptr<Holder> holder_;
   std::unique_ptr<SocketFile> socket_;
   Closer closer_;
@@ -115,6 +123,7 @@ class Server {
   bool accept_failing_ = false;
   int exit_code_ = 0;
   int reloads_ = 0;
+  Clock::time_point next_audit_{};  // when custody is next asked what it keeps
   std::string started_;
 };
 
@@ -400,6 +409,39 @@ void Server::start_drain(const char* why) {
         proto::Kind::notice);
 }
 
+std::unique_ptr<custody::Custody> Server::choose_custody() const {
+  if (!options_.keeper.empty()) return custody::keeper_at(options_.keeper);
+  if (const char* notify = std::getenv("NOTIFY_SOCKET"); notify && *notify) {
+    // systemd 254 and later say how many descriptors the unit may store ($FDSTORE); 0 is none.
+    if (const char* max = std::getenv("FDSTORE"); max && std::string(max) == "0") {
+      spdlog::warn(
+          "the unit has no file-descriptor store (FileDescriptorStoreMax=0): held buffers die with this "
+          "process; see configs/systemd/cupool.service");
+      return nullptr;
+    }
+    return custody::systemd_store();
+  }
+  spdlog::info("no custody for held buffers (no $NOTIFY_SOCKET, no --keeper): they die with this process");
+  return nullptr;
+}
+
+std::vector<custody::Kept> Server::withdraw_from_custody() {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.keeper_wait_ms);
+  bool told = false;
+  while (true) {
+    try {
+      return custody_->withdraw();
+    } catch (const Error& e) {
+      if (e.code() != Errc::unreachable || Clock::now() >= deadline)
+        throw Error(e.code(), "custody: " + custody_->where() + " did not answer (" + e.what() +
+                                  "); start `cupool keeper` first, or hold with --fresh to start from nothing");
+      if (!told) spdlog::info("waiting up to {} s for the {}", options_.keeper_wait_ms / 1000, custody_->where());
+      told = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
 int Server::run() {
   started_ = iso_now();
   // Signals arrive through a descriptor, so the loop sees them between requests. They are blocked
@@ -443,6 +485,25 @@ int Server::run() {
   holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
   holder_->adopt_holder_settings(want.holder);
   if (!options_.socket.empty()) holder_->keep_socket_from_command_line();
+  custody_ = choose_custody();
+  if (custody_) {
+    holder_->attach_custody(custody_.get());
+    std::vector<custody::Kept> kept = withdraw_from_custody();
+    if (options_.fresh) {
+      const std::size_t dropped = holder_->forget_custody(std::move(kept));
+      spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,
+                   dropped == 1 ? "" : "s", custody_->where());
+    } else if (!kept.empty()) {
+      const Json report = holder_->adopt(std::move(kept));
+      spdlog::info("custody: adopted {} buffer{} from {} (manifest {}); {} refused, {} descriptor{} released",
+                   report["adopted"].size(), report["adopted"].size() == 1 ? "" : "s", custody_->where(),
+                   report["manifest"].is_null() ? std::string("none") : report["manifest"].dump(),
+                   report["refused"].size(), report["released"].get<std::size_t>(),
+                   report["released"].get<std::size_t>() == 1 ? "" : "s");
+    } else {
+      holder_->adopt({});
+    }
+  }
   holder_->apply(want);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());
@@ -524,6 +585,10 @@ int Server::run() {
       }
     }
     serve_requests();
+    if (custody_ && Clock::now() >= next_audit_) {
+      holder_->audit_custody();
+      next_audit_ = Clock::now() + std::chrono::seconds(1);
+    }
     // Timeouts: a drop notice not answered in time; a frame started and not finished; replies
     // nobody reads.
     for (std::uint64_t late : holder_->overdue(steady_ms()))

@@ -27,6 +27,12 @@ struct ServerOptions {
   // Ask the kernel to refuse descriptors sent to the holder (SO_PASSRIGHTS, Linux 6.16+). Off only
   // in tests of what the holder does without it (cupool hold --no-kernel-descriptor-refusal).
   bool refuse_descriptors_in_kernel = true;
+  // Custody of the held buffers' descriptors (they outlive the holder): a keeper at this socket
+  // (`cupool keeper`); empty: systemd's file-descriptor store when $NOTIFY_SOCKET is set, else none.
+  std::string keeper;
+  int keeper_wait_ms = 30000;  // how long the start waits for the keeper to answer
+  // Start from nothing: drop what custody kept instead of adopting it (the memory goes).
+  bool fresh = false;
 };
 
 // Runs the holder until SIGTERM or SIGINT. Returns the exit code (0 after SIGTERM, 130 after

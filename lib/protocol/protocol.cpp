@@ -67,7 +67,7 @@ std::string encode(Kind kind, const Json& body, std::uint32_t fds) {
   return out;
 }
 
-Header decode_header(const std::uint8_t* bytes, Kind expect) {
+Header decode_header(const std::uint8_t* bytes, Kind expect, bool request_fds) {
   if (std::memcmp(bytes, kMagic, 4) != 0) bad_frame("the frame does not start with the magic bytes \"CUPL\"");
   Header h;
   h.version = get16(bytes + 4);
@@ -81,7 +81,7 @@ Header decode_header(const std::uint8_t* bytes, Kind expect) {
   if (h.length < kMinPayload || h.length > kMaxPayload)
     bad_frame("payload length " + std::to_string(h.length) + " is outside 2..65536");
   h.fds = get32(bytes + 12);
-  if (expect == Kind::request || h.kind == Kind::part ? h.fds != 0 : h.fds > 1)
+  if ((expect == Kind::request && !request_fds) || h.kind == Kind::part ? h.fds != 0 : h.fds > 1)
     bad_frame("a frame may not carry " + std::to_string(h.fds) + " file descriptors");
   return h;
 }
@@ -114,7 +114,7 @@ std::size_t FrameDecoder::feed(const char* data, std::size_t size) {
       have_ += n;
       used += n;
       if (have_ == kHeaderSize) {
-        header_ = decode_header(header_bytes_, expect_);
+        header_ = decode_header(header_bytes_, expect_, request_fds_);
         payload_.reserve(header_.length);
       }
       continue;
@@ -265,24 +265,28 @@ void Args::finish() const {
 
 // ---- sockets ----
 
+ssize_t send_some(int socket, std::string_view bytes, int fd, int flags) {
+  iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  return ::sendmsg(socket, &msg, MSG_NOSIGNAL | flags);
+}
+
 void send_all(int socket, std::string_view bytes, int fd) {
   std::size_t sent = 0;
   while (sent < bytes.size()) {
-    iovec iov{const_cast<char*>(bytes.data() + sent), bytes.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (fd >= 0 && sent == 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    const ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
+    const ssize_t n = send_some(socket, bytes.substr(sent), sent == 0 ? fd : -1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       throw std::system_error(errno, std::generic_category(), "send");
@@ -291,37 +295,51 @@ void send_all(int socket, std::string_view bytes, int fd) {
   }
 }
 
+ssize_t receive_some(int socket, char* data, std::size_t size, int flags, std::vector<int>& fds, bool& truncated) {
+  iovec iov{data, size};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  // Room for as many descriptors as one message can carry (SCM_MAX_FD, 253).
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | flags);
+  truncated = n >= 0 && (msg.msg_flags & MSG_CTRUNC) != 0;
+  if (n < 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < count; ++i) {
+      int received = -1;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(received);
+    }
+  }
+  return n;
+}
+
 namespace {
 // Reads exactly `size` bytes; collects a descriptor if one arrives.
 void receive_exact(int socket, char* data, std::size_t size, int& fd) {
   std::size_t got = 0;
+  std::vector<int> fds;
   while (got < size) {
-    iovec iov{data + got, size - got};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
+    fds.clear();
+    bool truncated = false;
+    const ssize_t n = receive_some(socket, data + got, size - got, 0, fds, truncated);
+    for (int received : fds) {
+      if (fd < 0) {
+        fd = received;
+      } else {
+        ::close(received);  // more than one: never leak the extra
+      }
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       throw std::system_error(errno, std::generic_category(), "receive");
     }
     if (n == 0) throw Error(Errc::unreachable, "the holder closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < count; ++i) {
-        int received = -1;
-        std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (fd < 0) {
-          fd = received;
-        } else {
-          ::close(received);  // more than one: never leak the extra
-        }
-      }
-    }
     got += static_cast<std::size_t>(n);
   }
 }

@@ -4,6 +4,8 @@
 // bad_request).
 #pragma once
 
+#include <sys/types.h>
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/error.h"
 
@@ -21,8 +24,9 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::uint16_t kVersion = 1;  // of the frame format (the header's version field)
 // Protocol versions (hello's "protocol"): 2 added cached blocks (free with cache, reuse, drop,
-// dropped, quiet requests); a holder speaks every version from kOldestProtocol to kProtocol.
-constexpr int kProtocol = 2;
+// dropped, quiet requests); 3 opens buffers held as exported allocations (buffer_open replies with
+// the allocation's descriptor); a holder speaks every version from kOldestProtocol to kProtocol.
+constexpr int kProtocol = 3;
 constexpr int kOldestProtocol = 1;
 constexpr std::size_t kHeaderSize = 16;
 constexpr std::size_t kMaxPayload = 65536;           // one frame's payload
@@ -55,9 +59,10 @@ struct Header {
 std::string encode(Kind kind, const Json& body, std::uint32_t fds = 0);
 
 // Reads and validates a header. `expect` is the only kind accepted besides parts (requests at the
-// holder; replies and notices when `expect` is reply). Only a reply may carry a descriptor.
+// holder; replies and notices when `expect` is reply). Only a reply may carry a descriptor, and a
+// request when `request_fds` (the keeper's deposit: docs/protocol.md, "The keeper"); a part never.
 // Throws Error(Errc::bad_frame).
-Header decode_header(const std::uint8_t* bytes, Kind expect);
+Header decode_header(const std::uint8_t* bytes, Kind expect, bool request_fds = false);
 
 // Parses a payload: a JSON object in valid UTF-8. Throws Error(Errc::bad_frame).
 Json parse_payload(std::string_view payload);
@@ -65,7 +70,8 @@ Json parse_payload(std::string_view payload);
 // Splits a byte stream into frames. Bounded: holds at most one header and one payload.
 class FrameDecoder {
  public:
-  explicit FrameDecoder(Kind expect) : expect_(expect) {}
+  // `request_fds`: requests may carry one descriptor each (decode_header).
+  explicit FrameDecoder(Kind expect, bool request_fds = false) : expect_(expect), request_fds_(request_fds) {}
   // Appends received bytes; returns how many were consumed (stops after one complete frame so
   // the caller can handle it before reading on).
   std::size_t feed(const char* data, std::size_t size);
@@ -78,6 +84,7 @@ class FrameDecoder {
 
  private:
   Kind expect_;
+  bool request_fds_;
   std::uint8_t header_bytes_[kHeaderSize] = {};
   std::size_t have_ = 0;  // header bytes buffered
   Header header_{};
@@ -125,6 +132,13 @@ class Args {
 // Sends all of `bytes`; when `fd` >= 0 it rides as SCM_RIGHTS on the first byte.
 // Throws std::system_error.
 void send_all(int socket, std::string_view bytes, int fd = -1);
+// One sendmsg of `bytes` (MSG_NOSIGNAL | `flags`), `fd` (when >= 0) as SCM_RIGHTS on its first byte:
+// the bytes sent, or -1 with errno set.
+ssize_t send_some(int socket, std::string_view bytes, int fd, int flags);
+// One recvmsg (MSG_CMSG_CLOEXEC | `flags`) into `data`: the bytes read (0 at EOF), or -1 with errno
+// set. Every descriptor that came is appended to `fds` (the caller owns them); `truncated` says
+// whether the kernel dropped some (MSG_CTRUNC: more than 253, or no descriptor left here).
+ssize_t receive_some(int socket, char* data, std::size_t size, int flags, std::vector<int>& fds, bool& truncated);
 // Receives one reply (its parts joined, at most kMaxReply bytes) or notice; a received descriptor
 // is returned in `fd` (else -1). The header returned is the last frame's.
 // Throws Error(Errc::bad_frame), Error(Errc::unreachable) on EOF, or std::system_error.

@@ -27,11 +27,12 @@ inline constexpr std::size_t kMaxRank = 16;         // dimensions of a shape
 inline constexpr std::size_t kMaxMetadata = 65536;  // bytes of __metadata__ keys and values together
 inline constexpr std::uint64_t kAlignment = 256;    // of each tensor in a buffer (what CUDA allocations give)
 inline constexpr std::size_t kMaxParts = 4096;      // allocations of one buffer
-// The largest part `cupool buffer load` makes by default. A buffer is held as parts (one
-// allocation each) because the driver cannot import every size: on the H100 with driver 580.159.04
-// cuMemPoolImportPointer of a pool allocation over 5 GiB crashed the importing process inside
-// libcuda, while 4.5 and 5 GiB imported fine (tests/gpu/RESULTS.md, 2026-11-25).
-inline constexpr std::uint64_t kDefaultPartSize = 4ULL << 30;
+// The largest part `cupool buffer load` makes by default: none, a set is one piece. A device
+// pool's buffer is an exported allocation (cuMemCreate), which importers map at any size (16 GiB in
+// one piece on an H200, driver 580). Parts remain for sets larger than one device's free memory
+// and for host pools, whose allocations are imported from the pool: there an import of one over
+// 5 GiB crashed the importing process inside libcuda on the H100 (tests/gpu/RESULTS.md, 2026-11-25).
+inline constexpr std::uint64_t kDefaultPartSize = UINT64_MAX;
 
 // A dtype of the safetensors format and its element size.
 struct DType {

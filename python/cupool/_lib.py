@@ -25,6 +25,8 @@ _PROTOTYPES = {
     "cupool_alloc": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, _c_void_pp]),
     "cupool_open_buffer": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, _c_void_pp]),
     "cupool_open_buffer_part": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, _c_void_pp]),
+    "cupool_open_buffer_on": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint32, ctypes.c_int,
+                                             _c_void_pp]),
     "cupool_release": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
     "cupool_set_cache_limit": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint64]),
     "cupool_cached_bytes": (ctypes.c_uint64, [ctypes.c_void_p]),

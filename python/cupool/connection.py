@@ -58,17 +58,22 @@ class Connection:
                                                    size, ctypes.byref(out)))
             return Lease(self, session, out.value, pool=pool)
 
-    def open_buffer(self, name: str, part: int = 0) -> Lease:
+    def open_buffer(self, name: str, part: int = 0, device: Optional[int] = None) -> Lease:
         """Opens the named buffer (the config's `buffers:` or `cupool buffer create`), or part
         ``part`` of a buffer held in parts (a tensor set from `cupool buffer load`: see
-        ``tensor_index``). Raises NotFound when there is no such buffer or part."""
+        ``tensor_index``). ``device``: this process's CUDA device to use it from (default: the one
+        that holds it); another device maps it over peer access where the pool's ``access`` allows
+        (Refused otherwise). Raises NotFound when there is no such buffer or part."""
         if not 0 <= part < 2**32:
             raise InvalidArgument(f"part must be 0 or more, not {part}")
+        if device is not None and not 0 <= device < 2**31:
+            raise InvalidArgument(f"device must be a CUDA ordinal of this process, not {device}")
         out = ctypes.c_void_p()
         session = self._session
         with session.lock:
             handle = session.check_open()
-            session.check(session.lib.cupool_open_buffer_part(handle, _c_string("name", name), part, ctypes.byref(out)))
+            session.check(session.lib.cupool_open_buffer_on(handle, _c_string("name", name), part,
+                                                            -1 if device is None else device, ctypes.byref(out)))
             return Lease(self, session, out.value, name=name)
 
     def tensor_index(self, name: str) -> Dict[str, Any]:

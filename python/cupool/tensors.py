@@ -26,7 +26,7 @@ _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8
 
 
 def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = None,
-            conn: Optional["Connection"] = None) -> Dict[str, Any]:
+            conn: Optional["Connection"] = None, device: Optional[int] = None, copy: bool = False) -> Dict[str, Any]:
     """The tensors of buffer `name` (loaded with `cupool buffer load`) as a dict of views into it.
 
     ``framework``: "torch" (torch.Tensor on the buffer's CUDA device), "cupy" (cupy.ndarray) or
@@ -36,6 +36,15 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
     is alive, and is unmapped when the last one goes; the holder keeps the memory for the next
     process either way. ``conn`` (default: a new connection to ``socket``, else $CUPOOL_SOCKET)
     is closed once the tensors are gone when this function made it.
+
+    ``device``: this process's CUDA device to use the tensors on (default: the one that holds the
+    set). A set held on another device is mapped there over peer access (NVLink or PCIe) when the
+    pool's ``access`` lists that device: the views are on ``device``, the memory stays where it is
+    held. ``copy=True`` returns private tensors instead: the set copied once into memory of
+    ``device`` (a replica over NVLink), nothing shared with other processes.
+
+    The views stay valid when the holder restarts (held sets outlive it); the next call opens a
+    new connection.
 
     Raises NotFound (no such buffer), Busy (it is still being loaded), Refused (this user may not
     open it), InvalidArgument (an unknown framework, or a dtype the framework lacks).
@@ -55,9 +64,11 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
             entries = [t for t in index["tensors"] if t.get("part", 0) == part]
             if not entries:
                 continue
-            lease = conn.open_buffer(name, part)
+            lease = conn.open_buffer(name, part, device)
             try:
                 base = _base(lease, framework)
+                if copy:
+                    base = base.clone() if framework == "torch" else base.copy()  # on the lease's device
                 out.update({t["name"]: _view(base, t, framework) for t in entries})
                 del base  # the views hold the memory now
             finally:

@@ -276,8 +276,17 @@ def main():
             "--socket" in exporters[0]["command"] and
             exporters[0]["command"][exporters[0]["command"].index("--socket") + 1] == socket,
             exporters)
-    # Every container but the exporter (which asks the holder over the socket) uses the GPUs.
-    all_ds_containers = [c for c in all_ds_containers if c not in exporters]
+    # The keeper holds the held buffers' descriptors across holder restarts, beside the holder, on
+    # the shared socket directory, with no GPU (it never loads CUDA); the holder is told where.
+    keepers = [c for c in all_ds_containers if c.get("command", [])[:2] == ["cupool", "keeper"]]
+    holder_command = holder.get("command", []) + holder.get("args", [])
+    r.check("a keeper container keeps the buffers' descriptors (no GPU), and the holder uses it (--keeper)",
+            len(keepers) == 1 and "NVIDIA_VISIBLE_DEVICES" not in env_of(keepers[0]) and
+            any(m.get("mountPath") == os.path.dirname(socket) for m in keepers[0].get("volumeMounts", [])) and
+            ("--keeper" in holder_command or "CUPOOL_KEEPER" in env_of(holder)),
+            [keepers, holder_command])
+    # Every container but the exporter and the keeper (which never touch the GPUs) uses them.
+    all_ds_containers = [c for c in all_ds_containers if c not in exporters and c not in keepers]
     gpu_requests = [c["name"] for c in all_ds_containers
                     if any("nvidia.com/gpu" in c.get("resources", {}).get(k, {}) for k in ("limits", "requests"))]
     r.check("the holder pod asks for no nvidia.com/gpu (client pods keep every GPU)", not gpu_requests, gpu_requests)

@@ -205,9 +205,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (data[0] & 4) {
     bystander = holder.connect(peer(1001, "alice", {"alice"}));
     int fd = -1;
-    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 2}}, fd);
+    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 3}}, fd);
     holder.handle(bystander, {{"id", 2}, {"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}, fd);
     holder.handle(bystander, {{"id", 3}, {"op", "buffer_open"}, {"name", "weights"}}, fd);
+    if (fd >= 0) ::close(fd);  // the buffer's descriptor (protocol 3): the mapping is not needed here
     holder.handle(bystander, {{"id", 4}, {"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 2 << 20}}, fd);
     holder.handle(bystander, {{"id", 5}, {"op", "free"}, {"lease", 2}, {"cache", true}}, fd);
   }

@@ -123,8 +123,8 @@ class RawClient:
             check(body.get("id") == rid, f"reply for {body.get('id')} while waiting for {rid}")
             return body, fds
 
-    def hello(self):
-        body, _ = self.request("hello", protocol=1, client="raw-python")
+    def hello(self, protocol=1):
+        body, _ = self.request("hello", protocol=protocol, client="raw-python")
         check(body["ok"], f"hello refused: {body}")
         return body
 

@@ -193,16 +193,17 @@ def test_protocol_client_from_the_document(tmp):
     try:
         check(client(h, "write", "shared", 3).returncode == 0, "writer failed")
         c = RawClient(h.socket)
-        hello = c.hello()
+        hello = c.hello(protocol=3)
         check(hello["backend"] == "simulated" and hello["peer"]["pid"] == os.getpid(), hello)
         body, fds = c.request("import_pool", pool="kv", device=0)
         check(body["ok"] and len(fds) == 1, f"import_pool: {body} fds={fds}")
-        opened, _ = c.request("buffer_open", name="shared")
-        data = bytes.fromhex(opened["export_data"])
-        check(data[:10] == b"CUPOOLSIM1", data[:16])
-        arena, offset, size = struct.unpack("<QQQ", data[16:40])
-        m = mmap.mmap(fds[0], os.fstat(fds[0]).st_size, mmap.MAP_SHARED, mmap.PROT_READ)
-        first = m[offset:offset + 4]
+        os.close(fds[0])
+        # Protocol 3: the buffer is an exported allocation, its descriptor rides with the reply
+        # (on the simulated node a memfd of its bytes); the client maps mapped_size bytes of it.
+        opened, fds = c.request("buffer_open", name="shared")
+        check(opened["ok"] and opened["mapping"] == "exported" and len(fds) == 1, f"buffer_open: {opened} fds={fds}")
+        m = mmap.mmap(fds[0], opened["mapped_size"], mmap.MAP_SHARED, mmap.PROT_READ)
+        first = m[0:4]
         expected = bytes(((3 * 131 + i * 7 + (i >> 12)) & 0xff) for i in range(4))
         check(first == expected, f"python sees {first!r}, expected {expected!r}")
         m.close()
@@ -1593,7 +1594,7 @@ def test_cache_reuse_without_round_trip(tmp):
         check(cached == 24 << 20, f"the client says {cached} bytes are cached, expected 24 MiB")
         s = status(h)
         me = [c for c in s["clients"] if c["name"] == "testclient"][0]
-        check(me["cached"] == 3 and me["cached_bytes"] == 24 << 20 and me["leased_bytes"] == 24 << 20 and me["protocol"] == 2,
+        check(me["cached"] == 3 and me["cached_bytes"] == 24 << 20 and me["leased_bytes"] == 24 << 20 and me["protocol"] == 3,
               f"status does not show the cached blocks charged to the client: {me}")
         check(s["pools"][0]["cached"] == 3 and s["pools"][0]["cached_bytes"] == 24 << 20, f"pool: {s['pools'][0]}")
         check(pool_stat(h, "kv")["cached_bytes"] == 24 << 20, "stats do not show the cached bytes")
@@ -1763,8 +1764,8 @@ def test_cache_limit(tmp):
 
 
 def test_new_library_falls_back_to_an_old_holder(tmp):
-    """The library speaks protocol 2; a holder that speaks only 1 refuses that hello plainly, and the
-    library says hello again with 1 on the same connection and works (a stand-in holder written
+    """The library speaks protocol 3; a holder that speaks only 1 refuses that hello plainly, and the
+    library says hello again with 2, then 1, on the same connection and works (a stand-in holder written
     from docs/protocol.md answers as a version 1 holder did)."""
     lib = H.client_library()
     path = os.path.join(tmp, "old.sock")
@@ -1819,7 +1820,7 @@ def test_new_library_falls_back_to_an_old_holder(tmp):
     lib.cupool_disconnect(conn)
     t.join(5)
     listener.close()
-    check(seen[:3] == [("hello", 2), ("hello", 1), ("list", None)], f"what the old holder saw: {seen}")
+    check(seen[:4] == [("hello", 3), ("hello", 2), ("hello", 1), ("list", None)], f"what the old holder saw: {seen}")
 
 
 if __name__ == "__main__":

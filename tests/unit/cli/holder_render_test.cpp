@@ -29,7 +29,12 @@ json status_reply() {
               {"name": "scratch", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
                "handle_types": ["posix_fd", "fabric"], "max_size": 1073741824, "release_threshold": 536870912,
                "leases": 0, "leased_bytes": 0, "cached": 0, "cached_bytes": 0, "buffers": 0, "buffer_bytes": 0}],
-    "buffers": [{"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "opens": 2}],
+    "buffers": [{"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "opens": 2,
+                 "memory": "exported", "kept": true, "adopted": true}],
+    "custody": {"kind": "keeper", "where": "keeper at /run/cupool/keeper.sock", "manifest": 7, "buffers_kept": 1,
+                "error": null, "survives_restart": "held buffers", "made_again": "pools",
+                "adopted": {"manifest": 6, "adopted": [], "released": 0,
+                            "refused": [{"name": "old", "reason": "its device GPU-9 is not on this node"}]}},
     "clients": [{"id": 12, "pid": 5151, "uid": 1000, "user": "svc-infer", "name": "my-server",
                  "leases": 3, "leased_bytes": 201326592, "cached": 1, "cached_bytes": 67108864, "asked_to_drop": 0,
                  "protocol": 2, "open_buffers": 1, "connected_s": 120}]})");
@@ -101,8 +106,11 @@ TEST_CASE("status: holder, devices, pools, buffers, clients") {
       "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)     0 (0 B)\n"
       "\n"
       "Buffers:\n"
-      "  BUFFER   POOL      DEVICE  SIZE    OPENS\n"
-      "  weights  kv-cache  0       10 GiB  2\n"
+      "  BUFFER   POOL      DEVICE  SIZE    OPENS  KEPT\n"
+      "  weights  kv-cache  0       10 GiB  2      yes, adopted\n"
+      "\n"
+      "Custody: keeper at /run/cupool/keeper.sock (manifest 7). A restart keeps held buffers; made again: pools.\n"
+      "Not adopted at start: old: its device GPU-9 is not on this node\n"
       "\n"
       "Clients:\n"
       "  CLIENT  PID   UID   USER       NAME       LEASES       CACHED      OPEN BUFFERS  CONNECTED\n"
@@ -116,6 +124,7 @@ TEST_CASE("status: an idle, draining holder") {
   reply["pools"] = json::array();
   reply["buffers"] = json::array();
   reply["clients"] = json::array();
+  reply.erase("custody");  // a holder from before custody
   const std::string text = render_status(reply);
   CHECK(text.find("config  /etc/cupool/cupool.yaml (1 reload)\n") != std::string::npos);
   CHECK(text.find("state   draining (stopping; takes no new allocations)\n") != std::string::npos);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "base/fd.h"
 #include "config/load.h"
 #include "device/sim_backend.h"
 #include "holder/conversation.h"
@@ -58,7 +59,7 @@ struct Fixture {
 
   std::uint64_t client(const Peer& p) {
     const std::uint64_t id = holder.connect(p);
-    call(id, {{"op", "hello"}, {"protocol", 1}});
+    call(id, {{"op", "hello"}, {"protocol", proto::kProtocol}});
     return id;
   }
   Json call(std::uint64_t id, Json req) { return test::call(holder, id, std::move(req)); }
@@ -242,9 +243,34 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
   CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "Bad Name"}, {"pool", "kv"}, {"size", 1}}) ==
         "bad_request");
   CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size", 1}}) == "not_found");
-  const Json open = f.call(alice, {{"op", "buffer_open"}, {"name", "scratch"}});
+  // The buffer is an exported allocation: its descriptor rides with the reply, and what this
+  // process maps from it is the holder's memory (another process's map shares it).
+  int fd = -1;
+  const Json open = f.holder.handle(alice, {{"op", "buffer_open"}, {"name", "scratch"}, {"id", 1}}, fd);
+  Fd descriptor(fd);
+  REQUIRE(descriptor);
   CHECK(open["size"] == 1 << 20);
-  CHECK(open["export_data"].get<std::string>().size() == 128);
+  CHECK(open["mapping"] == "exported");
+  CHECK(open["mapped_size"] == SimBackend::kGranule);
+  REQUIRE(open["access"].size() == 1);  // access: [all] on two devices: the other one
+  CHECK(open["access"][0]["device"] == 0);
+  CHECK(open["access"][0]["uuid"] == test::two_gpu_node().devices[0].info.uuid);
+  SimBackend importer{test::two_gpu_node()};
+  const std::uint64_t here = importer.map_exported(1, descriptor.get(), SimBackend::kGranule, {});
+  const char text[] = "shared";
+  importer.write(1, here, text, sizeof text);
+  char back[sizeof text] = {};
+  importer.read(1, here, back, sizeof back);
+  CHECK(std::string(back) == "shared");
+  // Mapped on the wrong device, or larger than it is: refused.
+  CHECK_THROWS_WITH_AS(importer.map_exported(0, descriptor.get(), SimBackend::kGranule, {}),
+                       doctest::Contains("on device 1, not on device 0"), CudaError);
+  CHECK_THROWS_AS(importer.map_exported(1, descriptor.get(), 2 * SimBackend::kGranule, {}), CudaError);
+  // A client of protocol 2 can't open it, and is told why.
+  const auto old = f.holder.connect(peer(1001, "alice"));
+  f.call(old, {{"op", "hello"}, {"protocol", 2}});
+  const std::string refused = f.error_message(old, {{"op", "buffer_open"}, {"name", "scratch"}});
+  CHECK_MESSAGE(refused.find("upgrade the client library") != std::string::npos, refused);
   CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "scratch"}}) == "busy");
   CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "scratch"}, {"force", true}}) == "ok");
   CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "scratch"}}) == "not_found");
@@ -346,7 +372,8 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   CHECK(first["buffer_size"] == 1024 + 4096);
   const Json second = f.call(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 1}});
   CHECK(second["size"] == 4096);
-  CHECK(second["export_data"] != first["export_data"]);
+  CHECK(second["mapped_size"] == SimBackend::kGranule);
+  CHECK(first["mapping"] == "exported");
   const std::string missing = f.error_message(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 2}});
   CHECK_MESSAGE(missing.find("has 2 parts; there is no part 2") != std::string::npos, missing);
   const Json index = f.call(alice, {{"op", "buffer_tensors"}, {"name", "model"}});
@@ -444,7 +471,7 @@ TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
   f.holder.apply(f.want());
   const auto id = f.holder.connect(peer(1001, "alice"));
   CHECK(f.error_code(id, {{"op", "list"}}) == "hello_required");
-  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 3}}) == "unsupported_protocol");
+  CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", proto::kProtocol + 1}}) == "unsupported_protocol");
   CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 0}}) == "unsupported_protocol");
   CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "ok-name"}}) == "ok");
   CHECK(f.error_code(id, {{"op", "lst"}}) == "unknown_op");

@@ -1,0 +1,90 @@
+// cupool keeper: keep the holder's descriptors (its buffers' memory) across holder restarts where
+// there is no systemd file-descriptor store; --list and --release ask a running keeper.
+#include "custody/keeper.h"
+
+#include <iostream>
+#include <string>
+
+#include "base/error.h"
+#include "base/output.h"
+#include "cli/verbs.h"
+
+namespace cupool::cli {
+
+namespace {
+
+struct KeeperArgs {
+  std::string socket = custody::kDefaultKeeperSocket;
+  std::string format = "table";
+  bool list = false;
+  bool release = false;
+};
+
+}  // namespace
+
+Verb add_keeper(CLI::App& app) {
+  auto args = std::make_shared<KeeperArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "keeper", "Keep the holder's buffers alive across its restarts (where there is no systemd fd store)");
+  sub->footer(
+      "\n"
+      "The holder's buffers are GPU memory that other processes map. Each part is a file descriptor, and\n"
+      "the memory lives as long as any process holds that descriptor open. The holder gives every one\n"
+      "to custody, with a manifest that says what they are, and a holder that starts after a restart or\n"
+      "a crash takes them back and adopts the buffers. Under systemd, custody is the unit's file-\n"
+      "descriptor store; where there is none (a Kubernetes pod, a container), run a keeper beside the\n"
+      "holder: in a pod, a second container of the DaemonSet sharing /run/cupool\n"
+      "(configs/kubernetes/cupool.yaml).\n"
+      "\n"
+      "The keeper runs in the foreground and never loads CUDA. It listens on --socket (mode 0600, a lock\n"
+      "file beside it: one keeper per socket) and only its own user and root may use it. It keeps every\n"
+      "descriptor open until the holder removes it or someone asks it to release everything. SIGTERM\n"
+      "(exit 0) and SIGINT (exit 130) stop it, and stopping closes every descriptor kept: the memory of\n"
+      "buffers that no running holder maps is then gone (a warning says how many). SIGHUP is ignored.\n"
+      "\n"
+      "--list prints the names kept; --release makes a running keeper close everything it keeps (the\n"
+      "memory goes unless a holder still maps it) and prints how many it released.\n"
+      "\nExamples:\n"
+      "  cupool keeper\n"
+      "  cupool keeper --socket /tmp/keeper.sock --log-level debug\n"
+      "  cupool keeper --list\n"
+      "  cupool keeper --list --format json | jq -r '.names[]'\n"
+      "  sudo cupool keeper --release\n"
+      "\nExit codes: 0 stopped by SIGTERM (or --list/--release done), 130 by SIGINT, 2 a bad option, 4 the\n"
+      "socket is taken by another keeper or can't be made (--list/--release: no keeper listens, or it\n"
+      "refused this user).");
+  sub->add_option("--socket,-s", args->socket, "The keeper's socket")->envname("CUPOOL_KEEPER")->capture_default_str();
+  CLI::Option* list = sub->add_flag("--list", args->list, "Print the names a running keeper keeps, and exit");
+  sub->add_flag("--release", args->release, "Ask a running keeper to close everything it keeps (the memory goes)")
+      ->excludes(list);
+  sub->add_option("--format,-o", args->format, "Output format of --list: table or json")
+      ->needs(list)
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+
+  return {sub, [args](Context&) {
+            if (!args->list && !args->release) {
+              custody::KeeperOptions options;
+              options.socket = args->socket;
+              return custody::run_keeper(options);
+            }
+            custody::KeeperClient keeper(args->socket);
+            if (args->release) {
+              const std::size_t n = keeper.release();
+              std::cout << "released " << n << " descriptor" << (n == 1 ? "" : "s") << " kept at " << args->socket
+                        << "\n";
+              return static_cast<int>(ExitCode::ok);
+            }
+            const std::vector<std::string> names = keeper.list();
+            if (parse_format(args->format) == Format::json) {
+              std::cout << dump_json(versioned({{"socket", args->socket}, {"names", names}})) << "\n";
+            } else {
+              Table table({"NAME"});
+              for (const std::string& name : names) table.add({name});
+              std::cout << table.str() << names.size() << " kept at " << args->socket << "\n";
+            }
+            return static_cast<int>(ExitCode::ok);
+          }};
+}
+
+}  // namespace cupool::cli

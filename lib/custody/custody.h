@@ -1,0 +1,163 @@
+// Custody (issue 23): the descriptors of the holder's buffers kept outside the holder, so that the
+// memory outlives a holder that restarts or crashes, and the manifest that says what they are; the
+// next holder withdraws both and adopts the buffers. Two custodians behind one interface: systemd's
+// file-descriptor store (FDSTORE=1) and a keeper (`cupool keeper`, keeper.h) where there is no
+// systemd, e.g. in a Kubernetes pod. docs/protocol.md, "The keeper".
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "base/fd.h"
+
+namespace cupool::custody {
+
+constexpr std::size_t kMaxNameLength = 200;          // of a descriptor's name
+constexpr std::size_t kMaxKept = 8192;               // descriptors a keeper keeps
+constexpr std::size_t kMaxManifestBytes = 64 << 20;  // a manifest's JSON text
+constexpr std::size_t kMaxParts = 1024;              // parts of one buffer
+constexpr int kManifestVersion = 1;                  // the manifest's "manifest" field
+constexpr const char* kDefaultKeeperSocket = "/run/cupool/keeper.sock";
+
+// A descriptor's name in custody: [A-Za-z0-9._-], 1..kMaxNameLength bytes (systemd's FDNAME allows more).
+bool valid_fd_name(std::string_view name);
+
+// One descriptor in custody under its name.
+struct Kept {
+  std::string name;
+  Fd fd;
+};
+
+// The names of the descriptors, fixed so that every holder version agrees.
+std::string part_fd_name(const std::string& buffer, std::size_t part);  // "cupool-buffer.<buffer>.<part>"
+std::string manifest_fd_name(std::uint64_t sequence);                   // "cupool-manifest.<sequence>"
+// The two forms read back: nullopt for any other name (a buffer name that is not valid included).
+std::optional<std::pair<std::string, std::size_t>> parse_part_fd_name(const std::string& name);
+std::optional<std::uint64_t> parse_manifest_fd_name(const std::string& name);
+
+struct ManifestBuffer {
+  std::string name;                   // the buffer's name ([a-z0-9][a-z0-9._-]*, <= 64)
+  std::string pool;                   // the pool it is charged to (the same rule)
+  int device = 0;                     // the holder's ordinal when written (informative)
+  std::string uuid;                   // "GPU-..." (or "MIG-...") of its device: what adoption checks
+  std::uint64_t size = 0;             // all parts together, bytes
+  std::vector<std::uint64_t> parts;   // each part's size (sum == size, 1..kMaxParts parts)
+  std::vector<std::uint64_t> mapped;  // each part's allocation size (>= its part size: granularity-rounded)
+  std::uint32_t owner = 0;            // uid of who made it
+  std::string origin;                 // "config" or "client"
+  nlohmann::ordered_json index;       // the tensor index (tensors::to_json form: an object) or null
+};
+
+struct Manifest {
+  std::uint64_t sequence = 0;  // grows with each manifest a holder writes (>= 1)
+  std::uint32_t holder_uid = 0;
+  std::int64_t holder_pid = 0;
+  std::string written;  // ISO 8601 UTC, "2025-01-31T12:00:00Z" (fractions of a second allowed)
+  std::string backend;  // "cuda" or "simulated"
+  std::vector<ManifestBuffer> buffers;
+};
+
+// Now, as a manifest's "written" says it: "2025-01-31T12:00:00Z".
+std::string iso_utc_now();
+
+// The JSON form (to_json's keys, in this order): {"manifest": 1, "sequence", "holder": {"uid", "pid"},
+// "written", "backend", "buffers": [{"name", "pool", "device", "uuid", "size", "parts", "mapped",
+// "owner", "origin", "index"}]}. For `status`, tests, and what the digest is over.
+nlohmann::ordered_json to_json(const Manifest& m);
+// "sha256:<64 hex digits>" of the canonical text of `body` (a manifest's JSON without "digest"):
+// nlohmann's compact dump (no white space, keys in the object's order, non-ASCII as UTF-8).
+std::string manifest_digest(const nlohmann::ordered_json& body);
+
+// A sealed memfd (F_SEAL_WRITE|F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL) named manifest_fd_name(sequence),
+// holding to_json(m) with "digest" added last ("written" is iso_utc_now() when m.written is empty). Throws
+// Error(invalid_input) for a manifest whose fields open_manifest would refuse (the same checks), Error(internal) when
+// the memfd can't be made.
+Fd seal_manifest(const Manifest& m);
+// Reads a manifest back from `fd` (what custody kept under `fd_name`). Throws Error(invalid_input),
+// the message naming `fd_name` and what is wrong, for a descriptor that is not a memfd sealed against
+// writing, is larger than kMaxManifestBytes, is not JSON, has no digest or a wrong one, says another
+// sequence than its name, or has a field missing, unknown or out of bounds.
+Manifest open_manifest(int fd, const std::string& fd_name);
+// The same checks on JSON already parsed (the fuzz target's way in; open_manifest ends here).
+Manifest manifest_from_json(const nlohmann::ordered_json& j, const std::string& fd_name);
+
+class Custody {
+ public:
+  virtual ~Custody() = default;
+  virtual const char* kind() const = 0;   // "systemd" or "keeper"
+  virtual std::string where() const = 0;  // "systemd's file-descriptor store" / "keeper at /run/cupool/keeper.sock"
+  // Everything custody holds now, as descriptors of this process (called at the holder's start).
+  virtual std::vector<Kept> withdraw() = 0;
+  // Keeps a copy of fd under name (replacing one of the same name). Throws cupool::Error when custody
+  // is unreachable (Errc::unreachable) or refuses (a bad name: invalid_input; a keeper's own codes).
+  virtual void deposit(const std::string& name, int fd) = 0;
+  // Removes what is kept under name (nothing when none). Throws when unreachable.
+  virtual void remove(const std::string& name) = 0;
+};
+
+// systemd's file-descriptor store (the unit needs FileDescriptorStoreMax=): nullptr unless
+// $NOTIFY_SOCKET is set. withdraw() takes the descriptors systemd passed at start ($LISTEN_FDS from
+// fd 3, only when $LISTEN_PID is this process; names from $LISTEN_FDNAMES), marks them close-on-exec
+// and unsets the three variables; it returns them once (later calls: empty). deposit sends
+// "FDSTORE=1\nFDNAME=<name>\nFDPOLL=0" with the fd (SCM_RIGHTS, one datagram to the notify socket: a
+// path, or "@name" in the abstract namespace), after "FDSTOREREMOVE=1\nFDNAME=<name>" when the name
+// may be in the store already (the store keeps several fds under one name); remove sends the latter.
+std::unique_ptr<Custody> systemd_store();
+
+// What systemd passed at start, as the environment said it (the parsing behind withdraw()).
+struct ListenEnv {
+  std::string pid;    // $LISTEN_PID
+  std::string fds;    // $LISTEN_FDS
+  std::string names;  // $LISTEN_FDNAMES, ':'-separated
+};
+// The descriptors from `first_fd` (3 under systemd) that `env` hands to process `self`, each marked
+// close-on-exec and named from env.names ("unknown" where it names none, as systemd does). Nothing when
+// env.pid is not `self` or env.fds is not a count; descriptors that are not open are left out.
+std::vector<Kept> adopt_listen_fds(const ListenEnv& env, pid_t self, int first_fd);
+
+// A connection to a keeper (docs/protocol.md, "The keeper"). Connects on first use; when a request on
+// an open connection fails for want of the keeper (it restarted), connects once more and repeats it.
+// Throws Error(unreachable) when no keeper answers, Error(not_permitted) when it refuses this user.
+class KeeperClient final : public Custody {
+ public:
+  // `timeout_ms`: how long one request may wait for the keeper (sending and receiving).
+  explicit KeeperClient(std::string socket_path, int timeout_ms = 10000);
+  const char* kind() const override { return "keeper"; }
+  std::string where() const override { return "keeper at " + path_; }
+  std::vector<Kept> withdraw() override;  // list, then withdraw each (the keeper keeps its own)
+  void deposit(const std::string& name, int fd) override;
+  void remove(const std::string& name) override;
+  // The names kept, sorted.
+  std::vector<std::string> list();
+  // Drops everything kept (the memory goes): how many descriptors were released.
+  std::size_t release();
+  // The keeper's status reply: pid, socket, started, uptime_s, kept, max_kept, names, connections.
+  nlohmann::ordered_json status();
+
+ private:
+  // Sends `request` (with `fd` when >= 0) and returns the successful reply; a descriptor that came
+  // with it goes to `received`.
+  nlohmann::ordered_json call(const nlohmann::ordered_json& request, int fd = -1, Fd* received = nullptr);
+  // One request and its reply on the open connection, no retry.
+  nlohmann::ordered_json exchange(nlohmann::ordered_json request, int fd, Fd* received);
+  void connect();
+
+  std::string path_;
+  int timeout_ms_;
+  Fd socket_;
+  std::uint64_t next_id_ = 1;
+};
+
+// A keeper at socket_path (a KeeperClient).
+std::unique_ptr<Custody> keeper_at(const std::string& socket_path);
+
+}  // namespace cupool::custody

@@ -1,0 +1,380 @@
+// The names of descriptors in custody, and the manifest: what the holder's buffers are, as a sealed
+// memfd whose JSON carries a digest of itself.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <set>
+
+#include "base/error.h"
+#include "base/json_reader.h"
+#include "base/sha256.h"
+#include "base/text.h"
+#include "custody/custody.h"
+#include "protocol/protocol.h"
+
+namespace cupool::custody {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kPartPrefix = "cupool-buffer.";
+constexpr std::string_view kManifestPrefix = "cupool-manifest.";
+constexpr std::size_t kMaxObjectName = 64;  // a buffer's or a pool's name
+constexpr std::size_t kMaxUuid = 96;
+constexpr std::uint32_t kRequiredSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW;
+
+// Buffer and pool names, as the holder takes them: [a-z0-9][a-z0-9._-]*, at most 64 bytes.
+bool valid_object_name(std::string_view s) {
+  const auto alnum = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z'); };
+  if (s.empty() || s.size() > kMaxObjectName || !alnum(s.front())) return false;
+  return std::all_of(s.begin(), s.end(), [&](char c) { return alnum(c) || c == '.' || c == '_' || c == '-'; });
+}
+
+// Decimal digits without a leading zero (but "0"), at most `max`: the number, else nullopt.
+std::optional<std::uint64_t> parse_decimal(std::string_view s, std::uint64_t max) {
+  if (s.empty() || s.size() > 20 || (s.size() > 1 && s[0] == '0')) return std::nullopt;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const auto d = static_cast<std::uint64_t>(c - '0');
+    if (v > (max - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+// "YYYY-MM-DDTHH:MM:SS[.fraction]Z", each field in its range.
+bool iso_utc(std::string_view s) {
+  if (s.size() < 20 || s.size() > 30 || s.back() != 'Z') return false;
+  const char* shape = "dddd-dd-ddTdd:dd:dd";
+  for (std::size_t i = 0; i < 19; ++i)
+    if (shape[i] == 'd' ? (s[i] < '0' || s[i] > '9') : s[i] != shape[i]) return false;
+  const auto num = [&](std::size_t at) { return (s[at] - '0') * 10 + (s[at + 1] - '0'); };
+  if (num(5) < 1 || num(5) > 12 || num(8) < 1 || num(8) > 31 || num(11) > 23 || num(14) > 59 || num(17) > 60)
+    return false;
+  const std::string_view rest = s.substr(19, s.size() - 20);
+  if (rest.empty()) return true;
+  return rest.size() >= 2 && rest[0] == '.' &&
+         std::all_of(rest.begin() + 1, rest.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// The strict reader of one JSON object of a manifest: every key it holds must be read, each value
+// within its bounds. Messages are "manifest NAME: PATH.KEY: what is wrong".
+class Reader {
+ public:
+  Reader(const Json& object, std::string path, const std::string& subject)
+      : object_(object), path_(std::move(path)), subject_(subject) {
+    if (!object_.is_object()) fail(path_.empty() ? "the manifest is not a JSON object" : path_ + ": is not an object");
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(Errc::invalid_input, "manifest " + subject_ + ": " + what);
+  }
+  std::string where(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
+
+  const Json& get(const char* key) {
+    read_.insert(key);
+    const auto it = object_.find(key);
+    if (it == object_.end()) fail(where(key) + ": missing");
+    return *it;
+  }
+  std::uint64_t u64(const char* key, std::uint64_t min, std::uint64_t max) {
+    return number(get(key), where(key), min, max);
+  }
+  std::uint64_t number(const Json& v, const std::string& at, std::uint64_t min, std::uint64_t max) const {
+    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+      fail(at + ": must be a non-negative integer");
+    const auto n = v.get<std::uint64_t>();
+    if (n < min || n > max)
+      fail(at + ": " + std::to_string(n) + " is outside " + std::to_string(min) + ".." + std::to_string(max));
+    return n;
+  }
+  std::string text(const char* key) {
+    const Json& v = get(key);
+    if (!v.is_string()) fail(where(key) + ": must be a string");
+    return v.get<std::string>();
+  }
+  std::string one_of(const char* key, const std::vector<std::string>& choices) {
+    std::string s = text(key);
+    if (std::find(choices.begin(), choices.end(), s) == choices.end())
+      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(s, 64)) + "\" is not " + list_or(choices));
+    return s;
+  }
+  std::string name(const char* key) {
+    std::string s = text(key);
+    if (!valid_object_name(s))
+      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(s, 80)) +
+           "\" is not a name ([a-z0-9][a-z0-9._-]*, at most 64 bytes)");
+    return s;
+  }
+  std::vector<std::uint64_t> sizes(const char* key, std::size_t max_items) {
+    const Json& v = get(key);
+    if (!v.is_array() || v.empty() || v.size() > max_items)
+      fail(where(key) + ": must be an array of 1 to " + std::to_string(max_items) + " sizes");
+    std::vector<std::uint64_t> out;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      out.push_back(number(v[i], where(key) + "[" + std::to_string(i) + "]", 1, UINT64_MAX));
+    return out;
+  }
+  // Every key was read.
+  void finish() const {
+    for (const auto& item : object_.items())
+      if (!read_.count(item.key()))
+        fail((path_.empty() ? "" : path_ + ": ") + "unknown key \"" + safe_for_display(utf8_prefix(item.key(), 64)) +
+             "\"");
+  }
+
+ private:
+  const Json& object_;
+  std::string path_;
+  const std::string& subject_;
+  std::set<std::string> read_;
+};
+
+ManifestBuffer read_buffer(const Json& j, const std::string& path, const std::string& subject) {
+  Reader r(j, path, subject);
+  ManifestBuffer b;
+  b.name = r.name("name");
+  b.pool = r.name("pool");
+  b.device = static_cast<int>(r.u64("device", 0, proto::kMaxDevice));
+  b.uuid = r.text("uuid");
+  const bool uuid_chars = std::all_of(b.uuid.begin(), b.uuid.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '/';
+  });
+  if (!(starts_with(b.uuid, "GPU-") || starts_with(b.uuid, "MIG-")) || b.uuid.size() <= 4 || b.uuid.size() > kMaxUuid ||
+      !uuid_chars)
+    r.fail(r.where("uuid") + ": \"" + safe_for_display(utf8_prefix(b.uuid, 100)) +
+           "\" is not a device's UUID (GPU-... or MIG-..., at most 96 characters)");
+  b.size = r.u64("size", 1, UINT64_MAX);
+  b.parts = r.sizes("parts", kMaxParts);
+  b.mapped = r.sizes("mapped", kMaxParts);
+  std::uint64_t sum = 0;
+  for (std::uint64_t p : b.parts) {
+    if (p > UINT64_MAX - sum) r.fail(r.where("parts") + ": the sizes add up to more than 2^64-1 bytes");
+    sum += p;
+  }
+  if (sum != b.size)
+    r.fail(r.where("parts") + ": the parts add up to " + std::to_string(sum) + " bytes, not the size " +
+           std::to_string(b.size));
+  if (b.mapped.size() != b.parts.size())
+    r.fail(r.where("mapped") + ": " + std::to_string(b.mapped.size()) + " sizes for " + std::to_string(b.parts.size()) +
+           " parts");
+  for (std::size_t i = 0; i < b.parts.size(); ++i)
+    if (b.mapped[i] < b.parts[i])
+      r.fail(r.where("mapped") + "[" + std::to_string(i) + "]: " + std::to_string(b.mapped[i]) +
+             " bytes mapped for a part of " + std::to_string(b.parts[i]));
+  b.owner = static_cast<std::uint32_t>(r.u64("owner", 0, UINT32_MAX));
+  b.origin = r.one_of("origin", {"config", "client"});
+  b.index = r.get("index");
+  if (!b.index.is_null() && !b.index.is_object())
+    r.fail(r.where("index") + ": must be an object (a tensor index) or null");
+  r.finish();
+  return b;
+}
+
+Json buffer_json(const ManifestBuffer& b) {
+  Json j;
+  j["name"] = b.name;
+  j["pool"] = b.pool;
+  j["device"] = b.device;
+  j["uuid"] = b.uuid;
+  j["size"] = b.size;
+  j["parts"] = b.parts;
+  j["mapped"] = b.mapped;
+  j["owner"] = b.owner;
+  j["origin"] = b.origin;
+  j["index"] = b.index;
+  return j;
+}
+
+[[noreturn]] void refuse(const std::string& fd_name, const std::string& what) {
+  throw Error(Errc::invalid_input, "manifest " + fd_name + ": " + what);
+}
+
+// The bytes of a sealed memfd of at most kMaxManifestBytes.
+std::string read_sealed(int fd, const std::string& fd_name) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) refuse(fd_name, "can't be read: " + errno_text());
+  if (!S_ISREG(st.st_mode)) refuse(fd_name, "is not a memfd (a sealed memfd is expected; this is not a file)");
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) refuse(fd_name, "is not a memfd (a sealed memfd is expected; this file can't be sealed)");
+  if ((static_cast<std::uint32_t>(seals) & kRequiredSeals) != kRequiredSeals)
+    refuse(fd_name,
+           "is not sealed against writing (F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW): "
+           "what it says could have changed after it was written");
+  if (st.st_size <= 0) refuse(fd_name, "is empty");
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxManifestBytes)
+    refuse(fd_name, "is " + std::to_string(st.st_size) + " bytes, more than the 64 MiB a manifest may be");
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::pread(fd, text.data() + got, text.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) refuse(fd_name, "can't be read: " + (n < 0 ? errno_text() : std::string("it ended early")));
+    got += static_cast<std::size_t>(n);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string iso_utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  if (!gmtime_r(&now, &utc)) return "1970-01-01T00:00:00Z";
+  char text[40];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02dZ", utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday,
+                utc.tm_hour, utc.tm_min, utc.tm_sec);
+  return text;
+}
+
+bool valid_fd_name(std::string_view name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '.' || c == '_' ||
+           c == '-';
+  });
+}
+
+std::string part_fd_name(const std::string& buffer, std::size_t part) {
+  return std::string(kPartPrefix) + buffer + "." + std::to_string(part);
+}
+
+std::string manifest_fd_name(std::uint64_t sequence) { return std::string(kManifestPrefix) + std::to_string(sequence); }
+
+std::optional<std::pair<std::string, std::size_t>> parse_part_fd_name(const std::string& name) {
+  if (!starts_with(name, kPartPrefix)) return std::nullopt;
+  const std::string rest = name.substr(kPartPrefix.size());
+  const std::size_t dot = rest.rfind('.');
+  if (dot == std::string::npos) return std::nullopt;
+  const auto part = parse_decimal(std::string_view(rest).substr(dot + 1), kMaxParts - 1);
+  std::string buffer = rest.substr(0, dot);
+  if (!part || !valid_object_name(buffer)) return std::nullopt;
+  return std::make_pair(std::move(buffer), static_cast<std::size_t>(*part));
+}
+
+std::optional<std::uint64_t> parse_manifest_fd_name(const std::string& name) {
+  if (!starts_with(name, kManifestPrefix)) return std::nullopt;
+  return parse_decimal(std::string_view(name).substr(kManifestPrefix.size()), UINT64_MAX);
+}
+
+Json to_json(const Manifest& m) {
+  Json j;
+  j["manifest"] = kManifestVersion;
+  j["sequence"] = m.sequence;
+  j["holder"] = {{"uid", m.holder_uid}, {"pid", m.holder_pid}};
+  j["written"] = m.written;
+  j["backend"] = m.backend;
+  j["buffers"] = Json::array();
+  for (const ManifestBuffer& b : m.buffers) j["buffers"].push_back(buffer_json(b));
+  return j;
+}
+
+std::string manifest_digest(const Json& body) {
+  return "sha256:" + sha256_hex(body.dump(-1, ' ', false, Json::error_handler_t::strict));
+}
+
+Manifest manifest_from_json(const Json& j, const std::string& fd_name) {
+  Reader r(j, "", fd_name);
+  const Json& version = r.get("manifest");
+  if (!version.is_number_integer() || version.get<std::int64_t>() != kManifestVersion)
+    r.fail("manifest version " + safe_for_display(utf8_prefix(version.dump(), 32)) +
+           " is not supported (this holder reads version " + std::to_string(kManifestVersion) + ")");
+  Manifest m;
+  m.sequence = r.u64("sequence", 1, UINT64_MAX);
+  if (const auto named = parse_manifest_fd_name(fd_name); named && *named != m.sequence)
+    r.fail("it says it is sequence " + std::to_string(m.sequence) + ", its name says " + std::to_string(*named));
+  Reader holder(r.get("holder"), "holder", fd_name);
+  m.holder_uid = static_cast<std::uint32_t>(holder.u64("uid", 0, UINT32_MAX));
+  m.holder_pid = static_cast<std::int64_t>(holder.u64("pid", 1, INT32_MAX));
+  holder.finish();
+  m.written = r.text("written");
+  if (!iso_utc(m.written))
+    r.fail("written: \"" + safe_for_display(utf8_prefix(m.written, 40)) +
+           "\" is not a UTC time in ISO 8601 (2025-01-31T12:00:00Z)");
+  m.backend = r.one_of("backend", {"cuda", "simulated"});
+  const Json& buffers = r.get("buffers");
+  if (!buffers.is_array() || buffers.size() > kMaxKept)
+    r.fail("buffers: must be an array of at most " + std::to_string(kMaxKept) + " buffers");
+  std::set<std::string> names;
+  std::size_t parts = 0;
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const std::string path = "buffers[" + std::to_string(i) + "]";
+    ManifestBuffer b = read_buffer(buffers[i], path, fd_name);
+    if (!names.insert(b.name).second) r.fail(path + ".name: the buffer " + b.name + " is listed twice");
+    parts += b.parts.size();
+    if (parts > kMaxKept)
+      r.fail("buffers: more than " + std::to_string(kMaxKept) + " parts in all (custody keeps at most that many)");
+    m.buffers.push_back(std::move(b));
+  }
+  r.finish();
+  return m;
+}
+
+Fd seal_manifest(const Manifest& m) {
+  const std::string name = manifest_fd_name(m.sequence);
+  Json j = to_json(m);
+  if (m.written.empty()) j["written"] = iso_utc_now();
+  try {
+    (void)manifest_from_json(j, name);  // never write what a holder would refuse to read
+  } catch (const Error& e) {
+    throw Error(Errc::invalid_input, std::string("can't be written: ") + e.what());
+  }
+  j["digest"] = manifest_digest(j);
+  const std::string text = j.dump(-1, ' ', false, Json::error_handler_t::strict);
+  Fd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throw Error(Errc::internal, "manifest " + name + ": memfd_create: " + errno_text());
+  std::size_t put = 0;
+  while (put < text.size()) {
+    const ssize_t n = ::write(fd.get(), text.data() + put, text.size() - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(Errc::internal, "manifest " + name + ": writing the memfd: " + errno_text());
+    put += static_cast<std::size_t>(n);
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0)
+    throw Error(Errc::internal, "manifest " + name + ": sealing the memfd: " + errno_text());
+  return fd;
+}
+
+Manifest open_manifest(int fd, const std::string& fd_name) {
+  const std::string text = read_sealed(fd, fd_name);
+  if (valid_utf8(text) != text) refuse(fd_name, "is not JSON (it is not valid UTF-8)");
+  if (text.find('\0') != std::string::npos) refuse(fd_name, "is not JSON (it holds a NUL byte)");
+  Json j;
+  try {
+    JsonLimits limits;
+    limits.max_depth = 32;  // the manifest, a buffer, its tensor index and a tensor's shape
+    j = read_json(text, limits);
+  } catch (const JsonReadError& e) {
+    refuse(fd_name, std::string("is not JSON: it ") + e.what());
+  }
+  if (!j.is_object()) refuse(fd_name, "is not a JSON object");
+  const auto digest = j.find("digest");
+  if (digest == j.end() || !digest->is_string()) refuse(fd_name, "has no digest (\"digest\": \"sha256:...\")");
+  const std::string claimed = digest->get<std::string>();
+  j.erase("digest");
+  if (manifest_digest(j) != claimed) {
+    // Who wrote it, as it says (not verified: that is the point).
+    const auto holder = j.find("holder");
+    const Json* pid = holder != j.end() && holder->is_object() && holder->contains("pid") ? &(*holder)["pid"] : nullptr;
+    const auto written = j.find("written");
+    std::string by;
+    if (pid && pid->is_number_integer()) by += "pid " + std::to_string(pid->get<std::int64_t>());
+    if (written != j.end() && written->is_string())
+      by +=
+          (by.empty() ? "" : " ") + std::string("at ") + safe_for_display(utf8_prefix(written->get<std::string>(), 40));
+    refuse(fd_name,
+           "the digest does not match its contents" + (by.empty() ? std::string() : " (written by " + by + ")"));
+  }
+  return manifest_from_json(j, fd_name);
+}
+
+}  // namespace cupool::custody

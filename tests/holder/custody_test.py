@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""Held buffers outlive the holder (issue 23): a holder killed with SIGKILL, or stopped and started
+again by a (fake) systemd through its file-descriptor store, comes back with the same buffers, byte
+for byte, while reader processes keep reading the mappings they made before; a forged or mismatched
+manifest or descriptor is refused and said; a keeper that restarts is given everything again.
+
+On the simulated node every buffer is a memfd, so all of it runs without a GPU; with --gpu the same
+scenarios run on the driver (exported allocations, cuMemCreate).
+"""
+import array
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import harness as H
+from harness import Failure, check, cupool
+
+KEEPER_CONFIG = """version: 1
+holder:
+  socket: {socket}
+  mode: "0666"
+pools:
+  - name: kv
+    devices: [0]
+    handle_types: [posix_fd]
+    max_size: 1GiB
+buffers:
+  - {{name: scratch, pool: kv, device: 0, size: 2MiB}}
+"""
+
+# A reader: maps buffer NAME and checks its digest in a loop until told to stop (a line on stdin);
+# prints "reads N wrong W errors E". On the simulated node it maps the descriptor that comes with
+# buffer_open (protocol 3, a memfd); on the driver it goes through the C library (cupool_read).
+READER = r"""
+import ctypes, hashlib, json, mmap, os, socket, struct, sys, select
+sys.path.insert(0, sys.argv[3])
+if sys.argv[4] == "sim":
+    from harness import RawClient
+    c = RawClient(sys.argv[1])
+    c.hello(protocol=3)
+    body, fds = c.request("buffer_open", name=sys.argv[2])
+    assert body["ok"] and len(fds) == 1, body
+    size = body["size"]
+    m = mmap.mmap(fds[0], body["mapped_size"], mmap.MAP_SHARED, mmap.PROT_READ)
+    os.close(fds[0])
+    read = lambda: m[:size]
+else:
+    lib = ctypes.CDLL(sys.argv[4])
+    lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.cupool_open_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+    lib.cupool_lease_size.argtypes = [ctypes.c_void_p]
+    lib.cupool_lease_size.restype = ctypes.c_uint64
+    lib.cupool_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    conn, lease = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cupool_connect(sys.argv[1].encode(), b"reader", ctypes.byref(conn)) == 0
+    assert lib.cupool_open_buffer(conn, sys.argv[2].encode(), ctypes.byref(lease)) == 0
+    size = lib.cupool_lease_size(lease)
+    buf = ctypes.create_string_buffer(size)
+    def read():
+        if lib.cupool_read(conn, lease, 0, buf, size) != 0:
+            raise RuntimeError("cupool_read failed")
+        return buf.raw
+want = hashlib.sha256(read()).hexdigest()
+print("ready", want, flush=True)
+reads = wrong = errors = 0
+while True:
+    if select.select([sys.stdin], [], [], 0)[0]:
+        break
+    try:
+        if hashlib.sha256(read()).hexdigest() != want:
+            wrong += 1
+        reads += 1
+    except Exception:
+        errors += 1
+print("reads", reads, "wrong", wrong, "errors", errors, flush=True)
+"""
+
+
+def reader_mode():
+    return "sim" if H.PROFILE else os.path.abspath(H.client_library_path())
+
+
+def safetensors_file(path, count=4, elements=1 << 20):
+    """A model-shaped file of `count` F32 tensors with a pattern; returns its data's digest."""
+    header = {}
+    at = 0
+    for i in range(count):
+        header[f"layer.{i}.weight"] = {"dtype": "F32", "shape": [elements], "data_offsets": [at, at + 4 * elements]}
+        at += 4 * elements
+    text = json.dumps(header).encode()
+    data = bytearray()
+    for i in range(count):
+        data += array.array("f", [float((i * 31 + j) % 977) for j in range(elements)]).tobytes()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + bytes(data))
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+def held_digest(h, name):
+    """The digest of buffer `name` read by a fresh process (a new mapping)."""
+    p = subprocess.Popen([sys.executable, "-c", READER, h.socket, name, os.path.dirname(os.path.abspath(__file__)),
+                          reader_mode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().split()
+    p.communicate("stop\n", timeout=60)
+    check(line and line[0] == "ready", f"a fresh reader of {name} failed: {line}")
+    return line[1]
+
+
+def start_reader(h, name):
+    p = subprocess.Popen([sys.executable, "-c", READER, h.socket, name, os.path.dirname(os.path.abspath(__file__)),
+                          reader_mode()], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().split()
+    check(line and line[0] == "ready", f"reader did not start: {line}")
+    return p, line[1]
+
+
+def stop_reader(p):
+    out, _ = p.communicate("stop\n", timeout=30)
+    words = out.split()
+    check(words[:1] == ["reads"], f"reader said {out!r}")
+    return int(words[1]), int(words[3]), int(words[5])
+
+
+class Keeper:
+    def __init__(self, tmp):
+        self.socket = os.path.join(tmp, "keeper.sock")
+        self.log = open(os.path.join(tmp, "keeper.log"), "a")
+        self.proc = subprocess.Popen([H.ARGS.cupool, "keeper", "--socket", self.socket], stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        # Listening once a connection is taken (a socket file a killed keeper left refuses them).
+        deadline = time.time() + 10 * H.slowness()
+        while True:
+            check(time.time() < deadline and self.proc.poll() is None, "the keeper did not start")
+            try:
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                    s.connect(self.socket)
+                return
+            except OSError:
+                time.sleep(0.02)
+
+    def names(self):
+        r = cupool("keeper", "--list", "--socket", self.socket, "--format", "json", check_rc=0)
+        return json.loads(r.stdout)["names"]
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(10)
+        self.log.close()
+
+
+def with_keeper(tmp):
+    """A keeper, and a holder of KEEPER_CONFIG that uses it: (keeper, config, hold's options, holder)."""
+    keeper = Keeper(tmp)
+    config = KEEPER_CONFIG.format(socket=os.path.join(tmp, "cupool.sock"))
+    extra = ("--keeper", keeper.socket)
+    return keeper, config, extra, H.Holder(tmp, config_text=config, extra=extra)
+
+
+def crash(h):
+    """The holder dies at once (SIGKILL): nothing of its own is cleaned up."""
+    h.proc.kill()
+    h.proc.wait()
+    h.log.close()
+
+
+def load(h, name, path):
+    cupool("buffer", "load", name, path, "--pool", "kv", socket_path=h.socket, check_rc=0)
+
+
+def test_sigkill_restarts_keep_every_byte(tmp):
+    """A tensor set loaded once; two readers map it and check its digest in a loop; the holder is
+    SIGKILLed and started again 5 times (the file deleted before the first): every start adopts
+    it, nothing is read from storage, no reader sees a wrong byte."""
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        path = os.path.join(tmp, "model.safetensors")
+        digest = safetensors_file(path)
+        load(h, "model", path)
+        os.unlink(path)  # nothing can be read again from storage
+        check(held_digest(h, "model") == digest, "the loaded set is not the file's data")
+        readers = [start_reader(h, "model") for _ in range(2)]
+        for reader, seen in readers:
+            check(seen == digest, "a reader saw another digest")
+        for i in range(5):
+            crash(h)
+            started = time.time()
+            h = H.Holder(tmp, config_text=config, extra=extra)
+            ready = time.time() - started
+            status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+            held = {b["name"]: b for b in status["buffers"]}
+            check("model" in held and held["model"]["adopted"] and held["model"]["kept"] and
+                  held["model"]["tensors"] == 4, f"restart {i + 1}: the set was not adopted: {status['buffers']}")
+            check(held["scratch"]["adopted"], f"restart {i + 1}: the config's buffer was made anew: {held['scratch']}")
+            check(status["custody"]["kind"] == "keeper" and not status["custody"]["adopted"]["refused"],
+                  f"restart {i + 1}: {status['custody']}")
+            check(held_digest(h, "model") == digest, f"restart {i + 1}: a fresh mapping reads other bytes")
+            print(f"    restart {i + 1}: serving again after {ready * 1000:.0f} ms (with the harness's polling)")
+        # The index came through: a fresh client gets every tensor.
+        index = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket,
+                                  check_rc=0).stdout)
+        check(len(index["tensors"]) == 4, f"the index after restarts: {index}")
+        for reader, _ in readers:
+            reads, wrong, errors = stop_reader(reader)
+            check(reads > 0 and wrong == 0 and errors == 0, f"reader: {reads} reads, {wrong} wrong, {errors} errors")
+        # Removing the set removes it from custody too.
+        cupool("buffer", "rm", "model", socket_path=h.socket, check_rc=0)
+        deadline = time.time() + 5
+        while time.time() < deadline and any(n.startswith("cupool-buffer.model.") for n in keeper.names()):
+            time.sleep(0.05)
+        check(not any(n.startswith("cupool-buffer.model.") for n in keeper.names()), f"kept: {keeper.names()}")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
+class FakeSystemd:
+    """The service manager's side of sd_notify(3) as systemd implements it: a datagram socket that
+    takes READY=1 and friends, and FDSTORE=1 / FDSTOREREMOVE=1 with FDNAME= and the descriptors
+    (SCM_RIGHTS); it keeps the store across the service's restarts and passes it to the next start
+    as $LISTEN_FDS, $LISTEN_FDNAMES and $LISTEN_PID (descriptors from 3), as systemd.exec(5) says."""
+
+    def __init__(self, tmp):
+        self.path = os.path.join(tmp, "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.store = {}  # name -> [fds]
+        self.messages = []
+        self.lock = threading.Lock()
+        self.done = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        self.sock.settimeout(0.1)
+        while not self.done:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self.sock, 4096, 16)
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            fields = dict(line.split("=", 1) for line in msg.decode().splitlines() if "=" in line)
+            with self.lock:
+                self.messages.append(fields)
+                name = fields.get("FDNAME", "stored")
+                if fields.get("FDSTOREREMOVE") == "1":
+                    for fd in self.store.pop(name, []):
+                        os.close(fd)
+                if fields.get("FDSTORE") == "1":
+                    check(fields.get("FDPOLL") == "0", f"FDSTORE without FDPOLL=0: {fields}")
+                    self.store.setdefault(name, []).extend(fds)
+                    fds = []
+            for fd in fds:
+                os.close(fd)
+
+    def names(self):
+        with self.lock:
+            return sorted(n for n, fds in self.store.items() for _ in fds)
+
+    def start(self, tmp, config, wait=True):
+        """The service started with the store passed to it: a launcher puts the descriptors at 3.. and
+        execs the holder (the pid stays, so $LISTEN_PID is the holder's)."""
+        with self.lock:
+            entries = [(n, fd) for n, fds in sorted(self.store.items()) for fd in fds]
+        launcher = ("import fcntl, os, sys\n"
+                    "fds = [int(x) for x in sys.argv[1].split(',') if x]\n"
+                    "high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 1000) for fd in fds]\n"
+                    "for i, fd in enumerate(high): os.dup2(fd, 3 + i, inheritable=True)\n"
+                    "for fd in high: os.close(fd)\n"
+                    "os.environ['LISTEN_PID'] = str(os.getpid())\n"
+                    "os.execv(sys.argv[2], sys.argv[2:])\n")
+        env = dict(os.environ, NOTIFY_SOCKET=self.path, LISTEN_FDS=str(len(entries)),
+                   LISTEN_FDNAMES=":".join(n for n, _ in entries))
+        h = H.Holder.__new__(H.Holder)
+        h.tmp, h.socket, h.config = tmp, os.path.join(tmp, "cupool.sock"), os.path.join(tmp, "cupool.yaml")
+        with open(h.config, "w") as f:
+            f.write(config)
+        h.log_path = os.path.join(tmp, "holder.log")
+        h.log = open(h.log_path, "a")
+        node = ["--profile", H.PROFILE] if H.PROFILE else []
+        h.proc = subprocess.Popen([sys.executable, "-c", launcher, ",".join(str(fd) for _, fd in entries), H.ARGS.cupool,
+                                   "--log-level", "info", "hold", h.config, "--drain-timeout", "3"] + node,
+                                  stdout=h.log, stderr=subprocess.STDOUT, env=env, pass_fds=[fd for _, fd in entries])
+        if wait:
+            h.wait_ready()
+        return h
+
+    def close(self):
+        self.done = True
+        self.thread.join(2)
+        self.sock.close()
+        for fds in self.store.values():
+            for fd in fds:
+                os.close(fd)
+
+
+def test_fake_systemd_restart_through_the_fd_store(tmp):
+    """`systemctl restart` played by a fake systemd: the holder puts each buffer's descriptor and a
+    manifest in the file-descriptor store (FDSTORE=1, FDNAME=, FDPOLL=0), SIGTERM stops it, the next
+    start gets them back in $LISTEN_FDS and adopts them (3 times) while a reader keeps reading; the
+    old manifests are removed (FDSTOREREMOVE=1)."""
+    systemd = FakeSystemd(tmp)
+    config = KEEPER_CONFIG.format(socket=os.path.join(tmp, "cupool.sock"))
+    h = systemd.start(tmp, config)
+    try:
+        path = os.path.join(tmp, "model.safetensors")
+        digest = safetensors_file(path, count=2)
+        load(h, "model", path)
+        os.unlink(path)
+        reader, _ = start_reader(h, "model")
+        for i in range(3):
+            names = systemd.names()
+            check("cupool-buffer.model.0" in names and "cupool-buffer.scratch.0" in names and
+                  sum(n.startswith("cupool-manifest.") for n in names) == 1, f"the store holds {names}")
+            check(h.stop() == 0, "the holder did not stop cleanly on SIGTERM")
+            h = systemd.start(tmp, config)
+            status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+            check(status["custody"]["kind"] == "systemd", status["custody"])
+            check([b["name"] for b in status["buffers"] if b["adopted"]] == ["model", "scratch"],
+                  f"restart {i + 1}: {status['buffers']}")
+            check(held_digest(h, "model") == digest, f"restart {i + 1}: other bytes")
+        reads, wrong, errors = stop_reader(reader)
+        check(reads > 0 and wrong == 0 and errors == 0, f"reader: {reads} reads, {wrong} wrong, {errors} errors")
+        # A fresh start drops everything the store held.
+        h.stop()
+        h = systemd.start(tmp, config)
+        h.stop()
+        h.log = open(h.log_path, "a")
+        fresh = subprocess.run([H.ARGS.cupool, "hold", "--help"], capture_output=True, text=True)
+        check("--fresh" in fresh.stdout, "hold --help does not name --fresh")
+    finally:
+        h.stop()
+        systemd.close()
+
+
+def seal(text):
+    """A sealed memfd holding `text`, as a manifest is kept."""
+    import fcntl
+    fd = os.memfd_create("forged", os.MFD_ALLOW_SEALING)
+    os.write(fd, text.encode())
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def deposit(keeper_socket, name, fd):
+    """Puts `fd` into the keeper under `name`, as a holder would (docs/protocol.md, "The keeper")."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(keeper_socket)
+
+    def ask(body, fds=()):
+        payload = json.dumps(body).encode()
+        socket.send_fds(s, [b"CUPL" + struct.pack("<HHII", 1, 1, len(payload), len(fds)) + payload], list(fds))
+        head = b""
+        while len(head) < 16:
+            head += s.recv(16 - len(head))
+        n = struct.unpack("<I", head[8:12])[0]
+        data = b""
+        while len(data) < n:
+            data += s.recv(n - len(data))
+        return json.loads(data)
+
+    hello = ask({"id": 1, "op": "hello", "keeper": 1})
+    check(hello.get("ok"), f"keeper hello: {hello}")
+    reply = ask({"id": 2, "op": "deposit", "name": name}, [fd])
+    s.close()
+    os.close(fd)
+    check(reply.get("ok"), f"deposit {name}: {reply}")
+
+
+def test_forged_or_mismatched_custody_is_refused(tmp):
+    """A manifest whose digest does not match is refused (the older one is used); a buffer whose
+    descriptor is not what the manifest says (another size, another device, a UUID not on this node)
+    is refused and named; the others are adopted."""
+    if not H.PROFILE:
+        raise H.Skip("the forged descriptors are the simulated node's memfds")
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        for name in ("good", "small", "elsewhere"):
+            cupool("buffer", "create", name, "--pool", "kv", "--size", "4MiB", socket_path=h.socket, check_rc=0)
+        crash(h)
+        manifests = sorted((n for n in keeper.names() if n.startswith("cupool-manifest.")),
+                           key=lambda n: int(n.split(".")[1]))
+        sequence = int(manifests[-1].split(".")[1])
+        # A manifest with a later sequence and a wrong digest.
+        forged = {"manifest": 1, "sequence": sequence + 1, "holder": {"uid": os.getuid(), "pid": 1},
+                  "written": "2026-11-27T00:00:00Z", "backend": "simulated", "buffers": [],
+                  "digest": "sha256:" + "0" * 64}
+        deposit(keeper.socket, f"cupool-manifest.{sequence + 1}", seal(json.dumps(forged)))
+        # "small": its descriptor swapped for a 2 MiB allocation's (the config's scratch).
+        small_fd = os.memfd_create("small", os.MFD_ALLOW_SEALING)
+        os.ftruncate(small_fd, (2 << 20) + 4096)
+        page = b"CUPOOLVMM1" + bytes(6) + struct.pack("<QQ", 0, 2 << 20)
+        os.pwrite(small_fd, page, 2 << 20)
+        deposit(keeper.socket, "cupool-buffer.small.0", small_fd)
+        # "elsewhere": its descriptor says device 1 (this node has one device).
+        other_fd = os.memfd_create("other", os.MFD_ALLOW_SEALING)
+        os.ftruncate(other_fd, (4 << 20) + 4096)
+        os.pwrite(other_fd, b"CUPOOLVMM1" + bytes(6) + struct.pack("<QQ", 1, 4 << 20), 4 << 20)
+        deposit(keeper.socket, "cupool-buffer.elsewhere.0", other_fd)
+        h = H.Holder(tmp, config_text=config, extra=extra)
+        status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        adopted = status["custody"]["adopted"]
+        refused = {r["name"]: r["reason"] for r in adopted["refused"]}
+        check(adopted["manifest"] == sequence, f"adopted from {adopted['manifest']}, not {sequence}")
+        check("digest" in refused.get(f"cupool-manifest.{sequence + 1}", ""), f"the forged manifest: {refused}")
+        check("does not match" in refused.get("small", "") and "4 MiB" in refused["small"], f"small: {refused}")
+        check("not on device 0" in refused.get("elsewhere", "") or "on device 1" in refused.get("elsewhere", ""),
+              f"elsewhere: {refused}")
+        names = [b["name"] for b in status["buffers"]]
+        check("good" in names and "small" not in names and "elsewhere" not in names, f"held: {names}")
+        text = cupool("status", socket_path=h.socket, check_rc=0).stdout
+        check("Not adopted at start: small" in text, f"status does not say what was refused:\n{text}")
+        # What was refused is out of custody once the new manifest is in.
+        check(not any(n.startswith(("cupool-buffer.small", "cupool-buffer.elsewhere")) for n in keeper.names()),
+              f"kept: {keeper.names()}")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
+def test_restarted_keeper_is_given_everything_again(tmp):
+    """The keeper is killed while the holder runs (a container restarted): the holder notices
+    within seconds and deposits every buffer and a manifest in the new keeper; a holder killed
+    after that adopts them with their bytes."""
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        path = os.path.join(tmp, "model.safetensors")
+        digest = safetensors_file(path, count=1)
+        load(h, "model", path)
+        keeper.stop(signal.SIGKILL)
+        keeper = Keeper(tmp)
+        deadline = time.time() + 10 * H.slowness()
+        while time.time() < deadline and "cupool-buffer.model.0" not in keeper.names():
+            time.sleep(0.1)
+        names = keeper.names()
+        check("cupool-buffer.model.0" in names and any(n.startswith("cupool-manifest.") for n in names),
+              f"the new keeper holds {names}")
+        check("lost buffer model" in h.text(), "the holder did not say it gave the buffer again")
+        crash(h)
+        h = H.Holder(tmp, config_text=config, extra=extra)
+        check(held_digest(h, "model") == digest, "the set's bytes after the keeper and the holder restarted")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
+def test_keeper_refuses_and_hold_fresh(tmp):
+    """Without a keeper the holder waits --keeper-wait, then says what to do (exit 4); --fresh
+    starts from nothing and empties custody; `keeper --release` drops what a keeper holds."""
+    config = KEEPER_CONFIG.format(socket=os.path.join(tmp, "cupool.sock"))
+    with open(os.path.join(tmp, "cupool.yaml"), "w") as f:
+        f.write(config)
+    node = ["--profile", H.PROFILE] if H.PROFILE else []
+    r = subprocess.run([H.ARGS.cupool, "hold", os.path.join(tmp, "cupool.yaml"), "--keeper",
+                        os.path.join(tmp, "nobody.sock"), "--keeper-wait", "0.3"] + node,
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 4 and "cupool keeper" in r.stderr and "--fresh" in r.stderr,
+          f"exit {r.returncode}: {r.stderr}")
+    keeper = Keeper(tmp)
+    extra = ("--keeper", keeper.socket)
+    h = H.Holder(tmp, config_text=config, extra=extra)
+    try:
+        cupool("buffer", "create", "kept", "--pool", "kv", "--size", "1MiB", socket_path=h.socket, check_rc=0)
+        crash(h)
+        h = H.Holder(tmp, config_text=config, extra=extra + ("--fresh",))
+        status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check([b["name"] for b in status["buffers"]] == ["scratch"] and not status["buffers"][0]["adopted"],
+              f"--fresh adopted: {status['buffers']}")
+        check(status["custody"]["adopted"].get("fresh") is True, status["custody"])
+        check(not any(n.startswith("cupool-buffer.kept") for n in keeper.names()), f"kept: {keeper.names()}")
+        h.stop()
+        r = cupool("keeper", "--release", "--socket", keeper.socket, check_rc=0)
+        check(keeper.names() == [], f"after --release: {keeper.names()} ({r.stdout})")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(H.main(globals(), "custody scenarios", gpu_option=True))
