@@ -19,6 +19,9 @@ if compgen -G ".deps/*.deb" >/dev/null; then
   export PYTHONPATH="/tmp/cupool-deps/usr/lib/python3/dist-packages${PYTHONPATH:+:$PYTHONPATH}"
 fi
 rc=0
+# STEP=build: the build and `ctest -L gpu` only; STEP=proof: the proof only (on a kept build).
+STEP=${STEP:-all}
+if [ "$STEP" != proof ]; then
 {
   date -u '+%Y-%m-%dT%H:%M:%SZ'
   nvidia-smi --query-gpu=index,name,uuid,memory.total,driver_version --format=csv
@@ -29,6 +32,8 @@ rc=0
 } >"$OUT/build.log" 2>&1 || { echo "build failed: $OUT/build.log"; tail -30 "$OUT/build.log"; exit 1; }
 ctest --test-dir "$BUILD" -L gpu --output-on-failure -V >"$OUT/ctest-gpu.log" 2>&1 || rc=1
 grep -E "^(ok|FAIL|skip)|scenarios passed|tests passed|Test +#" "$OUT/ctest-gpu.log" | tail -120
+fi
+[ "$STEP" = build ] && { echo "custody-proof (build): exit $rc"; exit $rc; }
 model=$(mktemp -d /tmp/cupool-model.XXXXXX)/model.safetensors
 python3 tests/gpu/weights_proof.py make "$model" --gib "$GIB" >"$OUT/custody-proof.log" 2>&1 || rc=1
 python3 tests/gpu/custody_proof.py --cupool "$BUILD/cupool" --client-lib "$BUILD/libcupool-client.so.1" \
