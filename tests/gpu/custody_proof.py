@@ -121,6 +121,8 @@ def main():
     ap.add_argument("--restarts", type=int, default=20)
     args = ap.parse_args()
     os.environ["CUPOOL_CLIENT_LIB"] = os.path.abspath(args.client_lib)
+    package = os.path.abspath(os.path.join(HERE, "..", "..", "python"))  # the engines import cupool from here
+    os.environ["PYTHONPATH"] = package + (":" + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
     H.ARGS = argparse.Namespace(cupool=os.path.abspath(args.cupool), sanitizer="",
                                 client_lib_copy=os.path.abspath(args.client_lib))
     H.PROFILE = None
