@@ -466,8 +466,12 @@ int Server::run() {
       spdlog::warn("can't raise the open-files limit from {}: {}", before, errno_text());
   }
 
+  // How long each step of the start takes (the log says it once the holder listens).
+  const auto run_started = Clock::now();
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
   const NodeReport node = build_report(backend_);
+  const double node_ms = since(run_started);
   Desired want;
   try {
     Loaded loaded = load_config(file, node, Scope::all);
@@ -485,6 +489,7 @@ int Server::run() {
   holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
   holder_->adopt_holder_settings(want.holder);
   if (!options_.socket.empty()) holder_->keep_socket_from_command_line();
+  const auto custody_started = Clock::now();
   custody_ = choose_custody();
   if (custody_) {
     holder_->attach_custody(custody_.get());
@@ -504,7 +509,10 @@ int Server::run() {
       holder_->adopt({});
     }
   }
+  const double custody_ms = since(custody_started);
+  const auto apply_started = Clock::now();
   holder_->apply(want);
+  const double apply_ms = since(apply_started);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());
   // Notices come from inside a request (apply, reload): they are only queued here, never sent or
@@ -531,6 +539,10 @@ int Server::run() {
   spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
                holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
                holder_->status()["buffers"].size() == 1 ? "" : "s", options_.config_path, socket_->path());
+  spdlog::info(
+      "listening {:.0f} ms after the start of the holder's work: node report {:.0f} ms, custody {:.0f} ms "
+      "(adoption with the device's first context), pools and buffers {:.0f} ms",
+      since(run_started), node_ms, custody_ms, apply_ms);
   sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() + "\nMAINPID=" + std::to_string(::getpid()));
 
   std::vector<pollfd> fds;

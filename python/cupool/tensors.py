@@ -69,6 +69,7 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
                 base = _base(lease, framework)
                 if copy:
                     base = base.clone() if framework == "torch" else base.copy()  # on the lease's device
+                    _wait_for_copy(base, framework)  # the lease is unmapped below: the copy must be done
                 out.update({t["name"]: _view(base, t, framework) for t in entries})
                 del base  # the views hold the memory now
             finally:
@@ -92,6 +93,18 @@ def _base(lease: Any, framework: str) -> Any:
 
         return cupy.from_dlpack(lease)
     return lease.numpy()
+
+
+def _wait_for_copy(base: Any, framework: str) -> None:
+    """Waits for the stream that made the copy `base` (nothing to wait for with numpy)."""
+    if framework == "torch" and base.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(base.device).synchronize()
+    elif framework == "cupy":
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
 
 
 def _view(base: Any, entry: Dict[str, Any], framework: str) -> Any:
