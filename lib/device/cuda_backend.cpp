@@ -586,7 +586,10 @@ class CudaBackend final : public Backend {
   }
 
   std::uint64_t map_exported(int ordinal, int fd, std::uint64_t size, const std::vector<int>& peers) override {
-    ContextScope scope(api_, context(ordinal));
+    // The mapping is the process's, not a context's: a process that works on a peer device maps
+    // in that device's context instead of creating one on the holder's device (on 2x H100 that
+    // context cost a peer's first mapping of a held set ~150 ms).
+    ContextScope scope(api_, context(peers.empty() ? ordinal : peers.front()));
     CUmemGenericAllocationHandle handle = 0;
     // The posix_fd handle is the fd itself, passed by value in the pointer argument.
     void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
