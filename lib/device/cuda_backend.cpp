@@ -589,7 +589,8 @@ class CudaBackend final : public Backend {
     // The mapping is the process's, not a context's: a process that works on a peer device maps
     // in that device's context instead of creating one on the holder's device (on 2x H100 that
     // context cost a peer's first mapping of a held set ~150 ms).
-    ContextScope scope(api_, context(peers.empty() ? ordinal : peers.front()));
+    const int in = peers.empty() ? ordinal : peers.front();
+    ContextScope scope(api_, context(in));
     CUmemGenericAllocationHandle handle = 0;
     // The posix_fd handle is the fd itself, passed by value in the pointer argument.
     void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
@@ -607,7 +608,9 @@ class CudaBackend final : public Backend {
       throw CudaError("cuMemGetAllocationPropertiesFromHandle", CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE",
                       "the allocation is on device " + std::to_string(prop.location.id) + ", not on device " +
                           std::to_string(ordinal));
-    return map_handle(ordinal, handle, size, peers);
+    const std::uint64_t address = map_handle(ordinal, handle, size, peers);
+    mappings_[address].device = in;  // unmapped in the same context
+    return address;
   }
 
   void grant_exported_access(std::uint64_t address, int peer) override {
@@ -1219,7 +1222,8 @@ class CudaBackend final : public Backend {
   NvmlApi nvml_;
   std::map<int, CUcontext> contexts_;
   std::map<PoolHandle, Pool> pools_;
-  // Exported allocations mapped here (create_exported, map_exported): address -> its device, size.
+  // Exported allocations mapped here (create_exported, map_exported): address -> the device whose
+  // context mapped it, and its size.
   struct Mapping {
     int device = 0;
     std::uint64_t size = 0;
