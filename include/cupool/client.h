@@ -63,7 +63,12 @@ CUPOOL_API const char* cupool_status_name(int status);
 
 /* Connects and says hello. `socket_path` NULL means $CUPOOL_SOCKET, else /run/cupool/cupool.sock.
  * `client_name` (may be NULL) shows in `cupool status`. On failure *out is NULL and the message
- * is in cupool_last_error(NULL). */
+ * is in cupool_last_error(NULL).
+ * When the holder goes away (it stopped, restarted or crashed), the call that finds out fails with
+ * CUPOOL_E_UNREACHABLE and says so; buffers mapped on the connection stay valid (held buffers
+ * outlive the holder) and can still be read, written and released. The next cupool_alloc,
+ * cupool_open_buffer* or cupool_request connects to the holder again by itself (a new session:
+ * cached blocks of the old one are unmapped). */
 CUPOOL_API int cupool_connect(const char* socket_path, const char* client_name, cupool_conn** out);
 /* Frees every lease of the connection (here first, then in the holder), closes it, frees `conn`.
  * NULL is ignored. In a child of fork() it only closes the child's copies (the parent's

@@ -5,9 +5,12 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "base/error.h"
@@ -42,8 +45,79 @@ cupool_conn::~cupool_conn() {
 }
 
 // One request, its reply (notices in between are noted). Throws Failure on transport errors.
+namespace {
+// A connection the holder closed: it stopped, restarted or crashed. What this process mapped stays
+// valid (held buffers outlive the holder); requests need a new connection.
+Failure lost_connection(const std::string& detail) {
+  return Failure{CUPOOL_E_UNREACHABLE,
+                 "lost the connection to the holder (" + detail +
+                     "): it stopped or restarted; buffers mapped on this connection stay valid, and the next "
+                     "request connects again"};
+}
+}  // namespace
+
+void cupool_conn::open() {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof addr.sun_path) throw Failure{CUPOOL_E_INVALID, "socket path " + path + " is too long"};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw Failure{CUPOOL_E_UNREACHABLE, std::string("socket: ") + std::strerror(errno)};
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    const int err = errno;
+    fd.reset();
+    if (err == EACCES || err == EPERM)
+      throw Failure{CUPOOL_E_REFUSED, "permission denied on " + path +
+                                          ": this user may not open the holder's socket (see holder.mode and "
+                                          "holder.group)"};
+    throw Failure{CUPOOL_E_UNREACHABLE, "no holder is listening on " + path + " (" + std::strerror(err) +
+                                            "); is 'cupool hold' running? Set --socket or CUPOOL_SOCKET for "
+                                            "another path"};
+  }
+  Json hello = {{"op", "hello"}, {"protocol", CUPOOL_PROTOCOL_VERSION}};
+  if (!client_name.empty()) hello["client"] = client_name;
+  Json reply = request(hello);
+  // An older holder: protocol 2 works (its buffers are pool allocations), and 1 without the cache.
+  for (int older = CUPOOL_PROTOCOL_VERSION - 1;
+       older >= 1 && !reply.value("ok", false) &&
+       reply.value("error", Json::object()).value("code", "") == "unsupported_protocol";
+       --older) {
+    hello["protocol"] = older;
+    reply = request(hello);
+  }
+  if (!reply.value("ok", false)) {
+    const Json e = reply.value("error", Json::object());
+    close_socket();
+    throw Failure{cupool::c_status_of_wire(e.value("code", "")), e.value("message", "the holder refused hello")};
+  }
+  backend_kind = reply.value("backend", "cuda");
+  protocol = reply.value("protocol", 1);
+  session += 1;
+  lost = false;
+}
+
+void cupool_conn::reconnect() {
+  // Cached blocks were the old holder's: unmapped here, nobody to tell.
+  for (cupool_lease* lease : cache) {
+    try {
+      unmap(*lease);
+    } catch (...) {
+    }
+    delete lease;
+  }
+  cache.clear();
+  cached_bytes = 0;
+  // Imports of the old holder's pools stay until disconnect (a lease may still map through one).
+  for (auto& [key, imp] : pools) retired.push_back(imp.handle);
+  pools.clear();
+  holder_waits = false;
+  draining = false;
+  lost_fd.reset();
+  open();
+}
+
 Json cupool_conn::request(Json body, int* fd_out) {
-  if (!fd) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
+  if (!fd) throw lost_connection("closed before");
   const std::uint64_t id = next_id++;
   body["id"] = id;
   std::string frames;
@@ -92,10 +166,11 @@ Json cupool_conn::request(Json body, int* fd_out) {
   } catch (const cupool::Error& e) {
     // The frame layer: bad_frame, or unreachable when the holder closed the connection.
     close_socket();
+    if (e.code() == cupool::Errc::unreachable) throw lost_connection(e.what());
     throw Failure{e.c_status(), e.what()};
   } catch (const std::system_error& e) {
     close_socket();
-    throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
+    throw lost_connection(e.what());
   }
 }
 
@@ -146,6 +221,7 @@ Json cupool_conn::call(Json body, int* fd_out) {
 
 void cupool_conn::close_socket() {
   if (!fd) return;
+  lost = true;
   if (watcher_here()) {
     // The watcher polls this descriptor: shut it down (the watcher wakes and ends), close it later,
     // so its number is not reused under the watcher.
@@ -273,6 +349,7 @@ std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int de
     Json reply =
         call({{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size", size}, {"synchronize", holder_waits}});
     auto lease = std::make_unique<cupool_lease>();
+    lease->session = session;
     lease->id = reply.value("lease", std::uint64_t{0});
     lease->pool = reply.value("pool", pool);
     lease->holder_device = reply.value("device", 0);
@@ -299,7 +376,7 @@ std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int de
 void cupool_conn::release(cupool_lease* lease) {
   std::unique_ptr<cupool_lease> owned(lease);
   leases.erase(lease);
-  if (protocol >= 2 && !lease->buffer && fd && lease->size <= cache_limit) {
+  if (protocol >= 2 && !lease->buffer && fd && lease->session == session && lease->size <= cache_limit) {
     try {
       shrink_cache(cache_limit - lease->size);
       tell({{"op", "free"}, {"lease", lease->id}, {"cache", true}});
@@ -321,7 +398,7 @@ void cupool_conn::release(cupool_lease* lease) {
   } catch (const std::exception& e) {
     unmap_error = e.what();
   }
-  if (fd) {
+  if (fd && lease->session == session) {
     if (lease->buffer)
       call({{"op", "buffer_close"}, {"name", lease->name}});
     else if (protocol >= 2)
@@ -335,7 +412,7 @@ void cupool_conn::release(cupool_lease* lease) {
 // ---- protocol 2: quiet requests, notices, the cache and its watcher ----
 
 void cupool_conn::tell(Json body) {
-  if (!fd) throw Failure{CUPOOL_E_UNREACHABLE, "the connection to the holder is closed"};
+  if (!fd) throw lost_connection("closed before");
   body["id"] = next_id++;
   body["quiet"] = true;
   const std::string frames = cupool::proto::encode(cupool::proto::Kind::request, body);
@@ -344,7 +421,7 @@ void cupool_conn::tell(Json body) {
   } catch (const std::system_error& e) {
     if (auto reason = closing_reason()) throw Failure{*reason};
     close_socket();
-    throw Failure{CUPOOL_E_UNREACHABLE, std::string("lost the connection to the holder: ") + e.what()};
+    throw lost_connection(e.what());
   }
 }
 

@@ -52,11 +52,20 @@ struct cupool_lease {
   std::uint64_t address = 0;
   std::uint64_t size = 0;
   cupool::PoolHandle imported = 0;
-  bool exported = false;  // an exported allocation (a buffer of a protocol 3 holder), mapped whole
+  bool exported = false;
+  std::uint64_t session = 0;  // the connection's session it came from (an older one: the holder is gone)  // an
+                              // exported allocation (a buffer of a protocol 3 holder), mapped whole
 };
 
 struct cupool_conn {
-  cupool::Fd fd;  // the socket; none once lost or closed
+  cupool::Fd fd;            // the socket; none once lost or closed
+  std::string path;         // the holder's socket
+  std::string client_name;  // what hello names this client
+  // Counts the connections made to the holder (one, plus one for each time it reconnected after
+  // the holder went away); leases remember theirs.
+  std::uint64_t session = 0;
+  std::atomic<bool> lost{false};  // the holder closed the socket: the next call that talks reconnects
+  std::mutex reconnect_mu;        // one thread stops the old watcher
   mutable std::mutex mu;
   int protocol = 1;  // what hello agreed on: 2 has cached blocks and quiet requests
   const std::uint64_t serial = cupool::client::next_serial();
@@ -92,6 +101,12 @@ struct cupool_conn {
   cupool::Fd lost_fd;       // the socket, shut down but kept open until the watcher has stopped
 
   ~cupool_conn();
+  // Connects to `path` and says hello (the newest protocol the holder speaks). Throws Failure.
+  void open();
+  // After the holder went away: forgets what the old holder held for this connection (cached
+  // blocks are unmapped, imported pools retired), keeps what is mapped, and opens a new session.
+  // Call with `mu` held and the watcher stopped.
+  void reconnect();
   // One request, its reply (notices in between are noted). Throws Failure on transport errors.
   cupool::client::Json request(cupool::client::Json body, int* fd_out = nullptr);
   // A request whose reply must be ok; a holder error becomes a Failure.

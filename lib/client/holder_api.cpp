@@ -75,6 +75,23 @@ int guarded(cupool_conn* conn, F&& body) {
   return status;
 }
 
+// guarded() for a call that talks to the holder: on a connection the holder closed (it stopped or
+// restarted; the call that saw it failed with CUPOOL_E_UNREACHABLE), connects again first. What
+// was mapped stays mapped; the old connection's leases are released here only.
+template <class F>
+int guarded_session(cupool_conn* conn, F&& body) {
+  if (!conn) return CUPOOL_E_INVALID;
+  if (conn->lost.load()) {
+    // The watcher ends on its own once it sees the socket gone; it is joined without `mu` held.
+    std::lock_guard<std::mutex> once(conn->reconnect_mu);
+    if (conn->lost.load() && conn->watcher_here()) conn->stop_watcher();
+  }
+  return guarded(conn, [&] {
+    if (conn->lost.load()) conn->reconnect();
+    body();
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -90,58 +107,17 @@ int cupool_connect(const char* socket_path, const char* client_name, cupool_conn
   }
   try {
     auto conn = std::make_unique<cupool_conn>();
-    sockaddr_un addr{};
-    if (path.size() >= sizeof addr.sun_path) {
-      cupool::client::no_connection_error() = "socket path " + path + " is too long";
-      return CUPOOL_E_INVALID;
-    }
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    conn->fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!conn->fd) {
-      cupool::client::no_connection_error() = std::string("socket: ") + std::strerror(errno);
-      return CUPOOL_E_UNREACHABLE;
-    }
-    if (::connect(conn->fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-      const int err = errno;
-      if (err == EACCES || err == EPERM) {
-        cupool::client::no_connection_error() =
-            "permission denied on " + path +
-            ": this user may not open the holder's socket (see holder.mode and holder.group)";
-        return CUPOOL_E_REFUSED;
-      }
-      cupool::client::no_connection_error() =
-          "no holder is listening on " + path + " (" + std::strerror(err) +
-          "); is 'cupool hold' running? Set --socket or CUPOOL_SOCKET for another path";
-      return CUPOOL_E_UNREACHABLE;
-    }
-    Json hello = {{"op", "hello"}, {"protocol", CUPOOL_PROTOCOL_VERSION}};
+    conn->path = path;
     // The holder takes at most 64 bytes: cut at a character boundary, not inside one.
-    if (client_name) hello["client"] = cupool::utf8_prefix(client_name, 64);
-    try {
-      Json reply = conn->request(hello);
-      // An older holder: protocol 2 works (its buffers are pool allocations), and 1 without the cache.
-      for (int older = CUPOOL_PROTOCOL_VERSION - 1;
-           older >= 1 && !reply.value("ok", false) &&
-           reply.value("error", Json::object()).value("code", "") == "unsupported_protocol";
-           --older) {
-        hello["protocol"] = older;
-        reply = conn->request(hello);
-      }
-      if (!reply.value("ok", false)) {
-        const Json e = reply.value("error", Json::object());
-        throw Failure{cupool::c_status_of_wire(e.value("code", "")), e.value("message", "the holder refused hello")};
-      }
-      conn->backend_kind = reply.value("backend", "cuda");
-      conn->protocol = reply.value("protocol", 1);
-      // CUPOOL_CLIENT_CACHE=0 turns the cache off (every release goes back to the holder).
-      if (const char* env = std::getenv("CUPOOL_CLIENT_CACHE"); env && std::string(env) == "0") conn->cache_limit = 0;
-    } catch (const Failure& f) {
-      cupool::client::no_connection_error() = f.message;
-      return f.status;
-    }
+    if (client_name) conn->client_name = cupool::utf8_prefix(client_name, 64);
+    conn->open();
+    // CUPOOL_CLIENT_CACHE=0 turns the cache off (every release goes back to the holder).
+    if (const char* env = std::getenv("CUPOOL_CLIENT_CACHE"); env && std::string(env) == "0") conn->cache_limit = 0;
     *out = conn.release();
     return CUPOOL_OK;
+  } catch (const Failure& f) {
+    cupool::client::no_connection_error() = f.message;
+    return f.status;
   } catch (const std::exception& e) {
     cupool::client::no_connection_error() = e.what();
     return CUPOOL_E_INTERNAL;
@@ -202,7 +178,7 @@ const char* cupool_backend(const cupool_conn* conn) { return conn ? conn->backen
 
 int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size, cupool_lease** out) {
   if (out) *out = nullptr;
-  return guarded(conn, [&] {
+  return guarded_session(conn, [&] {
     if (!pool || !out) throw Failure{CUPOOL_E_INVALID, "pool and out must not be NULL"};
     if (size == 0) throw Failure{CUPOOL_E_INVALID, "size must be at least 1 byte"};
     // Import the pool before asking for memory, so a refusal costs the holder nothing.
@@ -229,7 +205,7 @@ int cupool_open_buffer_part(cupool_conn* conn, const char* name, uint32_t part, 
 
 int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, int device, cupool_lease** out) {
   if (out) *out = nullptr;
-  return guarded(conn, [&] {
+  return guarded_session(conn, [&] {
     if (!name || !out) throw Failure{CUPOOL_E_INVALID, "name and out must not be NULL"};
     if (device < -1) throw Failure{CUPOOL_E_INVALID, "device must be a device of this process, or -1"};
     Json request = {{"op", "buffer_open"}, {"name", name}};
@@ -238,6 +214,7 @@ int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, in
     Json reply = conn->call(request, &received);
     cupool::Fd descriptor(received);
     auto lease = std::make_unique<cupool_lease>();
+    lease->session = conn->session;
     lease->buffer = true;
     lease->name = name;
     lease->pool = reply.value("pool", "");
@@ -334,7 +311,7 @@ int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const
 
 int cupool_request(cupool_conn* conn, const char* request_json, char** reply) {
   if (reply) *reply = nullptr;
-  return guarded(conn, [&] {
+  return guarded_session(conn, [&] {
     if (!request_json || !reply) throw Failure{CUPOOL_E_INVALID, "request and reply must not be NULL"};
     Json body = Json::parse(request_json, nullptr, false);
     if (body.is_discarded() || !body.is_object()) throw Failure{CUPOOL_E_INVALID, "the request is not a JSON object"};

@@ -485,5 +485,58 @@ def test_keeper_refuses_and_hold_fresh(tmp):
         keeper.stop()
 
 
+def test_clients_keep_their_mappings_and_connect_again(tmp):
+    """A client that mapped a buffer keeps reading it while the holder is killed and started again;
+    its next request fails plainly (unreachable, saying so), and the one after connects to the new
+    holder by itself, where the same buffer opens again."""
+    import ctypes
+    lib = H.client_library()
+    vp = ctypes.POINTER(ctypes.c_void_p)
+    lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, vp]
+    lib.cupool_open_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p, vp]
+    lib.cupool_read.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    lib.cupool_write.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
+    lib.cupool_request.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cupool_last_error.argtypes = [ctypes.c_void_p]
+    lib.cupool_last_error.restype = ctypes.c_char_p
+    lib.cupool_release.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.cupool_disconnect.argtypes = [ctypes.c_void_p]
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        conn, lease = ctypes.c_void_p(), ctypes.c_void_p()
+        check(lib.cupool_connect(h.socket.encode(), b"engine", ctypes.byref(conn)) == 0, "connect")
+        check(lib.cupool_open_buffer(conn, b"scratch", ctypes.byref(lease)) == 0, lib.cupool_last_error(conn))
+        text = b"written before the restart"
+        check(lib.cupool_write(conn, lease, 0, text, len(text)) == 0, "write")
+        crash(h)
+        h = H.Holder(tmp, config_text=config, extra=extra)
+        back = ctypes.create_string_buffer(len(text))
+        check(lib.cupool_read(conn, lease, 0, back, len(text)) == 0 and back.raw == text,
+              f"the old mapping after the restart reads {back.raw!r}")
+        reply = ctypes.c_char_p()
+        rc = lib.cupool_request(conn, b'{"op": "list"}', ctypes.byref(reply))
+        message = (lib.cupool_last_error(conn) or b"").decode()
+        check(rc == -1 and "restarted" in message and "connects again" in message,
+              f"a request on the old connection: {rc} {message}")
+        # Asked again, the library connects to the new holder by itself; the old lease is still
+        # mapped, and its release stays here (the new holder never heard of it).
+        rc = lib.cupool_request(conn, b'{"op": "list"}', ctypes.byref(reply))
+        check(rc == 0 and b'"scratch"' in reply.value, f"the request asked again: {rc} {lib.cupool_last_error(conn)}")
+        lease2 = ctypes.c_void_p()
+        check(lib.cupool_open_buffer(conn, b"scratch", ctypes.byref(lease2)) == 0, lib.cupool_last_error(conn))
+        check(lib.cupool_read(conn, lease2, 0, back, len(text)) == 0 and back.raw == text,
+              f"a new mapping reads {back.raw!r}")
+        check(lib.cupool_release(conn, lease) == 0, "release of the old lease after the holder went away")
+        status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        opens = {b["name"]: b["opens"] for b in status["buffers"]}
+        check(opens["scratch"] == 1, f"the new holder counts the new open only: {opens}")
+        check(lib.cupool_release(conn, lease2) == 0, "release")
+        lib.cupool_disconnect(conn)
+        print(f"    the old connection said: {message}")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
 if __name__ == "__main__":
     sys.exit(H.main(globals(), "custody scenarios", gpu_option=True))
