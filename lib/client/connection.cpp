@@ -94,6 +94,7 @@ void cupool_conn::open() {
   protocol = reply.value("protocol", 1);
   session += 1;
   lost = false;
+  told_lost = false;
 }
 
 void cupool_conn::reconnect() {

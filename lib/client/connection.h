@@ -64,8 +64,11 @@ struct cupool_conn {
   // Counts the connections made to the holder (one, plus one for each time it reconnected after
   // the holder went away); leases remember theirs.
   std::uint64_t session = 0;
-  std::atomic<bool> lost{false};  // the holder closed the socket: the next call that talks reconnects
-  std::mutex reconnect_mu;        // one thread stops the old watcher
+  std::atomic<bool> lost{false};  // the holder closed the socket (or it was lost)
+  // A call returned CUPOOL_E_UNREACHABLE for it: the application was told, and the next call that
+  // talks to the holder connects again. Never before: leases the holder freed must not be hidden.
+  std::atomic<bool> told_lost{false};
+  std::mutex reconnect_mu;  // one thread stops the old watcher
   mutable std::mutex mu;
   int protocol = 1;  // what hello agreed on: 2 has cached blocks and quiet requests
   const std::uint64_t serial = cupool::client::next_serial();
@@ -94,7 +97,7 @@ struct cupool_conn {
   // A forked child inherits none of it: only the process that started the watcher signals, joins
   // or shuts down under it (watcher_here()).
   pthread_t watcher{};
-  bool watching = false;
+  std::atomic<bool> watching{false};  // read without `mu` by a call that reconnects
   pid_t watcher_pid = 0;
   int watched_fd = -1;
   cupool::Fd watcher_wake;  // an eventfd that stops it

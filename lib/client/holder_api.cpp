@@ -50,9 +50,11 @@ int guarded_locked(cupool_conn* conn, F&& body) {
     return CUPOOL_OK;
   } catch (const Failure& f) {
     conn->last_error = f.message;
+    if (f.status == CUPOOL_E_UNREACHABLE && conn->lost) conn->told_lost = true;
     return f.status;
   } catch (const cupool::Error& e) {
     conn->last_error = e.what();
+    if (e.c_status() == CUPOOL_E_UNREACHABLE && conn->lost) conn->told_lost = true;
     return e.c_status();
   } catch (const std::bad_alloc&) {
     conn->last_error = "out of host memory";
@@ -81,13 +83,19 @@ int guarded(cupool_conn* conn, F&& body) {
 template <class F>
 int guarded_session(cupool_conn* conn, F&& body) {
   if (!conn) return CUPOOL_E_INVALID;
-  if (conn->lost.load()) {
+  const auto again = [conn] { return conn->lost.load() && conn->told_lost.load(); };
+  if (again()) {
     // The watcher ends on its own once it sees the socket gone; it is joined without `mu` held.
     std::lock_guard<std::mutex> once(conn->reconnect_mu);
-    if (conn->lost.load() && conn->watcher_here()) conn->stop_watcher();
+    bool stop = false;
+    {
+      std::lock_guard<std::mutex> lock(conn->mu);
+      stop = again() && conn->watcher_here();
+    }
+    if (stop) conn->stop_watcher();
   }
   return guarded(conn, [&] {
-    if (conn->lost.load()) conn->reconnect();
+    if (again()) conn->reconnect();
     body();
   });
 }
