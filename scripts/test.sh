@@ -75,7 +75,7 @@ if [ $rc -eq 0 ]; then
     ctest --test-dir "$TSAN_TREE" --output-on-failure -j "$JOBS" -R "$TSAN_TESTS"
 fi
 
-run_stage "fuzz: 4 libFuzzer targets, ${FUZZ_SECONDS:-30} s each, 2 at a time" \
+run_stage "fuzz: 5 libFuzzer targets, ${FUZZ_SECONDS:-30} s each, 2 at a time" \
   env FUZZ_BUILT=1 bash scripts/fuzz.sh
 
 echo "== tests: done in ${SECONDS} s"
