@@ -174,9 +174,8 @@ Json KeeperClient::exchange(Json request, int fd, Fd* received) {
   } catch (const std::system_error& e) {
     const int code = e.code().value();
     if (!unsent.empty()) throw Lost(unsent);
-    throw Lost(code == EAGAIN || code == EWOULDBLOCK
-                   ? "it did not answer within " + std::to_string(timeout_ms_ / 1000) + " s"
-                   : std::string("receiving failed: ") + std::strerror(code));
+    throw Lost(code == EAGAIN || code == EWOULDBLOCK ? "it did not answer within " + std::to_string(timeout_ms_) + " ms"
+                                                     : std::string("receiving failed: ") + std::strerror(code));
   } catch (const Error& e) {
     if (!unsent.empty()) throw Lost(unsent);
     throw Lost(e.code() == Errc::unreachable ? "it closed the connection" : e.what());

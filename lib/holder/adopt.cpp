@@ -216,9 +216,9 @@ std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {
   return dropped;
 }
 
-void Holder::audit_custody() noexcept {
+bool Holder::audit_custody() noexcept {
   auto* keeper = dynamic_cast<custody::KeeperClient*>(custody_);
-  if (!keeper) return;
+  if (!keeper) return true;
   try {
     const std::vector<std::string> names = keeper->list();
     const std::set<std::string> kept(names.begin(), names.end());
@@ -236,10 +236,14 @@ void Holder::audit_custody() noexcept {
     if (missing) {
       manifest_stale_ = true;
       sync_custody();
+    } else if (!manifest_stale_ && custody_removals_.empty()) {
+      custody_error_.clear();  // it has everything
     }
+    return true;
   } catch (const std::exception& e) {
     if (custody_error_.empty()) spdlog::error("custody: {} does not answer: {}", custody_->where(), e.what());
     custody_error_ = custody_->where() + " does not answer: " + e.what();
+    return false;
   }
 }
 

@@ -166,8 +166,9 @@ class Holder {
   std::size_t forget_custody(std::vector<custody::Kept> kept);
   // A keeper that restarted (a container restarted by Kubernetes) keeps nothing: asks it what it
   // keeps and gives it again what is missing, then a new manifest. Nothing for systemd's store
-  // (it lives as long as the unit). The server calls it about once a second.
-  void audit_custody() noexcept;
+  // (it lives as long as the unit). The server calls it about once a second. Returns false when
+  // the keeper did not answer.
+  bool audit_custody() noexcept;
 
  private:
   struct HeldPool {

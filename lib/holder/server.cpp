@@ -74,6 +74,9 @@ struct Connection {
   bool dead = false;
 };
 
+// How long the holder waits for its keeper in one request (it asks from the serving thread).
+constexpr int kKeeperTimeoutMs = 500;
+
 class Server {
  public:
   Server(Backend& backend, const ServerOptions& options) : backend_(backend), options_(options) {}
@@ -410,7 +413,9 @@ void Server::start_drain(const char* why) {
 }
 
 std::unique_ptr<custody::Custody> Server::choose_custody() const {
-  if (!options_.keeper.empty()) return custody::keeper_at(options_.keeper);
+  // The holder asks its keeper from the serving thread: a keeper that stops answering (SIGSTOP, a
+  // frozen container) may hold it up at most this long a request (twice, with the one retry).
+  if (!options_.keeper.empty()) return std::make_unique<custody::KeeperClient>(options_.keeper, kKeeperTimeoutMs);
   if (const char* notify = std::getenv("NOTIFY_SOCKET"); notify && *notify) {
     // systemd 254 and later say how many descriptors the unit may store ($FDSTORE); 0 is none.
     if (const char* max = std::getenv("FDSTORE"); max && std::string(max) == "0") {
@@ -598,8 +603,10 @@ int Server::run() {
     }
     serve_requests();
     if (custody_ && Clock::now() >= next_audit_) {
-      holder_->audit_custody();
-      next_audit_ = Clock::now() + std::chrono::seconds(1);
+      // Once a second; a keeper that did not answer is asked again only after 10 s, so that one
+      // that hangs costs the serving thread at most 2 x kKeeperTimeoutMs every 10 s.
+      const bool answered = holder_->audit_custody();
+      next_audit_ = Clock::now() + std::chrono::seconds(answered ? 1 : 10);
     }
     // Timeouts: a drop notice not answered in time; a frame started and not finished; replies
     // nobody reads.

@@ -801,3 +801,27 @@ TEST_CASE("the findings of a file made to be large fit a reply; the name a reque
           std::string::npos);
   }
 }
+
+TEST_CASE("buffers: exported allocations are charged to their pool's max_size, with its leases") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const auto create = [&](const char* name, std::uint64_t size) {
+    return f.error_message(
+        root, {{"op", "buffer_create"}, {"name", name}, {"pool", "private"}, {"device", 0}, {"size", size}});
+  };
+  CHECK(create("first", 600ULL << 20).empty());
+  const std::string refused = create("second", 600ULL << 20);
+  CHECK_MESSAGE(refused.find("max_size 1 GiB") != std::string::npos, refused);
+  CHECK(
+      f.error_code(
+          root,
+          {{"op", "buffer_create"}, {"name", "second"}, {"pool", "private"}, {"device", 0}, {"size", 600ULL << 20}}) ==
+      "out_of_memory");
+  // A lease that would pass the pool's max_size with the buffer in it is refused the same way.
+  const std::string lease =
+      f.error_message(root, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size", 512ULL << 20}});
+  CHECK_MESSAGE(lease.find("of buffers") != std::string::npos, lease);
+  CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "first"}}) == "ok");
+  CHECK(create("second", 600ULL << 20).empty());
+}
