@@ -111,20 +111,10 @@ int run_ls(const BufferArgs& args) {
   const Format format = parse_format(args.format);
   if (!args.name.empty()) return run_ls_one(args, format);
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  // `list` has each buffer as status does, and whether this user may open it.
   const json listed = holder.request({{"op", "list"}});
-  const json status = holder.request({{"op", "status"}});
-  // `list` says what this user may open; `status` how often each buffer is open.
-  json buffers = json::array();
-  if (listed.contains("buffers") && listed["buffers"].is_array()) buffers = listed["buffers"];
-  const json& opened = status.contains("buffers") && status["buffers"].is_array() ? status["buffers"] : json::array();
-  for (auto& b : buffers) {
-    if (!b.is_object() || !b.contains("name")) continue;
-    for (const auto& s : opened)
-      if (s.is_object() && s.contains("name") && s["name"] == b["name"])
-        for (const char* key : {"opens", "state", "tensors"})
-          if (s.contains(key)) b[key] = s[key];
-  }
-  const json reply = {{"buffers", buffers}};
+  const json reply = {
+      {"buffers", listed.contains("buffers") && listed["buffers"].is_array() ? listed["buffers"] : json::array()}};
   print_reply(format, reply, [](const json& r) { return render_buffers(r.at("buffers")); });
   return static_cast<int>(ExitCode::ok);
 }

@@ -18,6 +18,7 @@
 #include "base/units.h"
 #include "cli/holder_client.h"
 #include "cupool/client.h"
+#include "model/model.h"
 #include "protocol/protocol.h"
 #include "tensors/safetensors.h"
 
@@ -117,28 +118,33 @@ json load_buffer(const LoadArgs& args) {
   const double seconds = seconds_since(started);
   std::uint64_t bytes = 0;
   for (const auto& t : placed.tensors) bytes += t.size;
-  return {{"name", args.name},
-          {"pool", created.value("pool", args.pool)},
-          {"device", created.value("device", args.device)},
-          {"size", size},
-          {"parts", placed.parts.size()},
-          {"tensors", placed.tensors.size()},
-          {"file", args.file},
-          {"tensor_bytes", bytes},
-          {"seconds", seconds},
-          {"bytes_per_second", seconds > 0 ? static_cast<std::uint64_t>(static_cast<double>(bytes) / seconds) : 0}};
+  model::BufferMade out;
+  out.name = args.name;
+  out.pool = created.value("pool", args.pool);
+  out.id = {created.value("device", args.device), created.value("uuid", std::string()),
+            created.value("pci_bus_id", std::string())};
+  out.size_bytes = size;
+  out.part_count = placed.parts.size();
+  out.tensor_count = placed.tensors.size();
+  out.file = args.file;
+  out.tensor_bytes = bytes;
+  out.elapsed_seconds = seconds;
+  out.bytes_per_second = seconds > 0 ? static_cast<std::uint64_t>(static_cast<double>(bytes) / seconds) : 0;
+  return model::to_json(out);
 }
 
 std::string render_loaded(const json& r) {
-  const auto count = r.value("tensors", std::uint64_t{0});
+  const auto count = r.value("tensor_count", std::uint64_t{0});
   char rate[64];
-  std::snprintf(rate, sizeof rate, "%.1f s", r.value("seconds", 0.0));
+  std::snprintf(rate, sizeof rate, "%.1f s", r.value("elapsed_seconds", 0.0));
   return "loaded buffer " + r.value("name", std::string()) + ": " + std::to_string(count) +
          (count == 1 ? " tensor, " : " tensors, ") + format_bytes(r.value("tensor_bytes", std::uint64_t{0})) +
          " from " + r.value("file", std::string()) + " in " + rate + " (" +
          format_bytes(r.value("bytes_per_second", std::uint64_t{0})) + "/s), pool " + r.value("pool", std::string()) +
          " on device " + std::to_string(r.value("device", 0)) +
-         (r.value("parts", 1) > 1 ? ", in " + std::to_string(r.value("parts", 1)) + " parts" : std::string()) + "\n";
+         (r.value("part_count", 1) > 1 ? ", in " + std::to_string(r.value("part_count", 1)) + " parts"
+                                       : std::string()) +
+         "\n";
 }
 
 }  // namespace cupool::cli

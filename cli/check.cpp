@@ -86,7 +86,7 @@ Verb add_check(CLI::App& app) {
             else if (diags.has_errors() || (args->strict && diags.count(Severity::warning) > 0))
               code = ExitCode::does_not_fit;
             const char* verdict = code == ExitCode::ok             ? "fits"
-                                  : code == ExitCode::does_not_fit ? "does-not-fit"
+                                  : code == ExitCode::does_not_fit ? "does_not_fit"
                                                                    : "invalid";
 
             if (format == Format::table) {
@@ -98,18 +98,17 @@ Verb add_check(CLI::App& app) {
                 std::cout << (code == ExitCode::ok ? "fits " : "does not fit ") << node_line(*node);
               std::cout << " (" << summary_line(diags) << ")\n";
             } else {
-              nlohmann::ordered_json j = versioned(nlohmann::ordered_json::object());
-              j["file"] = file.path();
-              j["verdict"] = verdict;
-              j["exit_code"] = static_cast<int>(code);
-              j["node"] = node ? to_json(*node)["source"] : nlohmann::ordered_json(nullptr);
-              j["summary"] = {{"errors", diags.count(Severity::error)},
-                              {"warnings", diags.count(Severity::warning)},
-                              {"notes", diags.count(Severity::note)},
-                              {"not_listed", diags.dropped()}};
-              nlohmann::ordered_json findings = nlohmann::ordered_json::array();
-              for (const auto& d : diags.sorted()) findings.push_back(to_json(d, file.path()));
-              j["findings"] = findings;
+              model::CheckReport report;
+              report.file = file.path();
+              report.verdict = verdict;
+              report.exit_code = static_cast<int>(code);
+              if (node) report.source = source_of(node->source);
+              report.error_count = diags.count(Severity::error);
+              report.warning_count = diags.count(Severity::warning);
+              report.note_count = diags.count(Severity::note);
+              report.not_listed_count = diags.dropped();
+              for (const auto& d : diags.sorted()) report.findings.push_back(view(d, file.path()));
+              const nlohmann::ordered_json j = versioned(model::to_json(report));
               std::cout << (format == Format::json ? dump_json(j) + "\n" : to_yaml(j));
             }
             return static_cast<int>(code);

@@ -12,6 +12,7 @@
 
 #include "cli/holder_render.h"
 #include "cupool/client.h"
+#include "model/model.h"
 
 namespace cupool::cli {
 
@@ -63,10 +64,15 @@ void throw_reply_error(const json& reply) {
   const json empty = json::object();
   const auto it = reply.is_object() ? reply.find("error") : reply.end();
   const json& error = (reply.is_object() && it != reply.end() && it->is_object()) ? *it : empty;
-  const auto code_it = error.find("code");
-  const std::string code = code_it != error.end() && code_it->is_string() ? code_it->get<std::string>() : "";
-  const auto message_it = error.find("message");
-  std::string message = message_it != error.end() && message_it->is_string() ? message_it->get<std::string>() : "";
+  // The one error object (model::ErrorInfo); a reply without one is still a refusal.
+  model::ErrorInfo e;
+  try {
+    e = model::error_from_json(error);
+  } catch (const std::invalid_argument&) {
+    e.code = error.value("code", json()).is_string() ? error["code"].get<std::string>() : "";
+  }
+  const std::string code = e.code;
+  std::string message = e.message;
   if (message.empty()) message = "the holder refused the request" + (code.empty() ? "" : " (" + code + ")");
 
   if (code == "invalid_config" || code == "does_not_fit") {

@@ -13,6 +13,7 @@
 #include "base/units.h"
 #include "config/diagnostics.h"
 #include "device/node.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -24,10 +25,19 @@ const char* const kNone = "-";
 
 // Field access that never throws: a reply from another version may lack a field or type it
 // differently, and the answer should still be shown.
+// A dotted key ("graph.reserved_bytes") looks into nested objects.
 const json* field(const json& j, const char* key) {
-  if (!j.is_object()) return nullptr;
-  auto it = j.find(key);
-  return it == j.end() ? nullptr : &*it;
+  const json* at = &j;
+  std::string_view rest(key);
+  while (true) {
+    if (!at->is_object()) return nullptr;
+    const std::size_t dot = rest.find('.');
+    auto it = at->find(std::string(rest.substr(0, dot)));
+    if (it == at->end()) return nullptr;
+    if (dot == std::string_view::npos) return &*it;
+    at = &*it;
+    rest = rest.substr(dot + 1);
+  }
 }
 
 std::optional<std::uint64_t> u64(const json& j, const char* key) {
@@ -129,38 +139,40 @@ std::string prometheus_help(std::string_view help) {
 
 struct Metric {
   const char* name;
-  const char* key;
+  const char* key;  // the field of the JSON object it comes from (docs/naming.md); README maps each
   const char* help;
+  bool null_is_inf = false;  // a null value means no limit: +Inf
 };
 
 const Metric kPoolMetrics[] = {
-    {"cupool_pool_reserved_bytes", "reserved_current",
+    {"cupool_pool_reserved_bytes", "reserved_bytes",
      "Bytes the pool has reserved from its device now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)."},
-    {"cupool_pool_reserved_high_bytes", "reserved_high",
+    {"cupool_pool_reserved_high_bytes", "reserved_peak_bytes",
      "High-water mark of the pool's reserved bytes since the last peak reset (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)."},
-    {"cupool_pool_used_bytes", "used_current",
+    {"cupool_pool_used_bytes", "used_bytes",
      "Bytes of the pool in use by allocations now (CU_MEMPOOL_ATTR_USED_MEM_CURRENT)."},
-    {"cupool_pool_used_high_bytes", "used_high",
+    {"cupool_pool_used_high_bytes", "used_peak_bytes",
      "High-water mark of the pool's used bytes since the last peak reset (CU_MEMPOOL_ATTR_USED_MEM_HIGH)."},
-    {"cupool_pool_release_threshold_bytes", "release_threshold",
-     "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
-    {"cupool_pool_leases", "leases", "Allocations that clients of the holder hold from the pool."},
+    {"cupool_pool_release_threshold_bytes", "release_threshold_bytes",
+     "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).",
+     true},
+    {"cupool_pool_leases", "lease_count", "Allocations that clients of the holder hold from the pool."},
     {"cupool_pool_leased_bytes", "leased_bytes",
      "Bytes that clients of the holder hold from the pool (cached ones included)."},
-    {"cupool_pool_cached_leases", "cached",
+    {"cupool_pool_cached_leases", "cached_count",
      "Leases that clients released into their cache: still mapped by them and charged to them, reused without a round "
      "trip."},
     {"cupool_pool_cached_bytes", "cached_bytes", "Bytes of the pool's cached leases."},
 };
 
 const Metric kDeviceMetrics[] = {
-    {"cupool_graph_reserved_bytes", "graph_reserved_current",
+    {"cupool_graph_reserved_bytes", "graph.reserved_bytes",
      "Bytes of graph memory the device has reserved now (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)."},
-    {"cupool_graph_reserved_high_bytes", "graph_reserved_high",
+    {"cupool_graph_reserved_high_bytes", "graph.reserved_peak_bytes",
      "High-water mark of the device's reserved graph memory since the last peak reset."},
-    {"cupool_graph_used_bytes", "graph_used_current",
+    {"cupool_graph_used_bytes", "graph.used_bytes",
      "Bytes of graph memory in use on the device now (CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)."},
-    {"cupool_graph_used_high_bytes", "graph_used_high",
+    {"cupool_graph_used_high_bytes", "graph.used_peak_bytes",
      "High-water mark of the device's used graph memory since the last peak reset."},
 };
 
@@ -193,11 +205,13 @@ void metric_family(std::ostringstream& out, const Metric& m, const json& rows, c
   out << "# TYPE " << m.name << " gauge\n";
   for (const auto& row : rows) {
     auto value = u64(row, m.key);
+    const json* present = field(row, m.key);
+    if (m.null_is_inf && present && present->is_null()) value = std::numeric_limits<std::uint64_t>::max();
     if (!value) continue;
     out << m.name << '{';
     for (std::size_t i = 0; i < labels.size(); ++i)
       out << (i ? "," : "") << labels[i].name << "=\"" << prometheus_label_value(label_value(row, labels[i])) << '"';
-    // The driver's "no limit" (2^64-1, a release threshold of max) is +Inf, not a 20-digit number.
+    // No limit (a release threshold of max, null in JSON) is +Inf.
     out << "} ";
     if (*value == std::numeric_limits<std::uint64_t>::max())
       out << "+Inf";
@@ -247,16 +261,17 @@ std::string render_status(const json& reply) {
   std::string line = text(holder, "version");
   std::vector<std::string> about;
   if (field(holder, "pid")) about.push_back("pid " + number(holder, "pid"));
-  if (field(holder, "backend")) about.push_back(text(holder, "backend") + " backend");
+  if (const json* source = field(reply, "source"); source && field(*source, "simulated"))
+    about.push_back(boolean(*source, "simulated").value_or(false) ? "simulated backend" : "cuda backend");
   if (!about.empty()) line += " (" + join(about, ", ") + ")";
   head.add({"holder", line});
-  if (auto up = u64(holder, "uptime_s")) {
+  if (auto up = u64(holder, "uptime_seconds")) {
     std::string uptime = format_duration(*up);
     if (field(holder, "started")) uptime += " (since " + text(holder, "started") + ")";
     head.add({"uptime", uptime});
   }
   std::string config = text(holder, "config");
-  if (auto reloads = u64(holder, "reloads")) config += " (" + plural(*reloads, "reload") + ")";
+  if (auto reloads = u64(holder, "reload_count")) config += " (" + plural(*reloads, "reload") + ")";
   head.add({"config", config});
   head.add({"socket", text(holder, "socket")});
   const auto draining = boolean(holder, "draining");
@@ -282,14 +297,13 @@ std::string render_status(const json& reply) {
   for (const auto& p : pools) {
     std::vector<std::string> types;
     for (const auto& t : list(p, "handle_types")) types.push_back(value_text(t));
-    const auto max_size = u64(p, "max_size");
-    const auto threshold = u64(p, "release_threshold");
+    const json* max_size = field(p, "max_size_bytes");
     pt.add({text(p, "name"), text(p, "device"), text(p, "location"), types.empty() ? "none" : join(types, ", "),
-            !max_size        ? kNone
-            : *max_size == 0 ? "default"
-                             : format_bytes(*max_size),
-            threshold ? format_threshold(*threshold) : kNone, count_and_bytes(p, "leases", "leased_bytes"),
-            count_and_bytes(p, "cached", "cached_bytes"), count_and_bytes(p, "buffers", "buffer_bytes")});
+            !max_size             ? kNone
+            : max_size->is_null() ? "default"
+                                  : bytes(p, "max_size_bytes"),
+            text(p, "release_threshold"), count_and_bytes(p, "lease_count", "leased_bytes"),
+            count_and_bytes(p, "cached_count", "cached_bytes"), count_and_bytes(p, "buffer_count", "buffer_bytes")});
   }
   out << "\n" << section("Pools", pt, pools.size());
 
@@ -297,35 +311,36 @@ std::string render_status(const json& reply) {
   Table bt({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS", "KEPT"});
   for (const auto& b : buffers) {
     // KEPT: whether it outlives the holder (custody has it), and whether this holder adopted it.
-    std::string kept = b.value("kept", false) ? "yes" : b.value("memory", "") == "pool" ? "no (host pool)" : "no";
+    std::string kept = b.value("kept", false) ? "yes" : b.value("allocation", "") == "pool" ? "no (host pool)" : "no";
     if (b.value("adopted", false)) kept += ", adopted";
-    bt.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), number(b, "opens"), kept});
+    bt.add(
+        {text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size_bytes"), number(b, "open_count"), kept});
   }
   out << "\n" << section("Buffers", bt, buffers.size());
   if (reply.contains("custody") && reply["custody"].is_object()) {
     const json& c = reply["custody"];
     out << "\nCustody: " << (c.value("kind", "none") == "none" ? "none" : c.value("where", std::string()));
-    if (c.contains("manifest") && c["manifest"].is_number()) out << " (manifest " << c["manifest"].dump() << ")";
+    if (c.contains("manifest_sequence") && c["manifest_sequence"].is_number())
+      out << " (manifest " << c["manifest_sequence"].dump() << ")";
     out << ". A restart keeps " << c.value("survives_restart", std::string())
         << "; made again: " << c.value("made_again", std::string()) << ".\n";
-    if (c.contains("error") && c["error"].is_string())
-      out << "Custody error: " << c["error"].get<std::string>() << "\n";
-    if (c.contains("adopted") && c["adopted"].is_object())
-      for (const auto& r : c["adopted"].value("refused", json::array()))
-        out << "Not adopted at start: " << r.value("name", std::string()) << ": " << r.value("reason", std::string())
-            << "\n";
+    if (const json* error = field(c, "error"); error && error->is_object())
+      out << "Custody error: " << text(*error, "message") << "\n";
+    if (c.contains("adoption") && c["adoption"].is_object())
+      for (const auto& r : list(c["adoption"], "refused"))
+        out << "Not adopted at start: " << text(r, "name") << ": " << text(r, "error.message") << "\n";
   }
 
   const json& clients = list(reply, "clients");
   Table ct({"CLIENT", "PID", "UID", "USER", "NAME", "LEASES", "CACHED", "OPEN BUFFERS", "CONNECTED"});
   for (const auto& c : clients) {
-    const auto connected = u64(c, "connected_s");
+    const auto connected = u64(c, "connected_seconds");
     ct.add({number(c, "id"), number(c, "pid"), number(c, "uid"), text(c, "user"), text(c, "name"),
-            count_and_bytes(c, "leases", "leased_bytes"), count_and_bytes(c, "cached", "cached_bytes"),
-            number(c, "open_buffers"), connected ? format_duration(*connected) : kNone});
+            count_and_bytes(c, "lease_count", "leased_bytes"), count_and_bytes(c, "cached_count", "cached_bytes"),
+            number(c, "open_buffer_count"), connected ? format_duration(*connected) : kNone});
   }
   out << "\n" << section("Clients", ct, clients.size());
-  if (const auto total = u64(reply, "clients_total"); total && *total > clients.size())
+  if (const auto total = u64(reply, "client_count"); total && *total > clients.size())
     out << "(" << clients.size() << " of " << *total << " clients shown)\n";
   return out.str();
 }
@@ -336,18 +351,17 @@ std::string render_stats(const json& reply) {
   Table pt(
       {"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES", "CACHED"});
   for (const auto& p : pools) {
-    const auto threshold = u64(p, "release_threshold");
-    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_current"), bytes(p, "reserved_high"),
-            bytes(p, "used_current"), bytes(p, "used_high"), threshold ? format_threshold(*threshold) : kNone,
-            count_and_bytes(p, "leases", "leased_bytes"), count_and_bytes(p, "cached", "cached_bytes")});
+    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_bytes"), bytes(p, "reserved_peak_bytes"),
+            bytes(p, "used_bytes"), bytes(p, "used_peak_bytes"), text(p, "release_threshold"),
+            count_and_bytes(p, "lease_count", "leased_bytes"), count_and_bytes(p, "cached_count", "cached_bytes")});
   }
   out << section("Pools", pt, pools.size());
 
   const json& devices = list(reply, "devices");
   Table dt({"DEVICE", "UUID", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH"});
   for (const auto& d : devices)
-    dt.add({text(d, "device"), text(d, "uuid"), bytes(d, "graph_reserved_current"), bytes(d, "graph_reserved_high"),
-            bytes(d, "graph_used_current"), bytes(d, "graph_used_high")});
+    dt.add({text(d, "device"), text(d, "uuid"), bytes(d, "graph.reserved_bytes"), bytes(d, "graph.reserved_peak_bytes"),
+            bytes(d, "graph.used_bytes"), bytes(d, "graph.used_peak_bytes")});
   out << "\n" << section("Graph memory", dt, devices.size());
   return out.str();
 }
@@ -389,8 +403,8 @@ std::string render_trim(const json& reply) {
   const json& pools = list(reply, "pools");
   Table pt({"POOL", "DEVICE", "RESERVED BEFORE", "RESERVED AFTER", "RELEASED"});
   for (const auto& p : pools)
-    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_before"), bytes(p, "reserved_after"),
-            bytes(p, "released")});
+    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_before_bytes"), bytes(p, "reserved_after_bytes"),
+            bytes(p, "released_bytes")});
   out << section("Pools", pt, pools.size());
 
   // No devices: graph memory was not trimmed (--no-graph).
@@ -398,13 +412,13 @@ std::string render_trim(const json& reply) {
   if (!devices.empty()) {
     Table dt({"DEVICE", "RESERVED BEFORE", "RESERVED AFTER", "RELEASED"});
     for (const auto& d : devices)
-      dt.add({text(d, "device"), bytes(d, "graph_reserved_before"), bytes(d, "graph_reserved_after"),
-              bytes(d, "released")});
+      dt.add({text(d, "device"), bytes(d, "graph.reserved_before_bytes"), bytes(d, "graph.reserved_after_bytes"),
+              bytes(d, "graph.released_bytes")});
     out << "\n" << section("Graph memory", dt, devices.size());
   }
-  if (const auto dropped = u64(reply, "cached_dropped_bytes"); dropped && *dropped)
+  if (const auto dropped = u64(reply, "dropped_bytes"); dropped && *dropped)
     out << "\nClients dropped " << format_bytes(*dropped) << " of cached blocks first.";
-  out << "\nReleased " << bytes(reply, "released") << " in total.\n";
+  out << "\nReleased " << bytes(reply, "released_bytes") << " in total.\n";
   return out.str();
 }
 
@@ -430,9 +444,14 @@ std::string render_change(const json& change) {
   if (mark == "?") line += " (" + action + ")";
   if (field(change, "field")) {
     line += ": " + text(change, "field");
-    const json* from = field(change, "from");
-    const json* to = field(change, "to");
-    if (from || to) line += " " + (from ? value_text(*from) : "none") + " -> " + (to ? value_text(*to) : "none");
+    // In config syntax; "" is no value: for a max_size, the driver's default.
+    const std::string absent = text(change, "field") == "max_size" ? "default" : "none";
+    auto shown = [&](const char* key) {
+      const json* t = field(change, key);
+      const std::string v = t ? value_text(*t) : "";
+      return v.empty() ? absent : v;
+    };
+    if (field(change, "from") || field(change, "to")) line += " " + shown("from") + " -> " + shown("to");
   }
   if (is_blocked(change)) {
     // A blocked remove or replace leaves the object as it is: it is kept.
@@ -490,18 +509,23 @@ std::string render_findings(const json& findings, const SourceFile& file) {
   std::string out;
   if (!findings.is_array()) return out;
   for (const auto& f : findings) {
+    // Read as the one finding object (model::Finding); one the holder sent malformed is said so.
+    model::Finding m;
+    try {
+      m = model::finding_from_json(f);
+    } catch (const std::exception& e) {
+      out += file.path() + ": a finding the holder sent could not be read (" + e.what() + ")\n";
+      continue;
+    }
     Diagnostic d;
-    const std::string severity = text(f, "severity");
-    d.severity = severity == "warning" ? Severity::warning : severity == "note" ? Severity::note : Severity::error;
-    d.code = text(f, "code");
-    d.message = text(f, "message");
-    d.loc.line =
-        static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "line").value_or(0), 1 << 30)));
-    d.loc.column =
-        static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(i64(f, "column").value_or(0), 1 << 30)));
-    if (const json* fact = field(f, "fact"); fact && fact->is_string()) d.fact = valid_utf8(fact->get<std::string>());
-    if (const json* help = field(f, "help"); help && help->is_string()) d.help = valid_utf8(help->get<std::string>());
-    d.invalid_input = boolean(f, "invalid_input").value_or(false);
+    d.severity = m.severity == "warning" ? Severity::warning : m.severity == "note" ? Severity::note : Severity::error;
+    d.code = valid_utf8(m.code);
+    d.message = valid_utf8(m.message);
+    d.loc.line = std::max(0, std::min(m.line, 1 << 30));
+    d.loc.column = std::max(0, std::min(m.column, 1 << 30));
+    if (m.fact) d.fact = valid_utf8(*m.fact);
+    if (m.help) d.help = valid_utf8(*m.help);
+    d.invalid_input = m.invalid_input;
     out += render_text(d, file) + "\n";
   }
   return out;
@@ -512,8 +536,8 @@ std::string render_buffers(const json& buffers) {
   Table t({"BUFFER", "POOL", "DEVICE", "SIZE", "STATE", "TENSORS", "OPENS", "PERMITTED"});
   for (const auto& b : buffers) {
     const auto permitted = boolean(b, "permitted");
-    t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size"), text(b, "state"),
-           number(b, "tensors"), number(b, "opens"),
+    t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size_bytes"), text(b, "state"),
+           number(b, "tensor_count"), number(b, "open_count"),
            !permitted   ? kNone
            : *permitted ? "yes"
                         : "no"});
@@ -526,7 +550,7 @@ std::string render_buffer_tensors(const json& reply) {
   const std::size_t count = it != reply.end() && it->is_array() ? it->size() : 0;
   const auto parts = reply.find("parts");
   const std::size_t part_count = parts != reply.end() && parts->is_array() ? parts->size() : 1;
-  std::string out = "buffer " + text(reply, "name") + ": " + bytes(reply, "size") +
+  std::string out = "buffer " + text(reply, "name") + ": " + bytes(reply, "size_bytes") +
                     (part_count > 1 ? " in " + std::to_string(part_count) + " parts" : std::string()) + ", " +
                     std::to_string(count) + (count == 1 ? " tensor\n" : " tensors\n");
   if (!count) {
@@ -544,21 +568,21 @@ std::string render_buffer_tensors(const json& reply) {
       for (const auto& d : tensor["shape"]) shape += (shape.size() > 1 ? ", " : "") + d.dump();
     std::vector<std::string> row{text(tensor, "name"), text(tensor, "dtype"), shape + "]"};
     if (by_part) row.push_back(number(tensor, "part"));
-    row.push_back(number(tensor, "offset"));
-    row.push_back(bytes(tensor, "size"));
+    row.push_back(number(tensor, "offset_bytes"));
+    row.push_back(bytes(tensor, "size_bytes"));
     t.add(row);
   }
   return out + t.str();
 }
 
 std::string render_buffer_created(const json& reply) {
-  return "created buffer " + text(reply, "name") + ": " + bytes(reply, "size") + " in pool " + text(reply, "pool") +
-         " on device " + text(reply, "device") + "\n";
+  return "created buffer " + text(reply, "name") + ": " + bytes(reply, "size_bytes") + " in pool " +
+         text(reply, "pool") + " on device " + text(reply, "device") + "\n";
 }
 
 std::string render_buffer_removed(const json& reply) {
-  return "removed buffer " + text(reply, "name") + " (" + bytes(reply, "size") + " in pool " + text(reply, "pool") +
-         " on device " + text(reply, "device") + ")\n";
+  return "removed buffer " + text(reply, "name") + " (" + bytes(reply, "size_bytes") + " in pool " +
+         text(reply, "pool") + " on device " + text(reply, "device") + ")\n";
 }
 
 }  // namespace cupool

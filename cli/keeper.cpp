@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/output.h"
 #include "cli/verbs.h"
+#include "model/model.h"
 
 namespace cupool::cli {
 
@@ -77,7 +78,7 @@ Verb add_keeper(CLI::App& app) {
             }
             const std::vector<std::string> names = keeper.list();
             if (parse_format(args->format) == Format::json) {
-              std::cout << dump_json(versioned({{"socket", args->socket}, {"names", names}})) << "\n";
+              std::cout << dump_json(versioned(model::to_json(model::KeeperList{args->socket, names}))) << "\n";
             } else {
               Table table({"NAME"});
               for (const std::string& name : names) table.add({name});

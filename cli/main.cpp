@@ -74,7 +74,11 @@ void make_logger() {
 }
 
 std::unique_ptr<cupool::Backend> make_backend(const std::string& profile) {
-  if (!profile.empty()) return std::make_unique<cupool::SimBackend>(cupool::load_profile(profile));
+  if (!profile.empty()) {
+    cupool::NodeReport node = cupool::load_profile(profile);
+    for (const std::string& w : node.source.warnings) spdlog::warn("{}", w);
+    return std::make_unique<cupool::SimBackend>(std::move(node));
+  }
   return cupool::make_cuda_backend([](const std::string& line) { spdlog::debug("{}", line); });
 }
 

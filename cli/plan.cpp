@@ -69,12 +69,7 @@ int run_plan(const PlanArgs& args, bool apply) {
 
   // Warnings and notes about the file, quoted against it like `cupool check` does.
   if (format == Format::table) {
-    if (reply.contains("findings")) std::cerr << render_findings(reply["findings"], file);
-    // A holder that sends its findings already rendered.
-    if (reply.contains("warnings") && reply["warnings"].is_string()) {
-      const std::string warnings = reply["warnings"].get<std::string>();
-      if (!warnings.empty()) std::cerr << warnings << (warnings.back() == '\n' ? "" : "\n");
-    }
+    if (reply.contains("warnings")) std::cerr << render_findings(reply["warnings"], file);
   }
   print_reply(format, reply, render_plan);
   if (apply) return static_cast<int>(blocked_changes(reply) > 0 ? ExitCode::does_not_fit : ExitCode::ok);

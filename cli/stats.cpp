@@ -101,7 +101,7 @@ Verb add_stats(CLI::App& app) {
       "\nExamples:\n"
       "  cupool stats\n"
       "  cupool stats --watch                  # every 2 s; --watch=0.5 for twice a second\n"
-      "  cupool stats --format json --watch=10 | jq -c '.pools[] | {name, used_current}'\n"
+      "  cupool stats --format json --watch=10 | jq -c '.pools[] | {name, used_bytes}'\n"
       "  cupool stats --format prometheus --output /var/lib/node_exporter/cupool.prom --watch=15\n"
       "  sudo cupool stats --reset-peaks\n"
       "\nExit codes: 0 answered, 4 no holder is listening or it refused (--reset-peaks needs an admin).");

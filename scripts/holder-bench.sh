@@ -14,7 +14,7 @@
 # Nothing may leak: before the bench (after one warm-up round trip through the holder, so the
 # driver has opened whatever it opens on first use) and after it, the script records the holder's
 # open descriptors (/proc/PID/fd) and the pool's used bytes (`cupool stats --format json`,
-# used_current). They must be the same afterwards (the descriptors within 10 s, as the holder
+# used_bytes). They must be the same afterwards (the descriptors within 10 s, as the holder
 # notices the clients leave); the lists of descriptors go into holder-bench.txt.
 #
 # Files under $OUT (default ./gpu-out):
@@ -167,8 +167,8 @@ holder_fd_list() {
   done
 }
 pool_used() {
-  # The config has one pool, so the first used_current is the bench pool's.
-  "$CUPOOL" stats --socket "$SOCK" --format json 2>/dev/null | sed -n 's/.*"used_current": *\([0-9][0-9]*\).*/\1/p' | head -n 1
+  # The config has one pool, so the first used_bytes (pools come before devices' graph) is the bench pool's.
+  "$CUPOOL" stats --socket "$SOCK" --format json 2>/dev/null | sed -n 's/.*"used_bytes": *\([0-9][0-9]*\).*/\1/p' | head -n 1
 }
 # Waits (up to 10 s) until the holder has $1 descriptors open, or until the count stays the same
 # for 1 s when $1 is empty; prints the count.
@@ -207,7 +207,7 @@ if [ "$warm_rc" != 0 ]; then sed 's/^/  | /' "$TMP/warm-up.txt" | tee -a "$TXT";
 FDS_BEFORE=$(settled_fds)
 USED_BEFORE=$(pool_used)
 {
-  echo "before the run: holder (pid $HOLDER_PID) has $FDS_BEFORE descriptors open; pool bench used_current ${USED_BEFORE:-?} B"
+  echo "before the run: holder (pid $HOLDER_PID) has $FDS_BEFORE descriptors open; pool bench used_bytes ${USED_BEFORE:-?} B"
   holder_fd_list
 } | tee -a "$TXT"
 
@@ -228,11 +228,11 @@ if [ "$FDS_AFTER" != "$FDS_BEFORE" ]; then
   leak="the holder has $FDS_AFTER descriptors open after the run, $FDS_BEFORE before"
 fi
 if [ -z "$USED_BEFORE" ] || [ "$USED_AFTER" != "$USED_BEFORE" ]; then
-  leak="${leak:+$leak; }pool bench used_current is ${USED_AFTER:-?} B after the run, ${USED_BEFORE:-?} B before"
+  leak="${leak:+$leak; }pool bench used_bytes is ${USED_AFTER:-?} B after the run, ${USED_BEFORE:-?} B before"
 fi
 {
   echo
-  echo "after the run: holder has $FDS_AFTER descriptors open ($FDS_BEFORE before); pool bench used_current ${USED_AFTER:-?} B (${USED_BEFORE:-?} B before)"
+  echo "after the run: holder has $FDS_AFTER descriptors open ($FDS_BEFORE before); pool bench used_bytes ${USED_AFTER:-?} B (${USED_BEFORE:-?} B before)"
   if [ -n "$leak" ]; then
     echo "descriptors after the run:"
     holder_fd_list

@@ -137,6 +137,16 @@ std::string format_bytes(std::uint64_t bytes) {
   return buf;
 }
 
+std::string exact_size(std::uint64_t bytes) {
+  static const char* units[] = {"TiB", "GiB", "MiB", "KiB"};
+  static const int shifts[] = {40, 30, 20, 10};
+  for (int i = 0; i < 4; ++i) {
+    const std::uint64_t unit = 1ULL << shifts[i];
+    if (bytes >= unit && bytes % unit == 0) return std::to_string(bytes / unit) + units[i];
+  }
+  return std::to_string(bytes) + "B";
+}
+
 std::string format_threshold(std::uint64_t bytes) {
   return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : format_bytes(bytes);
 }

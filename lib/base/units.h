@@ -22,6 +22,9 @@ std::string format_bytes(std::uint64_t bytes);
 // A release threshold: "max" for 2^64-1 (the config's `max`), else format_bytes.
 std::string format_threshold(std::uint64_t bytes);
 
+// "32GiB" when exact in a binary unit, else "<n>B": what a config file accepts and means exactly.
+std::string exact_size(std::uint64_t bytes);
+
 // The valid units, for messages.
 extern const char* const kSizeUnitsHelp;
 

@@ -220,17 +220,20 @@ std::string render_text(const Diagnostics& ds, const SourceFile& file) {
   return out;
 }
 
-nlohmann::ordered_json to_json(const Diagnostic& d, const std::string& path) {
-  nlohmann::ordered_json j = {{"file", path},
-                              {"line", d.loc.line},
-                              {"column", d.loc.column},
-                              {"severity", severity_name(d.severity)},
-                              {"code", d.code},
-                              {"message", d.message},
-                              {"invalid_input", d.invalid_input}};
-  j["fact"] = d.fact.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.fact);
-  j["help"] = d.help.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(d.help);
-  return j;
+model::Finding view(const Diagnostic& d, const std::string& path) {
+  model::Finding f;
+  f.file = path;
+  f.line = d.loc.line;
+  f.column = d.loc.column;
+  f.severity = severity_name(d.severity);
+  f.code = d.code;
+  f.message = d.message;
+  f.invalid_input = d.invalid_input;
+  if (!d.fact.empty()) f.fact = d.fact;
+  if (!d.help.empty()) f.help = d.help;
+  return f;
 }
+
+nlohmann::ordered_json to_json(const Diagnostic& d, const std::string& path) { return model::to_json(view(d, path)); }
 
 }  // namespace cupool

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -87,6 +88,8 @@ std::string render_text(const Diagnostic& d, const SourceFile& file);
 // All findings in file order and a closing count line ("2 errors, 1 warning").
 std::string render_text(const Diagnostics& ds, const SourceFile& file);
 std::string summary_line(const Diagnostics& ds);
+// A finding as every verb prints it (model::Finding), and its JSON.
+model::Finding view(const Diagnostic& d, const std::string& path);
 nlohmann::ordered_json to_json(const Diagnostic& d, const std::string& path);
 
 // A config that can't be used (held, applied in a process): Errc::invalid_config when it is not a

@@ -34,6 +34,7 @@ Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& no
   out.node = std::move(*judged.node);
   out.desired = std::move(*judged.desired);
   if (!judged.diags.all().empty()) out.warnings = render_text(judged.diags, file);
+  for (const Diagnostic& d : judged.diags.sorted()) out.warning_findings.push_back(view(d, file.path()));
   return out;
 }
 

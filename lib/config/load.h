@@ -39,7 +39,8 @@ struct Loaded {
   Config config;
   NodeReport node;
   Desired desired;
-  std::string warnings;  // compiler-style findings that are not errors; "" when none
+  std::string warnings;                          // compiler-style findings that are not errors; "" when none
+  std::vector<model::Finding> warning_findings;  // the same findings, typed
 };
 
 // judge_config, then: throws ConfigRejected with every finding when the file has errors.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -118,13 +119,9 @@ struct SettingChange {
 // The settings that differ, in the config's order.
 std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSettings& to);
 
-// A pool's usage attributes, in bytes (CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}).
-struct PoolUsage {
-  std::uint64_t reserved_current = 0;
-  std::uint64_t reserved_high = 0;
-  std::uint64_t used_current = 0;
-  std::uint64_t used_high = 0;
-};
+// A pool's usage attributes, in bytes (CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}), as
+// cupool prints them (model::Usage).
+using PoolUsage = model::Usage;
 
 // A pool the backend created or imported; 0 is no pool.
 using PoolHandle = std::uint64_t;
@@ -148,12 +145,8 @@ struct ExportedAllocation {
 };
 
 // Graph memory of one device (CU_GRAPH_MEM_ATTR_{USED,RESERVED}_MEM_{CURRENT,HIGH}), in bytes.
-struct GraphMemUsage {
-  std::uint64_t reserved_current = 0;
-  std::uint64_t reserved_high = 0;
-  std::uint64_t used_current = 0;
-  std::uint64_t used_high = 0;
-};
+// CU_GRAPH_MEM_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}: the same four figures.
+using GraphMemUsage = model::Usage;
 
 // One measured loop of `cupool bench` (see Backend::bench).
 struct BenchCase {
@@ -180,6 +173,7 @@ struct ReportSource {
   std::string recorded;      // ISO date-time of the recording
   std::string recorded_host;
   std::string note;
+  std::vector<std::string> warnings;  // about the profile read (old names): for the caller to print
 };
 
 // `bytes` bytes of a file from `file_offset`, to go to `address`.
@@ -232,7 +226,7 @@ class Backend {
   virtual void set_pool_settings(PoolHandle pool, const PoolSettings& settings) = 0;
   virtual PoolSettings pool_settings(PoolHandle pool) = 0;
   virtual PoolUsage pool_usage(PoolHandle pool) = 0;
-  // Resets reserved_high and used_high to the current values.
+  // Resets the peaks (reserved_peak_bytes, used_peak_bytes) to the current values.
   virtual void reset_pool_peaks(PoolHandle pool) = 0;
   // Gives device `peer` read-write access to the pool's memory (cuMemPoolSetAccess).
   virtual void set_pool_access(PoolHandle pool, int peer) = 0;

@@ -8,6 +8,8 @@
 
 #include "base/output.h"
 #include "base/units.h"
+#include "device/node.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -36,17 +38,16 @@ struct Run {
   BenchCase c;
 };
 
-std::string threshold_label(std::uint64_t t, const std::string& text) {
-  if (t == UINT64_MAX) return "max";
-  return text.empty() ? format_bytes(t) : text;
-}
+// A threshold under test as the config writes it ("max", "75%", "0B") with its bytes.
+model::Threshold threshold_of(std::uint64_t t, const std::string& text) { return model::Threshold::written(text, t); }
 
 }  // namespace
 
 Json run_bench(Backend& backend, const BenchOptions& o) {
   const DeviceInfo info = backend.device_info(o.device);
   std::vector<Run> runs;
-  const std::string configured = threshold_label(o.threshold, o.threshold_text);
+  const model::Threshold tested = threshold_of(o.threshold, o.threshold_text);
+  const std::string configured = tested.text;
   for (std::uint64_t size : o.sizes) {
     auto add = [&](const char* name, const std::string& what, BenchCase::Kind kind, std::uint64_t threshold, int n) {
       runs.push_back({name, what, BenchCase{kind, size, threshold, n}});
@@ -79,78 +80,77 @@ Json run_bench(Backend& backend, const BenchOptions& o) {
     results[i] = summarize(backend.bench(o.device, r.c));
   }
 
-  Json out;
-  out["node"] = {{"simulated", backend.simulated()},
-                 {"backend", backend.describe()},
-                 {"device", o.device},
-                 {"name", info.name},
-                 {"uuid", info.uuid}};
+  model::BenchReport report;
+  report.source = source_of(backend.source());
+  report.gpu = {o.device, info.uuid, info.pci_bus_id};
+  report.gpu_name = info.name;
   if (backend.simulated())
-    out["note"] = "simulated node: these figures come from a model of measurements on an H100, not from this machine";
-  out["settings"] = {{"config", o.config},
-                     {"release_threshold", configured},
-                     {"iterations", o.iterations},
-                     {"seed", o.seed},
-                     {"sizes", o.sizes}};
-  out["cases"] = Json::array();
+    report.note = "simulated node: these figures come from a model of measurements on an H100, not from this machine";
+  if (!o.config.empty()) report.config = o.config;
+  report.release_threshold = tested;
+  report.iteration_count = static_cast<std::uint64_t>(o.iterations);
+  report.seed = o.seed;
+  report.sizes_bytes = o.sizes;
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const Run& r = runs[i];
     const Summary& s = results[i];
-    out["cases"].push_back(
-        {{"case", r.name},
-         {"what", r.what},
-         {"size", r.c.bytes},
-         {"threshold", threshold_label(r.c.threshold, r.c.threshold == o.threshold ? o.threshold_text : "")},
-         {"n", r.c.iterations},
-         {"median_us", s.median_us},
-         {"p99_us", s.p99_us},
-         {"mean_us", s.mean_us},
-         {"min_us", s.min_us}});
+    model::BenchCase c;
+    c.name = r.name;
+    c.description = r.what;
+    c.size_bytes = r.c.bytes;
+    c.release_threshold = threshold_of(r.c.threshold, r.c.threshold == o.threshold ? o.threshold_text : "");
+    c.iteration_count = static_cast<std::uint64_t>(r.c.iterations);
+    c.median_seconds = s.median_us / 1e6;
+    c.p99_seconds = s.p99_us / 1e6;
+    c.mean_seconds = s.mean_us / 1e6;
+    c.min_seconds = s.min_us / 1e6;
+    report.cases.push_back(c);
   }
   auto median = [&](const std::string& name, std::uint64_t size) {
     for (std::size_t i = 0; i < runs.size(); ++i)
       if (runs[i].name == name && runs[i].c.bytes == size) return results[i].median_us;
     return 0.0;
   };
-  out["comparisons"] = Json::array();
   for (std::uint64_t size : o.sizes) {
     auto ratio = [&](const char* what, const std::string& slow, const std::string& fast) {
       const double a = median(slow, size), b = median(fast, size);
-      out["comparisons"].push_back({{"size", size}, {"what", what}, {"ratio", b > 0 ? a / b : 0.0}});
+      report.comparisons.push_back({size, what, b > 0 ? a / b : 0.0});
     };
     ratio("cudaMalloc+cudaFree / cudaMallocAsync+cudaFreeAsync", "malloc_free", "async_alloc_free");
     ratio(("alloc/free/sync at threshold 0 / at threshold " + configured).c_str(), "alloc_free_sync_default",
           "alloc_free_sync_configured");
     ratio("direct alloc/free/sync / captured graph launch", "alloc_free_sync_configured", "graph_alloc_free");
   }
-  return out;
+  return model::to_json(report);
 }
 
 std::string render_bench_table(const Json& r) {
   std::ostringstream out;
-  const Json& node = r["node"];
-  out << "cupool bench on device " << node.value("device", 0) << " (" << node.value("name", "") << "), "
-      << node.value("backend", "") << "\n";
+  const Json& gpu = r["gpu"];
+  out << "cupool bench on device " << gpu.value("device", 0) << " (" << gpu.value("name", "") << "), "
+      << r["source"].value("backend", "") << "\n";
   if (r.contains("note")) out << "NOTE: " << r["note"].get<std::string>() << "\n";
   const Json& s = r["settings"];
   out << "release threshold under test: " << s.value("release_threshold", "")
-      << (s.value("config", "").empty() ? "" : " (from " + s.value("config", "") + ")") << "; "
-      << s.value("iterations", 0) << " iterations per case; seed " << s.value("seed", 0) << "\n\n";
+      << (s["config"].is_string() ? " (from " + s["config"].get<std::string>() + ")" : "") << "; "
+      << s.value("iteration_count", 0) << " iterations per case; seed " << s.value("seed", 0) << "\n\n";
   Table t({"CASE", "SIZE", "N", "MEDIAN us", "P99 us", "MIN us"});
-  auto num = [](double v) {
+  auto us = [](const Json& c, const char* key) {
+    const double v = c.value(key, 0.0) * 1e6;
     char buf[32];
     std::snprintf(buf, sizeof buf, v < 10 ? "%.2f" : "%.1f", v);
     return std::string(buf);
   };
   for (const auto& c : r["cases"])
-    t.add({c.value("what", ""), format_bytes(c.value("size", std::uint64_t{0})), std::to_string(c.value("n", 0)),
-           num(c.value("median_us", 0.0)), num(c.value("p99_us", 0.0)), num(c.value("min_us", 0.0))});
+    t.add({c.value("description", ""), format_bytes(c.value("size_bytes", std::uint64_t{0})),
+           std::to_string(c.value("iteration_count", 0)), us(c, "median_seconds"), us(c, "p99_seconds"),
+           us(c, "min_seconds")});
   out << t.str() << "\n";
   Table cmp({"SIZE", "COMPARISON (ratio of medians)", "RATIO"});
   for (const auto& c : r["comparisons"]) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1fx", c.value("ratio", 0.0));
-    cmp.add({format_bytes(c.value("size", std::uint64_t{0})), c.value("what", ""), buf});
+    cmp.add({format_bytes(c.value("size_bytes", std::uint64_t{0})), c.value("description", ""), buf});
   }
   out << cmp.str();
   return out.str();

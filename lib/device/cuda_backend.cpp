@@ -241,10 +241,10 @@ class CudaBackend final : public Backend {
   PoolUsage pool_usage(PoolHandle handle) override {
     CUmemoryPool pool = find(handle).pool;
     PoolUsage u;
-    u.reserved_current = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-    u.reserved_high = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
-    u.used_current = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-    u.used_high = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
+    u.reserved_bytes = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    u.reserved_peak_bytes = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH);
+    u.used_bytes = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    u.used_peak_bytes = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH);
     return u;
   }
 
@@ -523,10 +523,10 @@ class CudaBackend final : public Backend {
     const CUdevice dev = device(ordinal);
     ContextScope scope(api_, context(ordinal));
     GraphMemUsage u;
-    u.reserved_current = graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
-    u.reserved_high = graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH);
-    u.used_current = graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
-    u.used_high = graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH);
+    u.reserved_bytes = graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
+    u.reserved_peak_bytes = graph_attribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH);
+    u.used_bytes = graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+    u.used_peak_bytes = graph_attribute(dev, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH);
     return u;
   }
 

@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/output.h"
 #include "base/text.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -151,42 +152,38 @@ std::string device_label(const NodeReport& node, int ordinal) {
 
 namespace {
 
-json device_to_json(const DeviceReport& d, int driver_version) {
+model::DeviceFacts device_facts(const DeviceReport& d, int driver_version) {
   const DeviceInfo& i = d.info;
-  json j;
-  j["index"] = i.ordinal;
-  j["name"] = i.name;
-  j["uuid"] = i.uuid;
-  j["pci_bus_id"] = i.pci_bus_id;
-  j["compute_capability"] = std::to_string(i.cc_major) + "." + std::to_string(i.cc_minor);
-  j["memory"] = {{"total", i.total_memory}, {"free", d.memory ? json(d.memory->free) : json(nullptr)}};
-  j["memory_pools"] = i.memory_pools;
-  j["pool_handle_types"] = handle_type_names(i.pool_handle_types);
-  j["fabric_handle"] = i.fabric_handle;
-  j["host_memory_pools"] = i.host_memory_pools;
-  j["host_numa_memory_pools"] = i.host_numa_memory_pools;
-  j["host_numa_id"] = i.host_numa_id;
-  j["managed_memory"] = i.managed_memory;
-  j["managed_pools"] = driver_version >= 13000 && i.managed_memory;
-  j["concurrent_managed_access"] = i.concurrent_managed_access;
-  j["pageable_memory_access"] = i.pageable_memory_access;
-  j["vmm"] = i.vmm;
-  j["ipc_events"] = i.ipc_events;
-  j["gpu_direct_rdma"] = i.gpu_direct_rdma;
+  model::DeviceFacts f;
+  f.id = {i.ordinal, i.uuid, i.pci_bus_id};
+  f.name = i.name;
+  f.compute_capability = std::to_string(i.cc_major) + "." + std::to_string(i.cc_minor);
+  f.memory_total_bytes = i.total_memory;
+  if (d.memory) f.memory_free_bytes = d.memory->free;
+  f.memory_pools = i.memory_pools;
+  f.pool_handle_types = handle_type_names(i.pool_handle_types);
+  f.fabric_handle = i.fabric_handle;
+  f.host_memory_pools = i.host_memory_pools;
+  f.host_numa_memory_pools = i.host_numa_memory_pools;
+  if (i.host_numa_id >= 0) f.host_numa_id = i.host_numa_id;
+  f.managed_memory = i.managed_memory;
+  f.managed_pools = driver_version >= 13000 && i.managed_memory;
+  f.concurrent_managed_access = i.concurrent_managed_access;
+  f.pageable_memory_access = i.pageable_memory_access;
+  f.vmm = i.vmm;
+  f.ipc_events = i.ipc_events;
+  f.gpu_direct_rdma = i.gpu_direct_rdma;
   if (!d.probes.empty()) {
-    json probes = json::array();
+    f.probes.emplace();
     for (const auto& p : d.probes) {
-      json pj = {{"handle_type", handle_type_name(p.handle_type)}, {"ok", p.ok}};
-      if (!p.ok) {
-        pj["error"] = p.error;
-        pj["api"] = p.api;
-        pj["reason"] = p.reason;
-      }
-      probes.push_back(pj);
+      model::HandleProbe probe{handle_type_name(p.handle_type), p.ok, std::nullopt};
+      if (!p.ok)
+        probe.error = model::ErrorInfo{"cuda_error", p.reason.empty() ? p.error : p.reason,
+                                       p.api.empty() ? std::nullopt : std::optional(p.api), p.error};
+      f.probes->push_back(std::move(probe));
     }
-    j["deep"] = probes;
   }
-  return j;
+  return f;
 }
 
 // Typed readers that name the key in their error.
@@ -259,43 +256,59 @@ std::uint32_t handle_mask_from(const json& names, const Reader& r, const std::st
   return mask;
 }
 
-DeviceReport device_from_json(const json& j, const std::string& where) {
+// A profile written before the names of v1 were amended (docs/naming.md) says `index`, `memory.total`
+// and `memory.free`, and a failed probe's error as three strings: read for one version, with a
+// warning in `old` naming the first such key.
+DeviceReport device_from_json(const json& j, const std::string& where, std::string& old) {
   Reader r(j, where);
   DeviceReport d;
   DeviceInfo& i = d.info;
-  i.ordinal = static_cast<int>(r.integer("index"));
+  const bool old_names = !r.has("device") && r.has("index");
+  if (old_names && old.empty()) old = r.path("index");
+  i.ordinal = static_cast<int>(r.integer(old_names ? "index" : "device"));
   i.name = r.str("name");
   i.uuid = r.str("uuid");
   i.pci_bus_id = r.str("pci_bus_id");
   const std::string cc = r.str("compute_capability");
   if (std::sscanf(cc.c_str(), "%d.%d", &i.cc_major, &i.cc_minor) != 2) r.fail("compute_capability", "must be like 9.0");
   Reader mem(r.at("memory"), r.path("memory"));
-  i.total_memory = mem.uinteger("total");
-  if (mem.has("free") && !mem.at("free").is_null()) d.memory = MemoryInfo{mem.uinteger("free"), i.total_memory};
+  const bool old_memory = !mem.has("total_bytes") && mem.has("total");
+  if (old_memory && old.empty()) old = mem.path("total");
+  const std::string total = old_memory ? "total" : "total_bytes", free = old_memory ? "free" : "free_bytes";
+  i.total_memory = mem.uinteger(total);
+  if (mem.has(free) && !mem.at(free).is_null()) d.memory = MemoryInfo{mem.uinteger(free), i.total_memory};
   i.memory_pools = r.flag("memory_pools");
   i.pool_handle_types = handle_mask_from(r.at("pool_handle_types"), r, "pool_handle_types");
   i.fabric_handle = r.flag("fabric_handle");
   i.host_memory_pools = r.flag("host_memory_pools");
   i.host_numa_memory_pools = r.flag("host_numa_memory_pools");
-  i.host_numa_id = static_cast<int>(r.integer("host_numa_id"));
+  i.host_numa_id = r.at("host_numa_id").is_null() ? -1 : static_cast<int>(r.integer("host_numa_id"));
   i.managed_memory = r.flag("managed_memory");
   i.concurrent_managed_access = r.flag("concurrent_managed_access");
   i.pageable_memory_access = r.flag("pageable_memory_access");
   i.vmm = r.flag("vmm");
   i.ipc_events = r.flag("ipc_events");
   i.gpu_direct_rdma = r.flag("gpu_direct_rdma");
-  if (r.has("deep")) {
-    const json& probes = r.at("deep");
-    if (!probes.is_array()) r.fail("deep", "must be a list");
+  const char* probes_key = r.has("probes") ? "probes" : "deep";  // deep: the old name
+  if (r.has(probes_key)) {
+    if (std::string(probes_key) == "deep" && old.empty()) old = r.path("deep");
+    const json& probes = r.at(probes_key);
+    if (!probes.is_array()) r.fail(probes_key, "must be a list");
     for (std::size_t k = 0; k < probes.size(); ++k) {
-      Reader p(probes[k], r.path("deep[" + std::to_string(k) + "]"));
+      Reader p(probes[k], r.path(std::string(probes_key) + "[" + std::to_string(k) + "]"));
       ExportProbe probe;
       probe.handle_type = handle_type_from(p.str("handle_type"), p, "handle_type");
       probe.ok = p.flag("ok");
-      if (!probe.ok) {
+      if (!probe.ok && p.at("error").is_string()) {  // the old form
+        if (old.empty()) old = p.path("error");
         probe.error = p.str("error");
         probe.api = p.has("api") ? p.str("api") : "";
         probe.reason = p.has("reason") ? p.str("reason") : "";
+      } else if (!probe.ok) {
+        Reader e(p.at("error"), p.path("error"));
+        probe.error = e.has("result") ? e.str("result") : e.str("code");
+        probe.api = e.has("api") ? e.str("api") : "";
+        probe.reason = e.str("message");
       }
       d.probes.push_back(probe);
     }
@@ -305,29 +318,34 @@ DeviceReport device_from_json(const json& j, const std::string& where) {
 
 }  // namespace
 
-json to_json(const NodeReport& report) {
-  json j;
-  json source = {{"simulated", report.source.simulated}, {"backend", report.source.description}};
-  if (report.source.simulated) {
-    source["profile"] = report.source.profile_path;
-    source["synthetic"] = report.source.synthetic;
-    if (!report.source.recorded.empty()) source["recorded"] = report.source.recorded;
-    if (!report.source.recorded_host.empty()) source["recorded_host"] = report.source.recorded_host;
+model::Source source_of(const ReportSource& s) {
+  model::Source out;
+  out.simulated = s.simulated;
+  out.backend = s.description;
+  if (s.simulated) {
+    out.profile = s.profile_path;
+    out.synthetic = s.synthetic;
+    if (!s.recorded.empty()) out.recorded = s.recorded;
+    if (!s.recorded_host.empty()) out.recorded_host = s.recorded_host;
   }
-  j["source"] = source;
-  j["driver"] = {
-      {"cuda_version", cuda_version_string(report.driver_version)},
-      {"cuda_version_int", report.driver_version},
-      {"kernel_module", report.kernel_driver_version.empty() ? json(nullptr) : json(report.kernel_driver_version)}};
-  j["built_with_cuda"] = cuda_version_string(report.built_with_cuda);
-  j["host"] = {{"numa_nodes", report.host_numa_nodes}};
-  json devices = json::array();
-  for (const auto& d : report.devices) devices.push_back(device_to_json(d, report.driver_version));
-  j["devices"] = devices;
-  j["peer_access"] = report.peer_access;
-  j["deep"] = report.deep;
-  return j;
+  return out;
 }
+
+model::NodeFacts facts_of(const NodeReport& report) {
+  model::NodeFacts f;
+  f.source = source_of(report.source);
+  f.cuda_version = cuda_version_string(report.driver_version);
+  f.cuda_version_int = report.driver_version;
+  if (!report.kernel_driver_version.empty()) f.kernel_module = report.kernel_driver_version;
+  f.built_with_cuda = cuda_version_string(report.built_with_cuda);
+  f.numa_nodes = report.host_numa_nodes;
+  for (const auto& d : report.devices) f.devices.push_back(device_facts(d, report.driver_version));
+  f.peer_access = report.peer_access;
+  f.deep = report.deep;
+  return f;
+}
+
+json to_json(const NodeReport& report) { return model::to_json(facts_of(report)); }
 
 NodeReport report_from_json(const json& j, const std::string& origin) {
   Reader r(j, origin);
@@ -346,11 +364,18 @@ NodeReport report_from_json(const json& j, const std::string& origin) {
   }
   const json& devices = r.at("devices");
   if (!devices.is_array()) r.fail("devices", "must be a list");
+  std::string old;
   for (std::size_t k = 0; k < devices.size(); ++k) {
-    report.devices.push_back(device_from_json(devices[k], r.path("devices[" + std::to_string(k) + "]")));
+    report.devices.push_back(device_from_json(devices[k], r.path("devices[" + std::to_string(k) + "]"), old));
     if (report.devices.back().info.ordinal != static_cast<int>(k))
-      r.fail("devices[" + std::to_string(k) + "].index", "must be " + std::to_string(k) + " (devices in order)");
+      r.fail("devices[" + std::to_string(k) + "].device", "must be " + std::to_string(k) + " (devices in order)");
   }
+  if (!old.empty())
+    report.source.warnings.push_back(
+        old +
+        ": a profile in the names of cupool before v1 was amended (index, "
+        "memory.total, memory.free, deep for probes, their error as text); read this once, and write "
+        "it again with `cupool query --profile-out` (docs/naming.md)");
   const json& peers = r.at("peer_access");
   const std::size_t n = report.devices.size();
   if (!peers.is_array() || peers.size() != n)

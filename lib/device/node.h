@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device/backend.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -57,7 +58,11 @@ std::string device_label(const NodeReport& node, int ordinal);
 
 // ---- serialisation ----
 
+// What `query` prints: the report as its typed view, and that view's JSON.
+model::NodeFacts facts_of(const NodeReport& report);
 nlohmann::ordered_json to_json(const NodeReport& report);
+// Where a report's facts come from, as every verb's output says it (`source`).
+model::Source source_of(const ReportSource& source);
 // Reads what to_json wrote (a profile's `node` section). Throws InputError naming the key.
 NodeReport report_from_json(const nlohmann::ordered_json& j, const std::string& origin);
 

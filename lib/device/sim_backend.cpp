@@ -225,16 +225,16 @@ std::uint64_t SimBackend::reserved_on(int dev) const {
   std::uint64_t total = 0;
   for (const auto& [h, p] : pools_)
     if (!p.imported && p.device == dev && p.props.location == PoolProps::Location::device)
-      total += p.usage.reserved_current;
+      total += p.usage.reserved_bytes;
   for (const auto& [address, m] : mappings_)
     if (m.own && m.device == dev) total += m.size;
   return total;
 }
 
 void SimBackend::settle(Pool& p) {
-  if (p.usage.reserved_current <= p.settings.release_threshold) return;
-  const std::uint64_t floor = round_up(p.usage.used_current, kGranule);
-  p.usage.reserved_current = std::max(floor, round_up(p.settings.release_threshold, kGranule));
+  if (p.usage.reserved_bytes <= p.settings.release_threshold) return;
+  const std::uint64_t floor = round_up(p.usage.used_bytes, kGranule);
+  p.usage.reserved_bytes = std::max(floor, round_up(p.settings.release_threshold, kGranule));
 }
 
 PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
@@ -304,8 +304,8 @@ PoolUsage SimBackend::pool_usage(PoolHandle handle) {
 void SimBackend::reset_pool_peaks(PoolHandle handle) {
   enter("reset_pool_peaks", std::to_string(handle));
   PoolUsage& u = pool(handle, "cuMemPoolSetAttribute").usage;
-  u.reserved_high = u.reserved_current;
-  u.used_high = u.used_current;
+  u.reserved_peak_bytes = u.reserved_bytes;
+  u.used_peak_bytes = u.used_bytes;
 }
 
 void SimBackend::set_pool_access(PoolHandle handle, int peer) {
@@ -327,12 +327,11 @@ void SimBackend::set_pool_access(PoolHandle handle, int peer) {
 std::uint64_t SimBackend::take(PoolHandle handle, Pool& p, std::uint64_t bytes, bool shared, const char* api) {
   if (bytes == 0) throw CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
   PoolUsage& u = p.usage;
-  const std::uint64_t need =
-      bytes > UINT64_MAX - u.used_current ? UINT64_MAX : round_up(u.used_current + bytes, kGranule);
+  const std::uint64_t need = bytes > UINT64_MAX - u.used_bytes ? UINT64_MAX : round_up(u.used_bytes + bytes, kGranule);
   if (p.props.max_size && need > p.props.max_size)
     throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
-  if (need > u.reserved_current) {
-    const std::uint64_t grow = need - u.reserved_current;
+  if (need > u.reserved_bytes) {
+    const std::uint64_t grow = need - u.reserved_bytes;
     const DeviceReport& d = device(p.device, api);
     const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
     if (p.props.location == PoolProps::Location::device && reserved_on(p.device) + grow > free)
@@ -342,10 +341,10 @@ std::uint64_t SimBackend::take(PoolHandle handle, Pool& p, std::uint64_t bytes, 
   const std::optional<std::uint64_t> offset = p.arena.take(span);
   if (!offset)
     throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "no free range this large in the pool's address range");
-  u.reserved_current = std::max(u.reserved_current, need);
-  u.used_current += bytes;
-  u.used_high = std::max(u.used_high, u.used_current);
-  u.reserved_high = std::max(u.reserved_high, u.reserved_current);
+  u.reserved_bytes = std::max(u.reserved_bytes, need);
+  u.used_bytes += bytes;
+  u.used_peak_bytes = std::max(u.used_peak_bytes, u.used_bytes);
+  u.reserved_peak_bytes = std::max(u.reserved_peak_bytes, u.reserved_bytes);
   const std::uint64_t address = (handle << kAddressBits) | *offset;
   p.allocations[address] = Allocation{bytes, span, shared};
   return address;
@@ -359,7 +358,7 @@ std::uint64_t SimBackend::release(Pool& p, std::uint64_t address, bool shared, c
   const Allocation a = it->second;
   p.allocations.erase(it);
   p.arena.give_back(address & (kMaxArena - 1), a.span);
-  p.usage.used_current -= a.bytes;
+  p.usage.used_bytes -= a.bytes;
   return a.bytes;
 }
 
@@ -378,8 +377,8 @@ void SimBackend::free(PoolHandle handle, std::uint64_t address) {
 void SimBackend::trim_pool(PoolHandle handle, std::uint64_t keep) {
   enter("trim_pool", std::to_string(handle) + "," + std::to_string(keep));
   Pool& p = pool(handle, "cuMemPoolTrimTo");
-  const std::uint64_t floor = round_up(p.usage.used_current, kGranule);
-  p.usage.reserved_current = std::min(p.usage.reserved_current, std::max(floor, round_up(keep, kTrimChunk)));
+  const std::uint64_t floor = round_up(p.usage.used_bytes, kGranule);
+  p.usage.reserved_bytes = std::min(p.usage.reserved_bytes, std::max(floor, round_up(keep, kTrimChunk)));
 }
 
 // ---- sharing: the exporting side ----

@@ -83,11 +83,28 @@ int ordinal_of(const NodeReport& node, const std::string& uuid) {
   return -1;
 }
 
+// A manifest's tensors. A holder from before the names of v1 were amended (docs/naming.md) wrote
+// each tensor's "offset" and "size": read as "offset_bytes" and "size_bytes", so a tensor set kept
+// across the upgrade is adopted, not refused.
+Json tensor_entries(const Json& index) {
+  Json tensors = index.value("tensors", Json::array());
+  if (!tensors.is_array()) return tensors;
+  for (Json& t : tensors) {
+    if (!t.is_object()) continue;
+    for (const auto& [old_key, key] : {std::pair{"offset", "offset_bytes"}, std::pair{"size", "size_bytes"}})
+      if (t.contains(old_key) && !t.contains(key)) {
+        t[key] = t[old_key];
+        t.erase(old_key);
+      }
+  }
+  return tensors;
+}
+
 }  // namespace
 
-Json Holder::adopt(std::vector<custody::Kept> kept) {
+model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
   const auto started = std::chrono::steady_clock::now();
-  Json report = {{"manifest", nullptr}, {"adopted", Json::array()}, {"refused", Json::array()}, {"released", 0}};
+  model::Adoption report;
   std::map<std::string, Fd> by_name;
   for (auto& k : kept) by_name[k.name] = std::move(k.fd);
   // The newest manifest that opens; the others (older, or refused) are removed.
@@ -104,16 +121,16 @@ Json Holder::adopt(std::vector<custody::Kept> kept) {
       manifest = custody::open_manifest(by_name.at(name).get(), name);
     } catch (const std::exception& e) {
       spdlog::error("custody: refused {}: {}", name, e.what());
-      report["refused"].push_back({{"name", name}, {"reason", e.what()}});
+      report.refused.push_back({name, {"refused", e.what(), {}, {}}});
     }
   }
   std::set<std::string> taken;  // descriptor names now held by adopted buffers
   if (manifest) {
-    report["manifest"] = manifest->sequence;
+    report.manifest_sequence = manifest->sequence;
     for (const custody::ManifestBuffer& mb : manifest->buffers) {
       auto refuse = [&](const std::string& why) {
         spdlog::error("custody: not adopting buffer {}: {}", mb.name, why);
-        report["refused"].push_back({{"name", mb.name}, {"reason", why}});
+        report.refused.push_back({mb.name, {"refused", why, {}, {}}});
       };
       const int device = ordinal_of(node_, mb.uuid);
       if (device < 0) {
@@ -152,8 +169,7 @@ Json Holder::adopt(std::vector<custody::Kept> kept) {
       }
       if (why.empty() && !mb.index.is_null()) {
         try {
-          b.index = tensors::from_json(mb.index.value("tensors", Json::array()),
-                                       mb.index.value("metadata", Json::object()), mb.parts);
+          b.index = tensors::from_json(tensor_entries(mb.index), mb.index.value("metadata", Json::object()), mb.parts);
         } catch (const std::exception& e) {
           why = std::string("its tensor index is not valid: ") + e.what();
         }
@@ -172,8 +188,7 @@ Json Holder::adopt(std::vector<custody::Kept> kept) {
       spdlog::info("custody: adopted buffer {} ({}{}, pool {}, device {})", mb.name, format_bytes(mb.size),
                    b.index ? ", " + std::to_string(b.index->tensors.size()) + " tensors" : std::string(), mb.pool,
                    device);
-      report["adopted"].push_back(
-          {{"name", mb.name}, {"pool", mb.pool}, {"device", device}, {"uuid", mb.uuid}, {"size", mb.size}});
+      report.buffers.push_back({mb.name, mb.pool, device_id(device), mb.size});
       buffers_[mb.name] = std::move(b);
     }
   }
@@ -185,12 +200,12 @@ Json Holder::adopt(std::vector<custody::Kept> kept) {
     custody_removals_.push_back(name);
     if (!custody::parse_manifest_fd_name(name)) ++released;
   }
-  report["released"] = released;
+  report.released_count = released;
   // The next manifest's sequence is above every one seen; it goes in first, then the removals.
   manifest_sequence_ = newest;
   manifest_stale_ = true;
   sync_custody();
-  report["seconds"] =
+  report.elapsed_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();  // manifest included
   adoption_ = report;
   return report;
@@ -208,11 +223,9 @@ std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {
     }
     if (!custody::parse_manifest_fd_name(k.name)) ++dropped;
   }
-  adoption_ = {{"manifest", nullptr},
-               {"adopted", Json::array()},
-               {"refused", Json::array()},
-               {"released", dropped},
-               {"fresh", true}};
+  adoption_ = model::Adoption{};
+  adoption_->released_count = dropped;
+  adoption_->fresh = true;
   return dropped;
 }
 
@@ -247,22 +260,22 @@ bool Holder::audit_custody() noexcept {
   }
 }
 
-Json Holder::custody_status() const {
-  Json out;
-  out["kind"] = custody_ ? Json(custody_->kind()) : Json("none");
-  out["where"] = custody_ ? Json(custody_->where()) : Json(nullptr);
-  out["manifest"] = manifest_sequence_ ? Json(manifest_sequence_) : Json(nullptr);
+model::Custody Holder::custody_status() const {
+  model::Custody out;
+  out.kind = custody_ ? custody_->kind() : "none";
+  if (custody_) out.where = custody_->where();
+  if (manifest_sequence_) out.manifest_sequence = manifest_sequence_;
   std::size_t kept = 0;
   for (const auto& [name, b] : buffers_)
     if (b.exported && !b.loading) ++kept;
-  out["buffers_kept"] = custody_ ? kept : 0;
-  out["error"] = custody_error_.empty() ? Json(nullptr) : Json(custody_error_);
-  out["adopted"] = adoption_;
-  out["survives_restart"] = custody_ ? "held buffers and tensor sets of device pools, with their names, indexes "
-                                       "and contents; clients keep their mappings and reconnect"
-                                     : "nothing: no custody (run under systemd with FileDescriptorStoreMax=, or "
-                                       "give --keeper)";
-  out["made_again"] = "pools, leases and cached blocks (from the config); buffers of host pools are lost";
+  out.kept_buffer_count = custody_ ? kept : 0;
+  if (!custody_error_.empty()) out.error = model::ErrorInfo{"custody_failed", custody_error_, {}, {}};
+  out.adoption = adoption_;
+  out.survives_restart = custody_ ? "held buffers and tensor sets of device pools, with their names, indexes "
+                                    "and contents; clients keep their mappings and reconnect"
+                                  : "nothing: no custody (run under systemd with FileDescriptorStoreMax=, or "
+                                    "give --keeper)";
+  out.made_again = "pools, leases and cached blocks (from the config); buffers of host pools are lost";
   return out;
 }
 

@@ -20,7 +20,7 @@ Json error_body(const Json& id, const std::string& code, const std::string& mess
 
 Json rejected_body(const Json& id, const ConfigRejected& e, std::size_t limit) {
   Json body = error_body(id, e.wire_code(), e.what());
-  body["error"]["findings_total"] = e.findings().size();
+  body["error"]["finding_count"] = e.findings().size();
   body["error"]["findings"] = e.findings();
   body["error"]["rendered"] = e.rendered();
   // Diagnostics are bounded (kMaxFindings; kMaxFindingText, kMaxQuotedLine per finding; the path

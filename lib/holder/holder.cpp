@@ -6,21 +6,6 @@
 
 namespace cupool {
 
-Json Change::to_json() const {
-  Json j;
-  j["action"] = action;
-  j["object"] = object;
-  j["name"] = name;
-  if (device >= 0) j["device"] = device;
-  if (!field.empty()) {
-    j["field"] = field;
-    j["from"] = from;
-    j["to"] = to;
-  }
-  if (!blocked.empty()) j["blocked"] = blocked;
-  return j;
-}
-
 // ---- Holder ----
 
 Holder::Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits limits)
@@ -32,6 +17,25 @@ std::string Holder::device_uuid(int device) const {
   const DeviceReport* d = node_.device(device);
   return d ? d->info.uuid : "";
 }
+
+model::PlanChange Holder::view(const Change& c) const {
+  model::PlanChange out;
+  out.action = c.action;
+  out.object = c.object;
+  out.name = c.name;
+  if (c.device >= 0) out.id = device_id(c.device);
+  if (!c.field.empty()) {
+    out.field = c.field;
+    out.from = c.from.text;
+    out.to = c.to.text;
+    out.from_value = c.from.value;
+    out.to_value = c.to.value;
+  }
+  if (!c.blocked.empty()) out.blocked = c.blocked;
+  return out;
+}
+
+model::DeviceId Holder::device_id(int device) const { return {device, device_uuid(device), device_pci_bus_id(device)}; }
 
 std::string Holder::device_pci_bus_id(int device) const {
   const DeviceReport* d = node_.device(device);

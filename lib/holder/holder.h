@@ -18,6 +18,7 @@
 #include "custody/custody.h"
 #include "device/backend.h"
 #include "device/node.h"
+#include "model/model.h"
 #include "protocol/protocol.h"
 #include "tensors/safetensors.h"
 
@@ -35,16 +36,21 @@ struct Peer {
 };
 
 // One difference between what is held and what a config asks for.
+// A value before or after a change: as the config writes it, and typed (null where absent).
+struct ChangeValue {
+  std::string text;
+  Json value;
+};
+
 struct Change {
   std::string action;  // create, update, replace, remove
   std::string object;  // pool, buffer, holder
   std::string name;
   int device = -1;    // -1: not per device
-  std::string field;  // for update
-  std::string from;
-  std::string to;
+  std::string field;  // for update and replace
+  ChangeValue from;
+  ChangeValue to;
   std::string blocked;  // why the change will not be made ("" when it will)
-  Json to_json() const;
 };
 
 // Who may connect: the socket's mode and group, as the server's socket file sets them (a fake in
@@ -135,10 +141,11 @@ class Holder {
   void set_draining(bool draining) { draining_ = draining; }
   bool draining() const { return draining_; }
   // Describes the holder in `status` (pid, config path, socket, started, ...).
-  void set_identity(Json identity) { identity_ = std::move(identity); }
-  Json status() const;
-  Json stats(bool reset_peaks);
-  Json trim(std::uint64_t keep, const std::optional<std::string>& pool, bool graph);
+  void set_identity(model::HolderInfo identity) { identity_ = std::move(identity); }
+  model::Status status() const;
+  model::PlanChange view(const Change& c) const;  // a change as plan/apply print it
+  model::Stats stats(bool reset_peaks);
+  model::Trim trim(std::uint64_t keep, const std::optional<std::string>& pool, bool graph);
   // The live state as a version 1 config (YAML text).
   std::string export_config() const;
   // Leases of all clients (cached ones included), and their bytes.
@@ -160,7 +167,7 @@ class Holder {
   // (its device's UUID) and the driver (its size, its device); refuses the rest and says why.
   // Descriptors no manifest names, and those of refused buffers, are removed from custody. Writes
   // a manifest of what it adopted. Returns the report `status` shows under custody.adopted.
-  Json adopt(std::vector<custody::Kept> kept);
+  model::Adoption adopt(std::vector<custody::Kept> kept);
   // `hold --fresh`: removes everything custody kept (`kept`) and closes it: the memory goes.
   // Returns how many descriptors were dropped.
   std::size_t forget_custody(std::vector<custody::Kept> kept);
@@ -245,6 +252,7 @@ class Holder {
   void require_admin(const Client& c, const char* op) const;
   void require_not_draining(const char* op) const;
   std::string device_uuid(int device) const;
+  model::DeviceId device_id(int device) const;      // ordinal, UUID and PCI bus id
   std::string device_pci_bus_id(int device) const;  // "0000:1b:00.0"
 
   // One request being served: its connection, its arguments, and where a reply's descriptor goes.
@@ -328,7 +336,9 @@ class Holder {
     Holder& holder;
     ~SyncCustodyAtEnd() { holder.sync_custody(); }
   };
-  Json custody_status() const;
+  model::Custody custody_status() const;
+  model::BufferInfo buffer_view(const std::string& name, const HeldBuffer& b) const;
+  model::PoolInfo pool_info(const PoolKey& key, const HeldPool& p) const;
 
   Backend& backend_;
   NodeReport node_;
@@ -353,14 +363,14 @@ class Holder {
   std::uint64_t next_lease_ = 0;
   bool draining_ = false;
   std::int64_t created_at_ = 0;
-  Json identity_ = Json::object();
+  model::HolderInfo identity_;
   // Custody (adopt.cpp).
   custody::Custody* custody_ = nullptr;
   std::uint64_t manifest_sequence_ = 0;        // the one in custody (0: none yet)
   bool manifest_stale_ = false;                // the ready buffers changed since it was written
   std::vector<std::string> custody_removals_;  // descriptor names to remove once the manifest is new
   std::string custody_error_;                  // the last failure ("" when custody has it all)
-  Json adoption_;                              // what adopt() reported (null: it did not run)
+  std::optional<model::Adoption> adoption_;    // what adopt() reported (none: it did not run)
 };
 
 }  // namespace cupool

@@ -93,7 +93,7 @@ std::pair<std::uint64_t, SharedAllocation> Holder::grant_lease(std::uint64_t id,
   // The pool's buffers are exported allocations beside it, charged to it: its max_size holds them
   // and the leases together.
   if (const std::uint64_t charged = p.want.props.max_size ? buffer_bytes(p.want.name, p.want.device) : 0) {
-    const std::uint64_t used = backend_.pool_usage(p.handle).used_current;
+    const std::uint64_t used = backend_.pool_usage(p.handle).used_bytes;
     if (charged >= p.want.props.max_size || size > p.want.props.max_size - charged ||
         used > p.want.props.max_size - charged - size)
       throw Error(Errc::out_of_memory, "pool " + p.want.name + " on device " + std::to_string(p.want.device) +

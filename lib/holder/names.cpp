@@ -19,16 +19,6 @@ std::int64_t now_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-std::string exact_size(std::uint64_t bytes) {
-  static const char* units[] = {"TiB", "GiB", "MiB", "KiB"};
-  static const int shifts[] = {40, 30, 20, 10};
-  for (int i = 0; i < 4; ++i) {
-    const std::uint64_t unit = 1ULL << shifts[i];
-    if (bytes >= unit && bytes % unit == 0) return std::to_string(bytes / unit) + units[i];
-  }
-  return std::to_string(bytes) + "B";
-}
-
 std::string location_text(const PoolProps& p) {
   switch (p.location) {
     case PoolProps::Location::device: return "device";
@@ -42,20 +32,13 @@ nlohmann::ordered_json handle_names_json(std::uint32_t mask) {
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   if (mask & static_cast<std::uint32_t>(HandleType::posix_fd)) out.push_back("posix_fd");
   if (mask & static_cast<std::uint32_t>(HandleType::fabric)) out.push_back("fabric");
-  if (out.empty()) out.push_back("none");
-  return out;
+  return out;  // [] for none
 }
 
 std::string list_text(const std::vector<int>& v) {
   std::vector<std::string> parts;
   for (int i : v) parts.push_back(std::to_string(i));
   return "[" + join(parts, ", ") + "]";
-}
-
-std::string share_text(const ShareRule& s) {
-  if (!s.set) return "none";
-  return "users [" + join(s.users, ", ") + "], groups [" + join(s.groups, ", ") + "], quota " +
-         (s.quota_per_client ? format_bytes(s.quota_per_client) : "none");
 }
 
 }  // namespace cupool

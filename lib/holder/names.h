@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/units.h"
 #include "config/resolve.h"
 #include "device/backend.h"
 
@@ -20,15 +21,11 @@ bool valid_name(const std::string& s);
 // Seconds on the steady clock (uptimes, connection ages).
 std::int64_t now_s();
 
-// "32GiB" when exact in a binary unit, else "<n>B": what a config file accepts and means exactly.
-std::string exact_size(std::uint64_t bytes);
 // "device", "host" or "host_numa:<id>", as the config writes a location.
 std::string location_text(const PoolProps& p);
-// ["posix_fd"], ["posix_fd", "fabric"] or ["none"].
+// ["posix_fd"], ["posix_fd", "fabric"], or [] for none.
 nlohmann::ordered_json handle_names_json(std::uint32_t mask);
 // "[1, 2]".
 std::string list_text(const std::vector<int>& v);
-// "users [a], groups [b], quota 16 GiB", or "none".
-std::string share_text(const ShareRule& s);
 
 }  // namespace cupool

@@ -13,6 +13,38 @@
 
 namespace cupool {
 
+namespace {
+
+// Values of a change, as the config writes them and typed (docs/naming.md: no sentinels).
+ChangeValue text_value(const std::string& text) { return {text, text}; }
+ChangeValue optional_text(const std::string& text) {
+  return text.empty() ? ChangeValue{"", nullptr} : text_value(text);
+}
+ChangeValue size_value(std::uint64_t bytes) { return {exact_size(bytes), bytes}; }
+ChangeValue threshold_value(const PoolWant& w) {
+  const model::Threshold t = model::Threshold::written(w.threshold_text, w.settings.release_threshold);
+  return {t.text, t.bytes ? Json(*t.bytes) : Json(nullptr)};
+}
+ChangeValue handles_value(std::uint32_t mask) {
+  const Json names = handle_names_json(mask);
+  std::vector<std::string> text;
+  for (const auto& n : names) text.push_back(n.get<std::string>());
+  return {"[" + join(text, ", ") + "]", names};
+}
+ChangeValue access_value(const std::vector<int>& peers) { return {list_text(peers), peers}; }
+ChangeValue share_value(const ShareRule& s) {
+  if (!s.set) return {"", nullptr};
+  std::string text = "{users: [" + join(s.users, ", ") + "], groups: [" + join(s.groups, ", ") + "]";
+  if (s.quota_per_client) text += ", quota_per_client: " + exact_size(s.quota_per_client);
+  text += "}";
+  return {text,
+          {{"users", s.users},
+           {"groups", s.groups},
+           {"quota_per_client_bytes", s.quota_per_client ? Json(s.quota_per_client) : Json(nullptr)}}};
+}
+
+}  // namespace
+
 std::vector<Change> Holder::plan(const Desired& want) const {
   std::vector<Change> changes;
   auto lease_note = [&](const HeldPool& h) {
@@ -54,17 +86,17 @@ std::vector<Change> Holder::plan(const Desired& want) const {
   };
 
   if (!socket_from_command_line_ && want.holder.socket != holder_.socket)
-    changes.push_back({"update", "holder", "holder", -1, "socket", holder_.socket, want.holder.socket,
-                       "the socket path changes only when the holder restarts"});
+    changes.push_back({"update", "holder", "holder", -1, "socket", text_value(holder_.socket),
+                       text_value(want.holder.socket), "the socket path changes only when the holder restarts"});
   if (want.holder.mode != holder_.mode) {
     char from[8], to[8];
     std::snprintf(from, sizeof from, "%04o", holder_.mode);
     std::snprintf(to, sizeof to, "%04o", want.holder.mode);
-    changes.push_back({"update", "holder", "holder", -1, "mode", from, to, ""});
+    changes.push_back({"update", "holder", "holder", -1, "mode", text_value(from), text_value(to), ""});
   }
   if (want.holder.group != holder_.group)
-    changes.push_back({"update", "holder", "holder", -1, "group", holder_.group.empty() ? "(none)" : holder_.group,
-                       want.holder.group.empty() ? "(none)" : want.holder.group, ""});
+    changes.push_back({"update", "holder", "holder", -1, "group", optional_text(holder_.group),
+                       optional_text(want.holder.group), ""});
 
   // Buffers that go away or change (before pools, so their pools can go).
   for (const auto& [name, b] : buffers_) {
@@ -77,10 +109,10 @@ std::vector<Change> Holder::plan(const Desired& want) const {
       if (bw.name == name) w = &bw;
     const std::string busy = b.opens ? std::to_string(b.opens) + " open handle" + (b.opens == 1 ? "" : "s") : "";
     if (!w) {
-      changes.push_back({"remove", "buffer", name, b.want.device, "", "", "", busy});
+      changes.push_back({"remove", "buffer", name, b.want.device, "", {}, {}, busy});
     } else if (w->pool != b.want.pool || w->device != b.want.device || w->size != b.want.size) {
       changes.push_back(
-          {"replace", "buffer", name, w->device, "size", format_bytes(b.want.size), format_bytes(w->size), busy});
+          {"replace", "buffer", name, w->device, "size", size_value(b.want.size), size_value(w->size), busy});
     }
   }
 
@@ -93,45 +125,45 @@ std::vector<Change> Holder::plan(const Desired& want) const {
     for (const auto& pw : want.pools)
       if (pw.name == key.first && pw.device == key.second) w = &pw;
     if (!w) {
-      changes.push_back({"remove", "pool", key.first, key.second, "", "", "", blocked_reason(key, h)});
+      changes.push_back({"remove", "pool", key.first, key.second, "", {}, {}, blocked_reason(key, h)});
       continue;
     }
     const PoolProps& a = h.want.props;
     const PoolProps& b = w->props;
-    auto replace = [&](const char* field, const std::string& from, const std::string& to) {
+    auto replace = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
       changes.push_back({"replace", "pool", key.first, key.second, field, from, to, blocked_reason(key, h)});
     };
     if (a.location != b.location || a.location_id != b.location_id)
-      replace("location", location_text(a), location_text(b));
+      replace("location", text_value(location_text(a)), text_value(location_text(b)));
     else if (a.managed != b.managed)
-      replace("alloc_type", a.managed ? "managed" : "pinned", b.managed ? "managed" : "pinned");
+      replace("alloc_type", text_value(a.managed ? "managed" : "pinned"), text_value(b.managed ? "managed" : "pinned"));
     else if (a.handle_types != b.handle_types)
-      replace("handle_types", handle_names_json(a.handle_types).dump(), handle_names_json(b.handle_types).dump());
+      replace("handle_types", handles_value(a.handle_types), handles_value(b.handle_types));
     else if (a.max_size != b.max_size)
-      replace("max_size", a.max_size ? format_bytes(a.max_size) : "default",
-              b.max_size ? format_bytes(b.max_size) : "default");
+      replace("max_size", a.max_size ? size_value(a.max_size) : ChangeValue{"", nullptr},
+              b.max_size ? size_value(b.max_size) : ChangeValue{"", nullptr});
     else {
-      auto update = [&](const char* field, const std::string& from, const std::string& to) {
+      auto update = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
         changes.push_back({"update", "pool", key.first, key.second, field, from, to, ""});
       };
       for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
         // The threshold as the files wrote it ("75%"), not only its bytes.
         if (ch.field == "release_threshold")
-          update("release_threshold", h.want.threshold_text, w->threshold_text);
-        else
-          update(ch.field.c_str(), ch.from, ch.to);
+          update("release_threshold", threshold_value(h.want), threshold_value(*w));
+        else  // the reuse flags
+          update(ch.field.c_str(), {ch.from, ch.from == "true"}, {ch.to, ch.to == "true"});
       }
       if (h.want.access != w->access) {
         // Access can be given but not taken back from memory already handed out.
         bool revokes = false;
         for (int peer : h.want.access)
           if (std::find(w->access.begin(), w->access.end(), peer) == w->access.end()) revokes = true;
-        changes.push_back({"update", "pool", key.first, key.second, "access", list_text(h.want.access),
-                           list_text(w->access),
+        changes.push_back({"update", "pool", key.first, key.second, "access", access_value(h.want.access),
+                           access_value(w->access),
                            revokes ? "peer access is not revoked from a live pool; remove and recreate the pool" : ""});
       }
-      if (!(h.want.share == w->share)) update("share", share_text(h.want.share), share_text(w->share));
-      if (h.want.reserve != w->reserve) update("reserve", format_bytes(h.want.reserve), format_bytes(w->reserve));
+      if (!(h.want.share == w->share)) update("share", share_value(h.want.share), share_value(w->share));
+      if (h.want.reserve != w->reserve) update("reserve", size_value(h.want.reserve), size_value(w->reserve));
     }
   }
   // A pool name is one unit: if its replacement is blocked on one device, it is kept on all of
@@ -223,7 +255,7 @@ void Holder::create_pool(const PoolWant& w) {
       // threshold is at least the reserve (check enforces it). Read back what really stayed.
       const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
       backend_.free(held.handle, address);
-      held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_current;
+      held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
       if (held.reserved_after_reserve < w.reserve)
         spdlog::warn("pool {} on device {}: reserved {} but only {} stayed reserved after a synchronize", w.name,
                      w.device, format_bytes(w.reserve), format_bytes(held.reserved_after_reserve));
@@ -255,7 +287,7 @@ void Holder::update_pool(HeldPool& held, const PoolWant& w) {
   if (w.reserve > held.want.reserve) {
     const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
     backend_.free(held.handle, address);
-    held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_current;
+    held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
   }
   held.want.reserve = w.reserve;
 }
@@ -306,7 +338,7 @@ void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>
     std::uint64_t need = 0;
     for (const std::uint64_t size : sizes) need += (size + granularity - 1) / granularity * granularity;
     const std::uint64_t charged = buffer_bytes(w.pool, w.device);
-    const std::uint64_t reserved = backend_.pool_usage(pool).reserved_current;
+    const std::uint64_t reserved = backend_.pool_usage(pool).reserved_bytes;
     if (charged + reserved + need > held.want.props.max_size)
       throw CudaError("cuMemCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY",
                       "pool " + w.pool + " has max_size " + format_bytes(held.want.props.max_size) + ": " +

@@ -11,122 +11,103 @@
 
 namespace cupool {
 
-Json Holder::status() const {
-  Json out;
-  out["holder"] = identity_;
-  out["holder"]["backend"] = backend_.simulated() ? "simulated" : "cuda";
-  out["holder"]["draining"] = draining_;
-  out["holder"]["uptime_s"] = now_s() - created_at_;
-  out["pools"] = Json::array();
+model::Status Holder::status() const {
+  model::Status out;
+  out.source = source_of(node_.source);
+  out.holder = identity_;
+  out.holder.draining = draining_;
+  out.holder.uptime_seconds = now_s() - created_at_;
   for (const auto& [key, p] : pools_) {
-    std::uint64_t buffers = 0, buffer_bytes = 0;
+    model::PoolStatus v;
+    v.pool = pool_info(key, p);
+    v.release_threshold = model::Threshold::written(p.want.threshold_text, p.want.settings.release_threshold);
+    v.leases = {p.leases, p.leased_bytes, p.cached, p.cached_bytes};
     for (const auto& [name, b] : buffers_)
       if (b.want.pool == key.first && b.want.device == key.second) {
-        ++buffers;
-        buffer_bytes += b.want.size;
+        ++v.buffer_count;
+        v.buffer_bytes += b.want.size;
       }
-    out["pools"].push_back({{"name", key.first},
-                            {"device", key.second},
-                            {"uuid", device_uuid(key.second)},
-                            {"location", location_text(p.want.props)},
-                            {"handle_types", handle_names_json(p.want.props.handle_types)},
-                            {"max_size", p.want.props.max_size},
-                            {"release_threshold", p.want.settings.release_threshold},
-                            {"leases", p.leases},
-                            {"leased_bytes", p.leased_bytes},
-                            {"cached", p.cached},
-                            {"cached_bytes", p.cached_bytes},
-                            {"buffers", buffers},
-                            {"buffer_bytes", buffer_bytes}});
+    out.pools.push_back(std::move(v));
   }
-  out["buffers"] = Json::array();
-  for (const auto& [name, b] : buffers_)
-    out["buffers"].push_back({{"name", name},
-                              {"pool", b.want.pool},
-                              {"device", b.want.device},
-                              {"uuid", device_uuid(b.want.device)},
-                              {"size", b.want.size},
-                              {"parts", b.parts.size()},
-                              {"opens", b.opens},
-                              {"state", b.loading ? "loading" : "ready"},
-                              {"tensors", b.index ? Json(b.index->tensors.size()) : Json()},
-                              {"memory", b.exported ? "exported" : "pool"},
-                              {"kept", b.exported && !b.loading && custody_ != nullptr},
-                              {"adopted", b.adopted}});
-  out["custody"] = custody_status();
-  out["clients"] = Json::array();
-  out["clients_total"] = clients_.size();
+  for (const auto& [name, b] : buffers_) out.buffers.push_back(buffer_view(name, b));
+  out.custody = custody_status();
   const std::int64_t now = now_s();
   for (const auto& [id, c] : clients_) {
-    std::uint64_t bytes = 0;
-    for (const auto& [k, v] : c.bytes_in_pool) bytes += v;
-    std::uint64_t opens = 0;
-    for (const auto& [k, v] : c.open_buffers) opens += v;
-    std::uint64_t cached = 0, cached_bytes = 0, asked = 0;
+    model::ClientInfo v;
+    v.id = id;
+    v.pid = c.peer.pid;
+    v.uid = c.peer.uid;
+    if (!c.peer.user.empty()) v.user = c.peer.user;
+    if (!c.name.empty()) v.name = c.name;
+    v.leases.lease_count = c.leases.size();
+    for (const auto& [k, bytes] : c.bytes_in_pool) v.leases.leased_bytes += bytes;
+    for (const auto& [k, opens] : c.open_buffers) v.open_buffer_count += opens;
     for (std::uint64_t l : c.leases) {
       const Lease& lease = leases_.at(l);
       if (!lease.cached) continue;
-      ++cached;
-      cached_bytes += lease.size;
-      if (lease.ask) ++asked;
+      ++v.leases.cached_count;
+      v.leases.cached_bytes += lease.size;
+      if (lease.ask) ++v.asked_to_drop_count;
     }
-    out["clients"].push_back({{"id", id},
-                              {"pid", c.peer.pid},
-                              {"uid", c.peer.uid},
-                              {"user", c.peer.user},
-                              {"name", c.name},
-                              {"leases", c.leases.size()},
-                              {"leased_bytes", bytes},
-                              {"cached", cached},
-                              {"cached_bytes", cached_bytes},
-                              {"asked_to_drop", asked},
-                              {"protocol", c.protocol},
-                              {"open_buffers", opens},
-                              {"connected_s", now - c.connected_at}});
+    if (c.protocol > 0) v.protocol = c.protocol;
+    v.connected_seconds = now - c.connected_at;
+    out.clients.push_back(std::move(v));
   }
   return out;
 }
 
-Json Holder::stats(bool reset_peaks) {
+model::PoolInfo Holder::pool_info(const PoolKey& key, const HeldPool& p) const {
+  model::PoolInfo v;
+  v.name = key.first;
+  v.id = device_id(key.second);
+  v.location = location_text(p.want.props);
+  for (const auto& h : handle_names_json(p.want.props.handle_types)) v.handle_types.push_back(h.get<std::string>());
+  if (p.want.props.max_size) v.max_size_bytes = p.want.props.max_size;
+  return v;
+}
+
+model::BufferInfo Holder::buffer_view(const std::string& name, const HeldBuffer& b) const {
+  model::BufferInfo v;
+  v.name = name;
+  v.pool = b.want.pool;
+  v.id = device_id(b.want.device);
+  v.size_bytes = b.want.size;
+  v.part_count = b.parts.size();
+  v.open_count = b.opens;
+  v.state = b.loading ? "loading" : "ready";
+  if (b.index) v.tensor_count = b.index->tensors.size();
+  v.allocation = b.exported ? "exported" : "pool";
+  v.kept = b.exported && !b.loading && custody_ != nullptr;
+  v.adopted = b.adopted;
+  return v;
+}
+
+model::Stats Holder::stats(bool reset_peaks) {
   std::set<int> devices;
   for (const auto& [key, p] : pools_) devices.insert(key.second);
   for (int d : devices) backend_.synchronize(d);
-  Json out;
-  out["pools"] = Json::array();
+  model::Stats out;
   for (const auto& [key, p] : pools_) {
     const PoolUsage u = backend_.pool_usage(p.handle);
     if (reset_peaks) backend_.reset_pool_peaks(p.handle);
-    out["pools"].push_back({{"name", key.first},
-                            {"device", key.second},
-                            {"uuid", device_uuid(key.second)},
-                            {"pci_bus_id", device_pci_bus_id(key.second)},
-                            {"reserved_current", u.reserved_current},
-                            {"reserved_high", u.reserved_high},
-                            {"used_current", u.used_current},
-                            {"used_high", u.used_high},
-                            {"release_threshold", p.want.settings.release_threshold},
-                            {"leases", p.leases},
-                            {"leased_bytes", p.leased_bytes},
-                            {"cached", p.cached},
-                            {"cached_bytes", p.cached_bytes}});
+    model::PoolStats v;
+    v.name = key.first;
+    v.id = device_id(key.second);
+    v.usage = u;
+    v.release_threshold = model::Threshold::written(p.want.threshold_text, p.want.settings.release_threshold);
+    v.leases = {p.leases, p.leased_bytes, p.cached, p.cached_bytes};
+    out.pools.push_back(std::move(v));
   }
-  out["dropped_bytes"] = dropped_bytes_;
-  out["devices"] = Json::array();
+  out.dropped_bytes = dropped_bytes_;
   for (int d : devices) {
     const GraphMemUsage g = backend_.graph_mem_usage(d);
     if (reset_peaks) backend_.reset_graph_mem_peaks(d);
-    out["devices"].push_back({{"device", d},
-                              {"uuid", device_uuid(d)},
-                              {"pci_bus_id", device_pci_bus_id(d)},
-                              {"graph_reserved_current", g.reserved_current},
-                              {"graph_reserved_high", g.reserved_high},
-                              {"graph_used_current", g.used_current},
-                              {"graph_used_high", g.used_high}});
+    out.devices.push_back({device_id(d), g});
   }
   return out;
 }
 
-Json Holder::trim(std::uint64_t keep, const std::optional<std::string>& pool, bool graph) {
+model::Trim Holder::trim(std::uint64_t keep, const std::optional<std::string>& pool, bool graph) {
   if (pool) {
     bool any = false;
     for (const auto& [key, p] : pools_) any = any || key.first == *pool;
@@ -136,39 +117,26 @@ Json Holder::trim(std::uint64_t keep, const std::optional<std::string>& pool, bo
   for (const auto& [key, p] : pools_)
     if (!pool || key.first == *pool) devices.insert(key.second);
   for (int d : devices) backend_.synchronize(d);
-  Json out;
-  std::uint64_t total = 0;
-  out["released"] = 0;
-  out["pools"] = Json::array();
+  model::Trim out;
   for (const auto& [key, p] : pools_) {
     if (pool && key.first != *pool) continue;
-    const std::uint64_t before = backend_.pool_usage(p.handle).reserved_current;
+    const std::uint64_t before = backend_.pool_usage(p.handle).reserved_bytes;
     backend_.trim_pool(p.handle, keep);
     backend_.synchronize(key.second);
-    const std::uint64_t after = backend_.pool_usage(p.handle).reserved_current;
+    const std::uint64_t after = backend_.pool_usage(p.handle).reserved_bytes;
     const std::uint64_t released = before > after ? before - after : 0;
-    total += released;
-    out["pools"].push_back({{"name", key.first},
-                            {"device", key.second},
-                            {"reserved_before", before},
-                            {"reserved_after", after},
-                            {"released", released}});
+    out.released_bytes += released;
+    out.pools.push_back({key.first, device_id(key.second), before, after, released});
   }
-  out["devices"] = Json::array();
   if (graph)
     for (int d : devices) {
-      const std::uint64_t before = backend_.graph_mem_usage(d).reserved_current;
+      const std::uint64_t before = backend_.graph_mem_usage(d).reserved_bytes;
       backend_.trim_graph_mem(d);
-      const std::uint64_t after = backend_.graph_mem_usage(d).reserved_current;
+      const std::uint64_t after = backend_.graph_mem_usage(d).reserved_bytes;
       const std::uint64_t released = before > after ? before - after : 0;
-      total += released;
-      out["devices"].push_back({{"device", d},
-                                {"uuid", device_uuid(d)},
-                                {"graph_reserved_before", before},
-                                {"graph_reserved_after", after},
-                                {"released", released}});
+      out.released_bytes += released;
+      out.devices.push_back({device_id(d), before, after, released});
     }
-  out["released"] = total;
   return out;
 }
 
@@ -203,6 +171,7 @@ std::string Holder::export_config() const {
     j["location"] = w.props.location == PoolProps::Location::device ? "device" : location_text(w.props);
     j["alloc_type"] = w.props.managed ? "managed" : "pinned";
     Json handles = handle_names_json(w.props.handle_types);
+    if (handles.empty()) handles.push_back("none");  // the config's word for no IPC handle
     j["handle_types"] = handles;
     if (w.props.max_size) j["max_size"] = exact_size(w.props.max_size);
     j["release_threshold"] = w.threshold_text;

@@ -136,7 +136,7 @@ Json Holder::op_hello(Request& r) {
   out["protocol"] = version;  // what this connection speaks (the client's choice)
   out["protocols"] = {proto::kOldestProtocol, proto::kProtocol};
   out["holder"] = std::string("cupool ") + CUPOOL_VERSION;
-  out["pid"] = identity_.value("pid", 0);
+  out["pid"] = identity_.pid;
   out["backend"] = backend_.simulated() ? "simulated" : "cuda";
   out["peer"] = {
       {"pid", c.peer.pid}, {"uid", c.peer.uid}, {"gid", c.peer.gid}, {"user", c.peer.user}, {"admin", c.admin}};
@@ -156,31 +156,17 @@ Json Holder::op_hello(Request& r) {
 Json Holder::op_list(Request& r) {
   Client& c = r.client;
   r.args.finish();
-  Json out;
-  out["pools"] = Json::array();
+  model::ListReply out;
   for (const auto& [key, p] : pools_) {
-    out["pools"].push_back({{"name", key.first},
-                            {"device", key.second},
-                            {"uuid", device_uuid(key.second)},
-                            {"location", location_text(p.want.props)},
-                            {"handle_types", handle_names_json(p.want.props.handle_types)},
-                            {"max_size", p.want.props.max_size},
-                            {"permitted", p.want.props.handle_types != 0 && permitted(c, p)}});
+    out.pools.push_back({pool_info(key, p), p.want.props.handle_types != 0 && permitted(c, p)});
   }
-  out["buffers"] = Json::array();
   for (const auto& [name, b] : buffers_) {
     auto p = pools_.find({b.want.pool, b.want.device});
-    out["buffers"].push_back({{"name", name},
-                              {"pool", b.want.pool},
-                              {"device", b.want.device},
-                              {"uuid", device_uuid(b.want.device)},
-                              {"size", b.want.size},
-                              {"opens", b.opens},
-                              {"state", b.loading ? "loading" : "ready"},
-                              {"tensors", b.index ? Json(b.index->tensors.size()) : Json()},
-                              {"permitted", b.shared && p != pools_.end() && permitted(c, p->second)}});
+    model::BufferInfo v = buffer_view(name, b);
+    v.permitted = b.shared && p != pools_.end() && permitted(c, p->second);
+    out.buffers.push_back(std::move(v));
   }
-  return out;
+  return model::to_json(out);
 }
 
 Json Holder::op_import_pool(Request& r) {
@@ -396,10 +382,15 @@ Json Holder::op_buffer_create(Request& r) {
                   "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
-  Json out{{"name", name}, {"pool", pool},          {"device", p.want.device},
-           {"size", size}, {"parts", parts.size()}, {"loading", loading}};
-  if (tensors) out["tensors"] = tensors->size();
-  return out;
+  model::BufferMade out;
+  out.name = name;
+  out.pool = pool;
+  out.id = device_id(p.want.device);
+  out.size_bytes = size;
+  out.part_count = parts.size();
+  out.loading = loading;
+  if (tensors) out.tensor_count = tensors->size();
+  return model::to_json(out);
 }
 
 Json Holder::op_buffer_ready(Request& r) {
@@ -418,7 +409,7 @@ Json Holder::op_buffer_ready(Request& r) {
   manifest_stale_ = true;  // ready now: in the next manifest
   const std::size_t count = b.index ? b.index->tensors.size() : 0;
   spdlog::info("buffer {} is ready ({}, {} tensor{})", name, format_bytes(b.want.size), count, count == 1 ? "" : "s");
-  return {{"name", name}, {"tensors", count}};
+  return {{"name", name}, {"tensor_count", b.index ? Json(count) : Json(nullptr)}};  // null: no index
 }
 
 Json Holder::op_buffer_tensors(Request& r) {
@@ -428,14 +419,16 @@ Json Holder::op_buffer_tensors(Request& r) {
   a.finish();
   HeldBuffer& b = readable_buffer(r.id, name);
   pool_for(c, b.want.pool, b.want.device, true);  // who may open it may read its index
-  const tensors::Index none;
-  Json out = tensors::to_json(b.index ? *b.index : none);
-  out["name"] = name;
-  out["size"] = b.want.size;
-  out["parts"] = Json::array();
-  for (const auto& part : b.parts) out["parts"].push_back(part.size);
-  out["indexed"] = b.index.has_value();
-  return out;
+  model::BufferTensors out;
+  out.name = name;
+  out.size_bytes = b.want.size;
+  out.indexed = b.index.has_value();
+  for (const auto& part : b.parts) out.part_sizes.push_back(part.size);
+  if (b.index) {
+    for (const tensors::Tensor& t : b.index->tensors) out.tensors.push_back(tensors::view(t));
+    out.metadata = b.index->metadata;
+  }
+  return model::to_json(out);
 }
 
 Json Holder::op_buffer_remove(Request& r) {
@@ -453,19 +446,24 @@ Json Holder::op_buffer_remove(Request& r) {
   const BufferWant w = it->second.want;
   for (auto& [id, cl] : clients_) cl.open_buffers.erase(name);
   destroy_buffer(name);
-  return {{"name", w.name}, {"pool", w.pool}, {"device", w.device}, {"size", w.size}};
+  model::BufferMade out;
+  out.name = w.name;
+  out.pool = w.pool;
+  out.id = device_id(w.device);
+  out.size_bytes = w.size;
+  return model::to_json(out);
 }
 
 Json Holder::op_status(Request& r) {
   r.args.finish();
-  return status();
+  return model::to_json(status());
 }
 
 Json Holder::op_stats(Request& r) {
   const bool reset = r.args.boolean("reset_peaks", false);
   if (reset) require_admin(r.client, "stats with reset_peaks");
   r.args.finish();
-  return stats(reset);
+  return model::to_json(stats(reset));
 }
 
 Json Holder::op_trim(Request& r) {
@@ -492,9 +490,9 @@ Json Holder::op_trim(Request& r) {
     }
   const std::uint64_t dropped_before = dropped_bytes_;
   auto run = [this, keep, pool, graph, dropped_before] {
-    Json out = trim(keep, pool, graph);
-    out["cached_dropped_bytes"] = dropped_bytes_ - dropped_before;
-    return out;
+    model::Trim out = trim(keep, pool, graph);
+    out.dropped_bytes = dropped_bytes_ - dropped_before;
+    return model::to_json(out);
   };
   if (!asks.empty()) defer(r, asks, run);
   return run();
@@ -522,14 +520,14 @@ Json Holder::plan_or_apply(Request& r, bool apply) {
   }
   // A ConfigRejected goes up: the conversation answers invalid_config (or does_not_fit) with the findings.
   const Loaded loaded = load_config(SourceFile(path, text), node_, Scope::all);
-  auto run = [this, apply, desired = loaded.desired, warnings = loaded.warnings] {
+  auto run = [this, apply, desired = loaded.desired, warnings = loaded.warnings, findings = loaded.warning_findings] {
     std::vector<Change> changes = apply ? this->apply(desired) : plan(desired);
-    Json out;
-    out["applied"] = apply;
-    out["changes"] = Json::array();
-    for (const auto& ch : changes) out["changes"].push_back(ch.to_json());
-    out["warnings"] = warnings;
-    return out;
+    model::PlanReply out;
+    out.applied = apply;
+    for (const auto& ch : changes) out.changes.push_back(view(ch));
+    out.warnings = findings;
+    out.warnings_rendered = warnings;
+    return model::to_json(out);
   };
   // Pools that only cached blocks keep from being replaced or removed: asked back first.
   if (apply) {

@@ -131,13 +131,13 @@ class Server {
 };
 
 void Server::update_identity() {
-  Json id;
-  id["pid"] = ::getpid();
-  id["version"] = std::string("cupool ") + CUPOOL_VERSION;
-  id["config"] = options_.config_path;
-  id["socket"] = socket_->path();
-  id["started"] = started_;
-  id["reloads"] = reloads_;
+  model::HolderInfo id;
+  id.pid = ::getpid();
+  id.version = std::string("cupool ") + CUPOOL_VERSION;
+  id.config = options_.config_path;
+  id.socket = socket_->path();
+  id.started = started_;
+  id.reload_count = static_cast<std::uint64_t>(reloads_);
   holder_->set_identity(id);
 }
 
@@ -378,7 +378,7 @@ void Server::reload() {
       if (changes.empty()) spdlog::info("reload: no changes");
       for (const Change& ch : changes)
         spdlog::info("reload: {} {} {}{}{}", ch.action, ch.object, ch.name,
-                     ch.field.empty() ? "" : " " + ch.field + ": " + ch.from + " -> " + ch.to,
+                     ch.field.empty() ? "" : " " + ch.field + ": " + ch.from.text + " -> " + ch.to.text,
                      ch.blocked.empty() ? "" : " (not done: " + ch.blocked + ")");
     });
     if (waits)
@@ -504,12 +504,11 @@ int Server::run() {
       spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,
                    dropped == 1 ? "" : "s", custody_->where());
     } else if (!kept.empty()) {
-      const Json report = holder_->adopt(std::move(kept));
+      const model::Adoption report = holder_->adopt(std::move(kept));
       spdlog::info("custody: adopted {} buffer{} from {} (manifest {}); {} refused, {} descriptor{} released",
-                   report["adopted"].size(), report["adopted"].size() == 1 ? "" : "s", custody_->where(),
-                   report["manifest"].is_null() ? std::string("none") : report["manifest"].dump(),
-                   report["refused"].size(), report["released"].get<std::size_t>(),
-                   report["released"].get<std::size_t>() == 1 ? "" : "s");
+                   report.buffers.size(), report.buffers.size() == 1 ? "" : "s", custody_->where(),
+                   report.manifest_sequence ? std::to_string(*report.manifest_sequence) : std::string("none"),
+                   report.refused.size(), report.released_count, report.released_count == 1 ? "" : "s");
     } else {
       holder_->adopt({});
     }
@@ -541,9 +540,10 @@ int Server::run() {
       }
   });
   update_identity();
-  spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", holder_->status()["pools"].size(),
-               holder_->status()["pools"].size() == 1 ? "" : "s", holder_->status()["buffers"].size(),
-               holder_->status()["buffers"].size() == 1 ? "" : "s", options_.config_path, socket_->path());
+  const model::Status held = holder_->status();
+  spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", held.pools.size(),
+               held.pools.size() == 1 ? "" : "s", held.buffers.size(), held.buffers.size() == 1 ? "" : "s",
+               options_.config_path, socket_->path());
   spdlog::info(
       "listening {:.0f} ms after the start of the holder's work: node report {:.0f} ms, custody {:.0f} ms "
       "(adoption with the device's first context), pools and buffers {:.0f} ms",

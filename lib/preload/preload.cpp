@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -62,12 +63,13 @@ std::string json_string(const std::string& text) {
   return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string program_name() {
+// The executable as a JSON value: null where /proc/self/exe can't be read.
+std::string program_json() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return "?";
+  if (n <= 0) return "null";
   buf[n] = '\0';
-  return buf;
+  return json_string(buf);
 }
 
 void debug(const char* what) {
@@ -84,12 +86,17 @@ void write_report() {
   char* stats = nullptr;
   const int rc = cupool_stats(&stats);
   // One JSON object a line, described by schemas/cupool-exec-report-v1.schema.json.
-  std::string line = "{\"schema_version\": 1, \"pid\": " + std::to_string(::getpid()) +
-                     ", \"program\": " + json_string(program_name()) + ", ";
+  std::string line =
+      "{\"schema_version\": 1, \"pid\": " + std::to_string(::getpid()) + ", \"program\": " + program_json() + ", ";
   if (rc == CUPOOL_OK) {
     line += "\"stats\": " + std::string(stats) + "}\n";
   } else {
-    line += "\"error\": " + json_string(cupool_last_error(nullptr)) + "}\n";
+    // The one error object (docs/naming.md): the status in snake_case (CUPOOL_E_CUDA: cuda), the message.
+    std::string code = cupool_status_name(rc);
+    if (code.rfind("CUPOOL_E_", 0) == 0) code = code.substr(9);
+    for (char& c : code) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    line += "\"error\": {\"code\": " + json_string(code) + ", \"message\": " + json_string(cupool_last_error(nullptr)) +
+            "}}\n";
   }
   cupool_free_string(stats);
   if (std::strcmp(target, "-") == 0) {

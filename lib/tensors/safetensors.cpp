@@ -93,9 +93,9 @@ Tensor read_entry(const std::string& name, const Json& entry, const char* offset
     t.offset = begin;
     t.size = end - begin;
   } else {
-    const auto offset = entry.find("offset"), size = entry.find("size");
+    const auto offset = entry.find("offset_bytes"), size = entry.find("size_bytes");
     if (offset == entry.end() || !is_count(*offset) || size == entry.end() || !is_count(*size))
-      fail(where + ": needs \"offset\" and \"size\", byte counts");
+      fail(where + ": needs \"offset_bytes\" and \"size_bytes\", byte counts");
     t.offset = offset->get<std::uint64_t>();
     t.size = size->get<std::uint64_t>();
     if (const auto part = entry.find("part"); part != entry.end()) {
@@ -348,15 +348,11 @@ std::uint64_t total_size(const Index& index) {
   return sum;
 }
 
+model::TensorEntry view(const Tensor& t) { return {t.name, t.dtype, t.shape, t.part, t.offset, t.size}; }
+
 Json to_json(const Index& index) {
   Json tensors = Json::array();
-  for (const Tensor& t : index.tensors)
-    tensors.push_back({{"name", t.name},
-                       {"dtype", t.dtype},
-                       {"shape", t.shape},
-                       {"part", t.part},
-                       {"offset", t.offset},
-                       {"size", t.size}});
+  for (const Tensor& t : index.tensors) tensors.push_back(model::to_json(view(t)));
   Json metadata = Json::object();
   for (const auto& [k, v] : index.metadata) metadata[k] = v;
   return {{"tensors", tensors}, {"metadata", metadata}, {"parts", index.parts}};
@@ -364,13 +360,13 @@ Json to_json(const Index& index) {
 
 Index from_json(const Json& tensors, const Json& metadata, const std::vector<std::uint64_t>& parts) {
   const Fail fail = [](const std::string& message) { throw Error(Errc::bad_request, "tensors: " + message); };
-  if (!tensors.is_array()) fail("expected an array of {name, dtype, shape, offset, size}");
+  if (!tensors.is_array()) fail("expected an array of {name, dtype, shape, part, offset_bytes, size_bytes}");
   if (tensors.size() > kMaxTensors) fail("more than " + std::to_string(kMaxTensors) + " tensors");
   Index out;
   std::vector<std::string> names;
   for (const Json& t : tensors) {
     if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) fail("each tensor needs \"name\", a string");
-    out.tensors.push_back(read_entry(t["name"].get<std::string>(), t, "offset", fail));
+    out.tensors.push_back(read_entry(t["name"].get<std::string>(), t, "offset_bytes", fail));
     names.push_back(out.tensors.back().name);
   }
   std::sort(names.begin(), names.end());

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "model/model.h"
 
 namespace cupool::tensors {
 
@@ -94,8 +95,10 @@ Index layout(const Index& file, std::uint64_t part_size = kDefaultPartSize);
 // The bytes of all parts.
 std::uint64_t total_size(const Index& index);
 
-// The index as it travels in the protocol: {"tensors": [{name, dtype, shape, part, offset, size}],
-// "metadata": {}, "parts": [bytes, ...]}.
+// One tensor as cupool prints and sends it (model::TensorEntry).
+model::TensorEntry view(const Tensor& t);
+// The index as it travels in the protocol: {"tensors": [{name, dtype, shape, part, offset_bytes,
+// size_bytes}], "metadata": {}, "parts": [bytes, ...]}.
 Json to_json(const Index& index);
 // An index a peer sent, checked against a buffer of parts of `parts` bytes (the same rules as a
 // file, within each part); throws Error(bad_request) saying what is wrong.

@@ -77,10 +77,11 @@ class Connection:
             return Lease(self, session, out.value, name=name)
 
     def tensor_index(self, name: str) -> Dict[str, Any]:
-        """The tensor index of buffer `name` (`cupool buffer load`): {"name", "size", "indexed",
-        "parts": [bytes, ...], "tensors": [{"name", "dtype", "shape", "part", "offset", "size"}],
-        "metadata": {}}; a tensor's offset counts bytes from the start of its part (open a part
-        with ``open_buffer(name, part)``). ``cupool.tensors(name)`` turns it into tensors."""
+        """The tensor index of buffer `name` (`cupool buffer load`): {"name", "size_bytes", "indexed",
+        "parts": [{"part", "size_bytes"}, ...], "tensors": [{"name", "dtype", "shape", "part",
+        "offset_bytes", "size_bytes"}], "metadata": {}}; a tensor's offset counts bytes from the
+        start of its part (open a part with ``open_buffer(name, part)``). ``cupool.tensors(name)``
+        turns it into tensors."""
         return self.request({"op": "buffer_tensors", "name": name})
 
     # ---- the cache (protocol 2) ----

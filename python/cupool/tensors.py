@@ -60,7 +60,7 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
         index = conn.tensor_index(name)
         out = {}
         # A set is held in parts (one allocation each); a tensor lies within one part.
-        for part in range(len(index.get("parts") or [0])):
+        for part in [p["part"] for p in index.get("parts") or [{"part": 0}]]:
             entries = [t for t in index["tensors"] if t.get("part", 0) == part]
             if not entries:
                 continue
@@ -108,8 +108,8 @@ def _wait_for_copy(base: Any, framework: str) -> None:
 
 
 def _view(base: Any, entry: Dict[str, Any], framework: str) -> Any:
-    begin = entry["offset"]
-    raw = base[begin:begin + entry["size"]]
+    begin = entry["offset_bytes"]
+    raw = base[begin:begin + entry["size_bytes"]]
     shape = tuple(entry["shape"])
     dtype = _dtype(entry["dtype"], framework, entry["name"])
     return raw.view(dtype).reshape(shape)

@@ -128,7 +128,8 @@ def main():
     lines = [json.loads(line) for line in open(report)]
     check(len(lines) >= 1, f"one report line per process: {len(lines)}")
     pool = lines[0]["stats"]["devices"][0]["pools"][0]
-    check(pool["release_threshold"] == 2**64 - 1 and pool["reuse"]["allow_opportunistic"] is False,
+    check(pool["release_threshold"] == "max" and pool["release_threshold_bytes"] is None
+          and pool["reuse"]["allow_opportunistic"] is False,
           f"the report shows the settings seen inside the program: {pool}")
 
     # current_pool: a pool made inside the program and made current; the report shows both pools.
@@ -142,9 +143,9 @@ def main():
           f"current_pool is made inside the program: {r.returncode} {r.stderr}")
     machine_output.check_exec_report(report2)
     pools = [json.loads(line) for line in open(report2)][0]["stats"]["devices"][0]["pools"]
-    by = {p["pool"]: p for p in pools}
-    check(set(by) == {"default", "current"} and by["current"]["release_threshold"] == 1 << 30
-          and by["current"]["reserved_current"] == 512 << 20 and by["default"]["release_threshold"] == 0,
+    by = {p["role"]: p for p in pools}
+    check(set(by) == {"default", "current"} and by["current"]["release_threshold_bytes"] == 1 << 30
+          and by["current"]["reserved_bytes"] == 512 << 20 and by["default"]["release_threshold_bytes"] == 0,
           f"the report shows the current pool with its settings and reserve, the default pool untouched: {pools}")
 
     # A program whose path holds quotes, backslashes, control and non-UTF-8 bytes: the report is

@@ -109,9 +109,9 @@ SEEDS = {
     "buffer-load": session(
         ROOT,
         {"op": "buffer_create", "name": "llama", "pool": "kv", "size": 4096, "loading": True,
-         "tensors": [{"name": "embed.weight", "dtype": "F16", "shape": [8, 16], "offset": 0, "size": 256},
-                     {"name": "norm", "dtype": "BF16", "shape": [16], "offset": 256, "size": 32},
-                     {"name": "scale", "dtype": "F32", "shape": [], "offset": 512, "size": 4}],
+         "tensors": [{"name": "embed.weight", "dtype": "F16", "shape": [8, 16], "offset_bytes": 0, "size_bytes": 256},
+                     {"name": "norm", "dtype": "BF16", "shape": [16], "offset_bytes": 256, "size_bytes": 32},
+                     {"name": "scale", "dtype": "F32", "shape": [], "offset_bytes": 512, "size_bytes": 4}],
          "metadata": {"format": "pt"}},
         {"op": "buffer_open", "name": "llama"},
         {"op": "buffer_tensors", "name": "llama"},
@@ -123,8 +123,8 @@ SEEDS = {
     "buffer-load-bad-index": session(
         ROOT,
         {"op": "buffer_create", "name": "bad", "pool": "kv", "size": 64, "loading": True,
-         "tensors": [{"name": "a", "dtype": "F32", "shape": [8], "offset": 0, "size": 32},
-                     {"name": "b", "dtype": "F32", "shape": [8], "offset": 16, "size": 32}]},
+         "tensors": [{"name": "a", "dtype": "F32", "shape": [8], "offset_bytes": 0, "size_bytes": 32},
+                     {"name": "b", "dtype": "F32", "shape": [8], "offset_bytes": 16, "size_bytes": 32}]},
         {"op": "buffer_ready", "name": "bad"},
     ),
     # sessions

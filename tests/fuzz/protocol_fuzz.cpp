@@ -167,7 +167,9 @@ void check_export(const cupool::Holder& holder, const cupool::NodeReport& node, 
   }
   if (partial) return;
   const auto changes = holder.plan(again);
-  if (!changes.empty()) finding("applying the export would change " + changes.front().to_json().dump() + ":\n" + text);
+  if (!changes.empty())
+    finding("applying the export would change " + cupool::model::to_json(holder.view(changes.front())).dump() + ":\n" +
+            text);
 }
 
 // Nothing a client did may outlive it.
@@ -175,12 +177,12 @@ void check_released(const cupool::Holder& holder) {
   if (holder.lease_count() != 0 || holder.leased_bytes() != 0) finding("leases left after every client disconnected");
   if (holder.cached_count() != 0 || holder.cached_bytes() != 0) finding("cached blocks left after every client left");
   if (holder.next_deadline()) finding("a drop notice still waits for an answer after every client left");
-  const Json status = holder.status();
-  for (const auto& b : status["buffers"])
-    if (b["opens"] != 0) finding("buffer " + b["name"].get<std::string>() + " still open after every client left");
-  for (const auto& p : status["pools"])
-    if (p["leases"] != 0 || p["leased_bytes"] != 0)
-      finding("pool " + p["name"].get<std::string>() + " still counts leases");
+  const cupool::model::Status status = holder.status();
+  for (const auto& b : status.buffers)
+    if (b.open_count != 0) finding("buffer " + b.name + " still open after every client left");
+  for (const auto& p : status.pools)
+    if (p.leases.lease_count != 0 || p.leases.leased_bytes != 0)
+      finding("pool " + p.pool.name + " still counts leases");
 }
 
 }  // namespace

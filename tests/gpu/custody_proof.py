@@ -175,8 +175,8 @@ pools:
         status = json.loads(subprocess.run([H.ARGS.cupool, "status", "--format", "json", "--socket", sock],
                                            capture_output=True, text=True, check=True).stdout)
         model = [b for b in status["buffers"] if b["name"] == "model"][0]
-        result["held"] = {"bytes": model["size"], "parts": model["parts"], "memory": model["memory"]}
-        if model["parts"] != 1 or model["memory"] != "exported":
+        result["held"] = {"bytes": model["size_bytes"], "parts": model["part_count"], "memory": model["allocation"]}
+        if model["part_count"] != 1 or model["allocation"] != "exported":
             failures.append(f"the set is not one exported allocation: {model}")
         p, home = engine(sock, "model", 0, "home")
         p.communicate("", timeout=60)
@@ -198,7 +198,7 @@ pools:
                     if rc != 0:
                         failures.append(f"{how} restart {i + 1}: the holder exited {rc}")
                 h, ready, status = start_timed(systemd, tmp, config)
-                adopted = status["custody"]["adopted"]
+                adopted = status["custody"]["adoption"]
                 ok = [b["name"] for b in status["buffers"] if b["adopted"]] == ["model"] and not adopted["refused"]
                 if not ok:
                     failures.append(f"{how} restart {i + 1}: {status['custody']}")
@@ -206,11 +206,11 @@ pools:
                 e.communicate("", timeout=60)
                 if fresh["checksum"] != expected:
                     failures.append(f"{how} restart {i + 1}: a fresh engine's checksum differs")
-                rounds.append({"how": how, "ready_ms": ready * 1000, "adopt_ms": adopted["seconds"] * 1000,
+                rounds.append({"how": how, "ready_ms": ready * 1000, "adopt_ms": adopted["elapsed_seconds"] * 1000,
                                "fresh_map_ms": fresh["map_ms"], **status["_start"]})
                 print(f"{how} restart {i + 1}: first answer {ready * 1000:.0f} ms (adoption "
-                      f"{adopted['seconds'] * 1000:.1f} ms), a fresh engine mapped {fresh['bytes'] / 2**30:.2f} GiB "
-                      f"in {fresh['map_ms']:.1f} ms", flush=True)
+                      f"{adopted['elapsed_seconds'] * 1000:.1f} ms), a fresh engine mapped "
+                      f"{fresh['bytes'] / 2**30:.2f} GiB in {fresh['map_ms']:.1f} ms", flush=True)
         result["rounds"] = rounds
         for how in ("SIGKILL", "SIGTERM"):
             rs = [r for r in rounds if r["how"] == how]

@@ -820,11 +820,11 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
     CHECK(b.pool_settings(pool).release_threshold == 0);
     std::uint64_t p = b.allocate(pool, 64 * mib);
     const cupool::PoolUsage during = b.pool_usage(pool);
-    CHECK(during.used_current == 64 * mib);
-    CHECK(during.reserved_current >= 64 * mib);
-    reserved.push_back(during.reserved_current);
+    CHECK(during.used_bytes == 64 * mib);
+    CHECK(during.reserved_bytes >= 64 * mib);
+    reserved.push_back(during.reserved_bytes);
     b.free(pool, p);
-    reserved.push_back(b.pool_usage(pool).reserved_current);
+    reserved.push_back(b.pool_usage(pool).reserved_bytes);
     // Threshold max: the memory stays reserved across the synchronize.
     cupool::PoolSettings keep;
     keep.release_threshold = UINT64_MAX;
@@ -837,21 +837,21 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
     p = b.allocate(pool, 64 * mib);
     b.free(pool, p);
     const cupool::PoolUsage kept = b.pool_usage(pool);
-    reserved.push_back(kept.reserved_current);
-    CHECK(kept.reserved_current >= 64 * mib);
-    CHECK(kept.used_current == 0);
+    reserved.push_back(kept.reserved_bytes);
+    CHECK(kept.reserved_bytes >= 64 * mib);
+    CHECK(kept.used_bytes == 0);
     // Trim: does an IPC (posix_fd) pool give its memory back?
     b.trim_pool(pool, 16 * mib);
-    reserved.push_back(b.pool_usage(pool).reserved_current);
+    reserved.push_back(b.pool_usage(pool).reserved_bytes);
     b.trim_pool(pool, 0);
     const cupool::PoolUsage trimmed = b.pool_usage(pool);
-    reserved.push_back(trimmed.reserved_current);
-    CHECK(trimmed.reserved_current == 0);
-    CHECK(trimmed.reserved_high >= 64 * mib);
+    reserved.push_back(trimmed.reserved_bytes);
+    CHECK(trimmed.reserved_bytes == 0);
+    CHECK(trimmed.reserved_peak_bytes >= 64 * mib);
     b.reset_pool_peaks(pool);
     const cupool::PoolUsage reset = b.pool_usage(pool);
-    CHECK(reset.reserved_high == reset.reserved_current);
-    CHECK(reset.used_high == reset.used_current);
+    CHECK(reset.reserved_peak_bytes == reset.reserved_bytes);
+    CHECK(reset.used_peak_bytes == reset.used_bytes);
     // Peers, where the node has them.
     for (std::size_t peer = 1; peer < node.devices.size(); ++peer)
       if (node.peer_access[peer][0]) {
@@ -912,9 +912,9 @@ TEST_CASE("sharing: a pool allocation is written by another process, read back, 
     b->write(0, shared.address, exporter_pattern.data(), bytes);
     b->synchronize(0);
     const cupool::PoolUsage during = b->pool_usage(pool);
-    CHECK_MESSAGE(during.used_current == bytes,
-                  "exporter: used_current " << mib(during.used_current) << " with one 4 MiB shared allocation");
-    CHECK(during.reserved_current >= bytes);
+    CHECK_MESSAGE(during.used_bytes == bytes,
+                  "exporter: used_bytes " << mib(during.used_bytes) << " with one 4 MiB shared allocation");
+    CHECK(during.reserved_bytes >= bytes);
 
     int peer = -1;
     if (b->device_count() >= 2 && b->can_access_peer(1, 0)) {
@@ -961,15 +961,14 @@ TEST_CASE("sharing: a pool allocation is written by another process, read back, 
     b->free_shared(pool, shared.address);
     b->synchronize(0);
     const cupool::PoolUsage after = b->pool_usage(pool);
-    MESSAGE("pool usage after free_shared + synchronize: reserved " << mib(after.reserved_current) << " (high "
-                                                                    << mib(after.reserved_high) << "), used "
-                                                                    << mib(after.used_current));
-    CHECK_MESSAGE(after.used_current == 0,
-                  "exporter: used_current " << mib(after.used_current) << " after free_shared");
-    CHECK_MESSAGE(after.reserved_current == 0,
-                  "exporter: threshold 0, but " << mib(after.reserved_current) << " still reserved after synchronize");
-    CHECK(after.used_high >= bytes);
-    CHECK(after.reserved_high >= bytes);
+    MESSAGE("pool usage after free_shared + synchronize: reserved " << mib(after.reserved_bytes) << " (high "
+                                                                    << mib(after.reserved_peak_bytes) << "), used "
+                                                                    << mib(after.used_bytes));
+    CHECK_MESSAGE(after.used_bytes == 0, "exporter: used_bytes " << mib(after.used_bytes) << " after free_shared");
+    CHECK_MESSAGE(after.reserved_bytes == 0,
+                  "exporter: threshold 0, but " << mib(after.reserved_bytes) << " still reserved after synchronize");
+    CHECK(after.used_peak_bytes >= bytes);
+    CHECK(after.reserved_peak_bytes >= bytes);
 
     // Misuse is the driver's error, named.
     try {
@@ -1010,20 +1009,21 @@ TEST_CASE("graph memory: an idle device reports consistent usage; trim and peak 
   for (int d = 0; d < count; ++d) {
     INFO("device " << d);
     const cupool::GraphMemUsage g = b->graph_mem_usage(d);
-    MESSAGE("device " << d << " graph memory: reserved " << mib(g.reserved_current) << " (high " << mib(g.reserved_high)
-                      << "), used " << mib(g.used_current) << " (high " << mib(g.used_high) << ")");
-    CHECK_MESSAGE(g.reserved_current >= g.used_current, "graph memory: reserved < used");
-    CHECK_MESSAGE(g.reserved_high >= g.reserved_current, "graph memory: reserved high < current");
-    CHECK_MESSAGE(g.used_high >= g.used_current, "graph memory: used high < current");
-    WARN_MESSAGE((g.reserved_current == 0 && g.used_current == 0),
+    MESSAGE("device " << d << " graph memory: reserved " << mib(g.reserved_bytes) << " (high "
+                      << mib(g.reserved_peak_bytes) << "), used " << mib(g.used_bytes) << " (high "
+                      << mib(g.used_peak_bytes) << ")");
+    CHECK_MESSAGE(g.reserved_bytes >= g.used_bytes, "graph memory: reserved < used");
+    CHECK_MESSAGE(g.reserved_peak_bytes >= g.reserved_bytes, "graph memory: reserved high < current");
+    CHECK_MESSAGE(g.used_peak_bytes >= g.used_bytes, "graph memory: used high < current");
+    WARN_MESSAGE((g.reserved_bytes == 0 && g.used_bytes == 0),
                  "graph memory is not zero although this process launched no graph");
     b->trim_graph_mem(d);
     b->reset_graph_mem_peaks(d);
     const cupool::GraphMemUsage after = b->graph_mem_usage(d);
-    CHECK_MESSAGE(after.reserved_current <= g.reserved_current, "graph memory grew across a trim");
-    CHECK_MESSAGE(after.reserved_high == after.reserved_current,
+    CHECK_MESSAGE(after.reserved_bytes <= g.reserved_bytes, "graph memory grew across a trim");
+    CHECK_MESSAGE(after.reserved_peak_bytes == after.reserved_bytes,
                   "reserved high is not the current value after a reset");
-    CHECK_MESSAGE(after.used_high == after.used_current, "used high is not the current value after a reset");
+    CHECK_MESSAGE(after.used_peak_bytes == after.used_bytes, "used high is not the current value after a reset");
   }
 }
 

@@ -197,9 +197,9 @@ def test_sigkill_restarts_keep_every_byte(tmp):
             status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
             held = {b["name"]: b for b in status["buffers"]}
             check("model" in held and held["model"]["adopted"] and held["model"]["kept"] and
-                  held["model"]["tensors"] == 4, f"restart {i + 1}: the set was not adopted: {status['buffers']}")
+                  held["model"]["tensor_count"] == 4, f"restart {i + 1}: the set was not adopted: {status['buffers']}")
             check(held["scratch"]["adopted"], f"restart {i + 1}: the config's buffer was made anew: {held['scratch']}")
-            check(status["custody"]["kind"] == "keeper" and not status["custody"]["adopted"]["refused"],
+            check(status["custody"]["kind"] == "keeper" and not status["custody"]["adoption"]["refused"],
                   f"restart {i + 1}: {status['custody']}")
             check(held_digest(h, "model") == digest, f"restart {i + 1}: a fresh mapping reads other bytes")
             print(f"    restart {i + 1}: serving again after {ready * 1000:.0f} ms (with the harness's polling)")
@@ -350,8 +350,9 @@ def seal(text):
     return fd
 
 
-def deposit(keeper_socket, name, fd):
-    """Puts `fd` into the keeper under `name`, as a holder would (docs/protocol.md, "The keeper")."""
+def keeper_request(keeper_socket, body, fd=None):
+    """One request to the keeper, as a holder makes it (docs/protocol.md, "The keeper"): the reply,
+    and the descriptor it carried (None)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)
     s.connect(keeper_socket)
@@ -359,21 +360,36 @@ def deposit(keeper_socket, name, fd):
     def ask(body, fds=()):
         payload = json.dumps(body).encode()
         socket.send_fds(s, [b"CUPL" + struct.pack("<HHII", 1, 1, len(payload), len(fds)) + payload], list(fds))
-        head = b""
+        head, got = b"", []
         while len(head) < 16:
-            head += s.recv(16 - len(head))
+            part, fds_in, _, _ = socket.recv_fds(s, 16 - len(head), 1)
+            head += part
+            got += fds_in
         n = struct.unpack("<I", head[8:12])[0]
         data = b""
         while len(data) < n:
             data += s.recv(n - len(data))
-        return json.loads(data)
+        return json.loads(data), (got[0] if got else None)
 
-    hello = ask({"id": 1, "op": "hello", "keeper": 1})
+    hello, _ = ask({"id": 1, "op": "hello", "keeper": 1})
     check(hello.get("ok"), f"keeper hello: {hello}")
-    reply = ask({"id": 2, "op": "deposit", "name": name}, [fd])
+    reply, fd_out = ask(dict(body, id=2), [fd] if fd is not None else [])
     s.close()
+    return reply, fd_out
+
+
+def deposit(keeper_socket, name, fd):
+    """Puts `fd` into the keeper under `name`, as a holder would."""
+    reply, _ = keeper_request(keeper_socket, {"op": "deposit", "name": name}, fd)
     os.close(fd)
     check(reply.get("ok"), f"deposit {name}: {reply}")
+
+
+def withdraw(keeper_socket, name):
+    """A copy of the descriptor the keeper keeps under `name` (it keeps its own)."""
+    reply, fd = keeper_request(keeper_socket, {"op": "withdraw", "name": name})
+    check(reply.get("ok") and fd is not None, f"withdraw {name}: {reply}")
+    return fd
 
 
 def test_forged_or_mismatched_custody_is_refused(tmp):
@@ -408,9 +424,9 @@ def test_forged_or_mismatched_custody_is_refused(tmp):
         deposit(keeper.socket, "cupool-buffer.elsewhere.0", other_fd)
         h = H.Holder(tmp, config_text=config, extra=extra)
         status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        adopted = status["custody"]["adopted"]
-        refused = {r["name"]: r["reason"] for r in adopted["refused"]}
-        check(adopted["manifest"] == sequence, f"adopted from {adopted['manifest']}, not {sequence}")
+        adopted = status["custody"]["adoption"]
+        refused = {r["name"]: r["error"]["message"] for r in adopted["refused"]}
+        check(adopted["manifest_sequence"] == sequence, f"adopted from {adopted['manifest_sequence']}, not {sequence}")
         check("digest" in refused.get(f"cupool-manifest.{sequence + 1}", ""), f"the forged manifest: {refused}")
         check("does not match" in refused.get("small", "") and "4 MiB" in refused["small"], f"small: {refused}")
         check("not on device 0" in refused.get("elsewhere", "") or "on device 1" in refused.get("elsewhere", ""),
@@ -422,6 +438,43 @@ def test_forged_or_mismatched_custody_is_refused(tmp):
         # What was refused is out of custody once the new manifest is in.
         check(not any(n.startswith(("cupool-buffer.small", "cupool-buffer.elsewhere")) for n in keeper.names()),
               f"kept: {keeper.names()}")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
+def test_manifest_of_an_older_holder_is_adopted(tmp):
+    """A manifest written before the names of v1 were amended (docs/naming.md: a tensor's "offset"
+    and "size", now "offset_bytes" and "size_bytes") is adopted with its index: a holder upgraded
+    across the change keeps the tensor sets its predecessor held."""
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        path = os.path.join(tmp, "model.safetensors")
+        digest = safetensors_file(path, count=3)
+        load(h, "model", path)
+        before = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket,
+                                   check_rc=0).stdout)["tensors"]
+        crash(h)
+        name = max((n for n in keeper.names() if n.startswith("cupool-manifest.")), key=lambda n: int(n.split(".")[1]))
+        fd = withdraw(keeper.socket, name)
+        manifest = json.loads(os.pread(fd, 1 << 20, 0))
+        os.close(fd)
+        entries = [t for b in manifest["buffers"] if b.get("index") for t in b["index"]["tensors"]]
+        check(len(entries) == 3 and all("offset_bytes" in t for t in entries), f"the manifest's tensors: {entries}")
+        for t in entries:  # as a holder before the amendment wrote them
+            t["offset"], t["size"] = t.pop("offset_bytes"), t.pop("size_bytes")
+        manifest.pop("digest")
+        body = json.dumps(manifest, separators=(",", ":"), ensure_ascii=False)
+        manifest["digest"] = "sha256:" + hashlib.sha256(body.encode()).hexdigest()
+        deposit(keeper.socket, name, seal(json.dumps(manifest, separators=(",", ":"), ensure_ascii=False)))
+        h = H.Holder(tmp, config_text=config, extra=extra)
+        status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        adopted = status["custody"]["adoption"]
+        check("model" in [b["name"] for b in adopted["buffers"]] and not adopted["refused"], f"adopted {adopted}")
+        after = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket,
+                                  check_rc=0).stdout)["tensors"]
+        check(after == before, f"the index after the upgrade: {after} (before: {before})")
+        check(held_digest(h, "model") == digest, "the set's bytes after the upgrade")
     finally:
         h.stop()
         keeper.stop()
@@ -475,7 +528,7 @@ def test_keeper_refuses_and_hold_fresh(tmp):
         status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
         check([b["name"] for b in status["buffers"]] == ["scratch"] and not status["buffers"][0]["adopted"],
               f"--fresh adopted: {status['buffers']}")
-        check(status["custody"]["adopted"].get("fresh") is True, status["custody"])
+        check(status["custody"]["adoption"].get("fresh") is True, status["custody"])
         check(not any(n.startswith("cupool-buffer.kept") for n in keeper.names()), f"kept: {keeper.names()}")
         h.stop()
         r = cupool("keeper", "--release", "--socket", keeper.socket, check_rc=0)
@@ -528,7 +581,7 @@ def test_clients_keep_their_mappings_and_connect_again(tmp):
               f"a new mapping reads {back.raw!r}")
         check(lib.cupool_release(conn, lease) == 0, "release of the old lease after the holder went away")
         status = json.loads(cupool("status", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        opens = {b["name"]: b["opens"] for b in status["buffers"]}
+        opens = {b["name"]: b["open_count"] for b in status["buffers"]}
         check(opens["scratch"] == 1, f"the new holder counts the new open only: {opens}")
         check(lib.cupool_release(conn, lease2) == 0, "release")
         lib.cupool_disconnect(conn)
@@ -557,7 +610,7 @@ def test_stopped_keeper_does_not_stall_the_holder(tmp):
             time.sleep(0.02)
         check(worst < 1.5 * H.slowness(), f"a status waited {worst:.2f} s behind the stopped keeper")
         check(slow <= 1, f"{slow} requests waited behind the stopped keeper in 4 s (one audit at most)")
-        check("does not answer" in (body["custody"]["error"] or ""), f"custody: {body['custody']}")
+        check("does not answer" in (body["custody"]["error"] or {}).get("message", ""), f"custody: {body['custody']}")
         os.kill(keeper.proc.pid, signal.SIGCONT)
         deadline = time.time() + 15 * H.slowness()
         while time.time() < deadline and c.request("status")[0]["custody"]["error"]:

@@ -48,7 +48,7 @@ def test_buffer_shared_between_processes(tmp):
         # The check can fail: another pattern is a mismatch.
         bad = client(h, "read", "shared", 8)
         check(bad.returncode == 1 and "mismatch" in bad.stdout, f"a wrong pattern was not caught: {bad.stdout}{bad.stderr}")
-        check(status(h)["buffers"][0]["opens"] == 0, "buffer opens not back to 0")
+        check(status(h)["buffers"][0]["open_count"] == 0, "buffer opens not back to 0")
     finally:
         h.stop()
 
@@ -56,11 +56,11 @@ def test_buffer_shared_between_processes(tmp):
 def test_leases_and_cycles(tmp):
     h = Holder(tmp)
     try:
-        before = pool_stat(h, "kv")["used_current"]
+        before = pool_stat(h, "kv")["used_bytes"]
         r = client(h, "cycle", "kv", 0, 3 << 20, 50)
         check(r.returncode == 0, f"cycle failed: {r.stdout}{r.stderr}")
-        check(pool_stat(h, "kv")["used_current"] == before, "used memory did not return to where it started")
-        check(status(h)["pools"][0]["leases"] == 0, "leases left behind")
+        check(pool_stat(h, "kv")["used_bytes"] == before, "used memory did not return to where it started")
+        check(status(h)["pools"][0]["lease_count"] == 0, "leases left behind")
     finally:
         h.stop()
 
@@ -68,22 +68,22 @@ def test_leases_and_cycles(tmp):
 def test_sigkill_frees_leases(tmp):
     h = Holder(tmp)
     try:
-        before = pool_stat(h, "kv")["used_current"]
+        before = pool_stat(h, "kv")["used_bytes"]
         p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "alloc", "kv", "0", str(64 << 20), "3"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
         line = p.stdout.readline()
         check(line.startswith("testclient: ready") and len(line.split()) == 5, f"client did not allocate: {line!r}")
         s = status(h)
-        check(sum(c["leases"] for c in s["clients"]) == 3, f"expected 3 leases: {s['clients']}")
-        check(pool_stat(h, "kv")["used_current"] == before + (192 << 20), "used memory does not show the leases")
+        check(sum(c["lease_count"] for c in s["clients"]) == 3, f"expected 3 leases: {s['clients']}")
+        check(pool_stat(h, "kv")["used_bytes"] == before + (192 << 20), "used memory does not show the leases")
         p.kill()
         p.wait()
         deadline = time.time() + 10
-        while time.time() < deadline and status(h)["pools"][0]["leases"]:
+        while time.time() < deadline and status(h)["pools"][0]["lease_count"]:
             time.sleep(0.05)
-        check(status(h)["pools"][0]["leases"] == 0, "the killed client's leases were not freed")
-        check(pool_stat(h, "kv")["used_current"] == before, "used memory did not return after the kill")
+        check(status(h)["pools"][0]["lease_count"] == 0, "the killed client's leases were not freed")
+        check(pool_stat(h, "kv")["used_bytes"] == before, "used memory did not return after the kill")
         check("freed 3 leases" in h.text(), "the holder did not log the freed leases")
     finally:
         h.stop()
@@ -377,7 +377,7 @@ def test_verbs(tmp):
     sock = h.socket
     try:
         s = status(h)
-        check(len(s["pools"]) == 2 and s["holder"]["backend"] == ("simulated" if H.PROFILE else "cuda"), s)
+        check(len(s["pools"]) == 2 and s["source"]["simulated"] == bool(H.PROFILE), s)
         prom = cupool("stats", "--format", "prometheus", socket_path=sock, check_rc=0).stdout
         check('cupool_pool_reserved_bytes{pool="kv"' in prom, prom)
         table = cupool("stats", socket_path=sock, check_rc=0).stdout
@@ -385,9 +385,9 @@ def test_verbs(tmp):
         # trim: the reserve (64 MiB) goes back; reported from before/after readings.
         t = json.loads(cupool("trim", "--format", "json", socket_path=sock, check_rc=0).stdout)
         kv = [p for p in t["pools"] if p["name"] == "kv"][0]
-        check(kv["released"] == kv["reserved_before"] - kv["reserved_after"], t)
+        check(kv["released_bytes"] == kv["reserved_before_bytes"] - kv["reserved_after_bytes"], t)
         if H.PROFILE:
-            check(kv["released"] >= 32 << 20, t)  # the simulation releases whole 32 MiB chunks
+            check(kv["released_bytes"] >= 32 << 20, t)  # the simulation releases whole 32 MiB chunks
         # plan/apply: none, then a change, then idempotent.
         cupool("plan", h.config, socket_path=sock, check_rc=0)
         changed = os.path.join(tmp, "changed.yaml")
@@ -431,7 +431,7 @@ def test_verbs(tmp):
         # buffers
         made = json.loads(cupool("buffer", "create", "scratch", "--pool", "kv", "--device", "0", "--size", "4MiB",
                                  "--format", "json", socket_path=sock, check_rc=0).stdout)
-        check(made["name"] == "scratch" and made["size"] == 4 << 20, made)
+        check(made["name"] == "scratch" and made["size_bytes"] == 4 << 20, made)
         ls = json.loads(cupool("buffer", "ls", "--format", "json", socket_path=sock, check_rc=0).stdout)
         check("scratch" in json.dumps(ls), ls)
         cupool("buffer", "rm", "scratch", "--format", "yaml", socket_path=sock, check_rc=0)
@@ -468,12 +468,12 @@ def test_trim_matches_device_memory(tmp):
         used_after = nvml_used_mib()
         kv = t["pools"][0]
         after_stats = pool_stat(h, "kv")
-        released_mib = kv["released"] / (1 << 20)
-        print(f"    reserved before {kv['reserved_before'] >> 20} MiB (stats said {before_stats['reserved_current'] >> 20} MiB), "
-              f"after {kv['reserved_after'] >> 20} MiB; trim released {released_mib:.0f} MiB; "
+        released_mib = kv["released_bytes"] / (1 << 20)
+        print(f"    reserved before {kv['reserved_before_bytes'] >> 20} MiB (stats said {before_stats['reserved_bytes'] >> 20} MiB), "
+              f"after {kv['reserved_after_bytes'] >> 20} MiB; trim released {released_mib:.0f} MiB; "
               f"NVML used {used_before} -> {used_after} MiB (drop {used_before - used_after} MiB)")
-        check(kv["reserved_before"] == before_stats["reserved_current"], "trim's before differs from stats")
-        check(after_stats["reserved_current"] == kv["reserved_after"], "stats after trim differ from trim's after")
+        check(kv["reserved_before_bytes"] == before_stats["reserved_bytes"], "trim's before differs from stats")
+        check(after_stats["reserved_bytes"] == kv["reserved_after_bytes"], "stats after trim differ from trim's after")
         check(abs((used_before - used_after) - released_mib) <= 8,
               f"the device got back {used_before - used_after} MiB, trim reported {released_mib:.0f} MiB")
     finally:
@@ -522,7 +522,7 @@ def test_single_instance_and_stale_socket(tmp):
     check(second.returncode == 4 and "another holder" in second.stderr and str(h.proc.pid) in second.stderr,
           f"second holder: {second.returncode} {second.stderr}")
     before = status(h)
-    used_before = {(p["name"], p["device"]): p["used_current"] for p in stats(h)["pools"]}
+    used_before = {(p["name"], p["device"]): p["used_bytes"] for p in stats(h)["pools"]}
     old_client = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "next", "kv", "0", str(16 << 20)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                   env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
@@ -551,11 +551,11 @@ def test_single_instance_and_stale_socket(tmp):
                 check("testclient: release CUPOOL_OK" in out, out)
             # The new holder rebuilt the pools and buffers from the file, and knows nothing of old leases.
             after = status(h2)
-            check([(p["name"], p["device"], p["max_size"]) for p in after["pools"]]
-                  == [(p["name"], p["device"], p["max_size"]) for p in before["pools"]], after["pools"])
+            check([(p["name"], p["device"], p["max_size_bytes"]) for p in after["pools"]]
+                  == [(p["name"], p["device"], p["max_size_bytes"]) for p in before["pools"]], after["pools"])
             check([b["name"] for b in after["buffers"]] == [b["name"] for b in before["buffers"]], after["buffers"])
-            check(all(p["leases"] == 0 for p in after["pools"]) and len(after["clients"]) == 1, after)
-            used_after = {(p["name"], p["device"]): p["used_current"] for p in stats(h2)["pools"]}
+            check(all(p["lease_count"] == 0 for p in after["pools"]) and len(after["clients"]) == 1, after)
+            used_after = {(p["name"], p["device"]): p["used_bytes"] for p in stats(h2)["pools"]}
             check(used_after == used_before, f"used memory {used_before} before the crash, {used_after} after the restart")
             check(client(h2, "cycle", "kv", 0, 1 << 20, 2).returncode == 0, "the restarted holder does not serve")
         finally:
@@ -648,7 +648,7 @@ def test_sighup_reload(tmp):
         while time.time() < deadline and len(status(h)["buffers"]) < 2:
             time.sleep(0.05)
         check(len(status(h)["buffers"]) == 2, "a good reload was not applied")
-        check(status(h)["holder"]["reloads"] == 1, status(h)["holder"])
+        check(status(h)["holder"]["reload_count"] == 1, status(h)["holder"])
     finally:
         h.stop()
 
@@ -670,8 +670,8 @@ def test_invalid_config_reply_in_parts(tmp):
             sent = err.get("findings", [])
             print(f"      path of {len(path)} bytes: {len(sent)} findings, rendered {len(err['rendered'])} bytes, "
                   f"{c.parts + 1} frames")
-            check(err.get("findings_total") == 600 and len(sent) == 600,
-                  f"findings: total {err.get('findings_total')}, sent {len(sent)}")
+            check(err.get("finding_count") == 600 and len(sent) == 600,
+                  f"findings: total {err.get('finding_count')}, sent {len(sent)}")
             check([f["line"] for f in sent] == list(range(3, 603)), "the findings, in file order")
             check(all(f["file"] == path for f in sent), "a finding names another file")
             check(err["rendered"].count(path + ":") == 600 and err["rendered"].count("unknown-device") == 600,
@@ -725,7 +725,7 @@ def test_replies_of_a_full_holder(tmp):
         check(all(n > 1 for _, n in sizes.values()), "every one of these replies is longer than a frame")
         st = status(h)
         check(len(st["pools"]) == 1024 and len(st["buffers"]) == 2048, "status lists every pool and buffer")
-        check(len(st["clients"]) == st["clients_total"] == 1026, f"status lists {len(st['clients'])} clients")
+        check(len(st["clients"]) == st["client_count"] == 1026, f"status lists {len(st['clients'])} clients")
         check(sum(c["name"] == client_name for c in st["clients"]) == 1024, "the clients' names")
         table = cupool("status", socket_path=h.socket, check_rc=0).stdout
         check(table.count(client_name) == 1024 and name("pool", 1023) in table, "status table")
@@ -918,14 +918,17 @@ def test_buffer_load(tmp):
             f.write(safetensors_bytes([("all", "U8", [size], testclient_pattern(size, 5))], {"format": "pt"}))
         r = cupool("buffer", "load", "model", good, "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0)
         loaded = json.loads(r.stdout)
-        check(loaded["tensors"] == 1 and loaded["size"] == size and loaded["tensor_bytes"] == size, f"load: {loaded}")
+        check(loaded["tensor_count"] == 1 and loaded["size_bytes"] == size and loaded["tensor_bytes"] == size,
+              f"load: {loaded}")
         c = client(h, "read", "model", 5)
         check(c.returncode == 0, f"the buffer does not hold the file's bytes: {c.stdout}{c.stderr}")
         listed = cupool("buffer", "ls", socket_path=h.socket, check_rc=0).stdout
         check(re.search(r"model\s+kv\s+0\s+80\.0 MiB\s+ready\s+1\s+0", listed), f"buffer ls:\n{listed}")
         one = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        check(one["tensors"] == [{"name": "all", "dtype": "U8", "shape": [size], "part": 0, "offset": 0, "size": size}]
-              and one["metadata"] == {"format": "pt"} and one["parts"] == [size], f"buffer ls model: {one}")
+        check(one["tensors"] == [{"name": "all", "dtype": "U8", "shape": [size], "part": 0, "offset_bytes": 0,
+                                  "size_bytes": size}]
+              and one["metadata"] == {"format": "pt"} and one["parts"] == [{"part": 0, "size_bytes": size}],
+              f"buffer ls model: {one}")
         table = cupool("buffer", "ls", "model", socket_path=h.socket, check_rc=0).stdout
         check("all" in table and "[83886083]" in table, f"buffer ls model:\n{table}")
 
@@ -939,7 +942,8 @@ def test_buffer_load(tmp):
                    check_rc=0)
         check("2 tensors" in r.stdout and "in 2 parts" in r.stdout, f"load in parts: {r.stdout}")
         one = json.loads(cupool("buffer", "ls", "parted", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        check(one["parts"] == [3 * MiB, MiB] and [t["part"] for t in one["tensors"]] == [0, 1], f"parts: {one}")
+        check(one["parts"] == [{"part": 0, "size_bytes": 3 * MiB}, {"part": 1, "size_bytes": MiB}]
+              and [t["part"] for t in one["tensors"]] == [0, 1], f"parts: {one}")
         c = client(h, "read", "parted", 7)
         check(c.returncode == 0 and f"({3 * MiB} bytes" in c.stdout, f"part 0: {c.stdout}{c.stderr}")
         cupool("buffer", "rm", "parted", socket_path=h.socket, check_rc=0)
@@ -1025,7 +1029,7 @@ def test_load_256_clients(tmp):
     procs = []
     go = None
     try:
-        used_before = pool_stat(h, "load")["used_current"]
+        used_before = pool_stat(h, "load")["used_bytes"]
         fds_before = h.idle_fds("load")
         fifo = os.path.join(tmp, "go")
         os.mkfifo(fifo)
@@ -1037,10 +1041,10 @@ def test_load_256_clients(tmp):
         # Each client connects and does one untimed cycle (it imports the pool), then blocks opening
         # the FIFO; opening it here releases them all at once.
         deadline = time.time() + 120
-        while time.time() < deadline and status(h)["clients_total"] < clients + 1:
+        while time.time() < deadline and status(h)["client_count"] < clients + 1:
             check(all(p.poll() is None for p in procs), "a load client exited before the start")
             time.sleep(0.1)
-        check(status(h)["clients_total"] == clients + 1, "not every load client connected")
+        check(status(h)["client_count"] == clients + 1, "not every load client connected")
         fds_peak = h.fds()
         go = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # never blocks; counts as the writer
         while any(p.poll() is None for p in procs):
@@ -1067,9 +1071,9 @@ def test_load_256_clients(tmp):
         # (measured 2026-11-25: done in about 15 s); a leak never drops, however long it waits.
         h.wait_fds(fds_before, timeout=10 * H.slowness())
         s = status(h)
-        check(s["pools"][0]["leases"] == 0 and s["pools"][0]["leased_bytes"] == 0, f"leases left: {s['pools']}")
+        check(s["pools"][0]["lease_count"] == 0 and s["pools"][0]["leased_bytes"] == 0, f"leases left: {s['pools']}")
         check(len(s["clients"]) == 1, f"clients left: {s['clients']}")
-        used_after = pool_stat(h, "load")["used_current"]
+        used_after = pool_stat(h, "load")["used_bytes"]
         check(used_after == used_before, f"used memory {used_before} before, {used_after} after")
         h.wait_fds(fds_before)
         check("dropping client" not in h.text(), "the holder dropped a load client:\n" + h.text())
@@ -1136,7 +1140,7 @@ def test_client_killed_mid_request(tmp):
     them, closes what it opened for them, and the other clients notice nothing."""
     h = Holder(tmp)
     try:
-        used_before = pool_stat(h, "kv")["used_current"]
+        used_before = pool_stat(h, "kv")["used_bytes"]
         fds_before = h.idle_fds()
         good = RawClient(h.socket)
         good.hello()
@@ -1146,7 +1150,7 @@ def test_client_killed_mid_request(tmp):
 
         def settled():
             s = status(h)
-            return s["pools"][0]["leases"] == 1 and len(s["clients"]) == 2
+            return s["pools"][0]["lease_count"] == 1 and len(s["clients"]) == 2
 
         # 1. An alloc sent, killed before reading the reply.
         run_and_die(h.socket, "send({'id':2,'op':'alloc','pool':'kv','device':0,'size':64<<20})")
@@ -1176,8 +1180,8 @@ def test_client_killed_mid_request(tmp):
         check(body["ok"] and body["size"] == 4 << 20, body)
         good.close()
         h.wait_fds(fds_before)
-        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return to where it started")
-        check(status(h)["pools"][0]["leases"] == 0, "leases left behind")
+        check(pool_stat(h, "kv")["used_bytes"] == used_before, "used memory did not return to where it started")
+        check(status(h)["pools"][0]["lease_count"] == 0, "leases left behind")
     finally:
         h.stop()
 
@@ -1187,7 +1191,7 @@ def test_client_that_never_reads(tmp):
     replies waits for it; another client is served all along."""
     h = Holder(tmp)
     try:
-        used_before = pool_stat(h, "kv")["used_current"]
+        used_before = pool_stat(h, "kv")["used_bytes"]
         fds_before = h.idle_fds()
         good = RawClient(h.socket)
         good.hello()
@@ -1214,13 +1218,13 @@ def test_client_that_never_reads(tmp):
         print(f"    dropped after {sent} unread requests; the other client was served {served} times meanwhile "
               f"(slowest {worst * 1000:.1f} ms)")
         bad.close()
-        wait_for("the dropped client's lease to be freed", lambda: status(h)["pools"][0]["leases"] == 0)
+        wait_for("the dropped client's lease to be freed", lambda: status(h)["pools"][0]["lease_count"] == 0)
         body, _ = good.request("alloc", pool="kv", device=0, size=1 << 20)
         check(body["ok"], body)
         check(good.request("free", lease=body["lease"])[0]["ok"], "free failed")
         good.close()
         h.wait_fds(fds_before)
-        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return to where it started")
+        check(pool_stat(h, "kv")["used_bytes"] == used_before, "used memory did not return to where it started")
     finally:
         h.stop()
 
@@ -1232,7 +1236,7 @@ def test_half_frame_times_out(tmp):
     import select
     h = Holder(tmp)
     try:
-        used_before = pool_stat(h, "kv")["used_current"]
+        used_before = pool_stat(h, "kv")["used_bytes"]
         fds_before = h.idle_fds()
         good = RawClient(h.socket)
         good.hello()
@@ -1271,10 +1275,10 @@ def test_half_frame_times_out(tmp):
               f"client was served {served} times meanwhile (slowest {worst * 1000:.1f} ms)")
         stall.close()
         parts.close()
-        wait_for("the stalled client's lease to be freed", lambda: status(h)["pools"][0]["leases"] == 0)
+        wait_for("the stalled client's lease to be freed", lambda: status(h)["pools"][0]["lease_count"] == 0)
         good.close()
         h.wait_fds(fds_before)
-        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return to where it started")
+        check(pool_stat(h, "kv")["used_bytes"] == used_before, "used memory did not return to where it started")
     finally:
         h.stop()
 
@@ -1535,7 +1539,7 @@ def test_socket_mode_keeps_others_out(tmp):
         r = client(h, "expect", "kv", 0, 4096, "CUPOOL_E_REFUSED", user=user)
         check("testclient: connect: CUPOOL_E_REFUSED" in r.stdout and "permission denied on " + h.socket in r.stderr,
               f"{r.stdout}{r.stderr}")
-        check(status(h)["clients_total"] == 1, "the refused user appears among the clients")
+        check(status(h)["client_count"] == 1, "the refused user appears among the clients")
     finally:
         h.stop()
 
@@ -1546,11 +1550,11 @@ def test_one_connection_many_threads(tmp):
     ThreadSanitizer (CUPOOL_TSAN) a data race in the library fails the client."""
     h = Holder(tmp)
     try:
-        used_before = pool_stat(h, "kv")["used_current"]
+        used_before = pool_stat(h, "kv")["used_bytes"]
         r = client(h, "threads", "kv", 0, 1 << 20, 8, 40, timeout=240)
         check(r.returncode == 0 and "threads ok (8 x 40)" in r.stdout, f"threads: exit {r.returncode}\n{r.stdout}{r.stderr}")
-        check(status(h)["pools"][0]["leases"] == 0, "leases left behind")
-        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return to where it started")
+        check(status(h)["pools"][0]["lease_count"] == 0, "leases left behind")
+        check(pool_stat(h, "kv")["used_bytes"] == used_before, "used memory did not return to where it started")
     finally:
         h.stop()
 
@@ -1567,7 +1571,7 @@ def keeping_client(h, pool, size, count, *extra):
     check(line.startswith("testclient: cached "), f"the client did not cache: {line!r} {p.stderr.read() if p.poll() is not None else ''}")
     # Its releases are quiet requests, not yet read by the holder perhaps: wait until it has them.
     wait_for("the holder to have the client's cached blocks",
-             lambda: any(c["pid"] == p.pid and c["cached"] == count for c in status(h)["clients"]))
+             lambda: any(c["pid"] == p.pid and c["cached_count"] == count for c in status(h)["clients"]))
     return p, int(line.split()[2])
 
 
@@ -1582,11 +1586,11 @@ def test_cache_reuse_without_round_trip(tmp):
     it; the pattern written each cycle reads back. With CUPOOL_CLIENT_CACHE=0 nothing is cached."""
     h = Holder(tmp)
     try:
-        used_before = pool_stat(h, "kv")["used_current"]
+        used_before = pool_stat(h, "kv")["used_bytes"]
         r = client(h, "warm", "kv", 0, 4 << 20, 100)
         check(r.returncode == 0 and f"warm ok 100 {4 << 20}" in r.stdout, f"warm: exit {r.returncode}\n{r.stdout}{r.stderr}")
-        wait_for("the cached lease to be freed when the client left", lambda: status(h)["pools"][0]["leases"] == 0)
-        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return to where it started")
+        wait_for("the cached lease to be freed when the client left", lambda: status(h)["pools"][0]["lease_count"] == 0)
+        check(pool_stat(h, "kv")["used_bytes"] == used_before, "used memory did not return to where it started")
         # The holder saw one allocation, not 100: its log counts the lease freed at disconnect.
         wait_for("the holder's log of the freed lease", lambda: "freed 1 lease" in h.text())
 
@@ -1594,9 +1598,9 @@ def test_cache_reuse_without_round_trip(tmp):
         check(cached == 24 << 20, f"the client says {cached} bytes are cached, expected 24 MiB")
         s = status(h)
         me = [c for c in s["clients"] if c["name"] == "testclient"][0]
-        check(me["cached"] == 3 and me["cached_bytes"] == 24 << 20 and me["leased_bytes"] == 24 << 20 and me["protocol"] == 3,
+        check(me["cached_count"] == 3 and me["cached_bytes"] == 24 << 20 and me["leased_bytes"] == 24 << 20 and me["protocol"] == 3,
               f"status does not show the cached blocks charged to the client: {me}")
-        check(s["pools"][0]["cached"] == 3 and s["pools"][0]["cached_bytes"] == 24 << 20, f"pool: {s['pools'][0]}")
+        check(s["pools"][0]["cached_count"] == 3 and s["pools"][0]["cached_bytes"] == 24 << 20, f"pool: {s['pools'][0]}")
         check(pool_stat(h, "kv")["cached_bytes"] == 24 << 20, "stats do not show the cached bytes")
         prom = cupool("stats", "--format", "prometheus", socket_path=h.socket, check_rc=0).stdout
         check('cupool_pool_cached_bytes{pool="kv",gpu="0"' in prom and f"}} {24 << 20}\n" in prom, prom)
@@ -1618,14 +1622,14 @@ def test_cached_blocks_reclaimed_on_sigkill(tmp):
     """A client killed with SIGKILL while it keeps blocks cached: the holder frees them all."""
     h = Holder(tmp)
     try:
-        used_before = pool_stat(h, "kv")["used_current"]
+        used_before = pool_stat(h, "kv")["used_bytes"]
         p, cached = keeping_client(h, "kv", 64 << 20, 3)
-        check(pool_stat(h, "kv")["used_current"] == used_before + (192 << 20), "the cached blocks are not in use in the pool")
+        check(pool_stat(h, "kv")["used_bytes"] == used_before + (192 << 20), "the cached blocks are not in use in the pool")
         p.kill()
         p.wait()
-        wait_for("the killed client's cached blocks to be freed", lambda: status(h)["pools"][0]["leases"] == 0)
-        check(status(h)["pools"][0]["cached"] == 0, "cached count left behind")
-        check(pool_stat(h, "kv")["used_current"] == used_before, "used memory did not return after the kill")
+        wait_for("the killed client's cached blocks to be freed", lambda: status(h)["pools"][0]["lease_count"] == 0)
+        check(status(h)["pools"][0]["cached_count"] == 0, "cached count left behind")
+        check(pool_stat(h, "kv")["used_bytes"] == used_before, "used memory did not return after the kill")
     finally:
         h.stop()
 
@@ -1640,10 +1644,10 @@ def test_drop_answered_by_idle_client(tmp):
         start = time.time()
         t = json.loads(cupool("trim", "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
         took = time.time() - start
-        check(t["cached_dropped_bytes"] == 128 << 20, f"trim did not get the cached blocks back: {t}")
+        check(t["dropped_bytes"] == 128 << 20, f"trim did not get the cached blocks back: {t}")
         check(took < 3, f"the trim waited {took:.1f} s for an idle client's answer")
         s = status(h)
-        check(s["pools"][0]["cached"] == 0 and s["pools"][0]["leases"] == 0, f"cached blocks left: {s['pools'][0]}")
+        check(s["pools"][0]["cached_count"] == 0 and s["pools"][0]["lease_count"] == 0, f"cached blocks left: {s['pools'][0]}")
         check(len(s["clients"]) >= 2, "the idle client was disconnected instead of answering")
         text = cupool("trim", "--pool", "kv", socket_path=h.socket, check_rc=0).stdout
         check("Clients dropped" not in text, text)
@@ -1654,13 +1658,13 @@ def test_drop_answered_by_idle_client(tmp):
         # its thread still answers, and its next allocation works.
         p, cached = keeping_client(h, "kv", 32 << 20, 2, "fork")
         t = json.loads(cupool("trim", "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        check(t["cached_dropped_bytes"] == 64 << 20, f"after a forked child's disconnect: {t}")
+        check(t["dropped_bytes"] == 64 << 20, f"after a forked child's disconnect: {t}")
         out = finish_keeping_client(p)
         check("testclient: cached 0" in out and "testclient: after CUPOOL_OK" in out, out)
         # --keep-cached leaves a client's cache alone.
         p, cached = keeping_client(h, "kv", 32 << 20, 2)
         t = json.loads(cupool("trim", "--keep-cached", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
-        check(t["cached_dropped_bytes"] == 0 and status(h)["pools"][0]["cached"] == 2, f"{t}")
+        check(t["dropped_bytes"] == 0 and status(h)["pools"][0]["cached_count"] == 2, f"{t}")
         finish_keeping_client(p)
     finally:
         h.stop()
@@ -1679,9 +1683,9 @@ def test_drop_unanswered_closes_connection(tmp):
             t = json.loads(cupool("trim", "--pool", "kv", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
             took = time.time() - start
             check(0.9 <= took < 3 * H.slowness(), f"the trim took {took:.2f} s, expected the 1 s drop timeout")
-            check(t["cached_dropped_bytes"] == 0, f"{t}")
+            check(t["dropped_bytes"] == 0, f"{t}")
             s = status(h)
-            check(s["pools"][0]["leases"] == 0 and s["pools"][0]["cached"] == 0, f"leases left: {s['pools'][0]}")
+            check(s["pools"][0]["lease_count"] == 0 and s["pools"][0]["cached_count"] == 0, f"leases left: {s['pools'][0]}")
             check(len(s["clients"]) == 1, "the silent client is still connected")
             check("did not answer the holder's request to drop cached blocks" in h.text(), h.text()[-2000:])
         finally:
@@ -1706,7 +1710,7 @@ def test_reload_asks_for_cached_blocks(tmp):
         wait_for("the reload to remove pool private", lambda: len(status(h)["pools"]) == 1)
         check("reload: waiting for clients to give back cached blocks" in h.text(), h.text()[-3000:])
         check("reload: remove pool private" in h.text(), h.text()[-3000:])
-        check(status(h)["holder"]["reloads"] == 1, "the reload was not counted")
+        check(status(h)["holder"]["reload_count"] == 1, "the reload was not counted")
         out = finish_keeping_client(p)
         check("testclient: cached 0" in out, out)
     finally:
@@ -1754,10 +1758,10 @@ def test_cache_limit(tmp):
         for lease in leases:
             check(lib.cupool_release(conn, lease) == 0, "release")
         check(lib.cupool_cached_bytes(conn) == 2 << 20, f"cached {lib.cupool_cached_bytes(conn)}, limit 3 MiB")
-        wait_for("the holder to free what did not fit", lambda: status(h)["pools"][0]["leases"] == 1)
-        check(status(h)["pools"][0]["cached"] == 1, f"{status(h)['pools'][0]}")
+        wait_for("the holder to free what did not fit", lambda: status(h)["pools"][0]["lease_count"] == 1)
+        check(status(h)["pools"][0]["cached_count"] == 1, f"{status(h)['pools'][0]}")
         check(lib.cupool_set_cache_limit(conn, 0) == 0 and lib.cupool_cached_bytes(conn) == 0, "limit 0")
-        wait_for("the holder to free the emptied cache", lambda: status(h)["pools"][0]["leases"] == 0)
+        wait_for("the holder to free the emptied cache", lambda: status(h)["pools"][0]["lease_count"] == 0)
         lib.cupool_disconnect(conn)
     finally:
         h.stop()

@@ -125,14 +125,14 @@ class Baseline:
     def __init__(self, h):
         self.h = h
         self.fds = h.idle_fds()
-        self.used = pool_stat(h, "kv")["used_current"]
+        self.used = pool_stat(h, "kv")["used_bytes"]
         self.rss = rss_kib(h)
 
     def restored(self, rss_slack_mib=64, timeout=15):
         # A sanitized holder serves what an attacker left behind several times slower (the plans of
         # test_long_replies_nobody_reads took over 15 s under ASan here); a leak never restores.
         self.h.wait_fds(self.fds, timeout * H.slowness())
-        used = pool_stat(self.h, "kv")["used_current"]
+        used = pool_stat(self.h, "kv")["used_bytes"]
         check(used == self.used, f"the pool's used bytes are {used}, {self.used} before the attack")
         rss = rss_kib(self.h)
         if H.sanitized("address"):
@@ -142,7 +142,7 @@ class Baseline:
         else:
             check(rss <= self.rss + rss_slack_mib * 1024,
                   f"the holder's resident memory is {rss // 1024} MiB, {self.rss // 1024} MiB before the attack")
-        check(status(self.h)["clients_total"] == 1, "clients of the attack are still connected")
+        check(status(self.h)["client_count"] == 1, "clients of the attack are still connected")
 
 
 def attacked(tmp, name, attack, config=None, extra=(), rss_slack_mib=64):
@@ -482,7 +482,7 @@ sys.stdin.read()  # until the test is done with status
             body = json.loads(r.stdout)
             shown = {c["name"] for c in body["clients"]}
             check(names <= shown, f"status lists {len(names & shown)} of the user's {n} connections")
-            check(body["clients_total"] == len(body["clients"]), f"clients_total {body['clients_total']}, "
+            check(body["client_count"] == len(body["clients"]), f"client_count {body['client_count']}, "
                   f"{len(body['clients'])} listed")
             table = cupool("status", socket_path=h.socket, check_rc=0).stdout
             check(all(name in table for name in names), "the status table lacks some of the user's connections")
@@ -674,9 +674,9 @@ def test_quiet_requests_and_cached_blocks_of_a_peer_that_never_reads(tmp):
         for i, lease in enumerate(leases):
             s.sendall(frame(id=10 + i, op="free", lease=lease, cache=True, quiet=True))
         wait_for_cached = time.time() + 10
-        while time.time() < wait_for_cached and status(h)["pools"][0]["cached"] != 4:
+        while time.time() < wait_for_cached and status(h)["pools"][0]["cached_count"] != 4:
             time.sleep(0.05)
-        check(status(h)["pools"][0]["cached"] == 4, "the peer's blocks are not cached")
+        check(status(h)["pools"][0]["cached_count"] == 4, "the peer's blocks are not cached")
         s.setblocking(False)
         burst = b""
         for i in range(1000):  # quiet requests that succeed: no reply
@@ -694,9 +694,9 @@ def test_quiet_requests_and_cached_blocks_of_a_peer_that_never_reads(tmp):
             except OSError:
                 break  # dropped
         left = time.time() + 10
-        while time.time() < left and status(h)["pools"][0]["leases"] != 0:
+        while time.time() < left and status(h)["pools"][0]["lease_count"] != 0:
             time.sleep(0.05)
-        check(status(h)["pools"][0]["leases"] == 0, "the peer that never reads still holds its cached blocks")
+        check(status(h)["pools"][0]["lease_count"] == 0, "the peer that never reads still holds its cached blocks")
         check("does not read its replies" in h.text(), "the peer was not dropped for its unread errors")
         s.close()
 
@@ -843,7 +843,7 @@ def test_dropped_naming_a_lease_twice(tmp):
         body, _ = c.request("dropped", ask=0, leases=[lease, lease])
         check(body["ok"] is False and body["error"]["code"] == "bad_request" and "twice" in body["error"]["message"],
               body)
-        check(status(h)["pools"][0]["cached"] == 1, "the refused dropped changed the cache")
+        check(status(h)["pools"][0]["cached_count"] == 1, "the refused dropped changed the cache")
         body, _ = c.request("dropped", ask=0, leases=[lease])
         check(body["ok"] and body["leases"] == 1, body)
         c.close()

@@ -45,9 +45,9 @@ def pool(conn, name="kv"):
 
 
 def held(conn, name="kv"):
-    """(leases, leased_bytes, cached) of the pool, as the holder counts them."""
+    """(lease_count, leased_bytes, cached_count) of the pool, as the holder counts them."""
     p = pool(conn, name)
-    return p["leases"], p["leased_bytes"], p["cached"]
+    return p["lease_count"], p["leased_bytes"], p["cached_count"]
 
 
 def expect_error(cls, fn, *args, contains="", code=None):
@@ -113,11 +113,11 @@ def test_connect_status_stats(tmp):
         with cupool.connect(h.socket, "python-test") as conn:
             check(conn.backend == "simulated", f"backend {conn.backend!r}")
             s = conn.status()
-            check(isinstance(s, dict) and s["ok"] and s["holder"]["backend"] == "simulated", f"status: {s}")
+            check(isinstance(s, dict) and s["ok"] and s["source"]["simulated"] is True, f"status: {s}")
             check({p["name"] for p in s["pools"]} == {"kv", "private"}, f"pools: {s['pools']}")
             check([c for c in s["clients"] if c.get("name") == "python-test"], f"our name is not listed: {s['clients']}")
             st = conn.stats()
-            check(st["ok"] and any(p["name"] == "kv" and p["reserved_current"] >= 64 * MiB for p in st["pools"]),
+            check(st["ok"] and any(p["name"] == "kv" and p["reserved_bytes"] >= 64 * MiB for p in st["pools"]),
                   f"stats: {st}")
             check(not conn.closed, "closed too early")
         check(conn.closed, "leaving the with block did not close the connection")
@@ -125,7 +125,7 @@ def test_connect_status_stats(tmp):
         os.environ["CUPOOL_SOCKET"] = h.socket
         try:
             with cupool.connect() as conn:
-                check(conn.status()["clients_total"] == 1, "not connected through CUPOOL_SOCKET")
+                check(conn.status()["client_count"] == 1, "not connected through CUPOOL_SOCKET")
         finally:
             del os.environ["CUPOOL_SOCKET"]
     finally:
@@ -157,7 +157,7 @@ def test_alloc_numpy(tmp):
         check(conn.closed and d.released, "close() did not release the lease")
         with cupool.connect(h.socket) as watcher:
             s = watcher.status()
-            check(s["clients_total"] == 1 and held(watcher) == (0, 0, 0), f"left after close: {held(watcher)}")
+            check(s["client_count"] == 1 and held(watcher) == (0, 0, 0), f"left after close: {held(watcher)}")
     finally:
         h.stop()
 
@@ -181,7 +181,7 @@ def test_two_processes(tmp):
             check(r.returncode == 0 and "match" in r.stdout, f"the child does not see the parent's bytes: {r.stdout}{r.stderr}")
             bad = run_python(CHILD_VERIFY, h.socket, "shared", 10)
             check(bad.returncode == 1 and "mismatch" in bad.stdout, f"a wrong pattern was not caught: {bad.stdout}{bad.stderr}")
-            check(conn.status()["buffers"][0]["opens"] == 0, "buffer opens not back to 0")
+            check(conn.status()["buffers"][0]["open_count"] == 0, "buffer opens not back to 0")
     finally:
         h.stop()
 
@@ -299,7 +299,7 @@ def test_close_with_live_array(tmp):
             plain = conn.alloc("kv", MiB)
         with cupool.connect(h.socket, "watcher") as watcher:
             s = watcher.status()
-            check(s["clients_total"] == 2 and held(watcher) == (1, MiB, 0),
+            check(s["client_count"] == 2 and held(watcher) == (1, MiB, 0),
                   f"the closed connection should keep only the lease under the array: {held(watcher)}, {s['clients']}")
             expect_error(cupool.InvalidArgument, lambda: plain.address, contains="connection is closed")
             plain.release()  # after close: nothing to do, no crash
@@ -308,7 +308,7 @@ def test_close_with_live_array(tmp):
             del a
             gc.collect()
             s = watcher.status()
-            check(s["clients_total"] == 1 and held(watcher) == (0, 0, 0),
+            check(s["client_count"] == 1 and held(watcher) == (0, 0, 0),
                   f"the last array did not free the lease and disconnect: {held(watcher)}, {s['clients']}")
     finally:
         h.stop()
@@ -535,7 +535,7 @@ def load(h, name, path, *extra):
 
 
 def opens(conn, name):
-    return next(b["opens"] for b in conn.status()["buffers"] if b["name"] == name)
+    return next(b["open_count"] for b in conn.status()["buffers"] if b["name"] == name)
 
 
 CHILD_TENSORS = """
@@ -555,7 +555,7 @@ def test_tensors_across_processes(tmp):
         with cupool.connect(h.socket, "python-test") as conn:
             index = conn.tensor_index("model")
             check(index["indexed"] and len(index["tensors"]) == len(arrays), f"index: {index}")
-            check(all(t["offset"] % 256 == 0 for t in index["tensors"]), f"offsets not aligned: {index['tensors']}")
+            check(all(t["offset_bytes"] % 256 == 0 for t in index["tensors"]), f"offsets not aligned: {index['tensors']}")
             t = cupool.tensors("model", framework="numpy", socket=h.socket)
             check(sorted(t) == sorted(arrays), f"names: {sorted(t)}")
             for name, a in arrays.items():
@@ -579,7 +579,7 @@ def test_tensors_across_processes(tmp):
             del view
             gc.collect()
             check(opens(conn, "model") == 0, f"opens after the last view went: {opens(conn, 'model')}")
-            check(conn.status()["clients_total"] == 1, "the connection tensors() made is still open")
+            check(conn.status()["client_count"] == 1, "the connection tensors() made is still open")
     finally:
         h.stop()
 
@@ -601,7 +601,8 @@ def test_tensors_in_parts(tmp):
             index = conn.tensor_index("parted")
             parts = {t["name"]: t["part"] for t in index["tensors"]}
             check(parts == {"a": 0, "b": 1, "c": 2, "d": 2} and len(index["parts"]) == 3
-                  and all(p <= 1 << 20 for p in index["parts"]), f"parts: {parts} {index['parts']}")
+                  and [p["part"] for p in index["parts"]] == [0, 1, 2]
+                  and all(p["size_bytes"] <= 1 << 20 for p in index["parts"]), f"parts: {parts} {index['parts']}")
             t = cupool.tensors("parted", framework="numpy", conn=conn)
             for name, a in arrays.items():
                 check(np.array_equal(t[name], a), f"{name} differs from the file's")
@@ -641,7 +642,7 @@ def test_tensors_errors(tmp):
         raw = H.RawClient(h.socket)
         raw.hello()
         body, _ = raw.request("buffer_create", name="half", pool="kv", size=4096, loading=True,
-                              tensors=[{"name": "w", "dtype": "F32", "shape": [4], "offset": 0, "size": 16}])
+                              tensors=[{"name": "w", "dtype": "F32", "shape": [4], "offset_bytes": 0, "size_bytes": 16}])
         check(body["ok"], f"buffer_create: {body}")
         expect_error(cupool.Busy, cupool.tensors, "half", "numpy", h.socket, contains="still being loaded")
         raw.close()

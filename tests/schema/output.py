@@ -2,33 +2,50 @@
 
 Every verb's --format json or yaml output carries "schema_version" first and is described by
 schemas/cupool-NAME-v1.schema.json; `cupool exec --report` writes lines described by
-schemas/cupool-exec-report-v1.schema.json. The test suites that run the binary (cli_test.py, the
-holder suites, exec_test.py) pass what it printed to check_command(); so every real output those
-suites produce, on a simulated node in CI and on the driver on a GPU machine, is validated.
+schemas/cupool-exec-report-v1.schema.json. The objects several verbs share are defined once, in
+schemas/cupool-common-v1.schema.json, which the verbs' schemas $ref (docs/naming.md). The test
+suites that run the binary (cli_test.py, the holder suites, exec_test.py) pass what it printed to
+check_command(); so every real output those suites produce, on a simulated node in CI and on the
+driver on a GPU machine, is validated.
+
+The published schemas accept fields they do not describe (within a version fields are only added,
+and a reader ignores what it does not know). The suites validate against strict copies made here
+at load time instead: the same schemas with "unevaluatedProperties": false on every object, so a
+field the binary prints that no schema describes fails a test. Cross-file $refs resolve offline,
+from the schemas loaded here (by their $id).
 
 Set CUPOOL_OUTPUT_SAMPLES=DIR to also append every document to DIR/NAME.jsonl (to study real
 output when a schema changes).
 """
 
+import copy
+import functools
+import glob
 import json
 import os
 import sys
+from urllib.parse import urldefrag, urljoin
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from validate import Yaml12Loader, make_validator  # noqa: E402  (also imports jsonschema and yaml)
 
+import jsonschema  # noqa: E402
 import yaml  # noqa: E402
 
 VERSION = 1
 SCHEMA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "schemas")
+SCHEMA_BASE = "https://cupool.dev/schemas/"
+COMMON = "common"  # the shared definitions: no verb prints it, every verb's schema $refs it
 
 # The verbs that print machine output, and the schema of each (buffer's subcommands by name).
 VERBS = {"query": "query", "check": "check", "bench": "bench", "status": "status", "stats": "stats",
          "trim": "trim", "plan": "plan", "apply": "plan"}
 BUFFER_VERBS = {"create": "buffer-create", "load": "buffer-load", "ls": "buffer-ls", "rm": "buffer-rm",
                 "remove": "buffer-rm"}
+KEEPER_LIST = "keeper-list"  # `cupool keeper --list`
 
 _validators = {}
+_schemas = {}  # schema dir -> {"published": {name: schema}, "strict": {name: strict copy}}
 counts = {}
 
 
@@ -40,11 +57,144 @@ def schema_path(name):
     return os.path.normpath(os.path.join(SCHEMA_DIR, f"cupool-{name}-v{VERSION}.schema.json"))
 
 
-def validator(name):
-    if name not in _validators:
-        with open(schema_path(name), encoding="utf-8") as f:
-            _validators[name] = make_validator(json.load(f))
-    return _validators[name]
+def schema_id(name):
+    return f"{SCHEMA_BASE}cupool-{name}-v{VERSION}.schema.json"
+
+
+def load_output_schemas(schema_dir=SCHEMA_DIR):
+    """{name: schema} of every output schema in schema_dir (cupool-NAME-vN, the config's aside)."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(schema_dir, f"cupool-*-v{VERSION}.schema.json"))):
+        name = os.path.basename(path)[len("cupool-"):-len(f"-v{VERSION}.schema.json")]
+        if name == "config":
+            continue
+        with open(path, encoding="utf-8") as f:
+            found[name] = json.load(f)
+    return found
+
+
+# ---- strict copies ----
+#
+# "unevaluatedProperties": false sees through allOf and $ref (draft 2020-12), so it goes on every
+# object schema that has properties, with one exception: a definition another object extends with
+# allOf (common's identity, usage, threshold, error, buffer ...) must stay open, or the fields the
+# extending object adds would be refused inside it. Such a base is closed where it is used instead:
+# the object that extends it gets the keyword (it sees the base's fields through allOf), and so
+# does every plain {"$ref": BASE} (status's graph, custody's error). Conditional subschemas
+# (if/then/else/not) are left alone: they describe no object of their own.
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs")
+_SCHEMA_ONE = ("items", "additionalProperties")
+_SCHEMA_LISTS = ("oneOf", "anyOf", "prefixItems")
+
+
+def _escape(key):
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+def _subschemas(node, pointer):
+    """(child, its JSON pointer, whether it is an allOf member) for each subschema of `node` that
+    describes the instance or a part of it."""
+    for key in _SCHEMA_MAPS:
+        for name, child in (node.get(key) or {}).items():
+            yield child, f"{pointer}/{key}/{_escape(name)}", False
+    for key in _SCHEMA_ONE:
+        if isinstance(node.get(key), dict):
+            yield node[key], f"{pointer}/{key}", False
+    for key in _SCHEMA_LISTS:
+        for i, child in enumerate(node.get(key) or []):
+            yield child, f"{pointer}/{key}/{i}", False
+    for i, child in enumerate(node.get("allOf") or []):
+        yield child, f"{pointer}/allOf/{i}", True
+
+
+def _allof_bases(schemas):
+    """The absolute URIs (id#pointer) of every schema some allOf member $refs."""
+    bases = set()
+
+    def walk(node, sid, pointer):
+        if not isinstance(node, dict):
+            return
+        for member in node.get("allOf") or []:
+            if isinstance(member, dict) and "$ref" in member:
+                bases.add(urljoin(sid, member["$ref"]))
+        for child, where, _ in _subschemas(node, pointer):
+            walk(child, sid, where)
+
+    for schema in schemas.values():
+        walk(schema, schema["$id"], "")
+    return bases
+
+
+def strict_copies(schemas):
+    """{name: strict copy} of {name: schema} (see above)."""
+    bases = _allof_bases(schemas)
+    strict = {}
+
+    def refs_base(node, sid):
+        return isinstance(node, dict) and "$ref" in node and urljoin(sid, node["$ref"]) in bases
+
+    def tighten(node, sid, pointer, member):
+        if not isinstance(node, dict):
+            return
+        closes = "properties" in node or refs_base(node, sid) or \
+            any(refs_base(m, sid) for m in node.get("allOf") or [])
+        if closes and not member and f"{sid}#{pointer}" not in bases and "unevaluatedProperties" not in node:
+            node["unevaluatedProperties"] = False
+        for child, where, is_member in _subschemas(node, pointer):
+            tighten(child, sid, where, is_member)
+
+    for name, schema in schemas.items():
+        strict[name] = copy.deepcopy(schema)
+        tighten(strict[name], schema["$id"], "", False)
+    return strict
+
+
+# ---- validators, their $refs resolved from the schemas loaded (offline) ----
+
+@functools.lru_cache(maxsize=None)
+def _uses_registry():
+    """jsonschema >= 4.18 resolves $ref through a `referencing` registry; older ones (Debian 12's
+    4.10) through RefResolver."""
+    try:
+        import referencing
+        jsonschema.Draft202012Validator({}, registry=referencing.Registry())
+        return True
+    except (ImportError, TypeError):
+        return False
+
+
+def build_validator(schema, schemas):
+    """A validator for `schema` whose $refs resolve against {name: schema} by $id, and nowhere else."""
+    if _uses_registry():
+        import referencing
+        import referencing.jsonschema
+        registry = referencing.Registry().with_resources(
+            (s["$id"], referencing.jsonschema.DRAFT202012.create_resource(s)) for s in schemas.values())
+        return make_validator(schema, registry=registry)
+    store = {urldefrag(s["$id"])[0]: s for s in schemas.values()}
+    return make_validator(schema, resolver=jsonschema.RefResolver(schema["$id"], schema, store=store))
+
+
+def loaded(schema_dir=SCHEMA_DIR):
+    """{"published": {name: schema}, "strict": {name: strict copy}} for schema_dir (loaded once)."""
+    key = os.path.normpath(schema_dir)
+    if key not in _schemas:
+        published = load_output_schemas(schema_dir)
+        _schemas[key] = {"published": published, "strict": strict_copies(published)}
+    return _schemas[key]
+
+
+def validator(name, strict=True):
+    """The validator of output schema `name`: the strict copy (what the suites use) or, with
+    strict=False, the schema as published."""
+    kind = "strict" if strict else "published"
+    if (name, kind) not in _validators:
+        schemas = loaded()[kind]
+        if name not in schemas:
+            raise OutputError(f"no output schema {schema_path(name)}")
+        _validators[(name, kind)] = build_validator(schemas[name], schemas)
+    return _validators[(name, kind)]
 
 
 def option_value(args, name):
@@ -71,6 +221,8 @@ def schema_of(args):
     for i, a in enumerate(args):
         if a in VERBS:
             return VERBS[a], fmt, a == "stats" and has_flag(args, "--watch")
+        if a == "keeper":
+            return (KEEPER_LIST if has_flag(args, "--list") else None), fmt, False
         if a == "buffer":
             rest = [b for b in args[i + 1:] if b in BUFFER_VERBS]
             return (BUFFER_VERBS[rest[0]] if rest else None), fmt, False
@@ -86,7 +238,8 @@ def documents(text, fmt, watching):
 
 
 def validate(name, doc, what):
-    """Raises OutputError naming where `doc` breaks schema `name`."""
+    """Raises OutputError naming where `doc` breaks schema `name` (its strict copy: a field no
+    schema describes fails too)."""
     sample_dir = os.environ.get("CUPOOL_OUTPUT_SAMPLES")
     if sample_dir:
         os.makedirs(sample_dir, exist_ok=True)
@@ -150,38 +303,109 @@ def check_exec_report(path_or_lines):
     return len(lines)
 
 
+def _walk(node, pointer=""):
+    """(subschema or value, JSON pointer) for everything in a schema document."""
+    yield node, pointer
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, f"{pointer}/{_escape(key)}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{pointer}/{i}")
+
+
+def _resolve(uri, by_id):
+    """The schema at absolute `uri` (id#pointer) among {id: schema}; None where nothing is there."""
+    base, fragment = urldefrag(uri)
+    node = by_id.get(base)
+    if node is None or (fragment and not fragment.startswith("/")):
+        return None
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in fragment.split("/")[1:]]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+# Two small documents every output schema set must take as published and refuse in its strict copy
+# once they carry a field no schema describes (at the top, and through allOf into common's objects).
+_SAMPLES = {
+    KEEPER_LIST: {"schema_version": VERSION, "socket": "/run/cupool/keeper.sock", "names": ["cupool-manifest.1"]},
+    "buffer-rm": {"schema_version": VERSION, "name": "weights", "pool": "default", "device": 0,
+                  "uuid": "GPU-00000000-0000-0000-0000-000000000000", "pci_bus_id": "0000:1b:00.0",
+                  "size_bytes": 1048576},
+}
+
+
 def self_check(root):
-    """The output schemas are valid draft 2020-12 schemas, each is used by a verb above, and the
-    README's table lists each. Returns the problems found."""
-    import glob
-    import jsonschema
+    """The output schemas are valid draft 2020-12 schemas, each is used by a verb above (common by
+    every verb's schema), every $ref resolves among them, none refuses unknown fields
+    (additionalProperties: false), their strict copies refuse them, and the README's table lists
+    each. Returns the problems found."""
     problems = []
-    used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {"exec-report"}
-    shipped = set()
-    for path in sorted(glob.glob(os.path.join(root, "schemas", f"cupool-*-v{VERSION}.schema.json"))):
-        name = os.path.basename(path)[len("cupool-"):-len(f"-v{VERSION}.schema.json")]
-        if name == "config":
-            continue
-        shipped.add(name)
-        with open(path, encoding="utf-8") as f:
-            schema = json.load(f)
+    used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {"exec-report", KEEPER_LIST}
+    schemas = load_output_schemas(os.path.join(root, "schemas"))
+    by_id = {urldefrag(s.get("$id", ""))[0]: s for s in schemas.values()}
+    shipped = set(schemas)
+    common_ref = f"cupool-{COMMON}-v{VERSION}.schema.json#"
+    for name, schema in sorted(schemas.items()):
+        path = f"schemas/cupool-{name}-v{VERSION}.schema.json"
         try:
             jsonschema.Draft202012Validator.check_schema(schema)
         except jsonschema.exceptions.SchemaError as e:
             problems.append(f"{path}: not a valid draft 2020-12 schema: {e.message}")
-        if schema.get("$id") != f"https://cupool.dev/schemas/cupool-{name}-v{VERSION}.schema.json":
+        if schema.get("$id") != schema_id(name):
             problems.append(f"{path}: $id {schema.get('$id')!r} does not name the file")
+        refs = [(node["$ref"], where) for node, where in _walk(schema) if isinstance(node, dict)
+                and isinstance(node.get("$ref"), str)]
+        for ref, where in refs:
+            if _resolve(urljoin(schema.get("$id", ""), ref), by_id) is None:
+                problems.append(f"{path}#{where}: $ref {ref!r} resolves to nothing among the output schemas")
+        for node, where in _walk(schema):
+            if isinstance(node, dict) and node.get("additionalProperties") is False:
+                problems.append(f"{path}#{where}: additionalProperties: false (a published schema accepts "
+                                "fields it does not know; the suites' strict copies refuse them)")
+        if name == COMMON:
+            if schema.get("$defs", {}).get("schema_version", {}).get("const") != VERSION:
+                problems.append(f"{path}: $defs/schema_version is not const {VERSION}")
+            continue
+        if not any(ref.startswith(common_ref) for ref, _ in refs):
+            problems.append(f"{path}: $refs nothing of cupool-{COMMON}-v{VERSION}.schema.json (the shared objects)")
         # The top level, or each of its oneOf branches (#/$defs/NAME), requires the version.
         branches = [schema.get("$defs", {}).get(b.get("$ref", "").split("/")[-1], b) for b in schema["oneOf"]] \
             if "oneOf" in schema and "properties" not in schema else [schema]
         for branch in branches:
-            if branch.get("properties", {}).get("schema_version", {}).get("const") != VERSION or \
-                    "schema_version" not in branch.get("required", []):
+            version = branch.get("properties", {}).get("schema_version", {})
+            if "$ref" in version:
+                version = _resolve(urljoin(schema.get("$id", ""), version["$ref"]), by_id) or {}
+            if version.get("const") != VERSION or "schema_version" not in branch.get("required", []):
                 problems.append(f"{path}: does not require schema_version {VERSION}")
     for name in sorted(used - shipped):
         problems.append(f"no schema for {name}: schemas/cupool-{name}-v{VERSION}.schema.json is missing")
-    for name in sorted(shipped - used):
+    for name in sorted(shipped - used - {COMMON}):
         problems.append(f"schemas/cupool-{name}-v{VERSION}.schema.json describes no verb's output (tests/schema/output.py)")
+    if COMMON not in shipped:
+        problems.append(f"schemas/cupool-{COMMON}-v{VERSION}.schema.json (the shared definitions) is missing")
+    if not problems:
+        strict = strict_copies(schemas)
+        for name, schema in sorted(strict.items()):
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.exceptions.SchemaError as e:
+                problems.append(f"the strict copy of cupool-{name}-v{VERSION}: not a valid schema: {e.message}")
+        for name, doc in _SAMPLES.items():
+            extra = dict(doc, surprise=1)
+            for what, kind, instance, want in (("a valid document", schemas, doc, True),
+                                               ("a valid document", strict, doc, True),
+                                               ("an unknown field", schemas, extra, True),
+                                               ("an unknown field", strict, extra, False)):
+                got = build_validator(kind[name], kind).is_valid(instance)
+                if got != want:
+                    label = "strict copy" if kind is strict else "published schema"
+                    problems.append(f"the {label} of cupool-{name}-v{VERSION} {'refuses' if want else 'accepts'} {what}")
     with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     for name in sorted(shipped):

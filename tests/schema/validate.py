@@ -65,13 +65,15 @@ Yaml12Loader.add_constructor(
     "tag:yaml.org,2002:bool", lambda loader, node: loader.construct_scalar(node) == "true")
 
 
-def make_validator(schema):
+def make_validator(schema, **kwargs):
+    """A draft 2020-12 validator for `schema`; kwargs go to it (the output schemas pass where their
+    cross-file $refs resolve: registry= with `referencing`, resolver= before it)."""
     base = jsonschema.Draft202012Validator
     # JSON Schema calls 1.0 an integer; in YAML it is a float, and the parser refuses it.
     checker = base.TYPE_CHECKER.redefine(
         "integer", lambda _, x: isinstance(x, int) and not isinstance(x, bool))
     cls = jsonschema.validators.extend(base, type_checker=checker)
-    return cls(schema)
+    return cls(schema, **kwargs)
 
 
 def pointer(path):

@@ -16,51 +16,62 @@ const char* const kUuid0 = "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b";
 // Replies shaped exactly like the examples in docs/protocol.md.
 json status_reply() {
   return json::parse(R"({"id": 8, "ok": true,
-    "holder": {"pid": 4242, "version": "cupool 0.1.0", "backend": "cuda", "config": "/etc/cupool/cupool.yaml",
-               "socket": "/run/cupool/cupool.sock", "started": "2026-11-21T10:00:00Z", "uptime_s": 3600,
-               "draining": false, "reloads": 0},
-    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
-               "handle_types": ["posix_fd"], "max_size": 34359738368, "release_threshold": 18446744073709551615,
-               "leases": 3, "leased_bytes": 201326592, "cached": 1, "cached_bytes": 67108864, "buffers": 1,
-               "buffer_bytes": 10737418240},
-              {"name": "scratch", "device": 1, "uuid": "GPU-11111111-2222-3333-4444-555555555555", "location": "device",
-               "handle_types": [], "max_size": 0, "release_threshold": 0,
-               "leases": 0, "leased_bytes": 0, "cached": 0, "cached_bytes": 0, "buffers": 0, "buffer_bytes": 0},
-              {"name": "scratch", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "location": "device",
-               "handle_types": ["posix_fd", "fabric"], "max_size": 1073741824, "release_threshold": 536870912,
-               "leases": 0, "leased_bytes": 0, "cached": 0, "cached_bytes": 0, "buffers": 0, "buffer_bytes": 0}],
-    "buffers": [{"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "opens": 2,
-                 "memory": "exported", "kept": true, "adopted": true}],
-    "custody": {"kind": "keeper", "where": "keeper at /run/cupool/keeper.sock", "manifest": 7, "buffers_kept": 1,
-                "error": null, "survives_restart": "held buffers", "made_again": "pools",
-                "adopted": {"manifest": 6, "adopted": [], "released": 0,
-                            "refused": [{"name": "old", "reason": "its device GPU-9 is not on this node"}]}},
+    "source": {"simulated": false, "backend": "CUDA driver, libcuda.so.1"},
+    "holder": {"pid": 4242, "version": "cupool 0.1.0", "config": "/etc/cupool/cupool.yaml",
+               "socket": "/run/cupool/cupool.sock", "started": "2026-11-21T10:00:00Z", "reload_count": 0,
+               "draining": false, "uptime_seconds": 3600},
+    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b",
+               "pci_bus_id": "0000:1b:00.0", "location": "device", "handle_types": ["posix_fd"],
+               "max_size_bytes": 34359738368, "release_threshold": "max", "release_threshold_bytes": null,
+               "lease_count": 3, "leased_bytes": 201326592, "cached_count": 1, "cached_bytes": 67108864,
+               "buffer_count": 1, "buffer_bytes": 10737418240},
+              {"name": "scratch", "device": 1, "uuid": "GPU-11111111-2222-3333-4444-555555555555",
+               "pci_bus_id": "0000:1c:00.0", "location": "device", "handle_types": [], "max_size_bytes": null,
+               "release_threshold": "0B", "release_threshold_bytes": 0, "lease_count": 0, "leased_bytes": 0,
+               "cached_count": 0, "cached_bytes": 0, "buffer_count": 0, "buffer_bytes": 0},
+              {"name": "scratch", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b",
+               "pci_bus_id": "0000:1b:00.0", "location": "device", "handle_types": ["posix_fd", "fabric"],
+               "max_size_bytes": 1073741824, "release_threshold": "512MiB", "release_threshold_bytes": 536870912,
+               "lease_count": 0, "leased_bytes": 0, "cached_count": 0, "cached_bytes": 0, "buffer_count": 0,
+               "buffer_bytes": 0}],
+    "buffers": [{"name": "weights", "pool": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b",
+                 "pci_bus_id": "0000:1b:00.0", "size_bytes": 10737418240, "part_count": 1, "open_count": 2,
+                 "state": "ready", "tensor_count": null, "allocation": "exported", "kept": true, "adopted": true}],
+    "custody": {"kind": "keeper", "where": "keeper at /run/cupool/keeper.sock", "manifest_sequence": 7,
+                "kept_buffer_count": 1, "error": null, "survives_restart": "held buffers", "made_again": "pools",
+                "adoption": {"manifest_sequence": 6, "buffers": [], "released_count": 0, "fresh": false,
+                            "elapsed_seconds": 0.01,
+                            "refused": [{"name": "old", "error": {"code": "refused",
+                                                                  "message": "its device GPU-9 is not on this node"}}]}},
     "clients": [{"id": 12, "pid": 5151, "uid": 1000, "user": "svc-infer", "name": "my-server",
-                 "leases": 3, "leased_bytes": 201326592, "cached": 1, "cached_bytes": 67108864, "asked_to_drop": 0,
-                 "protocol": 2, "open_buffers": 1, "connected_s": 120}]})");
+                 "lease_count": 3, "leased_bytes": 201326592, "cached_count": 1, "cached_bytes": 67108864,
+                 "asked_to_drop_count": 0, "protocol": 2, "open_buffer_count": 1, "connected_seconds": 120}],
+    "client_count": 1})");
 }
 
 json stats_reply() {
   return json::parse(R"({"id": 9, "ok": true,
     "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
-               "reserved_current": 10804527104,
-               "reserved_high": 10804527104, "used_current": 10737418240, "used_high": 10804527104,
-               "release_threshold": 18446744073709551615, "leases": 2, "leased_bytes": 134217728, "cached": 1,
-               "cached_bytes": 67108864}],
+               "reserved_bytes": 10804527104, "reserved_peak_bytes": 10804527104, "used_bytes": 10737418240,
+               "used_peak_bytes": 10804527104, "release_threshold": "max", "release_threshold_bytes": null,
+               "lease_count": 2, "leased_bytes": 134217728, "cached_count": 1, "cached_bytes": 67108864}],
+    "dropped_bytes": 0,
     "devices": [{"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
-                 "graph_reserved_current": 0, "graph_reserved_high": 0,
-                 "graph_used_current": 0, "graph_used_high": 0}]})");
+                 "graph": {"reserved_bytes": 0, "reserved_peak_bytes": 0, "used_bytes": 0, "used_peak_bytes": 0}}]})");
 }
 
 json plan_reply() {
   return json::parse(R"({"id": 11, "ok": true, "applied": false,
     "changes": [
-      {"action": "create", "object": "pool", "name": "scratch", "device": 1},
-      {"action": "update", "object": "pool", "name": "kv-cache", "device": 0, "field": "release_threshold",
-       "from": "0 B", "to": "max"},
-      {"action": "remove", "object": "pool", "name": "old", "device": 0, "blocked": "2 leases held by 1 client"},
-      {"action": "create", "object": "buffer", "name": "weights"}],
-    "findings": []})");
+      {"action": "create", "object": "pool", "name": "scratch", "device": 1, "uuid": "GPU-1", "pci_bus_id": "0000:1c:00.0"},
+      {"action": "update", "object": "pool", "name": "kv-cache", "device": 0, "uuid": "GPU-0",
+       "pci_bus_id": "0000:1b:00.0", "field": "release_threshold", "from": "0B", "from_value": 0, "to": "max",
+       "to_value": null},
+      {"action": "remove", "object": "pool", "name": "old", "device": 0, "uuid": "GPU-0", "pci_bus_id": "0000:1b:00.0",
+       "blocked": "2 leases held by 1 client"},
+      {"action": "create", "object": "buffer", "name": "weights", "device": 0, "uuid": "GPU-0",
+       "pci_bus_id": "0000:1b:00.0"}],
+    "warnings": [], "warnings_rendered": ""})");
 }
 
 }  // namespace
@@ -102,8 +113,8 @@ TEST_CASE("status: holder, devices, pools, buffers, clients") {
       "  POOL      DEVICE  LOCATION  HANDLE TYPES      MAX SIZE  RELEASE THRESHOLD  LEASES       CACHED      BUFFERS\n"
       "  kv-cache  0       device    posix_fd          32 GiB    max                3 (192 MiB)  1 (64 MiB)  1 (10 "
       "GiB)\n"
-      "  scratch   1       device    none              default   0 B                0 (0 B)      0 (0 B)     0 (0 B)\n"
-      "  scratch   0       device    posix_fd, fabric  1 GiB     512 MiB            0 (0 B)      0 (0 B)     0 (0 B)\n"
+      "  scratch   1       device    none              default   0B                 0 (0 B)      0 (0 B)     0 (0 B)\n"
+      "  scratch   0       device    posix_fd, fabric  1 GiB     512MiB             0 (0 B)      0 (0 B)     0 (0 B)\n"
       "\n"
       "Buffers:\n"
       "  BUFFER   POOL      DEVICE  SIZE    OPENS  KEPT\n"
@@ -120,7 +131,7 @@ TEST_CASE("status: holder, devices, pools, buffers, clients") {
 TEST_CASE("status: an idle, draining holder") {
   json reply = status_reply();
   reply["holder"]["draining"] = true;
-  reply["holder"]["reloads"] = 1;
+  reply["holder"]["reload_count"] = 1;
   reply["pools"] = json::array();
   reply["buffers"] = json::array();
   reply["clients"] = json::array();
@@ -210,7 +221,8 @@ TEST_CASE("stats in the Prometheus text format") {
                   b.cuda_headers + "\"} 1\n") != std::string::npos);
   // A threshold below max is a number.
   json reply = stats_reply();
-  reply["pools"][0]["release_threshold"] = 1024;
+  reply["pools"][0]["release_threshold"] = "1KiB";
+  reply["pools"][0]["release_threshold_bytes"] = 1024;
   CHECK(render_stats_prometheus(reply).find("cupool_pool_release_threshold_bytes" + labels + " 1024\n") !=
         std::string::npos);
 }
@@ -235,16 +247,18 @@ TEST_CASE("Prometheus: no pools, no samples; a sample without its value is left 
   CHECK(empty.find("\ncupool_pool") == std::string::npos);
   CHECK(empty.find("\ncupool_graph") == std::string::npos);
   json reply = stats_reply();
-  reply["pools"][0].erase("used_high");
+  reply["pools"][0].erase("used_peak_bytes");
   const std::string text = render_stats_prometheus(reply);
   CHECK(text.find("\ncupool_pool_used_high_bytes{") == std::string::npos);
   CHECK(text.find("\ncupool_pool_used_bytes{") != std::string::npos);
 }
 
 TEST_CASE("trim: before, after, released and the total") {
-  const json reply = json::parse(R"({"id": 10, "ok": true, "released": 67108864,
-    "pools": [{"name": "kv-cache", "device": 0, "reserved_before": 67108864, "reserved_after": 0, "released": 67108864}],
-    "devices": [{"device": 0, "graph_reserved_before": 0, "graph_reserved_after": 0, "released": 0}]})");
+  const json reply = json::parse(R"({"id": 10, "ok": true, "released_bytes": 67108864, "dropped_bytes": 0,
+    "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-0", "pci_bus_id": "0000:1b:00.0",
+               "reserved_before_bytes": 67108864, "reserved_after_bytes": 0, "released_bytes": 67108864}],
+    "devices": [{"device": 0, "uuid": "GPU-0", "pci_bus_id": "0000:1b:00.0",
+                 "graph": {"reserved_before_bytes": 0, "reserved_after_bytes": 0, "released_bytes": 0}}]})");
   CHECK(render_trim(reply) ==
         "Pools:\n"
         "  POOL      DEVICE  RESERVED BEFORE  RESERVED AFTER  RELEASED\n"
@@ -256,16 +270,16 @@ TEST_CASE("trim: before, after, released and the total") {
         "\n"
         "Released 64 MiB in total.\n");
   // --no-graph: no devices, no graph section.
-  CHECK(render_trim(json::parse(R"({"released": 0, "pools": [], "devices": []})")) ==
+  CHECK(render_trim(json::parse(R"({"released_bytes": 0, "pools": [], "devices": []})")) ==
         "Pools: none\n\nReleased 0 B in total.\n");
 }
 
 TEST_CASE("plan: a diff line per change, blocked ones say why") {
   CHECK(render_plan(plan_reply()) ==
         "+ pool scratch on device 1\n"
-        "~ pool kv-cache on device 0: release_threshold 0 B -> max\n"
+        "~ pool kv-cache on device 0: release_threshold 0B -> max\n"
         "- pool old on device 0 (kept: 2 leases held by 1 client)\n"
-        "+ buffer weights\n"
+        "+ buffer weights on device 0\n"
         "\n"
         "Plan: 2 to create, 1 to update, 1 to remove; 1 blocked (will not be made).\n");
   CHECK(change_count(plan_reply()) == 4);
@@ -286,7 +300,7 @@ TEST_CASE("apply: counts only what was made") {
 }
 
 TEST_CASE("plan: no changes") {
-  const json empty = json::parse(R"({"id": 11, "ok": true, "applied": false, "changes": [], "findings": []})");
+  const json empty = json::parse(R"({"id": 11, "ok": true, "applied": false, "changes": [], "warnings": []})");
   CHECK(render_plan(empty) == "no changes\n");
   CHECK(change_count(empty) == 0);
   CHECK(blocked_changes(empty) == 0);
@@ -295,14 +309,16 @@ TEST_CASE("plan: no changes") {
 
 TEST_CASE("plan: replace and other value types") {
   CHECK(render_change(json::parse(R"({"action": "replace", "object": "pool", "name": "kv-cache", "device": 1,
-      "field": "max_size", "from": "32 GiB", "to": "64 GiB"})")) ==
-        "-/+ pool kv-cache on device 1: max_size 32 GiB -> 64 GiB");
+      "field": "max_size", "from": "32GiB", "from_value": 34359738368, "to": "", "to_value": null})")) ==
+        "-/+ pool kv-cache on device 1: max_size 32GiB -> default");
   CHECK(render_change(json::parse(R"({"action": "replace", "object": "pool", "name": "kv-cache", "device": 0,
-      "field": "handle_types", "from": ["posix_fd"], "to": ["posix_fd", "fabric"], "blocked": "3 leases held by 2 clients"})")) ==
+      "field": "handle_types", "from": "[posix_fd]", "to": "[posix_fd, fabric]", "from_value": ["posix_fd"],
+      "to_value": ["posix_fd", "fabric"], "blocked": "3 leases held by 2 clients"})")) ==
         "-/+ pool kv-cache on device 0: handle_types [posix_fd] -> [posix_fd, fabric] (kept: 3 leases held by 2 "
         "clients)");
   CHECK(render_change(json::parse(R"({"action": "update", "object": "pool", "name": "p", "device": 0,
-      "field": "access", "from": null, "to": 7})")) == "~ pool p on device 0: access none -> 7");
+      "field": "group", "from": "", "from_value": null, "to": "gpu", "to_value": "gpu"})")) ==
+        "~ pool p on device 0: group none -> gpu");
   CHECK(render_change(json::parse(R"({"action": "create", "object": "buffer", "name": "w", "pool": "kv-cache",
       "device": 0, "blocked": "no room"})")) == "+ buffer w on device 0 in pool kv-cache (blocked: no room)");
   CHECK(render_change(json::parse(R"({"action": "remove", "object": "pool", "name": "p", "blocked": null})")) ==
@@ -334,36 +350,37 @@ TEST_CASE("findings from the holder are quoted against the local file") {
 
 TEST_CASE("buffers") {
   const json buffers = json::parse(R"([
-    {"name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240, "permitted": true, "opens": 2,
-     "state": "ready", "tensors": 291},
-    {"name": "secret", "pool": "private", "device": 1, "size": 1536, "permitted": false, "state": "loading",
-     "tensors": null}])");
+    {"name": "weights", "pool": "kv-cache", "device": 0, "size_bytes": 10737418240, "permitted": true,
+     "open_count": 2, "state": "ready", "tensor_count": 291},
+    {"name": "secret", "pool": "private", "device": 1, "size_bytes": 1536, "permitted": false, "state": "loading",
+     "tensor_count": null}])");
   CHECK(render_buffers(buffers) ==
         "BUFFER   POOL      DEVICE  SIZE     STATE    TENSORS  OPENS  PERMITTED\n"
         "weights  kv-cache  0       10 GiB   ready    291      2      yes\n"
         "secret   private   1       1.5 KiB  loading  -        -      no\n");
   CHECK(render_buffers(json::array()) == "no buffers\n");
-  const json index = json::parse(R"({"name": "llama", "size": 4096, "indexed": true, "metadata": {}, "tensors": [
-    {"name": "embed.weight", "dtype": "F16", "shape": [8, 16], "offset": 0, "size": 256},
-    {"name": "scale", "dtype": "F32", "shape": [], "offset": 256, "size": 4}]})");
+  const json index = json::parse(R"({"name": "llama", "size_bytes": 4096, "indexed": true, "metadata": {},
+    "parts": [{"part": 0, "size_bytes": 4096}], "tensors": [
+    {"name": "embed.weight", "dtype": "F16", "shape": [8, 16], "part": 0, "offset_bytes": 0, "size_bytes": 256},
+    {"name": "scale", "dtype": "F32", "shape": [], "part": 0, "offset_bytes": 256, "size_bytes": 4}]})");
   CHECK(render_buffer_tensors(index) ==
         "buffer llama: 4 KiB, 2 tensors\n"
         "TENSOR        DTYPE  SHAPE    OFFSET  SIZE\n"
         "embed.weight  F16    [8, 16]  0       256 B\n"
         "scale         F32    []       256     4 B\n");
-  const json parted = json::parse(R"({"name": "big", "size": 6442450944, "parts": [4294967296, 2147483648],
-    "indexed": true, "tensors": [
-    {"name": "a", "dtype": "U8", "shape": [4294967296], "part": 0, "offset": 0, "size": 4294967296},
-    {"name": "b", "dtype": "U8", "shape": [2147483648], "part": 1, "offset": 0, "size": 2147483648}]})");
+  const json parted = json::parse(R"({"name": "big", "size_bytes": 6442450944,
+    "parts": [{"part": 0, "size_bytes": 4294967296}, {"part": 1, "size_bytes": 2147483648}], "indexed": true, "tensors": [
+    {"name": "a", "dtype": "U8", "shape": [4294967296], "part": 0, "offset_bytes": 0, "size_bytes": 4294967296},
+    {"name": "b", "dtype": "U8", "shape": [2147483648], "part": 1, "offset_bytes": 0, "size_bytes": 2147483648}]})");
   CHECK(render_buffer_tensors(parted) ==
         "buffer big: 6 GiB in 2 parts, 2 tensors\n"
         "TENSOR  DTYPE  SHAPE         PART  OFFSET  SIZE\n"
         "a       U8     [4294967296]  0     0       4 GiB\n"
         "b       U8     [2147483648]  1     0       2 GiB\n");
-  CHECK(render_buffer_tensors(json::parse(R"({"name": "w", "size": 1024, "indexed": false, "tensors": []})")) ==
+  CHECK(render_buffer_tensors(json::parse(R"({"name": "w", "size_bytes": 1024, "indexed": false, "tensors": []})")) ==
         "buffer w: 1 KiB, 0 tensors\n(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n");
-  const json created =
-      json::parse(R"({"id": 13, "ok": true, "name": "weights", "pool": "kv-cache", "device": 0, "size": 10737418240})");
+  const json created = json::parse(
+      R"({"id": 13, "ok": true, "name": "weights", "pool": "kv-cache", "device": 0, "size_bytes": 10737418240})");
   CHECK(render_buffer_created(created) == "created buffer weights: 10 GiB in pool kv-cache on device 0\n");
   CHECK(render_buffer_removed(created) == "removed buffer weights (10 GiB in pool kv-cache on device 0)\n");
 }

@@ -31,7 +31,10 @@ TEST_CASE("bench on a simulated node: every case per size, ratios, and it says t
   std::vector<std::string> progress;
   o.progress = [&](const std::string& line) { progress.push_back(line); };
   const auto r = run_bench(sim, o);
-  CHECK(r["node"]["simulated"] == true);
+  CHECK(r["source"]["simulated"] == true);
+  CHECK(r["gpu"]["device"] == 1);
+  CHECK(r["settings"]["release_threshold"] == "max");
+  CHECK(r["settings"]["release_threshold_bytes"].is_null());
   CHECK(r["note"].get<std::string>().find("model") != std::string::npos);
   CHECK(r["cases"].size() == 12);
   CHECK(progress.size() == 12);
@@ -39,7 +42,8 @@ TEST_CASE("bench on a simulated node: every case per size, ratios, and it says t
   CHECK(r["comparisons"].size() == 6);
   // The modelled 64 MiB loop: threshold 0 maps the memory again each time, max keeps it.
   for (const auto& c : r["comparisons"])
-    if (c["size"] == (64ULL << 20) && c["what"].get<std::string>().find("threshold 0") != std::string::npos)
+    if (c["size_bytes"] == (64ULL << 20) &&
+        c["description"].get<std::string>().find("threshold 0") != std::string::npos)
       CHECK(c["ratio"].get<double>() > 20.0);
   for (const auto& c : sim.calls()) CHECK(c.find("bench(0,") == std::string::npos);  // only the chosen device
   CHECK(render_bench_table(r).find("NOTE: simulated node") != std::string::npos);

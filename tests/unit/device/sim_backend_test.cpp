@@ -117,38 +117,38 @@ TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
   CHECK(sim.pool_settings(pool).release_threshold == 0);
 
   std::uint64_t p = sim.allocate(pool, 3 * mib);
-  CHECK(sim.pool_usage(pool).used_current == 3 * mib);
-  CHECK(sim.pool_usage(pool).reserved_current == 4 * mib);  // 2 MiB granules
+  CHECK(sim.pool_usage(pool).used_bytes == 3 * mib);
+  CHECK(sim.pool_usage(pool).reserved_bytes == 4 * mib);  // 2 MiB granules
   sim.free(pool, p);
-  CHECK(sim.pool_usage(pool).reserved_current == 0);  // threshold 0: released at the synchronize
+  CHECK(sim.pool_usage(pool).reserved_bytes == 0);  // threshold 0: released at the synchronize
 
   PoolSettings keep;
   keep.release_threshold = UINT64_MAX;
   sim.set_pool_settings(pool, keep);
   p = sim.allocate(pool, 64 * mib);
   sim.free(pool, p);
-  CHECK(sim.pool_usage(pool).reserved_current == 64 * mib);
+  CHECK(sim.pool_usage(pool).reserved_bytes == 64 * mib);
   sim.trim_pool(pool, 16 * mib);
-  CHECK(sim.pool_usage(pool).reserved_current == 32 * mib);  // whole 32 MiB chunks, as the driver does
+  CHECK(sim.pool_usage(pool).reserved_bytes == 32 * mib);  // whole 32 MiB chunks, as the driver does
   sim.trim_pool(pool, 0);
-  CHECK(sim.pool_usage(pool).reserved_current == 0);
-  CHECK(sim.pool_usage(pool).reserved_high == 64 * mib);
+  CHECK(sim.pool_usage(pool).reserved_bytes == 0);
+  CHECK(sim.pool_usage(pool).reserved_peak_bytes == 64 * mib);
   sim.reset_pool_peaks(pool);
-  CHECK(sim.pool_usage(pool).reserved_high == 0);
+  CHECK(sim.pool_usage(pool).reserved_peak_bytes == 0);
 
   // A threshold in between keeps that much.
   keep.release_threshold = 10 * mib;
   sim.set_pool_settings(pool, keep);
   p = sim.allocate(pool, 64 * mib);
   sim.free(pool, p);
-  CHECK(sim.pool_usage(pool).reserved_current == 10 * mib);
+  CHECK(sim.pool_usage(pool).reserved_bytes == 10 * mib);
 
   // Sizes near 2^64 saturate instead of wrapping around.
   CHECK_THROWS_AS(sim.allocate(pool, UINT64_MAX), CudaError);
   CHECK_THROWS_AS(sim.allocate(pool, UINT64_MAX - mib), CudaError);
-  const std::uint64_t before = sim.pool_usage(pool).reserved_current;
+  const std::uint64_t before = sim.pool_usage(pool).reserved_bytes;
   sim.trim_pool(pool, UINT64_MAX);
-  CHECK(sim.pool_usage(pool).reserved_current == before);
+  CHECK(sim.pool_usage(pool).reserved_bytes == before);
 
   // Limits and misuse are the driver's errors.
   CHECK_THROWS_AS(sim.allocate(pool, 512 * mib), CudaError);  // above max_size
@@ -235,7 +235,7 @@ TEST_CASE("simulated pools hand out addresses from an arena, first fit, and reus
   sim.free(pool, c);
   // Freed neighbours merge: 6 MiB in one piece at the start.
   CHECK(sim.allocate(pool, 6 * kMiB) == a);
-  CHECK(sim.pool_usage(pool).used_current == 7 * kMiB);
+  CHECK(sim.pool_usage(pool).used_bytes == 7 * kMiB);
 
   // A pool without max_size spans the device's memory; two pools never share addresses.
   const PoolHandle big = sim.create_pool(0, PoolProps{});
@@ -250,7 +250,7 @@ TEST_CASE("simulated pools: max_size is still the limit, arena or not") {
   const std::uint64_t a = sim.allocate(pool, 4 * kMiB);
   expect_error([&] { sim.allocate(pool, 1); }, "cuMemAllocFromPoolAsync", "CUDA_ERROR_OUT_OF_MEMORY");
   expect_error([&] { sim.allocate(pool, 64 * kMiB); }, "cuMemAllocFromPoolAsync", "CUDA_ERROR_OUT_OF_MEMORY");
-  CHECK(sim.pool_usage(pool).used_current == 4 * kMiB);  // failures change nothing
+  CHECK(sim.pool_usage(pool).used_bytes == 4 * kMiB);  // failures change nothing
   sim.free(pool, a);
   CHECK(sim.allocate(pool, 4 * kMiB) == a);
 }
@@ -279,7 +279,7 @@ TEST_CASE("export_pool_fd needs a posix_fd pool; the fd is a new one each time")
   const PoolHandle plain = sim.create_pool(0, PoolProps{});
   expect_error([&] { sim.export_pool_fd(plain); }, "cuMemPoolExportToShareableHandle", "CUDA_ERROR_INVALID_VALUE");
   expect_error([&] { sim.allocate_shared(plain, kMiB); }, "cuMemPoolExportPointer", "CUDA_ERROR_INVALID_VALUE");
-  CHECK(sim.pool_usage(plain).used_current == 0);
+  CHECK(sim.pool_usage(plain).used_bytes == 0);
 
   const PoolHandle ipc = sim.create_pool(0, ipc_pool(64 * kMiB));
   const int fd1 = sim.export_pool_fd(ipc);
@@ -372,8 +372,8 @@ TEST_CASE("free_shared leaves the memory reserved until synchronize") {
   const PoolHandle other = sim.create_pool(1, ipc_pool(256 * kMiB));
   const SharedAllocation a = sim.allocate_shared(pool, 3 * kMiB);
   const SharedAllocation b = sim.allocate_shared(other, 8 * kMiB);
-  CHECK(sim.pool_usage(pool).used_current == 3 * kMiB);
-  CHECK(sim.pool_usage(pool).reserved_current == 4 * kMiB);
+  CHECK(sim.pool_usage(pool).used_bytes == 3 * kMiB);
+  CHECK(sim.pool_usage(pool).reserved_bytes == 4 * kMiB);
   // A shared allocation is freed with free_shared, a plain one with free.
   expect_error([&] { sim.free(pool, a.address); }, "cuMemFreeAsync", "CUDA_ERROR_INVALID_VALUE");
   const std::uint64_t plain = sim.allocate(pool, kMiB);
@@ -382,17 +382,17 @@ TEST_CASE("free_shared leaves the memory reserved until synchronize") {
 
   sim.free_shared(pool, a.address);
   sim.free_shared(other, b.address);
-  CHECK(sim.pool_usage(pool).used_current == 0);
-  CHECK(sim.pool_usage(pool).reserved_current == 4 * kMiB);
+  CHECK(sim.pool_usage(pool).used_bytes == 0);
+  CHECK(sim.pool_usage(pool).reserved_bytes == 4 * kMiB);
   sim.synchronize(0);
-  CHECK(sim.pool_usage(pool).reserved_current == 0);          // threshold 0
-  CHECK(sim.pool_usage(other).reserved_current == 8 * kMiB);  // another device's pool waits
+  CHECK(sim.pool_usage(pool).reserved_bytes == 0);          // threshold 0
+  CHECK(sim.pool_usage(other).reserved_bytes == 8 * kMiB);  // another device's pool waits
   PoolSettings keep;
   keep.release_threshold = 2 * kMiB;
   sim.set_pool_settings(other, keep);
   sim.synchronize(1);
-  CHECK(sim.pool_usage(other).reserved_current == 2 * kMiB);
-  CHECK(sim.pool_usage(other).reserved_high == 8 * kMiB);
+  CHECK(sim.pool_usage(other).reserved_bytes == 2 * kMiB);
+  CHECK(sim.pool_usage(other).reserved_peak_bytes == 8 * kMiB);
   expect_error([&] { sim.free_shared(pool, a.address); }, "cuMemFreeAsync", "CUDA_ERROR_INVALID_VALUE");
 }
 
@@ -449,10 +449,10 @@ TEST_CASE("export data and events are checked by the importer") {
 TEST_CASE("graph memory is zero on a simulated node; the sharing calls are logged and fail on request") {
   SimBackend sim(test::two_gpu_node());
   const GraphMemUsage g = sim.graph_mem_usage(1);
-  CHECK(g.reserved_current == 0);
-  CHECK(g.reserved_high == 0);
-  CHECK(g.used_current == 0);
-  CHECK(g.used_high == 0);
+  CHECK(g.reserved_bytes == 0);
+  CHECK(g.reserved_peak_bytes == 0);
+  CHECK(g.used_bytes == 0);
+  CHECK(g.used_peak_bytes == 0);
   sim.trim_graph_mem(1);
   sim.reset_graph_mem_peaks(1);
   CHECK_THROWS_AS(sim.graph_mem_usage(7), CudaError);
@@ -469,7 +469,7 @@ TEST_CASE("graph memory is zero on a simulated node; the sharing calls are logge
   expect_error([&] { sim.export_pool_fd(pool); }, "simulated export_pool_fd", "CUDA_ERROR_NOT_PERMITTED");
   sim.fail("allocate_shared", "CUDA_ERROR_OUT_OF_MEMORY");
   expect_error([&] { sim.allocate_shared(pool, kMiB); }, "simulated allocate_shared", "CUDA_ERROR_OUT_OF_MEMORY");
-  CHECK(sim.pool_usage(pool).used_current == 0);
+  CHECK(sim.pool_usage(pool).used_bytes == 0);
   SimBackend client{NodeReport{}};
   client.fail("wait_ready", "CUDA_ERROR_UNKNOWN");
   expect_error([&] { client.wait_ready(0, event); }, "simulated wait_ready", "CUDA_ERROR_UNKNOWN");

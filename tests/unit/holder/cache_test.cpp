@@ -85,7 +85,7 @@ struct CacheFixture {
     CHECK(call(id, {{"op", "free"}, {"lease", lease}, {"cache", true}, {"quiet", true}})["cached"] == true);
   }
   Json pool(const std::string& name) {
-    const Json status = holder.status();
+    const Json status = model::to_json(holder.status());
     for (const Json& p : status["pools"])
       if (p["name"] == name) return p;
     return {};
@@ -104,20 +104,20 @@ TEST_CASE("a cached lease stays charged to its client and comes back with reuse"
   const auto alice = f.client(2001, "alice");
   const auto lease = f.alloc(alice, "kv", 64 * MiB);
   f.cache(alice, lease);
-  CHECK(f.pool("kv")["leases"] == 1);
-  CHECK(f.pool("kv")["cached"] == 1);
+  CHECK(f.pool("kv")["lease_count"] == 1);
+  CHECK(f.pool("kv")["cached_count"] == 1);
   CHECK(f.pool("kv")["cached_bytes"] == 64 * MiB);
-  const Json me = f.holder.status()["clients"][0];
-  CHECK(me["cached"] == 1);
+  const Json me = model::to_json(f.holder.status())["clients"][0];
+  CHECK(me["cached_count"] == 1);
   CHECK(me["cached_bytes"] == 64 * MiB);
   CHECK(me["leased_bytes"] == 64 * MiB);  // still charged
   CHECK(me["protocol"] == 2);
-  CHECK(f.holder.stats(false)["pools"][1]["cached_bytes"] == 64 * MiB);
+  CHECK(model::to_json(f.holder.stats(false))["pools"][1]["cached_bytes"] == 64 * MiB);
   CHECK(f.error_code(alice, {{"op", "free"}, {"lease", lease}, {"cache", true}}) == "bad_request");  // twice
 
   CHECK(f.call(alice, {{"op", "reuse"}, {"lease", lease}})["size"] == 64 * MiB);
-  CHECK(f.pool("kv")["cached"] == 0);
-  CHECK(f.pool("kv")["leases"] == 1);
+  CHECK(f.pool("kv")["cached_count"] == 0);
+  CHECK(f.pool("kv")["lease_count"] == 1);
   CHECK(f.error_code(alice, {{"op", "reuse"}, {"lease", lease}}) == "not_found");  // in use, not cached
 
   // Another client can't reuse it, nor free it.
@@ -127,9 +127,9 @@ TEST_CASE("a cached lease stays charged to its client and comes back with reuse"
   CHECK(f.error_code(bob, {{"op", "free"}, {"lease", lease}}) == "not_found");
   // A plain free of a cached lease frees it (the client unmapped it on its own).
   CHECK(f.call(alice, {{"op", "free"}, {"lease", lease}})["cached"] == false);
-  CHECK(f.pool("kv")["leases"] == 0);
-  CHECK(f.pool("kv")["cached"] == 0);
-  CHECK(f.sim.pool_usage(1).used_current == 0);
+  CHECK(f.pool("kv")["lease_count"] == 0);
+  CHECK(f.pool("kv")["cached_count"] == 0);
+  CHECK(f.sim.pool_usage(1).used_bytes == 0);
 }
 
 TEST_CASE("protocol 1 connections have no cache; quiet is for free, reuse and dropped only") {
@@ -141,7 +141,7 @@ TEST_CASE("protocol 1 connections have no cache; quiet is for free, reuse and dr
   CHECK(f.error_code(old, {{"op", "dropped"}, {"ask", 1}, {"leases", {lease}}}) == "bad_request");  // not cached
   CHECK(f.error_code(old, {{"op", "dropped"}, {"ask", 1}, {"leases", "x"}}) == "bad_request");
   CHECK(f.error_code(old, {{"op", "dropped"}, {"ask", 1}, {"leases", {0}}}) == "bad_request");
-  CHECK(f.pool("kv")["leases"] == 1);  // nothing was freed by the refused requests
+  CHECK(f.pool("kv")["lease_count"] == 1);  // nothing was freed by the refused requests
 }
 
 TEST_CASE("a client's own cached blocks count against its quota, and are asked back to make room") {
@@ -167,7 +167,7 @@ TEST_CASE("a client's own cached blocks count against its quota, and are asked b
   CHECK(f.deferred[0].second["id"] == 7);
   CHECK(f.deferred[0].second["ok"] == true);
   CHECK(f.deferred[0].second["size"] == 128 * MiB);
-  CHECK(f.pool("kv")["leases"] == 2);  // b (cached) and the new one
+  CHECK(f.pool("kv")["lease_count"] == 2);  // b (cached) and the new one
   CHECK(f.pool("kv")["cached_bytes"] == 64 * MiB);
   // Over the quota even with nothing cached: refused at once, nothing asked.
   const std::size_t asked = f.notices.size();
@@ -191,7 +191,7 @@ TEST_CASE("pressure: an allocation that does not fit waits for other clients' ca
     REQUIRE(f.deferred.size() == 1);
     CHECK(f.deferred[0].first == two);
     CHECK(f.deferred[0].second["ok"] == true);
-    CHECK(f.holder.status()["clients"][0]["leases"] == 0);
+    CHECK(model::to_json(f.holder.status())["clients"][0]["lease_count"] == 0);
   }
   SUBCASE("the block was reused instead: the allocation still does not fit, and says so") {
     f.call(one, {{"op", "reuse"}, {"lease", big}, {"quiet", true}});  // answers the ask: nothing to drop
@@ -214,7 +214,7 @@ TEST_CASE("pressure: an allocation that does not fit waits for other clients' ca
     f.holder.disconnect(two);
     f.call(one, {{"op", "dropped"}, {"ask", drop["ask"]}, {"leases", {big}}});
     CHECK(f.deferred.empty());
-    CHECK(f.pool("big")["leases"] == 0);
+    CHECK(f.pool("big")["lease_count"] == 0);
   }
 }
 
@@ -229,7 +229,7 @@ TEST_CASE("trim asks for cached blocks first, as far as --keep needs, and report
 
   SUBCASE("keep covers what is cached: nothing is asked") {
     const Json out = f.call(root, {{"op", "trim"}, {"keep", 192 * MiB}});
-    CHECK(out["cached_dropped_bytes"] == 0);
+    CHECK(out["dropped_bytes"] == 0);
     CHECK(f.notices.empty());
   }
   SUBCASE("keep 64 MiB: the 128 MiB block is asked for, the trim waits") {
@@ -240,11 +240,11 @@ TEST_CASE("trim asks for cached blocks first, as far as --keep needs, and report
     f.call(alice, {{"op", "dropped"}, {"ask", drop["ask"]}, {"leases", {a}}});
     REQUIRE(f.deferred.size() == 1);
     CHECK(f.deferred[0].second["ok"] == true);
-    CHECK(f.deferred[0].second["cached_dropped_bytes"] == 128 * MiB);
+    CHECK(f.deferred[0].second["dropped_bytes"] == 128 * MiB);
     CHECK(f.pool("kv")["cached_bytes"] == 64 * MiB);
   }
   SUBCASE("cached false leaves them alone") {
-    CHECK(f.call(root, {{"op", "trim"}, {"cached", false}})["cached_dropped_bytes"] == 0);
+    CHECK(f.call(root, {{"op", "trim"}, {"cached", false}})["dropped_bytes"] == 0);
     CHECK(f.notices.empty());
   }
   SUBCASE("a second request for the same blocks waits on the same notice") {
@@ -328,7 +328,7 @@ TEST_CASE("a client that leaves gives back its cached blocks") {
   f.holder.disconnect(alice);
   CHECK(f.holder.cached_count() == 0);
   CHECK(f.holder.lease_count() == 0);
-  CHECK(f.sim.pool_usage(1).used_current == 0);
+  CHECK(f.sim.pool_usage(1).used_bytes == 0);
 }
 
 TEST_CASE("a connection whose request waits is served its quiet requests; others wait their turn") {

@@ -81,7 +81,7 @@ TEST_CASE("apply creates the pools, and the second apply changes nothing and cal
   Fixture f;
   const auto first = f.holder.apply(f.want());
   CHECK(first.size() == 5);  // 4 pools + 1 buffer
-  const Json status = f.holder.status();
+  const Json status = model::to_json(f.holder.status());
   CHECK(status["pools"].size() == 4);
   CHECK(status["buffers"].size() == 1);
   const std::size_t calls = f.sim.calls().size();
@@ -93,9 +93,9 @@ TEST_CASE("apply creates the pools, and the second apply changes nothing and cal
 TEST_CASE("reserve is mapped and stays reserved (read back from the pool)") {
   Fixture f;
   f.holder.apply(f.want());
-  const Json stats = f.holder.stats(false);
+  const Json stats = model::to_json(f.holder.stats(false));
   for (const auto& p : stats["pools"])
-    if (p["name"] == "kv" && p["device"] == 1) CHECK(p["reserved_current"].get<std::uint64_t>() >= (64ULL << 20));
+    if (p["name"] == "kv" && p["device"] == 1) CHECK(p["reserved_bytes"].get<std::uint64_t>() >= (64ULL << 20));
 }
 
 TEST_CASE("plan shows a threshold change; apply makes only that change") {
@@ -107,8 +107,10 @@ TEST_CASE("plan shows a threshold change; apply makes only that change") {
   REQUIRE(plan.size() == 2);  // kv on both devices
   CHECK(plan[0].action == "update");
   CHECK(plan[0].field == "release_threshold");
-  CHECK(plan[0].from == "max");
-  CHECK(plan[0].to == "512MiB");
+  CHECK(plan[0].from.text == "max");
+  CHECK(plan[0].from.value.is_null());
+  CHECK(plan[0].to.text == "512MiB");
+  CHECK(plan[0].to.value == 512ULL << 20);
   const std::size_t before = f.sim.calls().size();
   f.holder.apply(f.want(changed));
   std::vector<std::string> made(f.sim.calls().begin() + static_cast<std::ptrdiff_t>(before), f.sim.calls().end());
@@ -127,12 +129,12 @@ TEST_CASE("a pool with leases is not removed, and the answer says so") {
   REQUIRE(changes.size() == 1);
   CHECK(changes[0].action == "remove");
   CHECK(changes[0].blocked == "1 lease held by 1 client");
-  CHECK(f.holder.status()["pools"].size() == 4);
+  CHECK(model::to_json(f.holder.status())["pools"].size() == 4);
   f.call(alice, {{"op", "free"}, {"lease", lease["lease"]}});
   const auto again = f.holder.apply(f.want(without));
   REQUIRE(again.size() == 1);
   CHECK(again[0].blocked.empty());
-  CHECK(f.holder.status()["pools"].size() == 3);
+  CHECK(model::to_json(f.holder.status())["pools"].size() == 3);
 }
 
 TEST_CASE("share: users, groups, admins; everyone else is refused") {
@@ -193,13 +195,13 @@ TEST_CASE("a closed connection's leases are freed and its buffers closed") {
   for (int i = 0; i < 3; ++i) f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 32 << 20}});
   f.call(alice, {{"op", "buffer_open"}, {"name", "weights"}});
   CHECK(f.holder.lease_count() == 3);
-  CHECK(f.holder.status()["buffers"][0]["opens"] == 1);
+  CHECK(model::to_json(f.holder.status())["buffers"][0]["open_count"] == 1);
   f.holder.disconnect(alice);
   CHECK(f.holder.lease_count() == 0);
-  CHECK(f.holder.status()["buffers"][0]["opens"] == 0);
-  const Json stats = f.holder.stats(false);
+  CHECK(model::to_json(f.holder.status())["buffers"][0]["open_count"] == 0);
+  const Json stats = model::to_json(f.holder.stats(false));
   for (const auto& p : stats["pools"])
-    if (p["name"] == "kv" && p["device"] == 1) CHECK(p["used_current"] == 0);
+    if (p["name"] == "kv" && p["device"] == 1) CHECK(p["used_bytes"] == 0);
 }
 
 TEST_CASE("export is a config that applies to the same holder with no changes") {
@@ -209,23 +211,23 @@ TEST_CASE("export is a config that applies to the same holder with no changes") 
   CHECK(exported.find("name: kv") != std::string::npos);
   const Desired back = load_config(SourceFile("export.yaml", exported), test::two_gpu_node(), Scope::all).desired;
   const auto changes = f.holder.plan(back);
-  for (const auto& c : changes) INFO(c.to_json().dump());
+  for (const auto& c : changes) INFO(model::to_json(f.holder.view(c)).dump());
   CHECK(changes.empty());
 }
 
 TEST_CASE("trim reports what was really released, measured before and after") {
   Fixture f;
   f.holder.apply(f.want());
-  const Json t = f.holder.trim(0, std::string("kv"), true);
+  const Json t = model::to_json(f.holder.trim(0, std::string("kv"), true));
   REQUIRE(t["pools"].size() == 2);
   // 64 MiB reserve per device; the buffer's 128 MiB stays on device 0.
   std::uint64_t total = 0;
   for (const auto& p : t["pools"]) {
-    CHECK(p["released"].get<std::uint64_t>() ==
-          p["reserved_before"].get<std::uint64_t>() - p["reserved_after"].get<std::uint64_t>());
-    total += p["released"].get<std::uint64_t>();
+    CHECK(p["released_bytes"].get<std::uint64_t>() ==
+          p["reserved_before_bytes"].get<std::uint64_t>() - p["reserved_after_bytes"].get<std::uint64_t>());
+    total += p["released_bytes"].get<std::uint64_t>();
   }
-  CHECK(t["released"] == total);
+  CHECK(t["released_bytes"] == total);
   CHECK(total > 0);
   CHECK(t["devices"].size() == 2);
 }
@@ -280,8 +282,8 @@ namespace {
 
 Json tensor_entry(const std::string& name, std::uint64_t offset, std::uint64_t elements, const char* dtype = "F32",
                   std::uint32_t part = 0) {
-  return {{"name", name}, {"dtype", dtype},   {"shape", {elements}},
-          {"part", part}, {"offset", offset}, {"size", elements * 4}};
+  return {{"name", name}, {"dtype", dtype},         {"shape", {elements}},
+          {"part", part}, {"offset_bytes", offset}, {"size_bytes", elements * 4}};
 }
 
 Json loading_buffer(const std::string& name, Json tensors, std::uint64_t size = 1 << 20) {
@@ -304,21 +306,21 @@ TEST_CASE("buffers: a loading buffer is its loader's alone until buffer_ready, t
   const auto alice = f.client(peer(1001, "alice"));
   const auto eve = f.client(peer(1003, "eve", {"eve"}));
   const Json created = f.call(root, loading_buffer("model", {tensor_entry("b", 256, 8), tensor_entry("a", 0, 16)}));
-  CHECK(created["tensors"] == 2);
+  CHECK(created["tensor_count"] == 2);
   CHECK(created["loading"] == true);
   CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "model"}}) == "busy");
   CHECK(f.error_code(alice, {{"op", "buffer_tensors"}, {"name", "model"}}) == "busy");
   CHECK(f.error_code(root, {{"op", "buffer_open"}, {"name", "model"}}) == "ok");
-  CHECK(f.holder.status()["buffers"][0]["state"] == "loading");  // by name: model, weights
+  CHECK(model::to_json(f.holder.status())["buffers"][0]["state"] == "loading");  // by name: model, weights
   CHECK(f.error_code(alice, {{"op", "buffer_ready"}, {"name", "model"}}) == "not_permitted");
   CHECK(f.error_code(owner, {{"op", "buffer_ready"}, {"name", "model"}}) == "bad_request");  // not its loader
   CHECK(f.error_code(root, {{"op", "buffer_ready"}, {"name", "nope"}}) == "not_found");
-  CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensors"] == 2);
+  CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensor_count"] == 2);
   CHECK(f.error_code(root, {{"op", "buffer_ready"}, {"name", "model"}}) == "bad_request");  // ready already
   CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "model"}}) == "ok");
   const Json index = f.call(alice, {{"op", "buffer_tensors"}, {"name", "model"}});
   CHECK(index["indexed"] == true);
-  CHECK(index["size"] == 1 << 20);
+  CHECK(index["size_bytes"] == 1 << 20);
   REQUIRE(index["tensors"].size() == 2);
   CHECK(index["tensors"][0]["name"] == "a");  // by offset
   CHECK(index["tensors"][1] == tensor_entry("b", 256, 8));
@@ -328,12 +330,12 @@ TEST_CASE("buffers: a loading buffer is its loader's alone until buffer_ready, t
   CHECK(plain["indexed"] == false);
   CHECK(plain["tensors"].empty());
   const Json listed = f.call(alice, {{"op", "list"}});
-  CHECK(listed["buffers"][0]["tensors"] == 2);
+  CHECK(listed["buffers"][0]["tensor_count"] == 2);
   CHECK(listed["buffers"][0]["state"] == "ready");
   CHECK(listed["buffers"][1]["tensors"].is_null());
   // Not the config's: apply leaves it, its pool stays, and export leaves it out (saying so).
   for (const auto& c : f.holder.apply(f.want())) CHECK(c.name != "model");
-  CHECK(f.holder.status()["buffers"].size() == 2);
+  CHECK(model::to_json(f.holder.status())["buffers"].size() == 2);
   const std::string without_kv = R"(version: 1
 holder: {socket: /tmp/cupool-unit.sock, mode: "0666"}
 pools:
@@ -354,17 +356,19 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   f.holder.apply(f.want());
   const auto root = f.client(peer(0, "root"));
   const auto alice = f.client(peer(1001, "alice"));
-  const auto buffer_bytes = [&] { return f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>(); };
+  const auto buffer_bytes = [&] {
+    return model::to_json(f.holder.status())["pools"][0]["buffer_bytes"].get<std::uint64_t>();
+  };
   const std::uint64_t before = buffer_bytes();
   Json create = loading_buffer(
       "model", {tensor_entry("a", 0, 256), tensor_entry("b", 0, 512, "F32", 1), tensor_entry("c", 2048, 4, "F32", 1)},
       1024 + 4096);
   create["parts"] = {1024, 4096};
   const Json created = f.call(root, create);
-  CHECK(created["parts"] == 2);
+  CHECK(created["part_count"] == 2);
   CHECK(buffer_bytes() == before + 1024 + 4096);
-  CHECK(f.holder.status()["buffers"][0]["parts"] == 2);
-  CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensors"] == 3);
+  CHECK(model::to_json(f.holder.status())["buffers"][0]["part_count"] == 2);
+  CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensor_count"] == 3);
   const Json first = f.call(alice, {{"op", "buffer_open"}, {"name", "model"}});
   CHECK(first["size"] == 1024);
   CHECK(first["part"] == 0);
@@ -377,7 +381,7 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   const std::string missing = f.error_message(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 2}});
   CHECK_MESSAGE(missing.find("has 2 parts; there is no part 2") != std::string::npos, missing);
   const Json index = f.call(alice, {{"op", "buffer_tensors"}, {"name", "model"}});
-  CHECK(index["parts"] == Json::array({1024, 4096}));
+  CHECK(index["parts"] == Json::parse(R"([{"part": 0, "size_bytes": 1024}, {"part": 1, "size_bytes": 4096}])"));
   REQUIRE(index["tensors"].size() == 3);
   CHECK(index["tensors"][1] == tensor_entry("b", 0, 512, "F32", 1));  // by part, then offset
   CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "model"}, {"force", true}}) == "ok");
@@ -388,7 +392,7 @@ TEST_CASE("buffers: parts are checked before anything is made") {
   Fixture f;
   f.holder.apply(f.want());
   const auto root = f.client(peer(0, "root"));
-  const std::uint64_t before = f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>();
+  const std::uint64_t before = model::to_json(f.holder.status())["pools"][0]["buffer_bytes"].get<std::uint64_t>();
   auto refused = [&](Json parts, Json tensors, std::uint64_t size, const std::string& words) {
     Json request = loading_buffer("x", std::move(tensors), size);
     request["parts"] = std::move(parts);
@@ -409,14 +413,14 @@ TEST_CASE("buffers: parts are checked before anything is made") {
   Json fine = loading_buffer("x", {tensor_entry("a", 0, 64), tensor_entry("b", 0, 64, "F32", 1)}, 2048);
   fine["parts"] = {1024, 1024};
   CHECK(f.error_code(root, fine) == "ok");
-  CHECK(f.holder.status()["pools"][0]["buffer_bytes"].get<std::uint64_t>() == before + 2048);
+  CHECK(model::to_json(f.holder.status())["pools"][0]["buffer_bytes"].get<std::uint64_t>() == before + 2048);
 }
 
 TEST_CASE("buffers: a loader that leaves before buffer_ready takes its half-made buffer with it") {
   Fixture f;
   f.holder.apply(f.want());
   auto used = [&] {
-    const Json status = f.holder.status();
+    const Json status = model::to_json(f.holder.status());
     for (const auto& p : status["pools"])
       if (p["name"] == "kv" && p["device"] == 0) return p["buffer_bytes"].get<std::uint64_t>();
     return std::uint64_t{0};
@@ -427,14 +431,14 @@ TEST_CASE("buffers: a loader that leaves before buffer_ready takes its half-made
   f.call(loader, {{"op", "buffer_open"}, {"name", "half"}});
   CHECK(used() == before + (64 << 20));
   f.holder.disconnect(loader);
-  CHECK(f.holder.status()["buffers"].size() == 1);
+  CHECK(model::to_json(f.holder.status())["buffers"].size() == 1);
   CHECK(used() == before);
   // A loaded one stays when its loader leaves.
   const auto second = f.client(peer(0, "root"));
   f.call(second, loading_buffer("done", Json::array({tensor_entry("a", 0, 1024)})));
   f.call(second, {{"op", "buffer_ready"}, {"name", "done"}});
   f.holder.disconnect(second);
-  CHECK(f.holder.status()["buffers"].size() == 2);
+  CHECK(model::to_json(f.holder.status())["buffers"].size() == 2);
 }
 
 TEST_CASE("buffers: an index is checked before anything is made") {
@@ -456,11 +460,11 @@ TEST_CASE("buffers: an index is checked before anything is made") {
   refused(loading_buffer("x", Json::array({tensor_entry("a", 0, 4, "F17")})), "unknown dtype");
   refused(loading_buffer("x", Json::object()), "expected an array");
   Json bad_size = tensor_entry("a", 0, 4);
-  bad_size["size"] = 17;
+  bad_size["size_bytes"] = 17;
   refused(loading_buffer("x", Json::array({bad_size})), "is 16 bytes, but its offsets span 17");
   refused({{"op", "buffer_create"}, {"name", "x"}, {"pool", "kv"}, {"size", 64}, {"metadata", Json::object()}},
           "\"metadata\" comes with \"tensors\"");
-  CHECK(f.holder.status()["buffers"].size() == 1);
+  CHECK(model::to_json(f.holder.status())["buffers"].size() == 1);
   // Not an admin: refused before the index is looked at.
   CHECK(f.error_code(f.client(peer(1001, "alice")), loading_buffer("x", Json::array({tensor_entry("a", 0, 4)}))) ==
         "not_permitted");
@@ -497,7 +501,7 @@ TEST_CASE("hello: a client name is shown to admins, so it must show as itself") 
     CHECK_MESSAGE(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", bad}}) == "bad_request", bad);
   CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86"}}) ==
         "ok");
-  CHECK(f.holder.status()["clients"][0]["name"] == "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86");
+  CHECK(model::to_json(f.holder.status())["clients"][0]["name"] == "caf\xc3\xa9 \xe6\x8e\xa8\xe7\x90\x86");
 }
 
 TEST_CASE("draining refuses new work but lets clients free") {
@@ -793,7 +797,7 @@ TEST_CASE("the findings of a file made to be large fit a reply; the name a reque
     // Were a reply ever over the limit, it still goes: the text cut first, then the last findings.
     const Json small = rejected_body(1, e, 200000);
     CHECK(small.dump().size() <= 200000);
-    CHECK(small["error"]["findings_total"] == kMaxFindings);
+    CHECK(small["error"]["finding_count"] == kMaxFindings);
     REQUIRE_FALSE(small["error"]["findings"].empty());
     CHECK(small["error"]["findings"].size() < kMaxFindings);
     CHECK(small["error"]["findings"][0] == reply["error"]["findings"][0]);

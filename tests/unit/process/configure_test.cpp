@@ -122,9 +122,9 @@ TEST_CASE("configure creates a pool on each selected device and makes it current
   const PoolSettings s = sim.pool_settings(cur);
   CHECK(s.release_threshold == UINT64_MAX);
   CHECK_FALSE(s.allow_opportunistic);
-  CHECK(s.follow_event_dependencies);                           // not named: the driver's default
-  CHECK(sim.pool_usage(cur).reserved_current == (1ULL << 30));  // the reserve, kept by the threshold
-  CHECK(sim.pool_usage(cur).used_current == 0);
+  CHECK(s.follow_event_dependencies);                         // not named: the driver's default
+  CHECK(sim.pool_usage(cur).reserved_bytes == (1ULL << 30));  // the reserve, kept by the threshold
+  CHECK(sim.pool_usage(cur).used_bytes == 0);
   CHECK(sim.pool_access(cur, 0));
   // The default pool is left as it was; device 0 is not selected: no pool made there.
   CHECK(sim.pool_settings(def).release_threshold == 0);

@@ -161,21 +161,25 @@ TEST_CASE("safetensors: an index a peer sends is checked like a file, within eac
     }
     return "";
   };
-  CHECK(refused(R"([{"name": "a", "dtype": "U8", "shape": [4], "offset": 0, "size": 4},
-                    {"name": "a", "dtype": "U8", "shape": [4], "offset": 256, "size": 4}])",
+  CHECK(refused(R"([{"name": "a", "dtype": "U8", "shape": [4], "offset_bytes": 0, "size_bytes": 4},
+                    {"name": "a", "dtype": "U8", "shape": [4], "offset_bytes": 256, "size_bytes": 4}])",
                 {1024})
             .find("two tensors are named \"a\"") != std::string::npos);
-  CHECK(refused(R"([{"name": "a", "dtype": "U8", "shape": [4], "part": 1, "offset": 0, "size": 4}])", {1024})
-            .find("is in part 1, but the buffer has 1 part") != std::string::npos);
-  CHECK(refused(R"([{"name": "a", "dtype": "U8", "shape": [4], "part": -1, "offset": 0, "size": 4}])", {1024})
-            .find("\"part\" is the number of a part") != std::string::npos);
-  CHECK(refused(R"([{"name": "a", "dtype": "U8", "shape": [8], "part": 1, "offset": 0, "size": 8}])", {1024, 4})
+  CHECK(
+      refused(R"([{"name": "a", "dtype": "U8", "shape": [4], "part": 1, "offset_bytes": 0, "size_bytes": 4}])", {1024})
+          .find("is in part 1, but the buffer has 1 part") != std::string::npos);
+  CHECK(
+      refused(R"([{"name": "a", "dtype": "U8", "shape": [4], "part": -1, "offset_bytes": 0, "size_bytes": 4}])", {1024})
+          .find("\"part\" is the number of a part") != std::string::npos);
+  CHECK(refused(R"([{"name": "a", "dtype": "U8", "shape": [8], "part": 1, "offset_bytes": 0, "size_bytes": 8}])",
+                {1024, 4})
             .find("past the end of the buffer (4 bytes)") != std::string::npos);
   CHECK(refused(R"({"a": 1})", {1024}).find("expected an array") != std::string::npos);
   // No "part": the first; the same offsets in two parts do not overlap.
-  const Index ok = from_json(Json::parse(R"([{"name": "a", "dtype": "U8", "shape": [8], "offset": 0, "size": 8},
-    {"name": "b", "dtype": "U8", "shape": [8], "part": 1, "offset": 0, "size": 8}])"),
-                             Json(), {8, 8});
+  const Index ok =
+      from_json(Json::parse(R"([{"name": "a", "dtype": "U8", "shape": [8], "offset_bytes": 0, "size_bytes": 8},
+    {"name": "b", "dtype": "U8", "shape": [8], "part": 1, "offset_bytes": 0, "size_bytes": 8}])"),
+                Json(), {8, 8});
   CHECK(ok.tensors[0].part == 0);
   CHECK(ok.tensors[1].part == 1);
 }

@@ -1,0 +1,446 @@
+// The typed model of what cupool prints and sends: one struct per object, each with its one JSON
+// conversion (YAML is written from the JSON: base/output.h). The names follow docs/naming.md and
+// schemas/cupool-common-v1.schema.json describes the shared objects: every quantity carries its
+// unit (_bytes, _seconds, _count), a plain plural is an array, every per-device object has the
+// same identity, no sentinels. A verb, the holder, the process stats and the exporter build their
+// output from these; none writes a key of these objects by hand.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cupool::model {
+
+using Json = nlohmann::ordered_json;
+
+// ---- shared objects (schemas/cupool-common-v1.schema.json) ----
+
+// A device as the holder or the node numbers it: its CUDA ordinal there, its UUID and PCI bus id.
+struct DeviceId {
+  int device = 0;
+  std::string uuid;
+  std::string pci_bus_id;
+};
+// A device as a process numbers it (exec --report, cupool_stats): process_device is its ordinal in
+// that process, which differs from the node's under CUDA_VISIBLE_DEVICES.
+struct ProcessDeviceId {
+  int process_device = 0;
+  std::string uuid;
+  std::string pci_bus_id;
+};
+
+// Where facts come from: the driver or a simulated node (a profile).
+struct Source {
+  bool simulated = false;
+  std::string backend;  // in words: "CUDA driver (libcuda.so.1)", "simulated node (FILE)"
+  std::optional<std::string> profile;
+  std::optional<bool> synthetic;
+  std::optional<std::string> recorded;
+  std::optional<std::string> recorded_host;
+};
+
+// An error wherever one is reported: a snake_case code for programs, a message for people, and
+// for a failed driver call the call and its result (CUDA_ERROR_...).
+struct ErrorInfo {
+  std::string code;
+  std::string message;
+  std::optional<std::string> api;
+  std::optional<std::string> result;
+};
+
+// A release threshold as the config writes it ("max", "75%", "8GiB", "0") and in bytes (none for max).
+struct Threshold {
+  std::string text;
+  std::optional<std::uint64_t> bytes;
+  // From the bytes a pool has (UINT64_MAX is max), written as the config would write them.
+  static Threshold of_bytes(std::uint64_t bytes);
+  // As the config wrote it, with the bytes it resolved to.
+  static Threshold written(std::string text, std::uint64_t bytes);
+};
+
+// Memory of a pool or of a device's graph memory: now and the high-water marks.
+struct Usage {
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t reserved_peak_bytes = 0;
+  std::uint64_t used_bytes = 0;
+  std::uint64_t used_peak_bytes = 0;
+};
+
+struct Reuse {
+  bool follow_event_dependencies = false;
+  bool allow_opportunistic = false;
+  bool allow_internal_dependencies = false;
+};
+
+// A finding about a config file (cupool check; plan/apply when the holder refuses a file).
+struct Finding {
+  std::string file;
+  int line = 0;          // 1-based; 0: the whole file
+  int column = 0;        // 1-based; 0: the whole file
+  std::string severity;  // error, warning, note
+  std::string code;      // the rule, as people type it (unknown-key)
+  std::string message;
+  bool invalid_input = false;
+  std::optional<std::string> fact;
+  std::optional<std::string> help;
+};
+
+// ---- the holder's objects (status, stats, trim, buffer ls, the buffer verbs) ----
+
+// What a pool is, as every list of pools shows it.
+struct PoolInfo {
+  std::string name;
+  DeviceId id;
+  std::string location;                         // device, host, host_numa:N
+  std::vector<std::string> handle_types;        // [] when it exports none
+  std::optional<std::uint64_t> max_size_bytes;  // none: the driver's default (the device's memory)
+};
+
+// The leases of a pool or of a client, cached ones included, and of those the cached ones.
+struct LeaseTotals {
+  std::uint64_t lease_count = 0, leased_bytes = 0, cached_count = 0, cached_bytes = 0;
+};
+
+struct PoolStatus {
+  PoolInfo pool;
+  Threshold release_threshold;
+  LeaseTotals leases;
+  std::uint64_t buffer_count = 0, buffer_bytes = 0;
+};
+
+// A pool as `list` shows it to one peer.
+struct PoolListed {
+  PoolInfo pool;
+  bool permitted = false;  // whether this peer may import it
+};
+
+struct BufferInfo {
+  std::string name;
+  std::string pool;
+  DeviceId id;
+  std::uint64_t size_bytes = 0;
+  std::uint64_t part_count = 0;
+  std::uint64_t open_count = 0;
+  std::string state;                          // loading, ready
+  std::optional<std::uint64_t> tensor_count;  // none: no tensor index
+  std::string allocation;                     // exported (cuMemCreate, kept in custody), pool
+  bool kept = false;
+  bool adopted = false;
+  std::optional<bool> permitted;  // in `list` only: whether the peer who asked may open it
+};
+
+struct ClientInfo {
+  std::uint64_t id = 0;
+  std::int64_t pid = 0;
+  std::int64_t uid = 0;
+  std::optional<std::string> user;  // none: the uid has no name here
+  std::optional<std::string> name;  // none: the client gave none in hello
+  LeaseTotals leases;
+  std::uint64_t asked_to_drop_count = 0;
+  std::optional<int> protocol;  // none: before hello
+  std::uint64_t open_buffer_count = 0;
+  std::int64_t connected_seconds = 0;
+};
+
+struct AdoptedBuffer {
+  std::string name;
+  std::string pool;
+  DeviceId id;
+  std::uint64_t size_bytes = 0;
+};
+struct RefusedBuffer {
+  std::string name;
+  ErrorInfo error;
+};
+// What a holder found in custody at its start.
+struct Adoption {
+  std::optional<std::uint64_t> manifest_sequence;
+  std::vector<AdoptedBuffer> buffers;
+  std::vector<RefusedBuffer> refused;
+  std::uint64_t released_count = 0;
+  bool fresh = false;
+  double elapsed_seconds = 0;
+};
+struct Custody {
+  std::string kind;  // systemd, keeper, none
+  std::optional<std::string> where;
+  std::optional<std::uint64_t> manifest_sequence;
+  std::uint64_t kept_buffer_count = 0;
+  std::optional<ErrorInfo> error;
+  std::optional<Adoption> adoption;  // none: the holder had no custody at its start
+  std::string survives_restart;
+  std::string made_again;
+};
+
+struct HolderInfo {
+  std::int64_t pid = 0;
+  std::string version;
+  std::string config;
+  std::string socket;
+  std::string started;
+  std::uint64_t reload_count = 0;
+  bool draining = false;
+  std::int64_t uptime_seconds = 0;
+};
+
+struct Status {
+  Source source;
+  HolderInfo holder;
+  std::vector<PoolStatus> pools;
+  std::vector<BufferInfo> buffers;
+  Custody custody;
+  std::vector<ClientInfo> clients;
+};
+
+struct PoolStats {
+  std::string name;
+  DeviceId id;
+  Usage usage;
+  Threshold release_threshold;
+  LeaseTotals leases;
+};
+struct DeviceGraph {
+  DeviceId id;
+  Usage graph;
+};
+struct Stats {
+  std::vector<PoolStats> pools;
+  std::uint64_t dropped_bytes = 0;
+  std::vector<DeviceGraph> devices;
+};
+
+struct PoolTrim {
+  std::string name;
+  DeviceId id;
+  std::uint64_t reserved_before_bytes = 0, reserved_after_bytes = 0, released_bytes = 0;
+};
+struct GraphTrim {
+  DeviceId id;
+  std::uint64_t reserved_before_bytes = 0, reserved_after_bytes = 0, released_bytes = 0;
+};
+struct Trim {
+  std::uint64_t released_bytes = 0;
+  std::uint64_t dropped_bytes = 0;
+  std::vector<PoolTrim> pools;
+  std::vector<GraphTrim> devices;
+};
+
+// One tensor of a held buffer's index (and of the index a loader sends).
+struct TensorEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t part = 0;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t size_bytes = 0;
+};
+struct BufferTensors {
+  std::string name;
+  std::uint64_t size_bytes = 0;
+  bool indexed = false;
+  std::vector<std::uint64_t> part_sizes;  // printed as parts: [{part, size_bytes}]
+  std::vector<TensorEntry> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// What buffer create / load / rm print.
+struct BufferMade {
+  std::string name;
+  std::string pool;
+  DeviceId id;
+  std::uint64_t size_bytes = 0;
+  std::optional<std::uint64_t> part_count;        // create and load
+  std::optional<bool> loading;                    // create
+  std::optional<std::uint64_t> tensor_count;      // load
+  std::optional<std::string> file;                // load
+  std::optional<std::uint64_t> tensor_bytes;      // load
+  std::optional<double> elapsed_seconds;          // load
+  std::optional<std::uint64_t> bytes_per_second;  // load
+};
+
+// ---- in a process (exec --report, cupool_stats) ----
+
+struct ProcessPool {
+  std::string role;  // default, current
+  Threshold release_threshold;
+  Reuse reuse;
+  Usage usage;
+};
+struct ProcessDevice {
+  ProcessDeviceId id;
+  std::vector<ProcessPool> pools;
+  Usage graph;
+};
+
+// ---- plan / apply ----
+
+struct PlanChange {
+  std::string action;  // create, update, replace, remove
+  std::string object;  // pool, buffer, holder
+  std::string name;
+  std::optional<DeviceId> id;  // pools and buffers
+  std::optional<std::string> field;
+  std::optional<std::string> from, to;  // in config syntax
+  Json from_value, to_value;            // typed; null where absent
+  std::optional<std::string> blocked;
+};
+
+// ---- bench ----
+
+struct BenchCase {
+  std::string name;
+  std::string description;
+  std::uint64_t size_bytes = 0;
+  Threshold release_threshold;
+  std::uint64_t iteration_count = 0;
+  double median_seconds = 0, p99_seconds = 0, mean_seconds = 0, min_seconds = 0;
+};
+struct BenchComparison {
+  std::uint64_t size_bytes = 0;
+  std::string description;
+  double ratio = 0;
+};
+
+// ---- query: what a node supports ----
+
+struct HandleProbe {
+  std::string handle_type;  // none, posix_fd, fabric
+  bool ok = false;
+  std::optional<ErrorInfo> error;  // when not ok
+};
+struct DeviceFacts {
+  DeviceId id;
+  std::string name;
+  std::string compute_capability;  // "9.0"
+  std::uint64_t memory_total_bytes = 0;
+  std::optional<std::uint64_t> memory_free_bytes;  // none: not readable without a context
+  bool memory_pools = false;
+  std::vector<std::string> pool_handle_types;
+  bool fabric_handle = false;
+  bool host_memory_pools = false;
+  bool host_numa_memory_pools = false;
+  std::optional<int> host_numa_id;  // none: no NUMA node
+  bool managed_memory = false;
+  bool managed_pools = false;
+  bool concurrent_managed_access = false;
+  bool pageable_memory_access = false;
+  bool vmm = false;
+  bool ipc_events = false;
+  bool gpu_direct_rdma = false;
+  std::optional<std::vector<HandleProbe>> probes;  // with --deep
+};
+struct NodeFacts {
+  Source source;
+  std::string cuda_version;  // "13.0"
+  int cuda_version_int = 0;  // 13000, as cuDriverGetVersion gives it
+  std::optional<std::string> kernel_module;
+  std::string built_with_cuda;
+  std::vector<int> numa_nodes;
+  std::vector<DeviceFacts> devices;
+  std::vector<std::vector<bool>> peer_access;  // [device][peer]
+  bool deep = false;
+};
+
+// ---- check ----
+
+struct CheckReport {
+  std::string file;
+  std::string verdict;  // fits, does_not_fit, invalid
+  int exit_code = 0;
+  std::optional<Source> source;  // none: the file was not judged against a node
+  std::uint64_t error_count = 0, warning_count = 0, note_count = 0, not_listed_count = 0;
+  std::vector<Finding> findings;
+};
+
+// ---- the holder's other replies ----
+
+struct ListReply {
+  std::vector<PoolListed> pools;
+  std::vector<BufferInfo> buffers;  // with permitted
+};
+struct PlanReply {
+  bool applied = false;
+  std::vector<PlanChange> changes;
+  std::vector<Finding> warnings;
+  std::string warnings_rendered;
+};
+struct KeeperList {
+  std::string socket;
+  std::vector<std::string> names;
+};
+
+// ---- bench ----
+
+struct BenchReport {
+  Source source;
+  DeviceId gpu;
+  std::string gpu_name;
+  std::optional<std::string> note;
+  std::optional<std::string> config;  // the config the threshold comes from; none: no config
+  Threshold release_threshold;
+  std::uint64_t iteration_count = 0;
+  std::uint64_t seed = 0;
+  std::vector<std::uint64_t> sizes_bytes;
+  std::vector<BenchCase> cases;
+  std::vector<BenchComparison> comparisons;
+};
+
+// ---- conversions: each object's one JSON ----
+
+Json to_json(const Source& v);
+Json to_json(const ErrorInfo& v);
+Json to_json(const Usage& v);
+Json to_json(const Reuse& v);
+Json to_json(const Finding& v);
+Json to_json(const PoolStatus& v);
+Json to_json(const PoolListed& v);
+Json to_json(const BufferInfo& v);
+Json to_json(const ClientInfo& v);
+Json to_json(const AdoptedBuffer& v);
+Json to_json(const RefusedBuffer& v);
+Json to_json(const Adoption& v);
+Json to_json(const PoolStats& v);
+Json to_json(const DeviceGraph& v);
+Json to_json(const PoolTrim& v);
+Json to_json(const GraphTrim& v);
+Json to_json(const ProcessPool& v);
+Json to_json(const Custody& v);
+Json to_json(const HolderInfo& v);
+Json to_json(const Status& v);
+Json to_json(const Stats& v);
+Json to_json(const Trim& v);
+Json to_json(const TensorEntry& v);
+Json to_json(const BufferTensors& v);
+Json to_json(const BufferMade& v);
+Json to_json(const ProcessDevice& v);
+Json to_json(const PlanChange& v);
+Json to_json(const BenchCase& v);
+Json to_json(const BenchComparison& v);
+Json to_json(const HandleProbe& v);
+Json to_json(const DeviceFacts& v);
+Json to_json(const NodeFacts& v);
+Json to_json(const CheckReport& v);
+Json to_json(const ListReply& v);
+Json to_json(const PlanReply& v);
+Json to_json(const KeeperList& v);
+Json to_json(const BenchReport& v);
+
+// The identity keys, written into `out` in their one order.
+void put_identity(Json& out, const DeviceId& id);
+void put_identity(Json& out, const ProcessDeviceId& id);
+// release_threshold and release_threshold_bytes, written into `out`.
+void put_threshold(Json& out, const Threshold& t);
+// A pool's fields and lease totals, written into `out` in their one order.
+void put_pool(Json& out, const PoolInfo& p);
+void put_leases(Json& out, const LeaseTotals& l);
+
+// Readers of the objects the cupool binary reads back from the holder (its replies are these
+// objects); each throws std::invalid_argument naming the missing or ill-typed key.
+ErrorInfo error_from_json(const Json& j);
+Finding finding_from_json(const Json& j);
+
+}  // namespace cupool::model
