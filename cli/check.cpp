@@ -103,9 +103,9 @@ Verb add_check(CLI::App& app) {
               report.verdict = verdict;
               report.exit_code = static_cast<int>(code);
               if (node) report.source = source_of(node->source);
-              report.error_count = diags.count(Severity::error);
-              report.warning_count = diags.count(Severity::warning);
-              report.note_count = diags.count(Severity::note);
+              report.error_count = static_cast<std::uint64_t>(diags.count(Severity::error));
+              report.warning_count = static_cast<std::uint64_t>(diags.count(Severity::warning));
+              report.note_count = static_cast<std::uint64_t>(diags.count(Severity::note));
               report.not_listed_count = diags.dropped();
               for (const auto& d : diags.sorted()) report.findings.push_back(view(d, file.path()));
               const nlohmann::ordered_json j = versioned(model::to_json(report));

@@ -178,10 +178,10 @@ std::vector<Change> Holder::plan(const Desired& want) const {
       }
   }
   for (const auto& w : want.pools)
-    if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", "", "", ""});
+    if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", {}, {}, ""});
   for (const auto& w : want.buffers) {
     auto it = buffers_.find(w.name);
-    if (it == buffers_.end()) changes.push_back({"create", "buffer", w.name, w.device, "", "", "", ""});
+    if (it == buffers_.end()) changes.push_back({"create", "buffer", w.name, w.device, "", {}, {}, ""});
   }
   return changes;
 }
