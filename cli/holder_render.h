@@ -60,8 +60,7 @@ std::size_t change_count(const nlohmann::ordered_json& reply);
 // the source line like `cupool check` does.
 std::string render_findings(const nlohmann::ordered_json& findings, const SourceFile& file);
 
-// `buffer ls`: the buffers of a `list` reply, with "opens" where the caller merged it in from
-// `status`.
+// `buffer ls`: the buffers of a `list` reply (model::BufferInfo, with `permitted`).
 std::string render_buffers(const nlohmann::ordered_json& buffers);
 // One buffer's tensors (the reply of buffer_tensors): a header line and a table.
 std::string render_buffer_tensors(const nlohmann::ordered_json& reply);

@@ -140,7 +140,8 @@ class KeeperClient final : public Custody {
   std::vector<std::string> list();
   // Drops everything kept (the memory goes): how many descriptors were released.
   std::size_t release();
-  // The keeper's status reply: pid, socket, started, uptime_s, kept, max_kept, names, connections.
+  // The keeper's status reply: pid, socket, started, uptime_seconds, kept_count, max_kept_count,
+  // connection_count, max_connection_count, names (docs/naming.md).
   nlohmann::ordered_json status();
 
  private:

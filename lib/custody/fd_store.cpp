@@ -232,7 +232,7 @@ std::vector<std::string> KeeperClient::list() {
 
 std::size_t KeeperClient::release() {
   const Json reply = call({{"op", "release"}});
-  const Json released = reply.value("released", Json(0));
+  const Json released = reply.value("released_count", Json(0));
   return released.is_number_unsigned() ? released.get<std::size_t>() : 0;
 }
 

@@ -344,7 +344,7 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
       throw Error(Errc::unsupported_protocol, "this keeper speaks version " + std::to_string(kKeeperProtocol) +
                                                   " of the keeper protocol (\"keeper\": 1)");
     c.greeted = true;
-    return {{"keeper", kKeeperProtocol}, {"pid", ::getpid()}, {"kept", kept.size()}};
+    return {{"keeper", kKeeperProtocol}, {"pid", ::getpid()}, {"kept_count", kept.size()}};
   }
   if (op == "deposit") {
     const std::string name = name_argument();
@@ -357,13 +357,13 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
     const bool replaced = it != kept.end();
     kept[name] = std::move(fd);
     spdlog::debug("{} kept {}{}", c.who(), name, replaced ? " (replacing the one before)" : "");
-    return {{"name", name}, {"replaced", replaced}, {"kept", kept.size()}};
+    return {{"name", name}, {"replaced", replaced}, {"kept_count", kept.size()}};
   }
   if (op == "remove") {
     const std::string name = name_argument();
     args.finish();
     const bool removed = kept.erase(name) > 0;
-    return {{"name", name}, {"removed", removed}, {"kept", kept.size()}};
+    return {{"name", name}, {"removed", removed}, {"kept_count", kept.size()}};
   }
   if (op == "withdraw") {
     const std::string name = name_argument();
@@ -388,7 +388,7 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
         "released {} descriptor{} at the request of {}: the memory they held is gone unless another "
         "process holds them",
         released, released == 1 ? "" : "s", c.who());
-    return {{"released", released}};
+    return {{"released_count", released}};
   }
   if (op == "status") {
     args.finish();
@@ -406,11 +406,11 @@ Json Keeper::Impl::status() const {
   return {{"pid", ::getpid()},
           {"socket", options.socket},
           {"started", started},
-          {"uptime_s", std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - started_at).count()},
-          {"kept", kept.size()},
-          {"max_kept", options.max_kept},
-          {"connections", live},
-          {"max_connections", options.max_connections},
+          {"uptime_seconds", std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - started_at).count()},
+          {"kept_count", kept.size()},
+          {"max_kept_count", options.max_kept},
+          {"connection_count", live},
+          {"max_connection_count", options.max_connections},
           {"names", std::move(names)}};
 }
 

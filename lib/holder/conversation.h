@@ -20,7 +20,7 @@ class Holder;
 
 // The invalid_config (or does_not_fit) reply of a rejected config: every finding and the rendered
 // text, as `cupool check` prints them; over `limit` (never, by the diagnostics' bounds), the text
-// is cut and then the last findings (findings_total still counts them all).
+// is cut and then the last findings (finding_count still counts them all).
 nlohmann::ordered_json rejected_body(const nlohmann::ordered_json& id, const ConfigRejected& e,
                                      std::size_t limit = proto::kMaxReply);
 

@@ -111,10 +111,10 @@ TEST_SUITE("custody") {
     client.remove("cupool-buffer.w.0");  // nothing: fine
     CHECK(client.list() == std::vector<std::string>{"cupool-manifest.1"});
     const Json status = client.status();
-    CHECK(status["kept"] == 1);
+    CHECK(status["kept_count"] == 1);
     CHECK(status["pid"] == ::getpid());
     CHECK(status["names"] == Json::array({"cupool-manifest.1"}));
-    CHECK(status["max_kept"] == kMaxKept);
+    CHECK(status["max_kept_count"] == kMaxKept);
 
     client.deposit("x", a.get());
     CHECK(client.release() == 2);
@@ -132,7 +132,7 @@ TEST_SUITE("custody") {
     const Json hello = ask(s.get(), {{"id", 3}, {"op", "hello"}, {"keeper", 1}});
     CHECK(hello["id"] == 3);
     CHECK(hello["keeper"] == 1);
-    CHECK(hello["kept"] == 0);
+    CHECK(hello["kept_count"] == 0);
     const Fd a = memfd("a");
     CHECK(error_code(ask(s.get(), {{"id", 4}, {"op", "deposit"}, {"name", "x"}})) == "bad_request");
     CHECK(error_code(ask(s.get(), {{"id", 5}, {"op", "list"}}, 1, a.get())) == "bad_request");
@@ -145,7 +145,7 @@ TEST_SUITE("custody") {
     CHECK(kept["ok"] == true);
     CHECK(kept["replaced"] == false);
     CHECK(ask(s.get(), {{"id", 11}, {"op", "deposit"}, {"name", "x"}}, 1, a.get())["replaced"] == true);
-    CHECK(ask(s.get(), {{"id", 12}, {"op", "deposit"}, {"name", "y"}}, 1, a.get())["kept"] == 2);
+    CHECK(ask(s.get(), {{"id", 12}, {"op", "deposit"}, {"name", "y"}}, 1, a.get())["kept_count"] == 2);
     CHECK(error_code(ask(s.get(), {{"id", 13}, {"op", "deposit"}, {"name", "z"}}, 1, a.get())) == "limit_exceeded");
     Fd got;
     CHECK(ask(s.get(), {{"id", 14}, {"op", "withdraw"}, {"name", "y"}}, 0, -1, &got)["name"] == "y");
