@@ -372,6 +372,48 @@ def test_exporter_and_textfile(tmp):
         h.stop()
 
 
+def test_readme_maps_each_metric_to_its_field(tmp):
+    """README's table of metrics and JSON fields holds for a real holder: every metric `stats
+    --format prometheus` writes is in the table, and each sample's value is the field the table
+    names, of the same pool or device (null: +Inf)."""
+    import math
+    with open(os.path.join(H.ARGS.root, "README.md"), encoding="utf-8") as f:
+        rows = re.findall(r"^\| `(cupool_\w+)` \| `(pools|devices)\[\]\.([\w.]+)`", f.read(), re.M)
+    check(len(rows) >= 13, f"README's metric table: {rows}")
+    table = {metric: (group, path) for metric, group, path in rows}
+    h = Holder(tmp)
+    try:
+        c = H.RawClient(h.socket)
+        c.hello(protocol=2)
+        body, _ = c.request("alloc", pool="kv", device=0, size=4 << 20)
+        check(body["ok"], body)
+        body, _ = c.request("free", lease=body["lease"], cache=True)  # a cached lease: counts that are not 0
+        check(body["ok"], body)
+        stats = json.loads(cupool("stats", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        prom = cupool("stats", "--format", "prometheus", socket_path=h.socket, check_rc=0).stdout
+        samples = 0
+        for line in prom.splitlines():
+            m = re.match(r'^(cupool_\w+)\{([^}]*)\} (\S+)$', line)
+            if not m or m.group(1) in ("cupool_build_info", "cupool_holder_up"):
+                continue
+            metric, labels, value = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), m.group(3)
+            check(metric in table, f"{metric} is not in README's metric table")
+            group, path = table[metric]
+            rows = [r for r in stats[group] if str(r["device"]) == labels["gpu"] and
+                    (group == "devices" or r["name"] == labels["pool"])]
+            check(len(rows) == 1, f"{metric}{{{m.group(2)}}}: no one {group} row in {stats[group]}")
+            field = rows[0]
+            for key in path.split("."):
+                field = field[key]
+            want = math.inf if field is None else float(field)
+            check(float(value) == want, f"{metric}{{{m.group(2)}}} is {value}, but {group}[].{path} is {field}")
+            samples += 1
+        check(samples >= 13, f"{samples} samples checked:\n{prom}")
+        c.close()
+    finally:
+        h.stop()
+
+
 def test_verbs(tmp):
     h = Holder(tmp)
     sock = h.socket
