@@ -59,7 +59,7 @@ int run_create(const BufferArgs& args) {
   if (!size) throw InputError("--size: '" + args.size + "' is not a size: " + why);
   if (*size == 0) throw InputError("--size: a buffer needs at least 1 byte");
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
-  json request{{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"size", *size}};
+  json request{{"op", "buffer_create"}, {"name", args.name}, {"pool", args.pool}, {"size_bytes", *size}};
   if (args.device >= 0) {
     request["device"] = args.device;
   } else {

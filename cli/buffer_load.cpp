@@ -72,9 +72,14 @@ json load_buffer(const LoadArgs& args) {
   const std::uint64_t size = tensors::total_size(placed);
   const json index = tensors::to_json(placed);
 
-  json create = {
-      {"op", "buffer_create"},   {"name", args.name}, {"pool", args.pool},           {"size", size},
-      {"parts", index["parts"]}, {"loading", true},   {"tensors", index["tensors"]}, {"metadata", index["metadata"]}};
+  json create = {{"op", "buffer_create"},
+                 {"name", args.name},
+                 {"pool", args.pool},
+                 {"size_bytes", size},
+                 {"part_sizes_bytes", index["parts"]},
+                 {"loading", true},
+                 {"tensors", index["tensors"]},
+                 {"metadata", index["metadata"]}};
   if (args.device >= 0) create["device"] = args.device;
   const std::size_t request_bytes = create.dump().size();
   if (request_bytes > proto::kMaxRequest)

@@ -58,7 +58,7 @@ Verb add_trim(CLI::App& app) {
               if (!parsed) throw InputError("--keep: '" + args->keep + "' is not a size: " + why);
               keep = *parsed;
             }
-            nlohmann::ordered_json request = {{"op", "trim"}, {"keep", keep}};
+            nlohmann::ordered_json request = {{"op", "trim"}, {"keep_bytes", keep}};
             if (!args->pool.empty()) request["pool"] = args->pool;
             request["graph"] = !args->no_graph;
             if (args->keep_cached) request["cached"] = false;

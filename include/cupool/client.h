@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 #define CUPOOL_CLIENT_ABI_VERSION 1
-#define CUPOOL_PROTOCOL_VERSION 3
+#define CUPOOL_PROTOCOL_VERSION 4
 
 typedef enum cupool_status {
   CUPOOL_OK = 0,

@@ -121,6 +121,10 @@ Json cupool_conn::request(Json body, int* fd_out) {
   if (!fd) throw lost_connection("closed before");
   const std::uint64_t id = next_id++;
   body["id"] = id;
+  // This library works in protocol 4's names; a holder that speaks 1 to 3 gets and sends the old.
+  const std::string op = body.value("op", "");
+  const bool old_names = protocol < cupool::proto::kNamedProtocol && op != "hello";
+  if (old_names) cupool::proto::to_old_names(cupool::proto::Message::request, op, body);
   std::string frames;
   try {
     frames = cupool::proto::encode(cupool::proto::Kind::request, body);
@@ -162,6 +166,7 @@ Json cupool_conn::request(Json body, int* fd_out) {
         throw Failure{CUPOOL_E_PROTOCOL, "the holder answered a different request"};
       }
       if (fd_out) *fd_out = got.release();
+      if (old_names) cupool::proto::to_new_names(cupool::proto::Message::reply, op, reply);
       return reply;
     }
   } catch (const cupool::Error& e) {
@@ -314,7 +319,7 @@ void cupool_conn::map(cupool_lease& lease, const Json& reply) {
 }
 
 void cupool_conn::map_exported(cupool_lease& lease, const Json& reply, int descriptor, int device) {
-  const std::uint64_t mapped = reply.value("mapped_size", std::uint64_t{0});
+  const std::uint64_t mapped = reply.value("mapped_size_bytes", std::uint64_t{0});
   if (descriptor < 0 || mapped < lease.size || mapped == 0)
     throw Failure{CUPOOL_E_PROTOCOL, "the holder sent a buffer without its descriptor or size"};
   const int home = local_device(reply.value("uuid", ""), lease.holder_device);
@@ -347,14 +352,14 @@ void cupool_conn::unmap(const cupool_lease& lease) {
 // wait for its allocations instead (from then on, for this connection).
 std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int device, std::uint64_t size) {
   for (int attempt = 0;; ++attempt) {
-    Json reply =
-        call({{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size", size}, {"synchronize", holder_waits}});
+    Json reply = call(
+        {{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size_bytes", size}, {"synchronize", holder_waits}});
     auto lease = std::make_unique<cupool_lease>();
     lease->session = session;
     lease->id = reply.value("lease", std::uint64_t{0});
     lease->pool = reply.value("pool", pool);
     lease->holder_device = reply.value("device", 0);
-    lease->size = reply.value("size", size);
+    lease->size = reply.value("size_bytes", size);
     try {
       map(*lease, reply);
       return lease;
@@ -416,6 +421,8 @@ void cupool_conn::tell(Json body) {
   if (!fd) throw lost_connection("closed before");
   body["id"] = next_id++;
   body["quiet"] = true;
+  if (protocol < cupool::proto::kNamedProtocol)
+    cupool::proto::to_old_names(cupool::proto::Message::request, body.value("op", ""), body);
   const std::string frames = cupool::proto::encode(cupool::proto::Kind::request, body);
   try {
     cupool::proto::send_all(fd.get(), frames);
@@ -426,8 +433,10 @@ void cupool_conn::tell(Json body) {
   }
 }
 
-void cupool_conn::on_notice(const Json& notice) {
+void cupool_conn::on_notice(Json notice) {
   const std::string what = notice.value("notice", "");
+  if (protocol < cupool::proto::kNamedProtocol)
+    cupool::proto::to_new_names(cupool::proto::Message::notice, what, notice);
   if (what == "draining") draining = true;
   if (what == "pool_gone") {
     // A pool we imported was replaced or removed: our import maps the old pool's memory.

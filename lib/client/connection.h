@@ -119,7 +119,7 @@ struct cupool_conn {
   // quiet_failure). Throws Failure on transport errors.
   void tell(cupool::client::Json body);
   // A notice from the holder: draining, pool_gone, drop.
-  void on_notice(const cupool::client::Json& notice);
+  void on_notice(cupool::client::Json notice);
   // Reads one frame when one is waiting and no call is reading (the watcher's turn).
   void read_waiting_frame();
   void start_watcher();

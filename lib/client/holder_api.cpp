@@ -227,7 +227,7 @@ int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, in
     lease->name = name;
     lease->pool = reply.value("pool", "");
     lease->holder_device = reply.value("device", 0);
-    lease->size = reply.value("size", std::uint64_t{0});
+    lease->size = reply.value("size_bytes", std::uint64_t{0});
     try {
       if (reply.value("mapping", "") == "exported")
         conn->map_exported(*lease, reply, descriptor.get(), device);

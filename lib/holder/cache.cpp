@@ -90,20 +90,34 @@ std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)
     waits.insert(ask);
     spdlog::info("asking client {} to drop {} cached block{} ({} bytes) for {}", client_id, ids.size(),
                  ids.size() == 1 ? "" : "s", sum, reason);
-    if (notice_)
-      notice_(client_id, {{"notice", "drop"},
-                          {"ask", ask},
-                          {"leases", list},
-                          {"bytes", sum},
-                          {"reason", reason},
-                          {"timeout_ms", drop_timeout_ms_}});
+    notify(client_id, {{"notice", "drop"},
+                       {"ask", ask},
+                       {"leases", list},
+                       {"requested_bytes", sum},
+                       {"reason", reason},
+                       {"timeout_seconds", static_cast<double>(drop_timeout_ms_) / 1000.0}});
   }
   return waits;
 }
 
 void Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
+  // The reply comes later, in the names of the connection's protocol as an answer now would.
+  if (r.client.protocol < proto::kNamedProtocol)
+    then = [op = r.op, then = std::move(then)] {
+      Json out = then();
+      proto::to_old_names(proto::Message::reply, op, out);
+      return out;
+    };
   waiters_.push_back(Waiter{r.id, r.request_id, std::move(asks), std::move(then)});
   throw Deferred{};
+}
+
+void Holder::notify(std::uint64_t client, Json notice) {
+  if (!notice_) return;
+  const auto c = clients_.find(client);
+  if (c != clients_.end() && c->second.protocol < proto::kNamedProtocol)
+    proto::to_old_names(proto::Message::notice, notice.value("notice", ""), notice);
+  notice_(client, notice);
 }
 
 void Holder::finish_ask(std::uint64_t ask) {
@@ -208,7 +222,7 @@ Json Holder::op_reuse(Request& r) {
   if (it == leases_.end() || it->second.client != r.id || !it->second.cached)
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not a cached lease of this connection");
   uncache_lease(lease);
-  return {{"lease", lease}, {"size", it->second.size}};
+  return {{"lease", lease}, {"size_bytes", it->second.size}};
 }
 
 Json Holder::op_dropped(Request& r) {
@@ -236,7 +250,7 @@ Json Holder::op_dropped(Request& r) {
         spdlog::warn("client {} answered drop {} but kept cached lease {}", r.id, ask, id);
     finish_ask(ask);
   }
-  return {{"ask", ask}, {"leases", ids.size()}, {"bytes", bytes}};
+  return {{"ask", ask}, {"freed_count", ids.size()}, {"freed_bytes", bytes}};
 }
 
 }  // namespace cupool

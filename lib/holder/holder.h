@@ -262,6 +262,7 @@ class Holder {
     Client& client;
     proto::Args& args;
     int& fd_out;
+    const std::string& op;
   };
   // A row of the request table (requests.cpp): an operation's name and the member that serves it.
   struct Operation {
@@ -337,8 +338,11 @@ class Holder {
     ~SyncCustodyAtEnd() { holder.sync_custody(); }
   };
   model::Custody custody_status() const;
+  // Sends `notice` to `client` in the names its protocol speaks (proto::to_old_names below 4).
+  void notify(std::uint64_t client, Json notice);
   model::BufferInfo buffer_view(const std::string& name, const HeldBuffer& b) const;
   model::PoolInfo pool_info(const PoolKey& key, const HeldPool& p) const;
+  Json access_of(const HeldPool& p) const;  // the pool's peers, each {device, uuid, pci_bus_id}
 
   Backend& backend_;
   NodeReport node_;

@@ -309,13 +309,12 @@ void Holder::destroy_pool(const PoolKey& key) {
     auto imp = c.imported.find(key);
     if (imp == c.imported.end() || imp->second != generation) continue;
     c.imported.erase(imp);
-    if (notice_)
-      notice_(id, {{"notice", "pool_gone"},
-                   {"pool", key.first},
-                   {"device", key.second},
-                   {"generation", generation},
-                   {"message", "pool " + key.first + " on device " + std::to_string(key.second) +
-                                   " was replaced or removed: drop your import of it"}});
+    notify(id, {{"notice", "pool_gone"},
+                {"pool", key.first},
+                {"device", key.second},
+                {"generation", generation},
+                {"message", "pool " + key.first + " on device " + std::to_string(key.second) +
+                                " was replaced or removed: drop your import of it"}});
   }
   pools_.erase(it);
   spdlog::info("removed pool {} on device {}", key.first, key.second);

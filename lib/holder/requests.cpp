@@ -18,13 +18,14 @@ namespace {
 
 constexpr std::uint64_t kMaxAllocation = 1ULL << 48;
 
-// A buffer_create's "parts" (the size of each allocation, adding up to "size"), or one part of
-// `size` when the request has none.
+// A buffer_create's "part_sizes_bytes" (the size of each allocation, adding up to "size_bytes"), or
+// one part of `size` when the request has none.
 std::vector<std::uint64_t> part_sizes(const Json* parts, std::uint64_t size) {
   if (!parts) return {size};
   const auto fail = [&](const std::string& why) {
-    throw Error(Errc::bad_request, "\"parts\" " + why + " (an array of 1 to " + std::to_string(tensors::kMaxParts) +
-                                       " sizes in bytes, each at least 1, adding up to \"size\")");
+    throw Error(Errc::bad_request, "\"part_sizes_bytes\" " + why + " (an array of 1 to " +
+                                       std::to_string(tensors::kMaxParts) +
+                                       " sizes in bytes, each at least 1, adding up to \"size_bytes\")");
   };
   if (!parts->is_array() || parts->empty() || parts->size() > tensors::kMaxParts) fail("is not a list of parts");
   std::vector<std::uint64_t> out;
@@ -73,10 +74,22 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   fd_out = -1;
   const SyncCustodyAtEnd sync{*this};
   Client& c = client(id);
-  proto::Args a(request);
   auto op_it = request.find("op");
   if (op_it == request.end() || !op_it->is_string()) throw Error(Errc::bad_request, "a request needs \"op\", a string");
   const std::string op = op_it->get<std::string>();
+  // Every request is read in protocol 4's names; a connection of 1 to 3 sends the old ones.
+  const bool old_names = c.greeted && c.protocol < proto::kNamedProtocol;
+  Json renamed;
+  if (old_names) {
+    renamed = request;
+    proto::to_new_names(proto::Message::request, op, renamed);
+  } else if (c.greeted)  // an old name on protocol 4: say the new one (Args would only say "unknown")
+    for (const auto& item : request.items())
+      if (const char* now = proto::new_name(proto::Message::request, op, item.key()))
+        throw Error(Errc::bad_request, "unknown argument \"" + item.key() + "\": protocol " +
+                                           std::to_string(proto::kNamedProtocol) + " calls it \"" + now +
+                                           "\" (docs/naming.md)");
+  proto::Args a(old_names ? renamed : request);
   if (auto id_it = request.find("id"); id_it == request.end() || !id_it->is_number_integer() ||
                                        id_it->get<std::int64_t>() < 0 || id_it->get<std::int64_t>() >= (1LL << 53))
     throw Error(Errc::bad_request, "a request needs \"id\", an integer from 0 to 2^53-1");
@@ -96,7 +109,7 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   // client's cache sends on its own, so the warm path never waits for the holder.
   if (a.boolean("quiet", false) && op != "free" && op != "reuse" && op != "dropped")
     throw Error(Errc::bad_request, "\"quiet\" is for free, reuse and dropped only");
-  Request r{id, request["id"], c, a, fd_out};
+  Request r{id, request["id"], c, a, fd_out, op};
   Json out;
   try {
     out = (this->*(it->serve))(r);
@@ -107,6 +120,7 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   }
   // An answer to a drop notice may be what another request waited for.
   run_ready_waiters();
+  if (c.protocol < proto::kNamedProtocol) proto::to_old_names(proto::Message::reply, op, out);  // hello too
   return out;
 }
 
@@ -135,21 +149,21 @@ Json Holder::op_hello(Request& r) {
   Json out;
   out["protocol"] = version;  // what this connection speaks (the client's choice)
   out["protocols"] = {proto::kOldestProtocol, proto::kProtocol};
-  out["holder"] = std::string("cupool ") + CUPOOL_VERSION;
+  out["version"] = std::string("cupool ") + CUPOOL_VERSION;
   out["pid"] = identity_.pid;
   out["backend"] = backend_.simulated() ? "simulated" : "cuda";
   out["peer"] = {
       {"pid", c.peer.pid}, {"uid", c.peer.uid}, {"gid", c.peer.gid}, {"user", c.peer.user}, {"admin", c.admin}};
-  out["limits"] = {{"max_payload", proto::kMaxPayload},
+  out["limits"] = {{"max_payload_bytes", proto::kMaxPayload},
                    // A message longer than a frame comes in parts (docs/protocol.md, Frames): replies
                    // up to max_reply; requests up to max_request (in parts from admins only).
-                   {"max_reply", proto::kMaxReply},
-                   {"max_request", c.admin ? proto::kMaxRequest : proto::kMaxPayload},
-                   {"max_leases", limits_.max_leases_per_client},
-                   {"max_open_buffers", limits_.max_open_buffers_per_client},
-                   {"frame_timeout_ms", 5000},
+                   {"max_reply_bytes", proto::kMaxReply},
+                   {"max_request_bytes", c.admin ? proto::kMaxRequest : proto::kMaxPayload},
+                   {"max_lease_count", limits_.max_leases_per_client},
+                   {"max_open_buffer_count", limits_.max_open_buffers_per_client},
+                   {"frame_timeout_seconds", 5.0},
                    {"max_queued_bytes", 1 << 20},
-                   {"drop_timeout_ms", drop_timeout_ms_}};
+                   {"drop_timeout_seconds", static_cast<double>(drop_timeout_ms_) / 1000.0}};
   return out;
 }
 
@@ -169,6 +183,16 @@ Json Holder::op_list(Request& r) {
   return model::to_json(out);
 }
 
+Json Holder::access_of(const HeldPool& p) const {
+  Json out = Json::array();
+  for (int peer : p.want.access) {
+    Json device;
+    model::put_identity(device, device_id(peer));
+    out.push_back(device);
+  }
+  return out;
+}
+
 Json Holder::op_import_pool(Request& r) {
   Client& c = r.client;
   proto::Args& a = r.args;
@@ -179,11 +203,9 @@ Json Holder::op_import_pool(Request& r) {
   HeldPool& p = pool_for(c, name, device, true);
   Json out;
   out["pool"] = p.want.name;
-  out["device"] = p.want.device;
-  out["uuid"] = device_uuid(p.want.device);
+  model::put_identity(out, device_id(p.want.device));
   out["handle_type"] = "posix_fd";
-  out["access"] = Json::array();
-  for (int peer : p.want.access) out["access"].push_back({{"device", peer}, {"uuid", device_uuid(peer)}});
+  out["access"] = access_of(p);
   out["generation"] = p.generation;
   out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
   r.fd_out = backend_.export_pool_fd(p.handle);
@@ -195,7 +217,7 @@ Json Holder::op_alloc(Request& r) {
   proto::Args& a = r.args;
   const std::string name = a.string("pool", kMaxName);
   const int device = a.device("device", -1);
-  const std::uint64_t size = a.u64("size", 1, kMaxAllocation);
+  const std::uint64_t size = a.u64("size_bytes", 1, kMaxAllocation);
   const bool synchronize = a.boolean("synchronize", false);
   a.finish();
   require_not_draining("alloc");
@@ -206,10 +228,9 @@ Json Holder::op_alloc(Request& r) {
     const auto [lease, s] = grant_lease(client_id, c, p, size, synchronize);
     Json out;
     out["lease"] = lease;
-    out["size"] = size;
+    out["size_bytes"] = size;
     out["pool"] = p.want.name;
-    out["device"] = p.want.device;
-    out["uuid"] = device_uuid(p.want.device);
+    model::put_identity(out, device_id(p.want.device));
     out["generation"] = p.generation;
     out["export_data"] = proto::to_hex(s.export_data);
     out["ready"] = synchronize;
@@ -260,10 +281,10 @@ Json Holder::op_free(Request& r) {
       throw Error(Errc::bad_request, "\"cache\" needs protocol 2 (this connection said hello with 1)");
     if (it->second.cached) throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is cached already");
     cache_lease(lease);
-    return {{"lease", lease}, {"size", size}, {"cached", true}};
+    return {{"lease", lease}, {"size_bytes", size}, {"cached", true}};
   }
   free_lease(lease);
-  return {{"lease", lease}, {"size", size}, {"cached", false}};
+  return {{"lease", lease}, {"size_bytes", size}, {"cached", false}};
 }
 
 Json Holder::op_buffer_open(Request& r) {
@@ -298,18 +319,16 @@ Json Holder::op_buffer_open(Request& r) {
   Json out;
   out["name"] = name;
   out["pool"] = b.want.pool;
-  out["device"] = b.want.device;
-  out["uuid"] = device_uuid(b.want.device);
-  out["size"] = b.parts[part].size;  // what the lease maps: the part
+  model::put_identity(out, device_id(b.want.device));
+  out["size_bytes"] = b.parts[part].size;  // what the lease maps: the part
   out["part"] = part;
-  out["parts"] = b.parts.size();
-  out["buffer_size"] = b.want.size;
+  out["part_count"] = b.parts.size();
+  out["buffer_size_bytes"] = b.want.size;
   if (b.exported) {
     // The allocation's descriptor rides with the reply: the client maps it whole.
     out["mapping"] = "exported";
-    out["mapped_size"] = b.parts[part].mapped;
-    out["access"] = Json::array();  // the devices that may map it besides its own (the pool's access)
-    for (int peer : p.want.access) out["access"].push_back({{"device", peer}, {"uuid", device_uuid(peer)}});
+    out["mapped_size_bytes"] = b.parts[part].mapped;
+    out["access"] = access_of(p);  // the devices that may map it besides its own (the pool's access)
     r.fd_out = descriptor.release();
     return out;
   }
@@ -350,11 +369,11 @@ Json Holder::op_buffer_create(Request& r) {
   const std::string name = a.string("name", kMaxName);
   const std::string pool = a.string("pool", kMaxName);
   const int device = a.device("device", -1);
-  const std::uint64_t size = a.u64("size", 1, kMaxAllocation);
+  const std::uint64_t size = a.u64("size_bytes", 1, kMaxAllocation);
   const bool loading = a.boolean("loading", false);
   const Json* tensors = a.value("tensors");
   const Json* metadata = a.value("metadata");
-  const Json* parts_json = a.value("parts");
+  const Json* parts_json = a.value("part_sizes_bytes");
   a.finish();
   require_admin(c, "buffer_create");
   if (metadata && !tensors) throw Error(Errc::bad_request, "\"metadata\" comes with \"tensors\"");
@@ -468,7 +487,7 @@ Json Holder::op_stats(Request& r) {
 
 Json Holder::op_trim(Request& r) {
   require_admin(r.client, "trim");
-  const std::uint64_t keep = r.args.optional_u64("keep", 0, UINT64_MAX).value_or(0);
+  const std::uint64_t keep = r.args.optional_u64("keep_bytes", 0, UINT64_MAX).value_or(0);
   const auto pool = r.args.optional_string("pool", kMaxName);
   const bool graph = r.args.boolean("graph", true);
   const bool cached = r.args.boolean("cached", true);

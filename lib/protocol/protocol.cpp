@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <system_error>
 
@@ -133,6 +134,93 @@ std::pair<Header, std::string> FrameDecoder::take() {
   have_ = 0;
   ready_ = false;
   return out;
+}
+
+// ---- the names of protocol 4 ----
+
+namespace {
+
+struct Rename {
+  Message message;
+  const char* op;        // the request's or reply's op, or the notice
+  const char* parent;    // "" for a top-level field, else the object it is in ("limits")
+  const char* old_name;  // protocols 1 to 3
+  const char* new_name;  // protocol 4 (docs/naming.md)
+  bool milliseconds;     // the old value is milliseconds, the new one seconds
+};
+
+// Every field protocol 4 renamed. What `cupool` prints (status, stats, trim, list, plan,
+// buffer_tensors, buffer_create's and buffer_remove's replies) has the new names on every version.
+constexpr Rename kRenames[] = {
+    {Message::request, "alloc", "", "size", "size_bytes", false},
+    {Message::request, "buffer_create", "", "size", "size_bytes", false},
+    {Message::request, "buffer_create", "", "parts", "part_sizes_bytes", false},
+    {Message::request, "trim", "", "keep", "keep_bytes", false},
+    {Message::reply, "hello", "", "holder", "version", false},
+    {Message::reply, "hello", "limits", "max_payload", "max_payload_bytes", false},
+    {Message::reply, "hello", "limits", "max_reply", "max_reply_bytes", false},
+    {Message::reply, "hello", "limits", "max_request", "max_request_bytes", false},
+    {Message::reply, "hello", "limits", "max_leases", "max_lease_count", false},
+    {Message::reply, "hello", "limits", "max_open_buffers", "max_open_buffer_count", false},
+    {Message::reply, "hello", "limits", "frame_timeout_ms", "frame_timeout_seconds", true},
+    {Message::reply, "hello", "limits", "drop_timeout_ms", "drop_timeout_seconds", true},
+    {Message::reply, "alloc", "", "size", "size_bytes", false},
+    {Message::reply, "free", "", "size", "size_bytes", false},
+    {Message::reply, "reuse", "", "size", "size_bytes", false},
+    {Message::reply, "dropped", "", "leases", "freed_count", false},
+    {Message::reply, "dropped", "", "bytes", "freed_bytes", false},
+    {Message::reply, "buffer_open", "", "size", "size_bytes", false},
+    {Message::reply, "buffer_open", "", "parts", "part_count", false},
+    {Message::reply, "buffer_open", "", "buffer_size", "buffer_size_bytes", false},
+    {Message::reply, "buffer_open", "", "mapped_size", "mapped_size_bytes", false},
+    {Message::notice, "drop", "", "bytes", "requested_bytes", false},
+    {Message::notice, "drop", "", "timeout_ms", "timeout_seconds", true},
+};
+
+void rename(Json& object, const char* from, const char* to, bool to_seconds, bool to_milliseconds) {
+  if (!object.is_object()) return;
+  const auto it = object.find(from);
+  if (it == object.end() || object.contains(to)) return;
+  Json value = std::move(*it);
+  object.erase(from);
+  if (value.is_number() && to_seconds) value = value.get<double>() / 1000.0;
+  if (value.is_number() && to_milliseconds) value = std::llround(value.get<double>() * 1000.0);
+  object[to] = std::move(value);
+}
+
+void translate(Message message, std::string_view op, Json& body, bool to_new) {
+  if (!body.is_object()) return;
+  for (const Rename& r : kRenames) {
+    if (r.message != message || op != r.op) continue;
+    Json* where = &body;
+    if (*r.parent) {
+      const auto parent = body.find(r.parent);
+      if (parent == body.end() || !parent->is_object()) continue;
+      where = &*parent;
+    }
+    if (to_new)
+      rename(*where, r.old_name, r.new_name, r.milliseconds, false);
+    else
+      rename(*where, r.new_name, r.old_name, false, r.milliseconds);
+  }
+  // A tensor index (buffer_create's "tensors") names each tensor's offset and size the same way.
+  if (message == Message::request && op == "buffer_create" && body.contains("tensors") && body["tensors"].is_array())
+    for (Json& t : body["tensors"]) {
+      rename(t, to_new ? "offset" : "offset_bytes", to_new ? "offset_bytes" : "offset", false, false);
+      rename(t, to_new ? "size" : "size_bytes", to_new ? "size_bytes" : "size", false, false);
+    }
+}
+
+}  // namespace
+
+void to_new_names(Message message, std::string_view op, Json& body) { translate(message, op, body, true); }
+
+void to_old_names(Message message, std::string_view op, Json& body) { translate(message, op, body, false); }
+
+const char* new_name(Message message, std::string_view op, std::string_view old_name) {
+  for (const Rename& r : kRenames)
+    if (r.message == message && op == r.op && !*r.parent && old_name == r.old_name) return r.new_name;
+  return nullptr;
 }
 
 std::string to_hex(const Bytes64& blob) {

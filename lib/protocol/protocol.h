@@ -25,9 +25,12 @@ using Json = nlohmann::ordered_json;
 constexpr std::uint16_t kVersion = 1;  // of the frame format (the header's version field)
 // Protocol versions (hello's "protocol"): 2 added cached blocks (free with cache, reuse, drop,
 // dropped, quiet requests); 3 opens buffers held as exported allocations (buffer_open replies with
-// the allocation's descriptor); a holder speaks every version from kOldestProtocol to kProtocol.
-constexpr int kProtocol = 3;
+// the allocation's descriptor); 4 names every argument and reply field as docs/naming.md says
+// (size_bytes, part_count, ...: kRenames). A holder speaks every version from kOldestProtocol to
+// kProtocol.
+constexpr int kProtocol = 4;
 constexpr int kOldestProtocol = 1;
+constexpr int kNamedProtocol = 4;  // the first version with docs/naming.md's names
 constexpr std::size_t kHeaderSize = 16;
 constexpr std::size_t kMaxPayload = 65536;           // one frame's payload
 constexpr std::size_t kMaxReply = 16 * 1024 * 1024;  // a reply's payloads together, parts included
@@ -96,6 +99,22 @@ class FrameDecoder {
 using Bytes64 = std::array<std::uint8_t, 64>;
 
 // 128 lower-case hex digits for 64 bytes, and back (nullopt unless exactly 128 hex digits).
+// ---- the names of protocol 4 and those before it ----
+//
+// Both ends work in protocol 4's names. A holder renames what a connection of version 1 to 3
+// sends to the new names before it reads it, and what it sends such a connection to the old
+// names; a client library does the reverse with a holder that speaks 1 to 3. One table
+// (protocol.cpp) says every name that changed, for requests (by op), replies (by op) and notices
+// (by notice); the timeouts that were milliseconds are seconds in protocol 4.
+enum class Message { request, reply, notice };
+// The name of `message` (a request or reply of `op`, or a notice of that name) in protocol 4.
+void to_new_names(Message message, std::string_view op, Json& body);
+// The same in the names of protocols 1 to 3.
+void to_old_names(Message message, std::string_view op, Json& body);
+// What protocol 4 calls the top-level field `old_name` of `message` of `op`; nullptr when it was
+// not renamed (for a message to say what to send instead).
+const char* new_name(Message message, std::string_view op, std::string_view old_name);
+
 std::string to_hex(const Bytes64& blob);
 std::optional<Bytes64> from_hex(std::string_view text);
 

@@ -105,6 +105,17 @@ SEEDS = {
     "export": session(EVE, {"op": "export"}),
     "buffer_create": session(ROOT, {"op": "buffer_create", "name": "scratch", "pool": "kv", "device": 1, "size": 16 << 20}),
     "buffer_remove": session(ROOT | BYSTANDER, {"op": "buffer_remove", "name": "weights", "force": True}),
+    # protocol 4: docs/naming.md's names (the sessions above speak 1, in the old ones)
+    "alloc-v4": session(ALICE, {"op": "alloc", "pool": "kv", "device": 1, "size_bytes": 64 << 20},
+                        {"op": "free", "lease": 1}, protocol=4),
+    "trim-v4": session(ROOT, {"op": "trim", "keep_bytes": 1 << 20, "pool": "kv"}, protocol=4),
+    "buffer-parts-v4": session(
+        ROOT,
+        {"op": "buffer_create", "name": "parted", "pool": "kv", "size_bytes": 8192, "part_sizes_bytes": [4096, 4096],
+         "loading": True, "tensors": [{"name": "a", "dtype": "U8", "shape": [16], "part": 1, "offset_bytes": 0,
+                                        "size_bytes": 16}]},
+        {"op": "buffer_open", "name": "parted", "part": 1}, {"op": "buffer_ready", "name": "parted"}, protocol=4),
+    "old-name-on-v4": session(ALICE, {"op": "alloc", "pool": "kv", "size": 4096}, protocol=4),
     # a held tensor set: created loading with its index, opened, made ready, read by another peer
     "buffer-load": session(
         ROOT,

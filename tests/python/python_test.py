@@ -352,7 +352,7 @@ def test_every_error_status(tmp):
                          contains="bogus", code="bad_request")
             expect_error(cupool.ProtocolError, conn.request, {"op": "nonsense"}, contains="nonsense", code="unknown_op")
             expect_error(cupool.Exists, conn.request,
-                         {"op": "buffer_create", "name": "shared", "pool": "kv", "device": 0, "size": 4096},
+                         {"op": "buffer_create", "name": "shared", "pool": "kv", "device": 0, "size_bytes": 4096},
                          contains="shared", code="exists")
             with conn.open_buffer("shared"):
                 expect_error(cupool.Busy, conn.request, {"op": "buffer_remove", "name": "shared"},
@@ -642,7 +642,7 @@ def test_tensors_errors(tmp):
         raw = H.RawClient(h.socket)
         raw.hello()
         body, _ = raw.request("buffer_create", name="half", pool="kv", size=4096, loading=True,
-                              tensors=[{"name": "w", "dtype": "F32", "shape": [4], "offset_bytes": 0, "size_bytes": 16}])
+                              tensors=[{"name": "w", "dtype": "F32", "shape": [4], "offset": 0, "size": 16}])
         check(body["ok"], f"buffer_create: {body}")
         expect_error(cupool.Busy, cupool.tensors, "half", "numpy", h.socket, contains="still being loaded")
         raw.close()

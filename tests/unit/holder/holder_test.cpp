@@ -118,11 +118,45 @@ TEST_CASE("plan shows a threshold change; apply makes only that change") {
   for (const auto& c : made) CHECK(c.rfind("set_pool_settings(", 0) == 0);
 }
 
+TEST_CASE("protocol 4 speaks docs/naming.md's names; a connection of 3 keeps the old ones") {
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto now = f.client(peer(1001, "alice"));  // protocol 4
+  const auto old = f.holder.connect(peer(1001, "alice"));
+  const Json hello = f.call(old, {{"op", "hello"}, {"protocol", 3}});
+  CHECK(hello["holder"].get<std::string>().rfind("cupool ", 0) == 0);
+  CHECK(hello["limits"]["max_payload"] == proto::kMaxPayload);
+  CHECK(hello["limits"]["frame_timeout_ms"] == 5000);
+  const Json hello4 = f.call(f.holder.connect(peer(1001, "alice")), {{"op", "hello"}, {"protocol", 4}});
+  CHECK(hello4["version"] == hello["holder"]);
+  CHECK(hello4["limits"]["max_payload_bytes"] == proto::kMaxPayload);
+  CHECK(hello4["limits"]["frame_timeout_seconds"] == 5.0);
+  CHECK(hello4["limits"]["drop_timeout_seconds"] == 5.0);
+
+  const Json a = f.call(now, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size_bytes", 1 << 20}});
+  CHECK(a["size_bytes"] == 1 << 20);
+  CHECK(!a.contains("size"));
+  const std::string unknown = f.error_message(now, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}});
+  CHECK_MESSAGE(unknown.find("size_bytes") != std::string::npos, unknown);  // the old name, on 4: refused
+  CHECK(f.call(now, {{"op", "free"}, {"lease", a["lease"]}})["size_bytes"] == 1 << 20);
+
+  const Json b = f.call(old, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 2 << 20}});
+  CHECK(b["size"] == 2 << 20);
+  CHECK(!b.contains("size_bytes"));
+  CHECK(f.call(old, {{"op", "free"}, {"lease", b["lease"]}})["size"] == 2 << 20);
+  const Json opened = f.call(old, {{"op", "buffer_open"}, {"name", "weights"}});
+  CHECK(opened["parts"] == 1);
+  CHECK(opened["buffer_size"] == opened["size"]);
+  CHECK(opened.contains("mapped_size"));
+  // What cupool prints has the new names on every version.
+  CHECK(f.call(old, {{"op", "status"}})["client_count"] == 3);
+}
+
 TEST_CASE("a pool with leases is not removed, and the answer says so") {
   Fixture f;
   f.holder.apply(f.want());
   const auto alice = f.client(peer(1001, "alice"));
-  const Json lease = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}});
+  const Json lease = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size_bytes", 1 << 20}});
   std::string without = kHolderConfig;
   without.replace(without.find("devices: [0, 1]"), 15, "devices: [0]");
   const auto changes = f.holder.apply(f.want(without));
@@ -145,19 +179,19 @@ TEST_CASE("share: users, groups, admins; everyone else is refused") {
   const auto eve = f.client(peer(1003, "eve", {"eve"}));
   const auto owner = f.client(peer(1000, "svc"));
   const auto root = f.client(peer(0, "root"));
-  const Json alloc = {{"op", "alloc"}, {"pool", "kv"}, {"size", 4096}};
+  const Json alloc = {{"op", "alloc"}, {"pool", "kv"}, {"size_bytes", 4096}};
   CHECK(f.error_code(alice, alloc) == "ok");
   CHECK(f.error_code(bob_gpu, alloc) == "ok");
   CHECK(f.error_code(eve, alloc) == "not_permitted");
   CHECK(f.error_code(eve, {{"op", "import_pool"}, {"pool", "kv"}}) == "not_permitted");
   CHECK(f.error_code(eve, {{"op", "buffer_open"}, {"name", "weights"}}) == "not_permitted");
   // No share list: only the holder's user and root.
-  const Json priv = {{"op", "alloc"}, {"pool", "private"}, {"size", 4096}};
+  const Json priv = {{"op", "alloc"}, {"pool", "private"}, {"size_bytes", 4096}};
   CHECK(f.error_code(alice, priv) == "not_permitted");
   CHECK(f.error_code(owner, priv) == "ok");
   CHECK(f.error_code(root, priv) == "ok");
   // No handle type: can't be shared at all.
-  CHECK(f.error_code(root, {{"op", "alloc"}, {"pool", "local"}, {"size", 4096}}) == "bad_request");
+  CHECK(f.error_code(root, {{"op", "alloc"}, {"pool", "local"}, {"size_bytes", 4096}}) == "bad_request");
   // Admin operations.
   CHECK(f.error_code(alice, {{"op", "trim"}}) == "not_permitted");
   CHECK(f.error_code(alice, {{"op", "buffer_remove"}, {"name", "weights"}}) == "not_permitted");
@@ -178,13 +212,14 @@ TEST_CASE("quota per client and pool") {
   f.holder.apply(f.want());
   const auto alice = f.client(peer(1001, "alice"));
   const auto other = f.client(peer(1001, "alice"));
-  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 200 << 20}}) == "ok");
-  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 100 << 20}}) == "quota_exceeded");
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size_bytes", 200 << 20}}) == "ok");
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size_bytes", 100 << 20}}) ==
+        "quota_exceeded");
   // Another pool (device 1) and another connection have their own quota.
-  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 200 << 20}}) == "ok");
-  CHECK(f.error_code(other, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 200 << 20}}) == "ok");
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size_bytes", 200 << 20}}) == "ok");
+  CHECK(f.error_code(other, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size_bytes", 200 << 20}}) == "ok");
   // The pool's max_size still applies.
-  CHECK(f.error_code(f.client(peer(0, "root")), {{"op", "alloc"}, {"pool", "private"}, {"size", 2ULL << 30}}) ==
+  CHECK(f.error_code(f.client(peer(0, "root")), {{"op", "alloc"}, {"pool", "private"}, {"size_bytes", 2ULL << 30}}) ==
         "out_of_memory");
 }
 
@@ -192,7 +227,7 @@ TEST_CASE("a closed connection's leases are freed and its buffers closed") {
   Fixture f;
   f.holder.apply(f.want());
   const auto alice = f.client(peer(1001, "alice"));
-  for (int i = 0; i < 3; ++i) f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 32 << 20}});
+  for (int i = 0; i < 3; ++i) f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size_bytes", 32 << 20}});
   f.call(alice, {{"op", "buffer_open"}, {"name", "weights"}});
   CHECK(f.holder.lease_count() == 3);
   CHECK(model::to_json(f.holder.status())["buffers"][0]["open_count"] == 1);
@@ -238,22 +273,24 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
   const auto root = f.client(peer(0, "root"));
   const auto alice = f.client(peer(1001, "alice"));
   CHECK(f.error_code(
-            root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}) ==
+            root,
+            {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"device", 1}, {"size_bytes", 1 << 20}}) ==
         "ok");
-  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"size", 1 << 20}}) ==
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "scratch"}, {"pool", "kv"}, {"size_bytes", 1 << 20}}) ==
         "exists");
-  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "Bad Name"}, {"pool", "kv"}, {"size", 1}}) ==
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "Bad Name"}, {"pool", "kv"}, {"size_bytes", 1}}) ==
         "bad_request");
-  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size", 1}}) == "not_found");
+  CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size_bytes", 1}}) ==
+        "not_found");
   // The buffer is an exported allocation: its descriptor rides with the reply, and what this
   // process maps from it is the holder's memory (another process's map shares it).
   int fd = -1;
   const Json open = f.holder.handle(alice, {{"op", "buffer_open"}, {"name", "scratch"}, {"id", 1}}, fd);
   Fd descriptor(fd);
   REQUIRE(descriptor);
-  CHECK(open["size"] == 1 << 20);
+  CHECK(open["size_bytes"] == 1 << 20);
   CHECK(open["mapping"] == "exported");
-  CHECK(open["mapped_size"] == SimBackend::kGranule);
+  CHECK(open["mapped_size_bytes"] == SimBackend::kGranule);
   REQUIRE(open["access"].size() == 1);  // access: [all] on two devices: the other one
   CHECK(open["access"][0]["device"] == 0);
   CHECK(open["access"][0]["uuid"] == test::two_gpu_node().devices[0].info.uuid);
@@ -290,7 +327,7 @@ Json loading_buffer(const std::string& name, Json tensors, std::uint64_t size = 
   return {{"op", "buffer_create"},
           {"name", name},
           {"pool", "kv"},
-          {"size", size},
+          {"size_bytes", size},
           {"loading", true},
           {"tensors", std::move(tensors)},
           {"metadata", {{"format", "pt"}}}};
@@ -363,20 +400,20 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   Json create = loading_buffer(
       "model", {tensor_entry("a", 0, 256), tensor_entry("b", 0, 512, "F32", 1), tensor_entry("c", 2048, 4, "F32", 1)},
       1024 + 4096);
-  create["parts"] = {1024, 4096};
+  create["part_sizes_bytes"] = {1024, 4096};
   const Json created = f.call(root, create);
   CHECK(created["part_count"] == 2);
   CHECK(buffer_bytes() == before + 1024 + 4096);
   CHECK(model::to_json(f.holder.status())["buffers"][0]["part_count"] == 2);
   CHECK(f.call(root, {{"op", "buffer_ready"}, {"name", "model"}})["tensor_count"] == 3);
   const Json first = f.call(alice, {{"op", "buffer_open"}, {"name", "model"}});
-  CHECK(first["size"] == 1024);
+  CHECK(first["size_bytes"] == 1024);
   CHECK(first["part"] == 0);
-  CHECK(first["parts"] == 2);
-  CHECK(first["buffer_size"] == 1024 + 4096);
+  CHECK(first["part_count"] == 2);
+  CHECK(first["buffer_size_bytes"] == 1024 + 4096);
   const Json second = f.call(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 1}});
-  CHECK(second["size"] == 4096);
-  CHECK(second["mapped_size"] == SimBackend::kGranule);
+  CHECK(second["size_bytes"] == 4096);
+  CHECK(second["mapped_size_bytes"] == SimBackend::kGranule);
   CHECK(first["mapping"] == "exported");
   const std::string missing = f.error_message(alice, {{"op", "buffer_open"}, {"name", "model"}, {"part", 2}});
   CHECK_MESSAGE(missing.find("has 2 parts; there is no part 2") != std::string::npos, missing);
@@ -395,7 +432,7 @@ TEST_CASE("buffers: parts are checked before anything is made") {
   const std::uint64_t before = model::to_json(f.holder.status())["pools"][0]["buffer_bytes"].get<std::uint64_t>();
   auto refused = [&](Json parts, Json tensors, std::uint64_t size, const std::string& words) {
     Json request = loading_buffer("x", std::move(tensors), size);
-    request["parts"] = std::move(parts);
+    request["part_sizes_bytes"] = std::move(parts);
     const std::string message = f.error_message(root, request);
     CHECK_MESSAGE(message.find(words) != std::string::npos, message);
     CHECK(f.error_code(root, request) == "bad_request");
@@ -411,7 +448,7 @@ TEST_CASE("buffers: parts are checked before anything is made") {
   refused({1024, 1024}, {tensor_entry("a", 0, 64, "F32", 1), tensor_entry("b", 128, 64, "F32", 1)}, 2048, "overlap");
   // The same offsets in two parts are two places.
   Json fine = loading_buffer("x", {tensor_entry("a", 0, 64), tensor_entry("b", 0, 64, "F32", 1)}, 2048);
-  fine["parts"] = {1024, 1024};
+  fine["part_sizes_bytes"] = {1024, 1024};
   CHECK(f.error_code(root, fine) == "ok");
   CHECK(model::to_json(f.holder.status())["pools"][0]["buffer_bytes"].get<std::uint64_t>() == before + 2048);
 }
@@ -462,7 +499,7 @@ TEST_CASE("buffers: an index is checked before anything is made") {
   Json bad_size = tensor_entry("a", 0, 4);
   bad_size["size_bytes"] = 17;
   refused(loading_buffer("x", Json::array({bad_size})), "is 16 bytes, but its offsets span 17");
-  refused({{"op", "buffer_create"}, {"name", "x"}, {"pool", "kv"}, {"size", 64}, {"metadata", Json::object()}},
+  refused({{"op", "buffer_create"}, {"name", "x"}, {"pool", "kv"}, {"size_bytes", 64}, {"metadata", Json::object()}},
           "\"metadata\" comes with \"tensors\"");
   CHECK(model::to_json(f.holder.status())["buffers"].size() == 1);
   // Not an admin: refused before the index is looked at.
@@ -479,10 +516,10 @@ TEST_CASE("requests: hello first, versions, unknown operations and arguments") {
   CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 0}}) == "unsupported_protocol");
   CHECK(f.error_code(id, {{"op", "hello"}, {"protocol", 1}, {"client", "ok-name"}}) == "ok");
   CHECK(f.error_code(id, {{"op", "lst"}}) == "unknown_op");
-  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv"}, {"size", 0}}) == "bad_request");
+  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv"}, {"size_bytes", 0}}) == "bad_request");
   CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv"}, {"sise", 1}}) == "bad_request");
   CHECK(f.error_code(id, {{"op", "free"}, {"lease", 99}}) == "not_found");
-  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv-cash"}, {"size", 1}}) == "not_found");
+  CHECK(f.error_code(id, {{"op", "alloc"}, {"pool", "kv-cash"}, {"size_bytes", 1}}) == "not_found");
   const Json list = f.call(id, {{"op", "list"}});
   CHECK(list["pools"].size() == 4);
 }
@@ -508,9 +545,9 @@ TEST_CASE("draining refuses new work but lets clients free") {
   Fixture f;
   f.holder.apply(f.want());
   const auto alice = f.client(peer(1001, "alice"));
-  const Json l = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"size", 4096}});
+  const Json l = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"size_bytes", 4096}});
   f.holder.set_draining(true);
-  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"size", 4096}}) == "draining");
+  CHECK(f.error_code(alice, {{"op", "alloc"}, {"pool", "kv"}, {"size_bytes", 4096}}) == "draining");
   CHECK(f.error_code(alice, {{"op", "free"}, {"lease", l["lease"]}}) == "ok");
 }
 
@@ -677,7 +714,7 @@ TEST_CASE("a client that imported a pool is told when the pool is replaced; repl
   CHECK(notices[0].second["pool"] == "private");
   CHECK(notices[0].second["device"] == 0);
   CHECK(notices[0].second["generation"] == before);
-  const Json lease = f.call(admin, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size", 4096}});
+  const Json lease = f.call(admin, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size_bytes", 4096}});
   CHECK(lease["generation"] != before);
   const Json again = f.call(admin, {{"op", "import_pool"}, {"pool", "private"}, {"device", 0}});
   CHECK(again["generation"] == lease["generation"]);
@@ -812,19 +849,19 @@ TEST_CASE("buffers: exported allocations are charged to their pool's max_size, w
   const auto root = f.client(peer(0, "root"));
   const auto create = [&](const char* name, std::uint64_t size) {
     return f.error_message(
-        root, {{"op", "buffer_create"}, {"name", name}, {"pool", "private"}, {"device", 0}, {"size", size}});
+        root, {{"op", "buffer_create"}, {"name", name}, {"pool", "private"}, {"device", 0}, {"size_bytes", size}});
   };
   CHECK(create("first", 600ULL << 20).empty());
   const std::string refused = create("second", 600ULL << 20);
   CHECK_MESSAGE(refused.find("max_size 1 GiB") != std::string::npos, refused);
-  CHECK(
-      f.error_code(
-          root,
-          {{"op", "buffer_create"}, {"name", "second"}, {"pool", "private"}, {"device", 0}, {"size", 600ULL << 20}}) ==
-      "out_of_memory");
+  CHECK(f.error_code(root, {{"op", "buffer_create"},
+                            {"name", "second"},
+                            {"pool", "private"},
+                            {"device", 0},
+                            {"size_bytes", 600ULL << 20}}) == "out_of_memory");
   // A lease that would pass the pool's max_size with the buffer in it is refused the same way.
   const std::string lease =
-      f.error_message(root, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size", 512ULL << 20}});
+      f.error_message(root, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size_bytes", 512ULL << 20}});
   CHECK_MESSAGE(lease.find("of buffers") != std::string::npos, lease);
   CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "first"}}) == "ok");
   CHECK(create("second", 600ULL << 20).empty());

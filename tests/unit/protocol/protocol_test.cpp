@@ -246,3 +246,49 @@ TEST_CASE("receive_frame joins a reply's parts, and refuses a notice among them 
   flood.join();
   close(sv[0]);
 }
+
+TEST_CASE("protocol 4's names: a request of 1 to 3 read in the new names, a reply written in the old") {
+  using proto::Message;
+  Json request = Json::parse(R"({"op": "buffer_create", "name": "w", "size": 8, "parts": [4, 4],
+    "tensors": [{"name": "a", "dtype": "U8", "shape": [4], "part": 1, "offset": 0, "size": 4}]})");
+  proto::to_new_names(Message::request, "buffer_create", request);
+  CHECK(request.dump() ==
+        R"({"op":"buffer_create","name":"w","tensors":[{"name":"a","dtype":"U8","shape":[4],"part":1,)"
+        R"("offset_bytes":0,"size_bytes":4}],"size_bytes":8,"part_sizes_bytes":[4,4]})");
+  proto::to_old_names(Message::request, "buffer_create", request);  // and back, for an older holder
+  CHECK(request["size"] == 8);
+  CHECK(request["parts"] == Json::array({4, 4}));
+  CHECK(request["tensors"][0].contains("offset"));
+  CHECK(!request.contains("size_bytes"));
+
+  Json hello = Json::parse(R"({"protocol": 4, "version": "cupool 0.1.0",
+    "limits": {"max_payload_bytes": 65536, "frame_timeout_seconds": 5.0, "drop_timeout_seconds": 0.25}})");
+  proto::to_old_names(Message::reply, "hello", hello);
+  CHECK(hello["holder"] == "cupool 0.1.0");
+  CHECK(hello["limits"]["max_payload"] == 65536);
+  CHECK(hello["limits"]["frame_timeout_ms"] == 5000);  // seconds in 4, milliseconds before
+  CHECK(hello["limits"]["drop_timeout_ms"] == 250);
+  proto::to_new_names(Message::reply, "hello", hello);
+  CHECK(hello["limits"]["drop_timeout_seconds"] == 0.25);
+
+  Json dropped = {{"ask", 3}, {"freed_count", 2}, {"freed_bytes", 64}};
+  proto::to_old_names(Message::reply, "dropped", dropped);
+  CHECK(dropped.dump() == R"({"ask":3,"leases":2,"bytes":64})");
+  Json notice = {{"notice", "drop"}, {"leases", {1, 2}}, {"requested_bytes", 64}, {"timeout_seconds", 5.0}};
+  proto::to_old_names(Message::notice, "drop", notice);
+  CHECK(notice["leases"] == Json::array({1, 2}));  // the ids: an array in both
+  CHECK(notice["bytes"] == 64);
+  CHECK(notice["timeout_ms"] == 5000);
+
+  // Only the op's own fields: status's names are the same in every version.
+  Json status = {{"lease_count", 1}, {"size", 2}};
+  proto::to_old_names(Message::reply, "status", status);
+  CHECK(status.dump() == R"({"lease_count":1,"size":2})");
+  // A field both ways, or no object where one is expected, is left alone.
+  Json both = {{"size", 1}, {"size_bytes", 2}};
+  proto::to_new_names(Message::request, "alloc", both);
+  CHECK(both["size_bytes"] == 2);
+  Json odd = {{"limits", 7}};
+  proto::to_old_names(Message::reply, "hello", odd);
+  CHECK(odd.dump() == R"({"limits":7})");
+}
