@@ -309,12 +309,12 @@ void Holder::destroy_pool(const PoolKey& key) {
     auto imp = c.imported.find(key);
     if (imp == c.imported.end() || imp->second != generation) continue;
     c.imported.erase(imp);
-    notify(id, {{"notice", "pool_gone"},
-                {"pool", key.first},
-                {"device", key.second},
-                {"generation", generation},
-                {"message", "pool " + key.first + " on device " + std::to_string(key.second) +
-                                " was replaced or removed: drop your import of it"}});
+    Json notice = {{"notice", "pool_gone"}, {"pool", key.first}};
+    model::put_identity(notice, device_id(key.second));
+    notice["generation"] = generation;
+    notice["message"] = "pool " + key.first + " on device " + std::to_string(key.second) +
+                        " was replaced or removed: drop your import of it";
+    notify(id, std::move(notice));
   }
   pools_.erase(it);
   spdlog::info("removed pool {} on device {}", key.first, key.second);

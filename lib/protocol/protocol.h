@@ -1,6 +1,6 @@
-// The holder protocol, version 1 (docs/protocol.md): 16-byte frame headers, JSON payloads,
-// file descriptors as SCM_RIGHTS. Everything here treats its input as hostile: sizes are bounded
-// and every malformed input becomes a cupool::Error with a code from the document (bad_frame,
+// The holder protocol (docs/protocol.md): frames of format version 1 (16-byte headers, JSON
+// payloads, file descriptors as SCM_RIGHTS) and protocol versions 1 to 4. Everything here treats its input as hostile:
+// sizes are bounded and every malformed input becomes a cupool::Error with a code from the document (bad_frame,
 // bad_request).
 #pragma once
 
