@@ -28,13 +28,6 @@ std::string location_text(const PoolProps& p) {
   return "device";
 }
 
-nlohmann::ordered_json handle_names_json(std::uint32_t mask) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  if (mask & static_cast<std::uint32_t>(HandleType::posix_fd)) out.push_back("posix_fd");
-  if (mask & static_cast<std::uint32_t>(HandleType::fabric)) out.push_back("fabric");
-  return out;  // [] for none
-}
-
 std::string list_text(const std::vector<int>& v) {
   std::vector<std::string> parts;
   for (int i : v) parts.push_back(std::to_string(i));

@@ -23,8 +23,6 @@ std::int64_t now_s();
 
 // "device", "host" or "host_numa:<id>", as the config writes a location.
 std::string location_text(const PoolProps& p);
-// ["posix_fd"], ["posix_fd", "fabric"], or [] for none.
-nlohmann::ordered_json handle_names_json(std::uint32_t mask);
 // "[1, 2]".
 std::string list_text(const std::vector<int>& v);
 

@@ -26,10 +26,8 @@ ChangeValue threshold_value(const PoolWant& w) {
   return {t.text, t.bytes ? Json(*t.bytes) : Json(nullptr)};
 }
 ChangeValue handles_value(std::uint32_t mask) {
-  const Json names = handle_names_json(mask);
-  std::vector<std::string> text;
-  for (const auto& n : names) text.push_back(n.get<std::string>());
-  return {"[" + join(text, ", ") + "]", names};
+  const std::vector<std::string> names = handle_type_names(mask);
+  return {"[" + join(names, ", ") + "]", names};
 }
 ChangeValue access_value(const std::vector<int>& peers) { return {list_text(peers), peers}; }
 ChangeValue share_value(const ShareRule& s) {

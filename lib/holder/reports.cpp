@@ -61,7 +61,7 @@ model::PoolInfo Holder::pool_info(const PoolKey& key, const HeldPool& p) const {
   v.name = key.first;
   v.id = device_id(key.second);
   v.location = location_text(p.want.props);
-  for (const auto& h : handle_names_json(p.want.props.handle_types)) v.handle_types.push_back(h.get<std::string>());
+  v.handle_types = handle_type_names(p.want.props.handle_types);
   if (p.want.props.max_size) v.max_size_bytes = p.want.props.max_size;
   return v;
 }
@@ -170,7 +170,7 @@ std::string Holder::export_config() const {
     j["devices"] = devices;
     j["location"] = w.props.location == PoolProps::Location::device ? "device" : location_text(w.props);
     j["alloc_type"] = w.props.managed ? "managed" : "pinned";
-    Json handles = handle_names_json(w.props.handle_types);
+    Json handles = handle_type_names(w.props.handle_types);
     if (handles.empty()) handles.push_back("none");  // the config's word for no IPC handle
     j["handle_types"] = handles;
     if (w.props.max_size) j["max_size"] = exact_size(w.props.max_size);

@@ -1810,8 +1810,8 @@ def test_cache_limit(tmp):
 
 
 def test_new_library_falls_back_to_an_old_holder(tmp):
-    """The library speaks protocol 3; a holder that speaks only 1 refuses that hello plainly, and the
-    library says hello again with 2, then 1, on the same connection and works (a stand-in holder written
+    """The library speaks protocol 4; a holder that speaks only 1 refuses that hello plainly, and the
+    library says hello again with 3, 2, then 1, on the same connection and works (a stand-in holder written
     from docs/protocol.md answers as a version 1 holder did)."""
     lib = H.client_library()
     path = os.path.join(tmp, "old.sock")
@@ -1819,6 +1819,7 @@ def test_new_library_falls_back_to_an_old_holder(tmp):
     listener.bind(path)
     listener.listen(1)
     seen = []
+    requests = []
 
     def serve():
         conn, _ = listener.accept()
@@ -1837,12 +1838,16 @@ def test_new_library_falls_back_to_an_old_holder(tmp):
                     length = struct.unpack("<I", header[8:12])[0]
                     req = json.loads(read_exact(length))
                     seen.append((req.get("op"), req.get("protocol")))
+                    requests.append(req)
                     if req["op"] == "hello" and req["protocol"] != 1:
                         body = {"id": req["id"], "ok": False, "error": {"code": "unsupported_protocol",
                                 "message": f"this holder speaks protocol version 1, not {req['protocol']}"}}
                     elif req["op"] == "hello":
                         body = {"id": req["id"], "ok": True, "protocol": 1, "holder": "cupool 0.0.9", "pid": 1,
                                 "backend": "simulated"}
+                    elif req["op"] == "trim":  # as a version 1 holder answered it
+                        body = {"id": req["id"], "ok": True, "released": 0, "pools": [], "devices": [],
+                                "size": 7}
                     else:
                         body = {"id": req["id"], "ok": True, "pools": [], "buffers": []}
                     conn.sendall(frame(body, kind=2))
@@ -1863,10 +1868,15 @@ def test_new_library_falls_back_to_an_old_holder(tmp):
     reply = ctypes.c_char_p()
     rc = lib.cupool_request(conn, b'{"op": "list"}', ctypes.byref(reply))
     check(rc == 0 and b'"ok":true' in reply.value, f"list: {rc} {reply.value}")
+    # The library speaks protocol 4's names and renames them for an older holder, both ways.
+    rc = lib.cupool_request(conn, b'{"op": "trim", "keep_bytes": 4096}', ctypes.byref(reply))
+    check(rc == 0, f"trim: {rc} {lib.cupool_last_error(None)}")
+    sent = [r for r in requests if r.get("op") == "trim"]
+    check(sent and sent[0].get("keep") == 4096 and "keep_bytes" not in sent[0], f"the old holder got {sent}")
     lib.cupool_disconnect(conn)
     t.join(5)
     listener.close()
-    check(seen[:5] == [("hello", 4), ("hello", 3), ("hello", 2), ("hello", 1), ("list", None)],
+    check(seen[:6] == [("hello", 4), ("hello", 3), ("hello", 2), ("hello", 1), ("list", None), ("trim", None)],
           f"what the old holder saw: {seen}")
 
 

@@ -713,6 +713,9 @@ TEST_CASE("a client that imported a pool is told when the pool is replaced; repl
   CHECK(notices[0].second["notice"] == "pool_gone");
   CHECK(notices[0].second["pool"] == "private");
   CHECK(notices[0].second["device"] == 0);
+  CHECK(notices[0].second["uuid"] == imported["uuid"]);  // the device's whole identity (docs/naming.md)
+  CHECK(notices[0].second["pci_bus_id"] == imported["pci_bus_id"]);
+  CHECK(!imported["pci_bus_id"].get<std::string>().empty());
   CHECK(notices[0].second["generation"] == before);
   const Json lease = f.call(admin, {{"op", "alloc"}, {"pool", "private"}, {"device", 0}, {"size_bytes", 4096}});
   CHECK(lease["generation"] != before);
