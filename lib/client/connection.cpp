@@ -17,16 +17,24 @@
 #include "cupool/client.h"
 #include "device/node.h"
 #include "device/sim_backend.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 
 using cupool::client::EventUnusable;
 using cupool::client::Failure;
 using cupool::client::Json;
+using cupool::client::read_typed;
 
 namespace {
 
 // The C status of an error code a holder sent (the table in lib/base/error.cpp).
 int status_of(const std::string& code) { return cupool::c_status_of_wire(code); }
+
+// The Failure a reply whose "ok" is false stands for; nullopt for any other.
+std::optional<Failure> refusal(const Json& reply) {
+  if (auto e = cupool::proto::error_of_reply(reply)) return Failure{status_of(e->code), e->message};
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -74,24 +82,29 @@ void cupool_conn::open() {
                                             "); is 'cupool hold' running? Set --socket or CUPOOL_SOCKET for "
                                             "another path"};
   }
-  Json hello = {{"op", "hello"}, {"protocol", CUPOOL_PROTOCOL_VERSION}};
-  if (!client_name.empty()) hello["client"] = client_name;
-  Json reply = request(hello);
+  cupool::proto::Hello hello{CUPOOL_PROTOCOL_VERSION, std::nullopt};
+  if (!client_name.empty()) hello.client = client_name;
+  Json reply = request(cupool::proto::to_json(hello));
   // An older holder: protocol 2 works (its buffers are pool allocations), and 1 without the cache.
-  for (int older = CUPOOL_PROTOCOL_VERSION - 1;
-       older >= 1 && !reply.value("ok", false) &&
-       reply.value("error", Json::object()).value("code", "") == "unsupported_protocol";
-       --older) {
-    hello["protocol"] = older;
-    reply = request(hello);
+  for (int older = CUPOOL_PROTOCOL_VERSION - 1; older >= 1; --older) {
+    const auto error = cupool::proto::error_of_reply(reply);
+    if (!error || error->code != "unsupported_protocol") break;
+    hello.protocol = older;
+    reply = request(cupool::proto::to_json(hello));
   }
-  if (!reply.value("ok", false)) {
-    const Json e = reply.value("error", Json::object());
+  if (auto f = refusal(reply)) {
     close_socket();
-    throw Failure{cupool::c_status_of_wire(e.value("code", "")), e.value("message", "the holder refused hello")};
+    throw Failure{*f};
   }
-  backend_kind = reply.value("backend", "cuda");
-  protocol = reply.value("protocol", 1);
+  cupool::proto::HelloReply agreed;
+  try {
+    agreed = read_typed("hello reply", cupool::proto::hello_reply_from_json, reply);
+  } catch (...) {
+    close_socket();
+    throw;
+  }
+  backend_kind = agreed.backend;
+  protocol = agreed.protocol;
   session += 1;
   lost = false;
   told_lost = false;
@@ -153,16 +166,12 @@ Json cupool_conn::request(Json body, int* fd_out) {
           rid->get<std::uint64_t>() < next_id && (rid->get<std::uint64_t>() < id || !reply.value("ok", true))) {
         // A quiet request of ours that failed (a quiet request is answered only then): one sent
         // before this request, or while it waited (a `dropped` answer).
-        if (!reply.value("ok", true))
-          quiet_failure = reply.value("error", Json::object()).value("message", "the holder refused a request");
+        if (auto f = refusal(reply)) quiet_failure = f->message;
         continue;
       }
       if (rid == reply.end() || !rid->is_number_unsigned() || rid->get<std::uint64_t>() != id) {
         // A reply without our id is the holder telling us why it is closing the connection.
-        if (reply.value("ok", true) == false && reply.contains("error")) {
-          const Json& e = reply["error"];
-          throw Failure{status_of(e.value("code", "")), e.value("message", "the holder refused the request")};
-        }
+        if (auto f = refusal(reply)) throw Failure{*f};
         throw Failure{CUPOOL_E_PROTOCOL, "the holder answered a different request"};
       }
       if (fd_out) *fd_out = got.release();
@@ -203,12 +212,11 @@ std::optional<Failure> cupool_conn::closing_reason() {
     int received = -1;
     auto [header, reply] = cupool::proto::receive_frame(fd.get(), received);
     const cupool::Fd got(received);  // nothing is expected with it: closed here
-    if (header.kind == cupool::proto::Kind::reply && reply.value("ok", true) == false && reply.contains("error") &&
-        reply["error"].is_object()) {
-      const Json& e = reply["error"];
-      close_socket();
-      return Failure{status_of(e.value("code", "")), e.value("message", "the holder refused the connection")};
-    }
+    if (header.kind == cupool::proto::Kind::reply)
+      if (auto f = refusal(reply)) {
+        close_socket();
+        return f;
+      }
   } catch (const std::exception&) {
     // Nothing was waiting, or it was not a frame: the connection is just gone.
   }
@@ -218,10 +226,8 @@ std::optional<Failure> cupool_conn::closing_reason() {
 // A request whose reply must be ok; a holder error becomes a Failure.
 Json cupool_conn::call(Json body, int* fd_out) {
   Json reply = request(std::move(body), fd_out);
-  if (!reply.value("ok", false)) {
-    const Json e = reply.value("error", Json::object());
-    throw Failure{status_of(e.value("code", "")), e.value("message", "the holder refused the request")};
-  }
+  if (auto f = refusal(reply)) throw Failure{*f};
+  if (!reply.value("ok", false)) throw Failure{CUPOOL_E_PROTOCOL, "the holder's reply says neither ok nor an error"};
   return reply;
 }
 
@@ -265,36 +271,35 @@ cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, int dev
   for (auto& [key, imp] : pools)
     if (key.first == pool && (device < 0 || key.second == device)) return imp;
   int fd_in = -1;
-  Json reply = call({{"op", "import_pool"}, {"pool", pool}, {"device", device}}, &fd_in);
-  if (fd_in < 0) throw Failure{CUPOOL_E_PROTOCOL, "the holder's import_pool reply carried no file descriptor"};
+  const Json body = call(cupool::proto::to_json(cupool::proto::ImportPool{pool, device}), &fd_in);
   const cupool::Fd closer(fd_in);
-  const int holder_device = reply.value("device", 0);
+  if (fd_in < 0) throw Failure{CUPOOL_E_PROTOCOL, "the holder's import_pool reply carried no file descriptor"};
+  const auto reply = read_typed("import_pool reply", cupool::proto::import_pool_reply_from_json, body);
+  const int holder_device = reply.id.device;
   Imported imp;
-  imp.local_device = local_device(reply.value("uuid", ""), holder_device);
+  imp.local_device = local_device(reply.id.uuid, holder_device);
   imp.handle = backend().import_pool_fd(imp.local_device, fd_in);
-  imp.generation = reply.value("generation", std::uint64_t{0});
-  Imported& kept = pools[{reply.value("pool", pool), holder_device}] = imp;
+  imp.generation = reply.generation;
+  Imported& kept = pools[{reply.pool, holder_device}] = imp;
   // An imported pool is reachable only from its own device until this process gives access:
   // give the peers the config names, where this process can see them.
-  if (backend_kind != "simulated" && reply.contains("access") && reply["access"].is_array())
-    for (const Json& peer : reply["access"]) {
-      const std::string uuid = peer.value("uuid", "");
+  if (backend_kind != "simulated")
+    for (const cupool::model::DeviceId& peer : reply.access) {
       cupool::Backend& b = backend();
       for (int i = 0; i < b.device_count(); ++i)
-        if (i != kept.local_device && b.device_info(i).uuid == uuid) b.set_pool_access(kept.handle, i);
+        if (i != kept.local_device && b.device_info(i).uuid == peer.uuid) b.set_pool_access(kept.handle, i);
     }
   return kept;
 }
 
 // Imports an allocation and waits until it is ready.
-void cupool_conn::map(cupool_lease& lease, const Json& reply) {
-  const auto data = cupool::proto::from_hex(reply.value("export_data", ""));
-  const auto event = cupool::proto::from_hex(reply.value("ready_event", ""));
-  if (!data || !event) throw Failure{CUPOOL_E_PROTOCOL, "the holder sent malformed export data"};
+void cupool_conn::map(cupool_lease& lease, const cupool::proto::Bytes64& export_data,
+                      std::optional<std::uint64_t> in_generation, bool ready,
+                      const cupool::proto::Bytes64& ready_event) {
   Imported* found = &import_pool(lease.pool, lease.holder_device);
   // The memory is in the pool the holder holds now; an import of one it replaced would map
   // something else (the notice comes first; this holds even if it did not).
-  const std::uint64_t generation = reply.value("generation", found->generation);
+  const std::uint64_t generation = in_generation.value_or(found->generation);
   if (found->generation != generation) {
     retire({lease.pool, lease.holder_device});
     found = &import_pool(lease.pool, lease.holder_device);
@@ -304,10 +309,10 @@ void cupool_conn::map(cupool_lease& lease, const Json& reply) {
   Imported& imp = *found;
   lease.local_device = imp.local_device;
   lease.imported = imp.handle;
-  lease.address = backend().import_pointer(imp.handle, *data);
-  if (reply.value("ready", false)) return;  // the holder waited for it
+  lease.address = backend().import_pointer(imp.handle, export_data);
+  if (ready) return;  // the holder waited for it
   try {
-    backend().wait_ready(imp.local_device, *event);
+    backend().wait_ready(imp.local_device, ready_event);
   } catch (const cupool::CudaError& e) {
     backend().free_imported(imp.handle, lease.address);
     if (e.api() == "cuIpcOpenEventHandle") throw EventUnusable{e.what()};
@@ -318,22 +323,22 @@ void cupool_conn::map(cupool_lease& lease, const Json& reply) {
   }
 }
 
-void cupool_conn::map_exported(cupool_lease& lease, const Json& reply, int descriptor, int device) {
-  const std::uint64_t mapped = reply.value("mapped_size_bytes", std::uint64_t{0});
+void cupool_conn::map_exported(cupool_lease& lease, const cupool::proto::BufferOpenReply& reply, int descriptor,
+                               int device) {
+  const std::uint64_t mapped = reply.mapped_size_bytes;
   if (descriptor < 0 || mapped < lease.size || mapped == 0)
     throw Failure{CUPOOL_E_PROTOCOL, "the holder sent a buffer without its descriptor or size"};
-  const int home = local_device(reply.value("uuid", ""), lease.holder_device);
+  const int home = local_device(reply.id.uuid, lease.holder_device);
   std::vector<int> peers;
   if (device >= 0 && device != home) {
     // Only where the pool's access lets a device use the buffer (the config's `access`).
     const std::string uuid = backend().device_info(device).uuid;
     bool allowed = false;
-    for (const Json& a : reply.value("access", Json::array())) allowed = allowed || a.value("uuid", "") == uuid;
+    for (const cupool::model::DeviceId& a : reply.access) allowed = allowed || a.uuid == uuid;
     if (!allowed)
-      throw Failure{CUPOOL_E_REFUSED, "buffer " + lease.name + " is held on " + reply.value("uuid", "") +
-                                          " and its pool " + lease.pool + " gives no access to " + uuid +
-                                          " (this process's device " + std::to_string(device) +
-                                          "); add it to the pool's access: list"};
+      throw Failure{CUPOOL_E_REFUSED, "buffer " + lease.name + " is held on " + reply.id.uuid + " and its pool " +
+                                          lease.pool + " gives no access to " + uuid + " (this process's device " +
+                                          std::to_string(device) + "); add it to the pool's access: list"};
     peers.push_back(device);
   }
   lease.exported = true;
@@ -352,24 +357,25 @@ void cupool_conn::unmap(const cupool_lease& lease) {
 // wait for its allocations instead (from then on, for this connection).
 std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int device, std::uint64_t size) {
   for (int attempt = 0;; ++attempt) {
-    Json reply = call(
-        {{"op", "alloc"}, {"pool", pool}, {"device", device}, {"size_bytes", size}, {"synchronize", holder_waits}});
+    const Json body = call(cupool::proto::to_json(cupool::proto::Alloc{pool, device, size, holder_waits}));
+    const auto reply = read_typed("alloc reply", cupool::proto::alloc_reply_from_json, body);
     auto lease = std::make_unique<cupool_lease>();
     lease->session = session;
-    lease->id = reply.value("lease", std::uint64_t{0});
-    lease->pool = reply.value("pool", pool);
-    lease->holder_device = reply.value("device", 0);
-    lease->size = reply.value("size_bytes", size);
+    lease->id = reply.lease;
+    lease->pool = reply.pool;
+    lease->holder_device = reply.id.device;
+    lease->size = reply.size_bytes;
+    const cupool::proto::Free give_back{lease->id, false};
     try {
-      map(*lease, reply);
+      map(*lease, reply.export_data, reply.generation, reply.ready, reply.ready_event);
       return lease;
     } catch (const EventUnusable& e) {
-      call({{"op", "free"}, {"lease", lease->id}});
+      call(cupool::proto::to_json(give_back));
       if (attempt > 0) throw Failure{CUPOOL_E_CUDA, e.message};
       holder_waits = true;
     } catch (...) {
       try {
-        call({{"op", "free"}, {"lease", lease->id}});
+        call(cupool::proto::to_json(give_back));
       } catch (...) {
       }
       throw;
@@ -385,7 +391,7 @@ void cupool_conn::release(cupool_lease* lease) {
   if (protocol >= 2 && !lease->buffer && fd && lease->session == session && lease->size <= cache_limit) {
     try {
       shrink_cache(cache_limit - lease->size);
-      tell({{"op", "free"}, {"lease", lease->id}, {"cache", true}});
+      tell(cupool::proto::to_json(cupool::proto::Free{lease->id, true}));
     } catch (...) {
       try {
         backend().free_imported(lease->imported, lease->address);
@@ -406,11 +412,12 @@ void cupool_conn::release(cupool_lease* lease) {
   }
   if (fd && lease->session == session) {
     if (lease->buffer)
-      call({{"op", "buffer_close"}, {"name", lease->name}});
+      call(cupool::proto::to_json(cupool::proto::BufferClose{lease->name}));
     else if (protocol >= 2)
-      tell({{"op", "free"}, {"lease", lease->id}});  // unmapped here already: nothing to wait for
+      tell(
+          cupool::proto::to_json(cupool::proto::Free{lease->id, false}));  // unmapped here already: nothing to wait for
     else
-      call({{"op", "free"}, {"lease", lease->id}});
+      call(cupool::proto::to_json(cupool::proto::Free{lease->id, false}));
   }
   if (!unmap_error.empty()) throw Failure{CUPOOL_E_CUDA, "unmapping the lease here failed: " + unmap_error};
 }
@@ -434,23 +441,23 @@ void cupool_conn::tell(Json body) {
 }
 
 void cupool_conn::on_notice(Json notice) {
-  const std::string what = notice.value("notice", "");
+  const std::string what = read_typed("notice", cupool::proto::notice_name, notice);
   if (protocol < cupool::proto::kNamedProtocol)
     cupool::proto::to_new_names(cupool::proto::Message::notice, what, notice);
   if (what == "draining") draining = true;
   if (what == "pool_gone") {
     // A pool we imported was replaced or removed: our import maps the old pool's memory.
-    const std::pair<std::string, int> key{notice.value("pool", ""), notice.value("device", -1)};
+    const auto gone = read_typed("pool_gone notice", cupool::proto::pool_gone_from_json, notice);
+    const std::pair<std::string, int> key{gone.pool, gone.id.device};
     auto imp = pools.find(key);
-    if (imp != pools.end() && imp->second.generation == notice.value("generation", imp->second.generation)) retire(key);
+    if (imp != pools.end() && imp->second.generation == gone.generation.value_or(imp->second.generation)) retire(key);
   }
-  if (what == "drop" && notice.contains("leases") && notice["leases"].is_array()) {
+  if (what == "drop") {
     // The holder wants cached blocks back: unmap those still cached here (one taken again since is
     // in use: the holder saw its reuse first), then say which.
-    std::set<std::uint64_t> wanted;
-    for (const Json& id : notice["leases"])
-      if (id.is_number_unsigned()) wanted.insert(id.get<std::uint64_t>());
-    Json dropped = Json::array();
+    const auto drop = read_typed("drop notice", cupool::proto::drop_from_json, notice);
+    const std::set<std::uint64_t> wanted(drop.leases.begin(), drop.leases.end());
+    cupool::proto::Dropped dropped{drop.ask, {}};
     for (auto it = cache.begin(); it != cache.end();) {
       cupool_lease* lease = *it;
       if (!wanted.count(lease->id)) {
@@ -462,12 +469,12 @@ void cupool_conn::on_notice(Json notice) {
       } catch (...) {
         // Unmapped or not, this process will not use it again.
       }
-      dropped.push_back(lease->id);
+      dropped.leases.push_back(lease->id);
       cached_bytes -= lease->size;
       delete lease;
       it = cache.erase(it);
     }
-    tell({{"op", "dropped"}, {"ask", notice.value("ask", std::uint64_t{0})}, {"leases", dropped}});
+    tell(cupool::proto::to_json(dropped));
   }
 }
 
@@ -481,7 +488,7 @@ std::unique_ptr<cupool_lease> cupool_conn::reuse(const std::string& pool, int de
     cache.erase(std::next(it).base());
     cached_bytes -= size;
     try {
-      tell({{"op", "reuse"}, {"lease", owned->id}});
+      tell(cupool::proto::to_json(cupool::proto::Reuse{owned->id}));
     } catch (...) {
       // The holder can't be told: the block may be freed there; never hand it out.
       try {
@@ -504,7 +511,7 @@ void cupool_conn::shrink_cache(std::uint64_t keep) {
       backend().free_imported(lease->imported, lease->address);
     } catch (...) {
     }
-    if (fd) tell({{"op", "free"}, {"lease", lease->id}});
+    if (fd) tell(cupool::proto::to_json(cupool::proto::Free{lease->id, false}));
   }
 }
 
@@ -518,10 +525,9 @@ void cupool_conn::read_waiting_frame() {
     const cupool::Fd got(received);  // nothing is expected with it: closed here
     if (header.kind == cupool::proto::Kind::notice) {
       on_notice(body);
-    } else if (!body.value("ok", true)) {
+    } else if (auto f = refusal(body)) {
       // A quiet request that failed, or the holder saying why it closes the connection.
-      const Json e = body.value("error", Json::object());
-      quiet_failure = e.value("message", "the holder refused a request");
+      quiet_failure = f->message;
       if (body.value("id", Json()).is_null()) close_socket();
     }
   } catch (...) {

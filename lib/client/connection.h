@@ -13,11 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "base/fd.h"
+#include "cupool/client.h"
 #include "device/backend.h"
+#include "protocol/messages.h"
 
 namespace cupool::client {
 
@@ -34,6 +37,17 @@ struct Failure {
 struct EventUnusable {
   std::string message;
 };
+
+// A reply or notice read through its typed reader (protocol/messages.h); a malformed one is
+// CUPOOL_E_PROTOCOL naming what it lacks.
+template <typename Reader>
+auto read_typed(const char* what, Reader reader, const Json& body) {
+  try {
+    return reader(body);
+  } catch (const std::invalid_argument& e) {
+    throw Failure{CUPOOL_E_PROTOCOL, std::string("the holder's ") + what + " is malformed: " + e.what()};
+  }
+}
 
 // A number no other connection of this process had: tells a connection from a later one at the
 // same address.
@@ -143,11 +157,13 @@ struct cupool_conn {
   // Forgets the import of a pool the holder replaced or removed: released now, or at disconnect
   // when a lease still maps memory through it.
   void retire(const std::pair<std::string, int>& key);
-  // Imports an allocation and waits until it is ready.
-  void map(cupool_lease& lease, const cupool::client::Json& reply);
+  // Imports an allocation of the lease's pool (its export data; `generation`: of the pool it is
+  // in, when the holder said) and waits until it is ready (unless the holder did: `ready`).
+  void map(cupool_lease& lease, const cupool::proto::Bytes64& export_data, std::optional<std::uint64_t> generation,
+           bool ready, const cupool::proto::Bytes64& ready_event);
   // Maps an exported allocation (a buffer_open reply of protocol 3 and its descriptor) for this
   // process's device `device` (-1: where it is held).
-  void map_exported(cupool_lease& lease, const cupool::client::Json& reply, int fd, int device);
+  void map_exported(cupool_lease& lease, const cupool::proto::BufferOpenReply& reply, int fd, int device);
   // Unmaps a lease here (an import of a pool's allocation, or an exported allocation).
   void unmap(const cupool_lease& lease);
   // Allocates and maps a lease; when the ready event can't be used here, asks the holder to

@@ -216,29 +216,29 @@ int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, in
   return guarded_session(conn, [&] {
     if (!name || !out) throw Failure{CUPOOL_E_INVALID, "name and out must not be NULL"};
     if (device < -1) throw Failure{CUPOOL_E_INVALID, "device must be a device of this process, or -1"};
-    Json request = {{"op", "buffer_open"}, {"name", name}};
-    if (part) request["part"] = part;  // a holder from before parts knows no "part"
     int received = -1;
-    Json reply = conn->call(request, &received);
+    const Json body = conn->call(cupool::proto::to_json(cupool::proto::BufferOpen{name, part}), &received);
     cupool::Fd descriptor(received);
     auto lease = std::make_unique<cupool_lease>();
     lease->session = conn->session;
     lease->buffer = true;
     lease->name = name;
-    lease->pool = reply.value("pool", "");
-    lease->holder_device = reply.value("device", 0);
-    lease->size = reply.value("size_bytes", std::uint64_t{0});
     try {
-      if (reply.value("mapping", "") == "exported")
+      const auto reply =
+          cupool::client::read_typed("buffer_open reply", cupool::proto::buffer_open_reply_from_json, body);
+      lease->pool = reply.pool;
+      lease->holder_device = reply.id.device;
+      lease->size = reply.size_bytes;
+      if (reply.exported)
         conn->map_exported(*lease, reply, descriptor.get(), device);
-      else if (device >= 0 && device != conn->local_device(reply.value("uuid", ""), lease->holder_device))
+      else if (device >= 0 && device != conn->local_device(reply.id.uuid, lease->holder_device))
         throw Failure{CUPOOL_E_INVALID, "this holder (protocol " + std::to_string(conn->protocol) +
                                             ") holds buffers in pools: open them on their own device"};
       else
-        conn->map(*lease, reply);
+        conn->map(*lease, reply.export_data, reply.generation, reply.ready, reply.ready_event);
     } catch (...) {
       try {
-        conn->call({{"op", "buffer_close"}, {"name", name}});
+        conn->call(cupool::proto::to_json(cupool::proto::BufferClose{name}));
       } catch (...) {
       }
       throw;

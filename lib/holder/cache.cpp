@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "holder/holder.h"
+#include "protocol/messages.h"
 
 namespace cupool {
 
@@ -78,24 +79,18 @@ std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)
     const std::uint64_t ask = ++next_ask_;
     Ask a{client_id, {}, deadline};
     std::uint64_t sum = 0;
-    Json list = Json::array();
     for (std::uint64_t id : ids) {
       Lease& l = leases_.at(id);
       l.ask = ask;
       a.leases.insert(id);
       sum += l.size;
-      list.push_back(id);
     }
     asks_[ask] = std::move(a);
     waits.insert(ask);
     spdlog::info("asking client {} to drop {} cached block{} ({} bytes) for {}", client_id, ids.size(),
                  ids.size() == 1 ? "" : "s", sum, reason);
-    notify(client_id, {{"notice", "drop"},
-                       {"ask", ask},
-                       {"leases", list},
-                       {"requested_bytes", sum},
-                       {"reason", reason},
-                       {"timeout_seconds", static_cast<double>(drop_timeout_ms_) / 1000.0}});
+    notify(client_id,
+           proto::to_json(proto::Drop{ask, ids, sum, reason, static_cast<double>(drop_timeout_ms_) / 1000.0}));
   }
   return waits;
 }
@@ -146,12 +141,10 @@ void Holder::run_ready_waiters() {
       reply["ok"] = true;
       for (auto& [k, v] : body.items()) reply[k] = v;
     } catch (const Error& e) {
-      reply["ok"] = false;
-      reply["error"] = {{"code", e.wire_code()}, {"message", e.what()}};
+      reply = proto::error_reply(w.id, {e.wire_code(), e.what(), {}, {}});
     } catch (const std::exception& e) {
       spdlog::error("internal error answering a request that waited for cached blocks: {}", e.what());
-      reply["ok"] = false;
-      reply["error"] = {{"code", errc_info(Errc::internal).wire}, {"message", e.what()}};
+      reply = proto::error_reply(w.id, {errc_info(Errc::internal).wire, e.what(), {}, {}});
     }
     if (w.client == 0) {
       if (!reply.value("ok", false)) spdlog::error("after cached blocks were dropped: {}", reply["error"].dump());
@@ -216,19 +209,20 @@ bool Holder::apply_after_drops(const Desired& want, std::function<void(const std
 // ---- requests ----
 
 Json Holder::op_reuse(Request& r) {
-  const std::uint64_t lease = r.args.u64("lease", 1, UINT64_MAX);
+  const std::uint64_t lease = proto::read_reuse(r.args).lease;
   r.args.finish();
   auto it = leases_.find(lease);
   if (it == leases_.end() || it->second.client != r.id || !it->second.cached)
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not a cached lease of this connection");
   uncache_lease(lease);
-  return {{"lease", lease}, {"size_bytes", it->second.size}};
+  return proto::to_json(proto::ReuseReply{lease, it->second.size});
 }
 
 Json Holder::op_dropped(Request& r) {
-  const std::uint64_t ask = r.args.u64("ask", 0, UINT64_MAX);
-  const std::vector<std::uint64_t> ids = r.args.ids("leases", limits_.max_leases_per_client);
+  const proto::Dropped answer = proto::read_dropped(r.args, limits_.max_leases_per_client);
   r.args.finish();
+  const std::uint64_t ask = answer.ask;
+  const std::vector<std::uint64_t>& ids = answer.leases;
   // All or nothing: every lease named must be a cached lease of this connection.
   for (std::uint64_t id : ids) {
     auto it = leases_.find(id);
@@ -250,7 +244,7 @@ Json Holder::op_dropped(Request& r) {
         spdlog::warn("client {} answered drop {} but kept cached lease {}", r.id, ask, id);
     finish_ask(ask);
   }
-  return {{"ask", ask}, {"freed_count", ids.size()}, {"freed_bytes", bytes}};
+  return proto::to_json(proto::DroppedReply{ask, ids.size(), bytes});
 }
 
 }  // namespace cupool

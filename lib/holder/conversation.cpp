@@ -5,17 +5,14 @@
 #include "base/text.h"
 #include "config/diagnostics.h"
 #include "holder/holder.h"
+#include "protocol/messages.h"
 
 namespace cupool {
 
 using Json = nlohmann::ordered_json;
 
 Json error_body(const Json& id, const std::string& code, const std::string& message) {
-  Json j;
-  j["id"] = id;
-  j["ok"] = false;
-  j["error"] = {{"code", code}, {"message", message}};
-  return j;
+  return proto::error_reply(id, {code, message, {}, {}});
 }
 
 Json rejected_body(const Json& id, const ConfigRejected& e, std::size_t limit) {

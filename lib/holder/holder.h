@@ -19,6 +19,7 @@
 #include "device/backend.h"
 #include "device/node.h"
 #include "model/model.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 #include "tensors/safetensors.h"
 
@@ -342,7 +343,7 @@ class Holder {
   void notify(std::uint64_t client, Json notice);
   model::BufferInfo buffer_view(const std::string& name, const HeldBuffer& b) const;
   model::PoolInfo pool_info(const PoolKey& key, const HeldPool& p) const;
-  Json access_of(const HeldPool& p) const;  // the pool's peers, each {device, uuid, pci_bus_id}
+  std::vector<model::DeviceId> access_of(const HeldPool& p) const;  // the pool's peers
 
   Backend& backend_;
   NodeReport node_;

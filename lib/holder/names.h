@@ -11,11 +11,12 @@
 #include "base/units.h"
 #include "config/resolve.h"
 #include "device/backend.h"
+#include "protocol/messages.h"
 
 namespace cupool {
 
 // Pool and buffer names in requests: [a-z0-9][a-z0-9._-]*, at most kMaxName bytes.
-constexpr std::size_t kMaxName = 64;
+constexpr std::size_t kMaxName = proto::kMaxName;
 bool valid_name(const std::string& s);
 
 // Seconds on the steady clock (uptimes, connection ages).

@@ -307,12 +307,9 @@ void Holder::destroy_pool(const PoolKey& key) {
     auto imp = c.imported.find(key);
     if (imp == c.imported.end() || imp->second != generation) continue;
     c.imported.erase(imp);
-    Json notice = {{"notice", "pool_gone"}, {"pool", key.first}};
-    model::put_identity(notice, device_id(key.second));
-    notice["generation"] = generation;
-    notice["message"] = "pool " + key.first + " on device " + std::to_string(key.second) +
-                        " was replaced or removed: drop your import of it";
-    notify(id, std::move(notice));
+    notify(id, proto::to_json(proto::PoolGone{key.first, device_id(key.second), generation,
+                                              "pool " + key.first + " on device " + std::to_string(key.second) +
+                                                  " was replaced or removed: drop your import of it"}));
   }
   pools_.erase(it);
   spdlog::info("removed pool {} on device {}", key.first, key.second);

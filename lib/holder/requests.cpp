@@ -16,8 +16,6 @@ namespace cupool {
 
 namespace {
 
-constexpr std::uint64_t kMaxAllocation = 1ULL << 48;
-
 // A buffer_create's "part_sizes_bytes" (the size of each allocation, adding up to "size_bytes"), or
 // one part of `size` when the request has none.
 std::vector<std::uint64_t> part_sizes(const Json* parts, std::uint64_t size) {
@@ -33,7 +31,7 @@ std::vector<std::uint64_t> part_sizes(const Json* parts, std::uint64_t size) {
   for (const Json& p : *parts) {
     // Unsigned off the wire; a request built in C++ may hold it signed.
     const bool count = p.is_number_unsigned() || (p.is_number_integer() && p.get<std::int64_t>() > 0);
-    if (!count || p.get<std::uint64_t>() == 0 || p.get<std::uint64_t>() > kMaxAllocation)
+    if (!count || p.get<std::uint64_t>() == 0 || p.get<std::uint64_t>() > proto::kMaxAllocation)
       fail("holds " + p.dump().substr(0, 40) + ", not a size");
     out.push_back(p.get<std::uint64_t>());
     sum += out.back();  // at most 4096 x 2^48: no overflow
@@ -117,6 +115,10 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   } catch (const Deferred&) {
     run_ready_waiters();
     throw;
+  } catch (const Error& e) {
+    // An argument named in a refusal is named as this connection sent it.
+    if (old_names && e.code() == Errc::bad_request) throw Error(e.code(), proto::in_old_names(op, e.what()));
+    throw;
   }
   // An answer to a drop notice may be what another request waited for.
   run_ready_waiters();
@@ -126,10 +128,10 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
 
 Json Holder::op_hello(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::uint64_t version = a.u64("protocol", 0, 65535);
-  const auto name = a.optional_string("client", kMaxName);
-  a.finish();
+  const proto::Hello hello = proto::read_hello(r.args);
+  r.args.finish();
+  const int version = hello.protocol;
+  const auto& name = hello.client;
   if (version < proto::kOldestProtocol || version > proto::kProtocol)
     throw Error(Errc::unsupported_protocol,
                 "this holder (cupool " CUPOOL_VERSION ") speaks protocol versions " +
@@ -145,26 +147,26 @@ Json Holder::op_hello(Request& r) {
     c.name = *name;
   }
   c.greeted = true;
-  c.protocol = static_cast<int>(version);
-  Json out;
-  out["protocol"] = version;  // what this connection speaks (the client's choice)
-  out["protocols"] = {proto::kOldestProtocol, proto::kProtocol};
-  out["version"] = std::string("cupool ") + CUPOOL_VERSION;
-  out["pid"] = identity_.pid;
-  out["backend"] = backend_.simulated() ? "simulated" : "cuda";
-  out["peer"] = {
-      {"pid", c.peer.pid}, {"uid", c.peer.uid}, {"gid", c.peer.gid}, {"user", c.peer.user}, {"admin", c.admin}};
-  out["limits"] = {{"max_payload_bytes", proto::kMaxPayload},
-                   // A message longer than a frame comes in parts (docs/protocol.md, Frames): replies
-                   // up to max_reply; requests up to max_request (in parts from admins only).
-                   {"max_reply_bytes", proto::kMaxReply},
-                   {"max_request_bytes", c.admin ? proto::kMaxRequest : proto::kMaxPayload},
-                   {"max_lease_count", limits_.max_leases_per_client},
-                   {"max_open_buffer_count", limits_.max_open_buffers_per_client},
-                   {"frame_timeout_seconds", 5.0},
-                   {"max_queued_bytes", 1 << 20},
-                   {"drop_timeout_seconds", static_cast<double>(drop_timeout_ms_) / 1000.0}};
-  return out;
+  c.protocol = version;
+  proto::HelloReply out;
+  out.protocol = version;  // what this connection speaks (the client's choice)
+  out.oldest_protocol = proto::kOldestProtocol;
+  out.newest_protocol = proto::kProtocol;
+  out.version = std::string("cupool ") + CUPOOL_VERSION;
+  out.pid = identity_.pid;
+  out.backend = backend_.simulated() ? "simulated" : "cuda";
+  out.peer = {c.peer.pid, c.peer.uid, c.peer.gid, c.peer.user, c.admin};
+  out.limits.max_payload_bytes = proto::kMaxPayload;
+  // A message longer than a frame comes in parts (docs/protocol.md, Frames): replies up to
+  // max_reply; requests up to max_request (in parts from admins only).
+  out.limits.max_reply_bytes = proto::kMaxReply;
+  out.limits.max_request_bytes = c.admin ? proto::kMaxRequest : proto::kMaxPayload;
+  out.limits.max_lease_count = limits_.max_leases_per_client;
+  out.limits.max_open_buffer_count = limits_.max_open_buffers_per_client;
+  out.limits.frame_timeout_seconds = 5.0;
+  out.limits.max_queued_bytes = 1 << 20;
+  out.limits.drop_timeout_seconds = static_cast<double>(drop_timeout_ms_) / 1000.0;
+  return proto::to_json(out);
 }
 
 Json Holder::op_list(Request& r) {
@@ -183,59 +185,52 @@ Json Holder::op_list(Request& r) {
   return model::to_json(out);
 }
 
-Json Holder::access_of(const HeldPool& p) const {
-  Json out = Json::array();
-  for (int peer : p.want.access) {
-    Json device;
-    model::put_identity(device, device_id(peer));
-    out.push_back(device);
-  }
+std::vector<model::DeviceId> Holder::access_of(const HeldPool& p) const {
+  std::vector<model::DeviceId> out;
+  for (int peer : p.want.access) out.push_back(device_id(peer));
   return out;
 }
 
 Json Holder::op_import_pool(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string name = a.string("pool", kMaxName);
-  const int device = a.device("device", -1);
-  a.finish();
+  const proto::ImportPool want = proto::read_import_pool(r.args);
+  r.args.finish();
   require_not_draining("import_pool");
-  HeldPool& p = pool_for(c, name, device, true);
-  Json out;
-  out["pool"] = p.want.name;
-  model::put_identity(out, device_id(p.want.device));
-  out["handle_type"] = "posix_fd";
-  out["access"] = access_of(p);
-  out["generation"] = p.generation;
-  out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
+  HeldPool& p = pool_for(c, want.pool, want.device, true);
+  proto::ImportPoolReply out;
+  out.pool = p.want.name;
+  out.id = device_id(p.want.device);
+  out.access = access_of(p);
+  out.generation = p.generation;
+  out.ready_event = backend_.ready_event(p.want.device);
   r.fd_out = backend_.export_pool_fd(p.handle);
   c.imported[{p.want.name, p.want.device}] = p.generation;
-  return out;
+  return proto::to_json(out);
 }
 
 Json Holder::op_alloc(Request& r) {
-  proto::Args& a = r.args;
-  const std::string name = a.string("pool", kMaxName);
-  const int device = a.device("device", -1);
-  const std::uint64_t size = a.u64("size_bytes", 1, kMaxAllocation);
-  const bool synchronize = a.boolean("synchronize", false);
-  a.finish();
+  const proto::Alloc want = proto::read_alloc(r.args);
+  r.args.finish();
+  const std::string& name = want.pool;
+  const int device = want.device;
+  const std::uint64_t size = want.size_bytes;
+  const bool synchronize = want.synchronize;
   require_not_draining("alloc");
   const std::uint64_t client_id = r.id;
   auto attempt = [this, client_id, name, device, size, synchronize]() -> Json {
     Client& c = client(client_id);
     HeldPool& p = pool_for(c, name, device, true);
     const auto [lease, s] = grant_lease(client_id, c, p, size, synchronize);
-    Json out;
-    out["lease"] = lease;
-    out["size_bytes"] = size;
-    out["pool"] = p.want.name;
-    model::put_identity(out, device_id(p.want.device));
-    out["generation"] = p.generation;
-    out["export_data"] = proto::to_hex(s.export_data);
-    out["ready"] = synchronize;
-    out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
-    return out;
+    proto::AllocReply out;
+    out.lease = lease;
+    out.size_bytes = size;
+    out.pool = p.want.name;
+    out.id = device_id(p.want.device);
+    out.generation = p.generation;
+    out.export_data = s.export_data;
+    out.ready = synchronize;
+    out.ready_event = backend_.ready_event(p.want.device);
+    return proto::to_json(out);
   };
   try {
     return attempt();
@@ -266,12 +261,13 @@ Json Holder::op_alloc(Request& r) {
 
 Json Holder::op_free(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::uint64_t lease = a.u64("lease", 1, UINT64_MAX);
-  // Protocol 2: the client keeps its mapping of the block to use it again (op reuse); the holder
-  // keeps it allocated and charged to this connection (docs/protocol.md, "Cached blocks").
-  const bool cache = a.boolean("cache", false);
-  a.finish();
+  // With "cache" (protocol 2) the client keeps its mapping of the block to use it again (op
+  // reuse); the holder keeps it allocated and charged to this connection (docs/protocol.md,
+  // "Cached blocks").
+  const proto::Free want = proto::read_free(r.args);
+  r.args.finish();
+  const std::uint64_t lease = want.lease;
+  const bool cache = want.cache;
   auto it = leases_.find(lease);
   if (it == leases_.end() || !c.leases.count(lease))
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not held by this connection");
@@ -281,18 +277,18 @@ Json Holder::op_free(Request& r) {
       throw Error(Errc::bad_request, "\"cache\" needs protocol 2 (this connection said hello with 1)");
     if (it->second.cached) throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is cached already");
     cache_lease(lease);
-    return {{"lease", lease}, {"size_bytes", size}, {"cached", true}};
+    return proto::to_json(proto::FreeReply{lease, size, true});
   }
   free_lease(lease);
-  return {{"lease", lease}, {"size_bytes", size}, {"cached", false}};
+  return proto::to_json(proto::FreeReply{lease, size, false});
 }
 
 Json Holder::op_buffer_open(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string name = a.string("name", kMaxName);
-  const std::uint64_t part = a.optional_u64("part", 0, tensors::kMaxParts - 1).value_or(0);
-  a.finish();
+  const proto::BufferOpen want = proto::read_buffer_open(r.args);
+  r.args.finish();
+  const std::string& name = want.name;
+  const std::uint64_t part = want.part;
   require_not_draining("buffer_open");
   HeldBuffer& b = readable_buffer(r.id, name);
   HeldPool& p = pool_for(c, b.want.pool, b.want.device, true);
@@ -316,27 +312,27 @@ Json Holder::op_buffer_open(Request& r) {
   }
   c.open_buffers[name] += 1;
   b.opens += 1;
-  Json out;
-  out["name"] = name;
-  out["pool"] = b.want.pool;
-  model::put_identity(out, device_id(b.want.device));
-  out["size_bytes"] = b.parts[part].size;  // what the lease maps: the part
-  out["part"] = part;
-  out["part_count"] = b.parts.size();
-  out["buffer_size_bytes"] = b.want.size;
+  proto::BufferOpenReply out;
+  out.name = name;
+  out.pool = b.want.pool;
+  out.id = device_id(b.want.device);
+  out.size_bytes = b.parts[part].size;  // what the lease maps: the part
+  out.part = part;
+  out.part_count = b.parts.size();
+  out.buffer_size_bytes = b.want.size;
   if (b.exported) {
     // The allocation's descriptor rides with the reply: the client maps it whole.
-    out["mapping"] = "exported";
-    out["mapped_size_bytes"] = b.parts[part].mapped;
-    out["access"] = access_of(p);  // the devices that may map it besides its own (the pool's access)
+    out.exported = true;
+    out.mapped_size_bytes = b.parts[part].mapped;
+    out.access = access_of(p);  // the devices that may map it besides its own (the pool's access)
     r.fd_out = descriptor.release();
-    return out;
+    return proto::to_json(out);
   }
-  out["generation"] = p.generation;
-  out["export_data"] = proto::to_hex(b.parts[part].allocation.export_data);
-  out["ready"] = true;
-  out["ready_event"] = proto::to_hex(backend_.ready_event(p.want.device));
-  return out;
+  out.generation = p.generation;
+  out.export_data = b.parts[part].allocation.export_data;
+  out.ready = true;
+  out.ready_event = backend_.ready_event(p.want.device);
+  return proto::to_json(out);
 }
 
 Holder::HeldBuffer& Holder::readable_buffer(std::uint64_t id, const std::string& name) {
@@ -351,16 +347,15 @@ Holder::HeldBuffer& Holder::readable_buffer(std::uint64_t id, const std::string&
 
 Json Holder::op_buffer_close(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string name = a.string("name", kMaxName);
-  a.finish();
+  const std::string name = proto::read_buffer_close(r.args).name;
+  r.args.finish();
   auto open = c.open_buffers.find(name);
   if (open == c.open_buffers.end())
     throw Error(Errc::not_found, "buffer \"" + valid_utf8(name) + "\" is not open on this connection");
   if (--open->second == 0) c.open_buffers.erase(open);
   auto it = buffers_.find(name);
   if (it != buffers_.end() && it->second.opens > 0) it->second.opens -= 1;
-  return {{"name", name}};
+  return proto::to_json(proto::BufferCloseReply{name});
 }
 
 Json Holder::op_buffer_create(Request& r) {
@@ -369,7 +364,7 @@ Json Holder::op_buffer_create(Request& r) {
   const std::string name = a.string("name", kMaxName);
   const std::string pool = a.string("pool", kMaxName);
   const int device = a.device("device", -1);
-  const std::uint64_t size = a.u64("size_bytes", 1, kMaxAllocation);
+  const std::uint64_t size = a.u64("size_bytes", 1, proto::kMaxAllocation);
   const bool loading = a.boolean("loading", false);
   const Json* tensors = a.value("tensors");
   const Json* metadata = a.value("metadata");

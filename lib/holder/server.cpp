@@ -28,6 +28,7 @@
 #include "holder/holder.h"
 #include "holder/peer.h"
 #include "holder/socket_file.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 
 namespace cupool {
@@ -265,8 +266,7 @@ void Server::accept_clients() {
                                  std::forward_as_tuple(std::move(fd), *holder_, client, uid, admin))
                         .first->second;
     if (draining_)
-      queue(c, {{"notice", "draining"}, {"message", "the holder is stopping; release your leases"}},
-            proto::Kind::notice);
+      queue(c, proto::to_json(proto::Draining{"the holder is stopping; release your leases"}), proto::Kind::notice);
   }
 }
 
@@ -406,10 +406,8 @@ void Server::start_drain(const char* why) {
   // New clients can't come in; those here are asked to leave.
   socket_->close();
   for (auto& [fd, c] : connections_)
-    queue(
-        c,
-        {{"notice", "draining"}, {"message", std::string("the holder is stopping (") + why + "); release your leases"}},
-        proto::Kind::notice);
+    queue(c, proto::to_json(proto::Draining{std::string("the holder is stopping (") + why + "); release your leases"}),
+          proto::Kind::notice);
 }
 
 std::unique_ptr<custody::Custody> Server::choose_custody() const {

@@ -217,6 +217,17 @@ void to_new_names(Message message, std::string_view op, Json& body) { translate(
 
 void to_old_names(Message message, std::string_view op, Json& body) { translate(message, op, body, false); }
 
+std::string in_old_names(std::string_view op, std::string text) {
+  for (const Rename& r : kRenames) {
+    if (r.message != Message::request || op != r.op || *r.parent) continue;
+    const std::string now = std::string("\"") + r.new_name + "\"";
+    const std::string then = std::string("\"") + r.old_name + "\"";
+    for (std::size_t at = text.find(now); at != std::string::npos; at = text.find(now, at + then.size()))
+      text.replace(at, now.size(), then);
+  }
+  return text;
+}
+
 const char* new_name(Message message, std::string_view op, std::string_view old_name) {
   for (const Rename& r : kRenames)
     if (r.message == message && op == r.op && !*r.parent && old_name == r.old_name) return r.new_name;

@@ -114,6 +114,9 @@ void to_old_names(Message message, std::string_view op, Json& body);
 // What protocol 4 calls the top-level field `old_name` of `message` of `op`; nullptr when it was
 // not renamed (for a message to say what to send instead).
 const char* new_name(Message message, std::string_view op, std::string_view old_name);
+// `text` (an error message about a request of `op`) with every quoted argument name of protocol 4
+// ("size_bytes") written as protocols 1 to 3 call it ("size"): what a connection of 1 to 3 sent.
+std::string in_old_names(std::string_view op, std::string text);
 
 std::string to_hex(const Bytes64& blob);
 std::optional<Bytes64> from_hex(std::string_view text);

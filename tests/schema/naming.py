@@ -22,8 +22,13 @@ The rules checked (docs/naming.md says why):
   snake      property names are snake_case
   shared     a verb's schema defines none of common's $defs under the same name, nor writes out
              common's objects' fields itself instead of $ref'ing them
+  read       every key the CLI reads from a reply (cli/*.cpp beside DIR: its renderers read
+             holder replies tolerantly, by key, as a holder of another version may lack a field;
+             each segment of a dotted key; what it writes into a request aside) is a property of
+             some schema, so a renamed field can't leave a reader reading a name nothing prints
 """
 
+import glob
 import json
 import os
 import re
@@ -332,6 +337,21 @@ def main(argv):
         for def_name in doc.get("$defs", {}):
             if def_name in common_defs:
                 problem(name, f"/$defs/{escape(def_name)}", f"defines {def_name!r}, which {COMMON} defines: $ref that one")
+
+    # The renderers read replies tolerantly (a holder of another version may lack a field), by key.
+    cli = os.path.join(folder, "..", "cli")
+    for renderer in sorted(glob.glob(os.path.join(cli, "*.cpp"))):
+        known = {prop for _, _, prop, _, _ in props}
+        with open(renderer, encoding="utf-8") as f:
+            source = f.read()
+        reads = re.findall(r'\b(?:field|u64|i64|boolean|text|number|bytes|list|count_and_bytes)\(\s*[a-z_]+\s*,\s*"([a-z_.]+)"'
+                           r'|\.value\("([a-z_.]+)"|\.contains\("([a-z_.]+)"\)|\["([a-z_]+)"\](?!\s*=[^=])', source)
+        for groups in reads:
+            for key in filter(None, groups):
+                for segment in key.split("."):
+                    if segment not in known:
+                        problems.append(f"cli/{os.path.basename(renderer)} reads {key!r}, but no schema has a property "
+                                        f"{segment!r}: a name cupool no longer prints?")
 
     for line in problems:
         print("FAIL", line)

@@ -144,6 +144,10 @@ TEST_CASE("protocol 4 speaks docs/naming.md's names; a connection of 3 keeps the
   CHECK(b["size"] == 2 << 20);
   CHECK(!b.contains("size_bytes"));
   CHECK(f.call(old, {{"op", "free"}, {"lease", b["lease"]}})["size"] == 2 << 20);
+  // A refusal names an argument as the connection sent it.
+  const std::string zero = f.error_message(old, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 0}});
+  CHECK_MESSAGE(zero.find("\"size\"") != std::string::npos, zero);
+  CHECK_MESSAGE(zero.find("size_bytes") == std::string::npos, zero);
   const Json opened = f.call(old, {{"op", "buffer_open"}, {"name", "weights"}});
   CHECK(opened["parts"] == 1);
   CHECK(opened["buffer_size"] == opened["size"]);

@@ -280,6 +280,12 @@ TEST_CASE("protocol 4's names: a request of 1 to 3 read in the new names, a repl
   CHECK(notice["bytes"] == 64);
   CHECK(notice["timeout_ms"] == 5000);
 
+  // A refusal of a request of 1 to 3 names its arguments as that request did.
+  CHECK(proto::in_old_names("alloc", R"("size_bytes" must be from 1 to 2^48 ("size_bytes": 0))") ==
+        R"("size" must be from 1 to 2^48 ("size": 0))");
+  CHECK(proto::in_old_names("trim", R"("keep_bytes" is not a number)") == R"("keep" is not a number)");
+  CHECK(proto::in_old_names("free", R"("size_bytes")") == R"("size_bytes")");  // not free's argument
+
   // Only the op's own fields: status's names are the same in every version.
   Json status = {{"lease_count", 1}, {"size", 2}};
   proto::to_old_names(Message::reply, "status", status);

@@ -1,0 +1,264 @@
+#include "protocol/messages.h"
+
+#include <doctest/doctest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace cupool;
+using namespace cupool::proto;
+
+namespace {
+
+Bytes64 blob_of(std::uint8_t seed) {
+  Bytes64 b{};
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::uint8_t>(seed + i);
+  return b;
+}
+
+model::DeviceId gpu(int ordinal) {
+  return {ordinal, "GPU-0000000" + std::to_string(ordinal), "00000000:1" + std::to_string(ordinal) + ":00.0"};
+}
+
+// What the holder reads of `request` (as it reads every request: Args, then finish).
+template <typename Reader>
+auto at_holder(Reader reader, const Json& request) {
+  Args a(request);
+  auto v = reader(a);
+  a.finish();
+  return v;
+}
+
+// Every variant of `body` with one field taken away or replaced by a value of another type: each
+// reader may refuse it (std::invalid_argument) or take it, never anything else. Returns how many
+// it refused.
+template <typename Reader>
+int refused_variants(Reader reader, const Json& body) {
+  int refused = 0;
+  const std::vector<Json> strangers = {nullptr, true, -1, 1.5, "x", Json::array({1}), Json::object()};
+  for (const auto& item : body.items()) {
+    std::vector<Json> variants;
+    Json without = body;
+    without.erase(item.key());
+    variants.push_back(without);
+    for (const Json& s : strangers) {
+      Json changed = body;
+      changed[item.key()] = s;
+      variants.push_back(changed);
+    }
+    for (const Json& v : variants) try {
+        reader(v);
+      } catch (const std::invalid_argument&) {
+        refused += 1;
+      }
+  }
+  CHECK_THROWS_AS(reader(Json::array()), std::invalid_argument);
+  CHECK_THROWS_AS(reader(Json("text")), std::invalid_argument);
+  return refused;
+}
+
+}  // namespace
+
+TEST_CASE("every request the client library writes is what the holder reads") {
+  const Hello hello{4, std::string("engine-1")};
+  const Hello h = at_holder(read_hello, to_json(hello));
+  CHECK(h.protocol == 4);
+  CHECK(h.client == hello.client);
+  CHECK_FALSE(to_json(Hello{3, std::nullopt}).contains("client"));
+
+  const ImportPool ip = at_holder(read_import_pool, to_json(ImportPool{"kv", 1}));
+  CHECK(ip.pool == "kv");
+  CHECK(ip.device == 1);
+
+  const Alloc al = at_holder(read_alloc, to_json(Alloc{"kv", -1, 4096, true}));
+  CHECK(al.pool == "kv");
+  CHECK(al.device == -1);
+  CHECK(al.size_bytes == 4096);
+  CHECK(al.synchronize);
+
+  const Free fr = at_holder(read_free, to_json(Free{7, true}));
+  CHECK(fr.lease == 7);
+  CHECK(fr.cache);
+  // Protocol 1 knows no "cache": a plain free does not send it.
+  CHECK_FALSE(to_json(Free{7, false}).contains("cache"));
+  CHECK_FALSE(at_holder(read_free, to_json(Free{7, false})).cache);
+
+  CHECK(at_holder(read_reuse, to_json(proto::Reuse{9})).lease == 9);
+
+  const Dropped dr = at_holder([](Args& a) { return read_dropped(a, 16); }, to_json(Dropped{3, {4, 5}}));
+  CHECK(dr.ask == 3);
+  CHECK(dr.leases == std::vector<std::uint64_t>{4, 5});
+
+  const BufferOpen bo = at_holder(read_buffer_open, to_json(BufferOpen{"weights", 2}));
+  CHECK(bo.name == "weights");
+  CHECK(bo.part == 2);
+  // A holder from before parts knows no "part": part 0 is not sent.
+  CHECK_FALSE(to_json(BufferOpen{"weights", 0}).contains("part"));
+
+  CHECK(at_holder(read_buffer_close, to_json(BufferClose{"weights"})).name == "weights");
+
+  // Each request names its op.
+  CHECK(to_json(Alloc{}).at("op") == "alloc");
+  CHECK(to_json(Dropped{}).at("op") == "dropped");
+}
+
+TEST_CASE("the holder's readers bound what a request says") {
+  CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", "kv"}, {"size_bytes", 0}}), Error);
+  CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", "kv"}, {"size_bytes", kMaxAllocation + 1}}), Error);
+  CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", std::string(kMaxName + 1, 'a')}, {"size_bytes", 1}}), Error);
+  CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", "kv"}, {"size", 1}}), Error);  // protocol 3's name
+  CHECK_THROWS_AS(at_holder(read_free, Json{{"lease", 0}}), Error);
+  CHECK_THROWS_AS(at_holder(read_buffer_open, Json{{"name", "w"}, {"part", kMaxPartNumber + 1}}), Error);
+  CHECK_THROWS_AS(at_holder([](Args& a) { return read_dropped(a, 1); }, Json{{"ask", 1}, {"leases", {1, 2}}}), Error);
+  CHECK_THROWS_AS(at_holder(read_hello, Json{{"protocol", 70000}}), Error);
+}
+
+TEST_CASE("every reply the holder writes is what the client library reads") {
+  HelloReply hello;
+  hello.protocol = 4;
+  hello.oldest_protocol = 1;
+  hello.newest_protocol = 4;
+  hello.version = "cupool 0.1.0";
+  hello.pid = 42;
+  hello.backend = "simulated";
+  hello.peer = {7, 1000, 1000, "alice", false};
+  hello.limits = {65536, 16 << 20, 65536, 1024, 64, 5.0, 1 << 20, 2.5};
+  const HelloReply h = hello_reply_from_json(to_json(hello));
+  CHECK(h.protocol == 4);
+  CHECK(h.oldest_protocol == 1);
+  CHECK(h.newest_protocol == 4);
+  CHECK(h.version == "cupool 0.1.0");
+  CHECK(h.pid == 42);
+  CHECK(h.backend == "simulated");
+  CHECK(h.peer.user == "alice");
+  CHECK(h.peer.uid == 1000);
+  CHECK(h.limits.max_open_buffer_count == 64);
+  CHECK(h.limits.drop_timeout_seconds == doctest::Approx(2.5));
+
+  ImportPoolReply imp{"kv", gpu(1), "posix_fd", {gpu(0)}, 3, blob_of(1)};
+  const ImportPoolReply i = import_pool_reply_from_json(to_json(imp));
+  CHECK(i.pool == "kv");
+  CHECK(i.id.device == 1);
+  CHECK(i.id.uuid == imp.id.uuid);
+  CHECK(i.id.pci_bus_id == imp.id.pci_bus_id);
+  REQUIRE(i.access.size() == 1);
+  CHECK(i.access[0].uuid == gpu(0).uuid);
+  CHECK(i.generation == 3);
+  CHECK(i.ready_event == blob_of(1));
+
+  AllocReply alloc{11, 4096, "kv", gpu(0), 2, blob_of(2), true, blob_of(3)};
+  const AllocReply a = alloc_reply_from_json(to_json(alloc));
+  CHECK(a.lease == 11);
+  CHECK(a.size_bytes == 4096);
+  CHECK(a.generation == std::optional<std::uint64_t>(2));
+  CHECK(a.export_data == blob_of(2));
+  CHECK(a.ready);
+  CHECK(a.ready_event == blob_of(3));
+
+  BufferOpenReply pooled;
+  pooled.name = "weights";
+  pooled.pool = "kv";
+  pooled.id = gpu(0);
+  pooled.size_bytes = 100;
+  pooled.part = 1;
+  pooled.part_count = 2;
+  pooled.buffer_size_bytes = 300;
+  pooled.generation = 5;
+  pooled.export_data = blob_of(4);
+  pooled.ready_event = blob_of(5);
+  const BufferOpenReply p = buffer_open_reply_from_json(to_json(pooled));
+  CHECK_FALSE(p.exported);
+  CHECK(p.part == 1);
+  CHECK(p.part_count == 2);
+  CHECK(p.buffer_size_bytes == 300);
+  CHECK(p.export_data == blob_of(4));
+  CHECK(p.generation == std::optional<std::uint64_t>(5));
+
+  BufferOpenReply exported = pooled;
+  exported.exported = true;
+  exported.mapped_size_bytes = 2 << 20;
+  exported.access = {gpu(1)};
+  const Json wire = to_json(exported);
+  CHECK(wire.at("mapping") == "exported");
+  CHECK_FALSE(wire.contains("export_data"));  // its descriptor rides with the reply instead
+  const BufferOpenReply e = buffer_open_reply_from_json(wire);
+  CHECK(e.exported);
+  CHECK(e.mapped_size_bytes == 2u << 20);
+  REQUIRE(e.access.size() == 1);
+  CHECK(e.access[0].device == 1);
+}
+
+TEST_CASE("a reply of an older holder reads with what that holder meant") {
+  // Protocol 1 to 3 sent no pci_bus_id, hello no range; buffer_open of protocol 2 no parts.
+  const Json old_open = {{"name", "w"},
+                         {"pool", "kv"},
+                         {"device", 0},
+                         {"uuid", "GPU-1"},
+                         {"size_bytes", 64},
+                         {"export_data", to_hex(blob_of(1))},
+                         {"ready_event", to_hex(blob_of(2))}};
+  const BufferOpenReply b = buffer_open_reply_from_json(old_open);
+  CHECK(b.id.pci_bus_id.empty());
+  CHECK(b.part_count == 1);
+  CHECK(b.buffer_size_bytes == 64);
+  CHECK_FALSE(b.exported);
+  CHECK(b.ready);
+  CHECK_FALSE(b.generation);
+  const HelloReply h = hello_reply_from_json({{"protocol", 1}});
+  CHECK(h.oldest_protocol == 1);
+  CHECK(h.newest_protocol == 1);
+  CHECK(h.backend == "cuda");
+}
+
+TEST_CASE("a malformed reply or notice is refused naming the field, never anything worse") {
+  const Json alloc = to_json(AllocReply{11, 4096, "kv", gpu(0), 2, blob_of(2), false, blob_of(3)});
+  CHECK(refused_variants(alloc_reply_from_json, alloc) > 20);
+  try {
+    Json bad = alloc;
+    bad.erase("export_data");
+    alloc_reply_from_json(bad);
+    FAIL("a reply without export_data was read");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("export_data") != std::string::npos);
+  }
+  try {
+    Json bad = alloc;
+    bad["device"] = -3;
+    alloc_reply_from_json(bad);
+    FAIL("a negative device was read");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("device") != std::string::npos);
+  }
+  CHECK(refused_variants(import_pool_reply_from_json,
+                         to_json(ImportPoolReply{"kv", gpu(1), "posix_fd", {gpu(0)}, 3, blob_of(1)})) > 10);
+  BufferOpenReply exported;
+  exported.name = "w";
+  exported.pool = "kv";
+  exported.exported = true;
+  exported.size_bytes = 1;
+  exported.mapped_size_bytes = 2;
+  CHECK(refused_variants(buffer_open_reply_from_json, to_json(exported)) > 10);
+  CHECK(refused_variants(hello_reply_from_json, to_json(HelloReply{})) > 0);
+  CHECK(refused_variants(pool_gone_from_json, to_json(PoolGone{"kv", gpu(0), 1, "gone"})) > 5);
+  CHECK(refused_variants(drop_from_json, to_json(Drop{1, {2, 3}, 64, "pressure", 2.0})) > 5);
+  CHECK_THROWS_AS(notice_name(Json{{"pool", "kv"}}), std::invalid_argument);
+  CHECK(notice_name(to_json(Draining{"stopping"})) == "draining");
+}
+
+TEST_CASE("an error reply: written in one shape, read back, and a malformed one still says something") {
+  const Json reply = error_reply(5, {"not_found", "no pool named \"x\"", {}, {}});
+  CHECK(reply.at("id") == 5);
+  CHECK(reply.at("ok") == false);
+  const auto e = error_of_reply(reply);
+  REQUIRE(e);
+  CHECK(e->code == "not_found");
+  CHECK(e->message == "no pool named \"x\"");
+  CHECK_FALSE(error_of_reply({{"id", 5}, {"ok", true}}));
+  const auto bare = error_of_reply({{"id", 5}, {"ok", false}});
+  REQUIRE(bare);
+  CHECK(bare->code == "internal");
+  const auto malformed = error_of_reply({{"id", 5}, {"ok", false}, {"error", {{"code", 3}}}});
+  REQUIRE(malformed);
+  CHECK(malformed->message.find("malformed") != std::string::npos);
+}
