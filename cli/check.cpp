@@ -1,4 +1,8 @@
 // cupool check: judge a config against this node (or a recorded one), every finding at once.
+#include <unistd.h>
+
+#include <cctype>
+#include <cstdlib>
 #include <iostream>
 
 #include "base/error.h"
@@ -40,6 +44,35 @@ std::string node_line(const NodeReport& node) {
          (node.devices.size() == 1 ? " GPU" : " GPUs") + (devices.empty() ? "" : " (" + devices + ")");
 }
 
+// Findings with their severity word coloured (error red, warning yellow, note cyan), as compilers
+// do: on a terminal, unless NO_COLOR is set (https://no-color.org). A finding's first line is
+// "PATH[:LINE:COL]: SEVERITY: ..."; the lines under it start with a blank.
+std::string coloured(const std::string& text, const std::string& path) {
+  const char* no_color = std::getenv("NO_COLOR");
+  if (::isatty(STDOUT_FILENO) != 1 || (no_color && *no_color)) return text;
+  static const std::pair<const char*, const char*> kColours[] = {
+      {"error", "\033[1;31m"}, {"warning", "\033[1;33m"}, {"note", "\033[1;36m"}};
+  std::string out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    std::string line = text.substr(start, end - start);
+    if (line.compare(0, path.size(), path) == 0) {
+      std::size_t at = path.size();  // past ":LINE:COL"
+      while (at < line.size() && (line[at] == ':' || std::isdigit(static_cast<unsigned char>(line[at])))) ++at;
+      if (at >= 1 && line.compare(at - 1, 2, ": ") == 0)
+        for (const auto& [word, colour] : kColours)
+          if (line.compare(at + 1, std::char_traits<char>::length(word) + 1, std::string(word) + ":") == 0) {
+            line.replace(at + 1, std::char_traits<char>::length(word), colour + std::string(word) + "\033[0m");
+            break;
+          }
+    }
+    out += line + (end < text.size() ? "\n" : "");
+    start = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 Verb add_check(CLI::App& app) {
@@ -50,6 +83,7 @@ Verb add_check(CLI::App& app) {
       "Judge a config file against what this node supports (or a recorded node with --profile) and report\n"
       "every finding at once, compiler style: path:line:col, severity, the fact behind it, and a fix.\n"
       "Nothing is created; only device attributes are read (--deep also creates and exports test pools).\n"
+      "On a terminal the severities are coloured (error red, warning yellow, note cyan) unless NO_COLOR is set.\n"
       "\nExamples:\n"
       "  cupool check configs/single-gpu-inference.yaml\n"
       "  cupool check pools.yaml --profile configs/profiles/h200x2.yaml   # against a recorded node\n"
@@ -68,6 +102,8 @@ Verb add_check(CLI::App& app) {
             const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
             CheckOptions options;
             options.deep = args->deep;
+            // Judged against a recorded node: this machine's users and groups are no proof of its.
+            options.accounts_here = args->profile.empty();
             const Judged judged = judge_config(
                 file,
                 [&] {
@@ -90,7 +126,7 @@ Verb add_check(CLI::App& app) {
                                                                    : "invalid";
 
             if (format == Format::table) {
-              std::cout << render_text(diags, file);
+              std::cout << coloured(render_text(diags, file), file.path());
               std::cout << file.path() << ": ";
               if (code == ExitCode::invalid_input)
                 std::cout << "not a valid cupool config";

@@ -76,25 +76,6 @@ std::string checked_preload(const std::string& path) {
   return path;
 }
 
-// Where execvp would find `command`: a name with a slash as it is, else the first executable
-// regular file of that name in $PATH; "" when there is none (execvp then says so).
-std::string resolve_command(const std::string& command) {
-  if (command.find('/') != std::string::npos) return command;
-  const char* env = std::getenv("PATH");
-  const std::string path = env && *env ? env : "/usr/local/bin:/usr/bin:/bin";
-  std::size_t at = 0;
-  while (at <= path.size()) {
-    const std::size_t end = std::min(path.find(':', at), path.size());
-    const std::string dir = end > at ? path.substr(at, end - at) : ".";
-    std::string candidate = dir + "/" + command;
-    struct stat st {};
-    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
-      return candidate;
-    at = end + 1;
-  }
-  return "";
-}
-
 // Why the dynamic loader would load no library into the program `file` ("" when it would, as far
 // as can be told): a set-user-ID or set-group-ID program (secure execution ignores LD_PRELOAD
 // paths with a slash) or a statically linked one (no loader runs in it). A script is judged by its
@@ -142,6 +123,25 @@ std::string absolute(const std::string& path) {
 
 }  // namespace
 
+// Where execvp would find `command`: a name with a slash as it is, else the first executable
+// regular file of that name in $PATH; "" when there is none (execvp then says so).
+std::string resolve_command(const std::string& command) {
+  if (command.find('/') != std::string::npos) return command;
+  const char* env = std::getenv("PATH");
+  const std::string path = env && *env ? env : "/usr/local/bin:/usr/bin:/bin";
+  std::size_t at = 0;
+  while (at <= path.size()) {
+    const std::size_t end = std::min(path.find(':', at), path.size());
+    const std::string dir = end > at ? path.substr(at, end - at) : ".";
+    std::string candidate = dir + "/" + command;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    at = end + 1;
+  }
+  return "";
+}
+
 Verb add_exec(CLI::App& app) {
   auto args = std::make_shared<ExecArgs>();
   CLI::App* sub = app.add_subcommand("exec", "Run a command with the config's process: section applied inside it");
@@ -160,7 +160,8 @@ Verb add_exec(CLI::App& app) {
       "apply inside CMD is reported on stderr and CMD runs anyway, unless --strict (then that process\n"
       "ends with exit 3). A CMD that no library can be loaded into (statically linked, set-user-ID or\n"
       "set-group-ID, or a script run by such a program) gets nothing applied: a warning, or with --strict\n"
-      "exit 1 before it starts.\n"
+      "exit 1 before it starts. A file without a process: section applies nothing: a note says so and CMD\n"
+      "runs as it is.\n"
       "\nExamples:\n"
       "  cupool exec configs/single-gpu-inference.yaml -- python serve.py --port 8000\n"
       "  cupool exec pools.yaml --report=usage.jsonl -- ./train   # per-process pool figures at exit\n"
@@ -196,6 +197,12 @@ Verb add_exec(CLI::App& app) {
             throw Error(e.code(), file.path() + ": the process: section can't be applied (" + e.what() + ")");
           }
         }
+        // A file without a process: section applies nothing: say so, rather than run CMD in silence.
+        Diagnostics parsed;
+        if (!parse_config(file, parsed).process)
+          std::cerr << "cupool exec: note: " << file.path()
+                    << " has no process: section, so nothing is applied inside CMD: it runs as it would without "
+                       "cupool exec (its pools are for 'cupool hold')\n";
         const std::string preload = checked_preload(find_preload());
         // A program the loader puts no library into gets nothing applied, and nothing inside it
         // could say so: --strict refuses it here (issue 22: it ran with nothing applied, exit 0).

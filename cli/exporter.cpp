@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,7 +13,6 @@
 #include <csignal>
 #include <cstring>
 #include <iostream>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,51 +104,23 @@ Fd listen_on(const http::ListenAddress& where, std::string* shown) {
   return fd;
 }
 
-// The metrics a scrape gets: the holder's stats, or (the holder is down or refuses) the build
-// info alone; then cupool_holder_up says which. One connection to the holder is kept; when a
-// request on it fails (the holder restarted), one new connection is tried before the holder counts
-// as down.
+// The metrics a scrape gets (HolderMetrics: the holder's stats, or the build info alone, then
+// cupool_holder_up), asked at most once a second: scrapes in between get the last answer.
 class Scraper {
  public:
-  explicit Scraper(std::string socket) : socket_(std::move(socket)) {}
+  Scraper(const std::string& socket, const Context& ctx)
+      : metrics_(socket, "cupool exporter", ctx, {{"op", "stats"}}) {}
 
   std::string metrics() {
     const auto now = std::chrono::steady_clock::now();
     if (!last_.empty() && now - asked_ < kMinHolderInterval) return last_;
     asked_ = now;
-    std::string text;
-    bool up = false;
-    std::string why;
-    for (int attempt = 0; attempt < 2 && !up; ++attempt) {
-      try {
-        if (!holder_) holder_.emplace(HolderClient::connect(socket_, "cupool exporter"));
-        text = render_stats_prometheus(holder_->request({{"op", "stats"}}));
-        up = true;
-      } catch (const Error& e) {
-        holder_.reset();
-        why = e.what();
-      }
-    }
-    if (!up) {
-      if (up_) spdlog::warn("the holder did not answer: {} (cupool_holder_up is 0 until it does)", why);
-      text = prometheus_build_info();
-    }
-    if (up && !up_) spdlog::info("the holder answers");
-    up_ = up;
-    text +=
-        "# HELP cupool_holder_up 1 when the holder answered this scrape, 0 when it is down or refused the "
-        "exporter.\n"
-        "# TYPE cupool_holder_up gauge\n"
-        "cupool_holder_up " +
-        std::string(up ? "1" : "0") + "\n";
-    last_ = text;
-    return text;
+    last_ = metrics_.scrape();
+    return last_;
   }
 
  private:
-  std::string socket_;
-  std::optional<HolderClient> holder_;
-  bool up_ = true;
+  HolderMetrics metrics_;
   std::string last_;  // the last answer, and when the holder was asked for it
   std::chrono::steady_clock::time_point asked_{};
 };
@@ -249,7 +219,7 @@ bool accept_one(const Fd& listener, std::vector<Peer>& peers) {
   return true;
 }
 
-int serve(const ExporterArgs& args) {
+int serve(const ExporterArgs& args, const Context& ctx) {
   const http::ListenAddress where = http::parse_listen(args.listen);
   std::string shown;
   Fd listener = listen_on(where, &shown);
@@ -260,7 +230,7 @@ int serve(const ExporterArgs& args) {
   std::cerr << "cupool exporter: serving http://" << shown << "/metrics (the holder at "
             << (args.socket.empty() ? "$CUPOOL_SOCKET or the default socket" : args.socket) << ")" << std::endl;
 
-  Scraper scraper(args.socket);
+  Scraper scraper(args.socket, ctx);
   std::vector<Peer> peers;
   while (!g_stop) {
     // The listener is read while a slot is free or some peer has not asked yet (it makes room).
@@ -300,13 +270,14 @@ Verb add_exporter(CLI::App& app) {
       "\n"
       "Listens on --listen and answers GET /metrics with what 'cupool stats --format prometheus' prints, asking\n"
       "the holder over its socket at each scrape (the holder itself opens no TCP port), plus cupool_holder_up\n"
-      "(0 while the holder is down or refuses: the exporter keeps answering). Device labels are dcgm-exporter's\n"
-      "(gpu, UUID, pci_bus_id), so dashboards join the two; cupool_build_info names the version. Any user the\n"
-      "holder lets read stats may run it. It listens on loopback (127.0.0.1:9402) unless --listen says\n"
-      "otherwise: ':9402' is every interface, for a Prometheus on another host. The holder is asked at most\n"
-      "once a second, over one kept connection (scrapes in between get the last answer). Peers are\n"
-      "bounded: 8 KiB heads, 5 s to send one, 10 s to read the answer, 512 connections at once and 16 of one\n"
-      "address; when all are taken, the oldest that has not sent its request is closed to make room.\n"
+      "(0 while the holder is down or refuses: the exporter keeps answering). Labels are dcgm-exporter's: gpu,\n"
+      "UUID and pci_bus_id, and on a device's own series (cupool_graph_*) also modelName (the GPU's name) and\n"
+      "Hostname, so dashboards join the two; cupool_build_info names the version. Any user the holder lets\n"
+      "read stats may run it. It listens on loopback (127.0.0.1:9402) unless --listen says otherwise: ':9402'\n"
+      "is every interface, for a Prometheus on another host. The holder is asked at most once a second, over\n"
+      "one kept connection (scrapes in between get the last answer). Peers are bounded: 8 KiB heads, 5 s to\n"
+      "send one, 10 s to read the answer, 512 connections at once and 16 of one address; when all are taken,\n"
+      "the oldest that has not sent its request is closed to make room.\n"
       "Runs until SIGTERM or Ctrl-C.\n"
       "\nExamples:\n"
       "  cupool exporter                                   # loopback, port 9402\n"
@@ -317,7 +288,7 @@ Verb add_exporter(CLI::App& app) {
                   "HOST:PORT, [IPV6]:PORT or :PORT (every interface) to serve on (default: loopback)")
       ->capture_default_str();
   add_socket_option(sub, args->socket);
-  return {sub, [args](Context&) { return serve(*args); }};
+  return {sub, [args](Context& ctx) { return serve(*args, ctx); }};
 }
 
 }  // namespace cupool::cli

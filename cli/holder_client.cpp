@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <iostream>
@@ -12,6 +13,8 @@
 
 #include "cli/holder_render.h"
 #include "cupool/client.h"
+#include "device/node.h"
+#include "device/query.h"
 #include "model/model.h"
 
 namespace cupool::cli {
@@ -170,6 +173,61 @@ json HolderClient::request(const json& req) {
   json reply = request_raw(req);
   if (!reply.at("ok").get<bool>()) throw_reply_error(reply);
   return reply;
+}
+
+NodeLabels read_node_labels(HolderClient& holder, const Context& ctx) {
+  NodeLabels labels;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) labels.hostname = host;
+  try {
+    const json reply = holder.request({{"op", "status"}});
+    const json source = reply.value("source", json::object());
+    const bool simulated = source.is_object() && source.value("simulated", false);
+    const std::string profile = simulated ? source.value("profile", std::string()) : std::string();
+    if (simulated && profile.empty()) return labels;
+    const NodeReport node = simulated ? load_profile(profile) : build_report(*ctx.make_backend(""));
+    for (const DeviceReport& d : node.devices) {
+      std::string uuid = d.info.uuid;
+      for (char& c : uuid) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      labels.model_names[uuid] = d.info.name;
+    }
+  } catch (const std::exception& e) {
+    spdlog::debug("the GPUs' names (modelName) are not known: {}", e.what());
+  }
+  return labels;
+}
+
+HolderMetrics::HolderMetrics(std::string socket, std::string client_name, const Context& ctx, json request)
+    : socket_(std::move(socket)), client_name_(std::move(client_name)), ctx_(ctx), request_(std::move(request)) {}
+
+std::string HolderMetrics::scrape() {
+  std::string text;
+  bool up = false;
+  std::string why;
+  for (int attempt = 0; attempt < 2 && !up; ++attempt) {
+    try {
+      if (!holder_) {
+        holder_.emplace(HolderClient::connect(socket_, client_name_));
+        labels_ = read_node_labels(*holder_, ctx_);
+      }
+      text = render_stats_prometheus(holder_->request(request_), labels_);
+      up = true;
+    } catch (const Error& e) {
+      holder_.reset();
+      why = e.what();
+    }
+  }
+  if (!up) {
+    if (up_) spdlog::warn("the holder did not answer: {} (cupool_holder_up is 0 until it does)", why);
+    text = prometheus_build_info();
+  }
+  if (up && !up_) spdlog::info("the holder answers");
+  up_ = up;
+  return text +
+         "# HELP cupool_holder_up 1 when the holder answered this scrape, 0 when it is down or refused.\n"
+         "# TYPE cupool_holder_up gauge\n"
+         "cupool_holder_up " +
+         std::string(up ? "1" : "0") + "\n";
 }
 
 void print_reply(Format format, const json& reply, const std::function<std::string(const json&)>& table) {

@@ -6,12 +6,15 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/error.h"
 #include "base/output.h"
+#include "cli/holder_render.h"
+#include "cli/verbs.h"
 
 struct cupool_conn;
 struct cupool_lease;
@@ -72,6 +75,35 @@ class HolderClient {
 // table's for an error a holder reports, lib/base/error.cpp); for invalid_config and does_not_fit it first writes
 // the reply's rendered findings to stderr.
 [[noreturn]] void throw_reply_error(const nlohmann::ordered_json& reply);
+
+// The labels of the holder's devices that its replies do not carry (NodeLabels): this host's name,
+// and each GPU's name from the node's facts: the holder's profile when it runs on a simulated node
+// (its status names it), else this node's driver (attributes only, no context). A GPU whose name
+// can't be read has none; nothing here throws.
+NodeLabels read_node_labels(HolderClient& holder, const Context& ctx);
+
+// The holder's stats in the Prometheus text format, for a scrape or a textfile collector's file:
+// one connection kept (when a request on it fails, the holder restarted: one new connection is
+// tried) and the node's labels read again at each new connection. While the holder is down or
+// refuses, the build info alone. Either way it ends with cupool_holder_up (1 or 0), and the change
+// is logged (a warning when the holder stops answering, info when it answers again).
+class HolderMetrics {
+ public:
+  // `request`: the stats request ({"op": "stats"}, with "reset_peaks" for stats --reset-peaks).
+  HolderMetrics(std::string socket, std::string client_name, const Context& ctx, nlohmann::ordered_json request);
+  // Asks the holder now.
+  std::string scrape();
+  bool up() const { return up_; }
+
+ private:
+  std::string socket_;
+  std::string client_name_;
+  const Context& ctx_;
+  nlohmann::ordered_json request_;
+  std::optional<HolderClient> holder_;
+  NodeLabels labels_;
+  bool up_ = true;
+};
 
 // Prints a successful reply on stdout: `table` renders it for people; json and yaml print the
 // reply without its envelope ("id", "ok").

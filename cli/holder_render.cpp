@@ -177,18 +177,35 @@ const Metric kDeviceMetrics[] = {
 };
 
 // A label of a sample and the reply's field it comes from. The device labels are
-// dcgm-exporter's (gpu, UUID, pci_bus_id), so dashboards join cupool's series with its.
+// dcgm-exporter's (gpu, UUID, pci_bus_id; for a device's own series also modelName and Hostname,
+// which come from the node, not the reply), so dashboards join cupool's series with its.
 struct Label {
   const char* name;
-  const char* key;
+  const char* key;  // the reply's field; kFromNode: the node's (NodeLabels)
 };
+constexpr const char* kFromNode = "";
 const std::vector<Label> kPoolLabels = {
     {"pool", "name"}, {"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
-const std::vector<Label> kDeviceLabels = {{"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
+const std::vector<Label> kDeviceLabels = {{"gpu", "device"},
+                                          {"UUID", "uuid"},
+                                          {"pci_bus_id", "pci_bus_id"},
+                                          {"modelName", kFromNode},
+                                          {"Hostname", kFromNode}};
 
-// A label's value from the reply: the PCI bus id as NVML and dcgm-exporter write it
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// A label's value from the reply (or the node): the PCI bus id as NVML and dcgm-exporter write it
 // ("00000000:1B:00.0"), everything else as text; "" for a missing or null field.
-std::string label_value(const json& row, const Label& l) {
+std::string label_value(const json& row, const Label& l, const NodeLabels& node) {
+  const std::string_view name = l.name;
+  if (name == "Hostname") return node.hostname;
+  if (name == "modelName") {
+    const auto it = node.model_names.find(lower(text(row, "uuid")));
+    return it == node.model_names.end() ? "" : it->second;
+  }
   const json* v = field(row, l.key);
   if (!v || v->is_null()) return "";
   std::string value = text(row, l.key);
@@ -200,7 +217,8 @@ std::string label_value(const json& row, const Label& l) {
   return upper;
 }
 
-void metric_family(std::ostringstream& out, const Metric& m, const json& rows, const std::vector<Label>& labels) {
+void metric_family(std::ostringstream& out, const Metric& m, const json& rows, const std::vector<Label>& labels,
+                   const NodeLabels& node) {
   out << "# HELP " << m.name << ' ' << prometheus_help(m.help) << "\n";
   out << "# TYPE " << m.name << " gauge\n";
   for (const auto& row : rows) {
@@ -210,7 +228,8 @@ void metric_family(std::ostringstream& out, const Metric& m, const json& rows, c
     if (!value) continue;
     out << m.name << '{';
     for (std::size_t i = 0; i < labels.size(); ++i)
-      out << (i ? "," : "") << labels[i].name << "=\"" << prometheus_label_value(label_value(row, labels[i])) << '"';
+      out << (i ? "," : "") << labels[i].name << "=\"" << prometheus_label_value(label_value(row, labels[i], node))
+          << '"';
     // No limit (a release threshold of max, null in JSON) is +Inf.
     out << "} ";
     if (*value == std::numeric_limits<std::uint64_t>::max())
@@ -271,8 +290,15 @@ std::string render_status(const json& reply) {
     head.add({"uptime", uptime});
   }
   std::string config = text(holder, "config");
-  if (auto reloads = u64(holder, "reload_count")) config += " (" + plural(*reloads, "reload") + ")";
+  std::vector<std::string> counts;
+  if (auto reloads = u64(holder, "reload_count")) counts.push_back(plural(*reloads, "reload"));
+  if (auto applies = u64(holder, "apply_count"); applies && *applies > 0) counts.push_back(plural(*applies, "apply"));
+  if (!counts.empty()) config += " (" + join(counts, ", ") + ")";
   head.add({"config", config});
+  // What `cupool apply` put in place instead, until a reload or a restart reads the file again.
+  if (const json* applied = field(holder, "applied_config"); applied && applied->is_object())
+    head.add({"applied", text(*applied, "path") + " since " + text(*applied, "since") + " by " +
+                             text(*applied, "user") + " (a reload or a restart goes back to the config)"});
   head.add({"socket", text(holder, "socket")});
   const auto draining = boolean(holder, "draining");
   head.add({"state", !draining ? kNone : *draining ? "draining (stopping; takes no new allocations)" : "serving"});
@@ -381,10 +407,10 @@ std::string prometheus_label_value(std::string_view value) {
   return valid_utf8(out);
 }
 
-std::string render_stats_prometheus(const json& reply) {
+std::string render_stats_prometheus(const json& reply, const NodeLabels& node) {
   std::ostringstream out;
-  for (const auto& m : kPoolMetrics) metric_family(out, m, list(reply, "pools"), kPoolLabels);
-  for (const auto& m : kDeviceMetrics) metric_family(out, m, list(reply, "devices"), kDeviceLabels);
+  for (const auto& m : kPoolMetrics) metric_family(out, m, list(reply, "pools"), kPoolLabels, node);
+  for (const auto& m : kDeviceMetrics) metric_family(out, m, list(reply, "devices"), kDeviceLabels, node);
   out << prometheus_build_info();
   return out.str();
 }
@@ -471,9 +497,20 @@ std::size_t blocked_changes(const json& reply) {
   return n;
 }
 
+namespace {
+
+// An apply lasts until the holder reads its own file again: said, so it is not undone silently.
+std::string lasts_until_reload(const json& reply) {
+  if (!boolean(reply, "applied").value_or(false) || text(reply, "holder_config") == kNone) return "";
+  return "The holder's file is still " + text(reply, "holder_config") +
+         ": a reload (SIGHUP) or a restart goes back to it; edit that file to keep this.\n";
+}
+
+}  // namespace
+
 std::string render_plan(const json& reply) {
   const json& changes = list(reply, "changes");
-  if (changes.empty()) return "no changes\n";
+  if (changes.empty()) return "no changes\n" + lasts_until_reload(reply);
   const bool applied = boolean(reply, "applied").value_or(false);
 
   std::ostringstream out;
@@ -502,6 +539,7 @@ std::string render_plan(const json& reply) {
   out << "\n" << (applied ? "Applied: " : "Plan: ") << (parts.empty() ? "nothing" : join(parts, ", "));
   if (blocked > 0) out << "; " << blocked << " blocked (" << (applied ? "not made" : "will not be made") << ")";
   out << ".\n";
+  out << lasts_until_reload(reply);
   return out.str();
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -29,11 +30,20 @@ std::string render_status(const nlohmann::ordered_json& reply);
 
 // `stats`: per pool reserved/used current and high (human sizes); per device graph memory.
 std::string render_stats(const nlohmann::ordered_json& reply);
+// The labels dcgm-exporter gives a device that no holder reply carries: the host's name and each
+// GPU's name (cli/holder_client.h reads them from the node).
+struct NodeLabels {
+  std::string hostname;                            // Hostname: gethostname()
+  std::map<std::string, std::string> model_names;  // modelName by UUID, lower case ("gpu-8f3c...")
+};
+
 // `stats` in the Prometheus text exposition format (version 0.0.4): HELP and TYPE lines, every
 // metric family's samples together, label values escaped.
-// Device labels are dcgm-exporter's (gpu, UUID, pci_bus_id), a release threshold of max is +Inf,
-// and cupool_build_info ends it.
-std::string render_stats_prometheus(const nlohmann::ordered_json& reply);
+// Labels are dcgm-exporter's: a pool's series have pool, gpu, UUID and pci_bus_id (written as
+// NVML does, "00000000:1B:00.0"); a device's (cupool_graph_*) have gpu, UUID, pci_bus_id,
+// modelName and Hostname (from `node`; "" where it does not know). A release threshold of max is
+// +Inf, and cupool_build_info ends it.
+std::string render_stats_prometheus(const nlohmann::ordered_json& reply, const NodeLabels& node = {});
 // The cupool_build_info family alone (HELP, TYPE, one sample of value 1).
 std::string prometheus_build_info();
 // A Prometheus label value with `\`, `"` and newline escaped (the exposition format's rule).

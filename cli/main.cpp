@@ -33,7 +33,7 @@ const char* const kExitCodes =
     "  2    the input is invalid (usage, YAML, schema)\n"
     "  3    no usable NVIDIA driver or device\n"
     "  4    the holder is unreachable or refused\n"
-    "  130  interrupted\n";
+    "  130  interrupted";
 
 // Whether stderr is the systemd journal: JOURNAL_STREAM ("device:inode") names it.
 bool stderr_is_journal() {
@@ -58,9 +58,10 @@ class JournalPriority : public spdlog::custom_flag_formatter {
   std::unique_ptr<custom_flag_formatter> clone() const override { return std::make_unique<JournalPriority>(); }
 };
 
-// The logger: "cupool: LEVEL: message" on stderr, coloured on a terminal unless NO_COLOR is set
-// (https://no-color.org); under systemd, each line starts with its journald priority instead.
-void make_logger() {
+// The logger: "cupool VERB: LEVEL: message" on stderr (`prefix` is "cupool VERB: ", as every error
+// line starts), coloured on a terminal unless NO_COLOR is set (https://no-color.org); under
+// systemd, each line starts with its journald priority instead.
+void make_logger(const std::string& prefix) {
   const char* no_color = std::getenv("NO_COLOR");
   const bool plain = no_color && *no_color;
   auto logger = spdlog::stderr_color_mt("cupool", plain ? spdlog::color_mode::never : spdlog::color_mode::automatic);
@@ -69,7 +70,7 @@ void make_logger() {
     formatter->add_flag<JournalPriority>('*').set_pattern("%*%l: %v");
     logger->set_formatter(std::move(formatter));
   } else {
-    logger->set_pattern("cupool: %^%l%$: %v");
+    logger->set_pattern(prefix + "%^%l%$: %v");
   }
 }
 
@@ -115,10 +116,12 @@ int main(int argc, char** argv) {
       "cupool: declare CUDA stream-ordered memory pools in YAML, check them against what this node\n"
       "supports, and make them real.",
       "cupool"};
-  app.footer(std::string("\n") + kExitCodes +
-             "\nEnvironment: CUPOOL_PROFILE (--profile), CUPOOL_SOCKET (--socket), CUPOOL_LOG_LEVEL (--log-level);\n"
+  app.footer(std::string("\n") +
+             "Environment: CUPOOL_PROFILE (--profile), CUPOOL_SOCKET (--socket), CUPOOL_LOG_LEVEL (--log-level);\n"
              "NO_COLOR (set: no colour in diagnostics).\n"
-             "Run 'cupool VERB --help' for a verb's options and examples.");
+             "Run 'cupool help VERB' (or 'cupool VERB --help') for a verb's options and examples, 'cupool man'\n"
+             "for the manual page.\n\n" +
+             kExitCodes);
   app.require_subcommand(1);
   // Global options (--log-level) work after the verb too: `cupool query --log-level debug`.
   app.fallthrough();
@@ -136,27 +139,36 @@ int main(int argc, char** argv) {
                                          verb::add_keeper(app), verb::add_status(app), verb::add_stats(app),
                                          verb::add_trim(app),   verb::add_plan(app),   verb::add_apply(app),
                                          verb::add_export(app), verb::add_buffer(app), verb::add_exporter(app),
-                                         verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app)};
+                                         verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app),
+                                         verb::add_help(app),   verb::add_man(app)};
 
   try {
     std::vector<std::string> args = arguments(app, argc, argv);
     app.parse(args);
   } catch (const CLI::ParseError& e) {
-    // --help and --version exit 0; a usage error exits 2 with CLI11's message, and a hint when a
-    // verb or option looks mistyped.
-    const int code = app.exit(e);
-    if (code == 0) return 0;
-    const std::string hint = verb::did_you_mean(app, std::vector<std::string>(argv + 1, argv + argc));
-    if (!hint.empty()) std::cerr << "  hint: " << hint << "\n";
+    // --help and --version exit 0; a usage error exits 2 with its message in the one style
+    // (`cupool VERB: ...`), naming the verb or option that looks mistyped.
+    const std::string name = e.get_name();
+    if (name == "CallForHelp" || name == "CallForAllHelp" || name == "CallForVersion" || e.get_exit_code() == 0)
+      return app.exit(e);
+    std::cerr << verb::usage_error(app, std::vector<std::string>(argv + 1, argv + argc), e.what());
     return static_cast<int>(cupool::ExitCode::invalid_input);
   }
+
+  // The verbs given, outermost first ("buffer", "create"): every error line starts with them.
+  std::vector<std::string> verb_path;
+  for (const CLI::App* a = &app; !a->get_subcommands().empty();) {
+    a = a->get_subcommands().front();
+    verb_path.push_back(a->get_name());
+  }
+  const std::string prefix = verb::error_prefix(verb_path);
 
   // The holder and the keeper are daemons: what they create, reload and free belongs in their log by default.
   const CLI::App* keeper = app.get_subcommand("keeper");
   const bool daemon = app.got_subcommand("hold") || (keeper->parsed() && keeper->get_option("--list")->count() == 0 &&
                                                      keeper->get_option("--release")->count() == 0);
   if (app.get_option("--log-level")->count() == 0 && !std::getenv("CUPOOL_LOG_LEVEL") && daemon) log_level = "info";
-  make_logger();
+  make_logger(prefix);
   auto logger = spdlog::get("cupool");
   logger->set_level(spdlog::level::from_str(log_level));
   spdlog::set_default_logger(logger);
@@ -168,13 +180,19 @@ int main(int argc, char** argv) {
     try {
       return v.run(context);
     } catch (const cupool::Error& e) {
-      std::cerr << "cupool " << sub->get_name() << ": " << e.what() << "\n";
-      if (e.code() == cupool::Errc::no_driver)
-        std::cerr << "  hint: to ask a recorded node instead, pass --profile FILE (or set CUPOOL_PROFILE), e.g.\n"
-                  << "        cupool " << sub->get_name() << " --profile configs/profiles/h100.yaml ...\n";
+      std::cerr << prefix << e.what() << "\n";
+      if (e.code() == cupool::Errc::no_driver) {
+        // The profile as this binary reaches it: the checkout's, or the installed data folder's.
+        const std::string profile = verb::shipped_file("configs/profiles/h100.yaml");
+        std::cerr << "  hint: to ask a recorded node instead, pass --profile FILE (or set CUPOOL_PROFILE)";
+        if (profile.empty())
+          std::cerr << "; 'cupool query --profile-out FILE' on a node with a GPU records one\n";
+        else
+          std::cerr << ", e.g.\n        cupool " << sub->get_name() << " --profile " << profile << " ...\n";
+      }
       return static_cast<int>(e.exit_code());
     } catch (const std::exception& e) {
-      std::cerr << "cupool " << sub->get_name() << ": internal error: " << e.what() << "\n";
+      std::cerr << prefix << "internal error: " << e.what() << "\n";
       return static_cast<int>(cupool::ExitCode::does_not_fit);
     }
   }

@@ -44,7 +44,9 @@ Verb add_query(CLI::App& app) {
       "  cupool query --profile-out node.yaml        # record this node for checks elsewhere\n"
       "  cupool query --profile configs/profiles/h100.yaml   # a recorded node, no GPU needed\n"
       "  cd /etc/kubernetes/node-feature-discovery/features.d && cupool query --format nfd > .cupool && mv .cupool "
-      "cupool");
+      "cupool\n"
+      "\nExit codes: 0 reported (a --deep probe that fails is reported, not an error), 2 bad arguments, an\n"
+      "unreadable profile, no such device or a --profile-out that can't be written, 3 no driver or device.");
   // Not add_format_option: query alone also writes node-feature-discovery labels.
   sub->add_option("--format,-o", args->format,
                   "Output format: table, json, yaml or nfd (node labels for node-feature-discovery)")

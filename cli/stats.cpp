@@ -7,6 +7,7 @@
 #include <csignal>
 #include <ctime>
 #include <iostream>
+#include <sstream>
 
 #include "base/output.h"
 #include "cli/holder_client.h"
@@ -71,13 +72,41 @@ bool pause_for(double seconds) {
   return false;
 }
 
-std::string render(const std::string& format, const nlohmann::ordered_json& reply, bool watching) {
-  if (format == "prometheus") return render_stats_prometheus(reply);
+std::string render(const std::string& format, const nlohmann::ordered_json& reply, bool watching,
+                   const NodeLabels& labels) {
+  if (format == "prometheus") return render_stats_prometheus(reply, labels);
   if (format == "table") return render_stats(reply);
   if (format == "json")
     return watching ? reply_body(reply).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n"
                     : dump_json(reply_body(reply)) + "\n";
   return (watching ? "---\n" : "") + to_yaml(reply_body(reply));
+}
+
+// The line above each refresh of --watch: when, in local time, and how often.
+std::string when_line(double every) {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  ::localtime_r(&now, &local);
+  char when[64] = "";
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %Z", &local);
+  std::ostringstream line;
+  line << "cupool stats at " << when << ", every " << every << " s (Ctrl-C ends it)\n";
+  return line.str();
+}
+
+// --format prometheus --output FILE --watch: the file a textfile collector reads, rewritten at
+// every poll whether the holder answers or not. While it is away the file says so
+// (cupool_holder_up 0, no pool values that would be stale); when it is back, the values are.
+int watch_textfile(const StatsArgs& args, const Context& ctx, const nlohmann::ordered_json& request) {
+  HolderMetrics metrics(args.socket, "cupool stats", ctx, request);
+  InterruptGuard guard;
+  while (!g_interrupted) {
+    const std::string text = metrics.scrape();
+    if (g_interrupted) break;
+    write_file_atomically(args.output, text);  // the whole file, each time
+    if (!pause_for(args.watch)) break;
+  }
+  return static_cast<int>(ExitCode::ok);
 }
 
 }  // namespace
@@ -92,19 +121,24 @@ Verb add_stats(CLI::App& app) {
       "streams first, so freed memory is accounted. --reset-peaks (admin) resets the high-water marks\n"
       "after reading them: the values shown are those before the reset (with --watch, every poll resets,\n"
       "so the highs are per interval).\n"
-      "--watch polls again every SECONDS (default 2) until Ctrl-C, which ends it with exit 0: a table is\n"
-      "redrawn on a terminal, json prints one document per line, yaml one document per poll.\n"
-      "--format prometheus writes the Prometheus text format (cupool_pool_reserved_bytes{pool,gpu,UUID,pci_bus_id},\n"
-      "cupool_pool_used_high_bytes, cupool_graph_reserved_bytes{gpu,UUID,pci_bus_id}, cupool_build_info, ...;\n"
-      "the device labels are dcgm-exporter's), e.g. for the node exporter's textfile collector with --output,\n"
-      "which replaces the file atomically; 'cupool exporter' serves the same over HTTP.\n"
+      "--watch polls again every SECONDS (default 2) until Ctrl-C, which ends it with exit 0: a table, headed\n"
+      "by the time of the poll, is redrawn on a terminal; json prints one document per line, yaml one\n"
+      "document per poll.\n"
+      "--format prometheus writes the Prometheus text format, e.g. for the node exporter's textfile collector\n"
+      "with --output, which replaces the file atomically ('cupool exporter' serves the same over HTTP). A\n"
+      "pool's series (cupool_pool_reserved_bytes, ...) are labelled pool, gpu, UUID and pci_bus_id, a device's\n"
+      "(cupool_graph_reserved_bytes, ...) gpu, UUID, pci_bus_id, modelName and Hostname, as dcgm-exporter\n"
+      "labels its own; cupool_build_info names the build. With --watch too, the file is written at every poll\n"
+      "and ends with cupool_holder_up: while the holder is away it keeps watching, and the file holds\n"
+      "cupool_holder_up 0 and no pool values until the holder is back.\n"
       "\nExamples:\n"
       "  cupool stats\n"
       "  cupool stats --watch                  # every 2 s; --watch=0.5 for twice a second\n"
       "  cupool stats --format json --watch=10 | jq -c '.pools[] | {name, used_bytes}'\n"
       "  cupool stats --format prometheus --output /var/lib/node_exporter/cupool.prom --watch=15\n"
       "  sudo cupool stats --reset-peaks\n"
-      "\nExit codes: 0 answered, 4 no holder is listening or it refused (--reset-peaks needs an admin).");
+      "\nExit codes: 0 answered (or --watch ended by Ctrl-C), 2 bad arguments or --output can't be written,\n"
+      "4 no holder is listening or it refused (--reset-peaks needs an admin).");
   add_socket_option(sub, args->socket);
   sub->add_option("--format,-o", args->format, "Output format: table, json, yaml or prometheus")
       ->check(CLI::IsMember({"table", "json", "yaml", "prometheus"}))
@@ -118,11 +152,15 @@ Verb add_stats(CLI::App& app) {
       ->type_name("[SECONDS]")
       ->check(CLI::Range(0.1, 86400.0));
 
-  return {sub, [args](Context&) {
+  return {sub, [args](Context& ctx) {
             const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
+            if (args->watch > 0 && args->format == "prometheus" && !args->output.empty())
+              return watch_textfile(*args, ctx, request);
             HolderClient holder = HolderClient::connect(args->socket, "cupool stats");
+            // dcgm-exporter's modelName and Hostname labels, read once.
+            const NodeLabels labels = args->format == "prometheus" ? read_node_labels(holder, ctx) : NodeLabels{};
             if (args->watch <= 0) {
-              const std::string text = render(args->format, holder.request(request), false);
+              const std::string text = render(args->format, holder.request(request), false, labels);
               if (!args->output.empty())
                 write_file_atomically(args->output, text);
               else
@@ -146,11 +184,14 @@ Verb add_stats(CLI::App& app) {
               }
               if (g_interrupted) break;
               if (!args->output.empty()) {
-                write_file_atomically(args->output, render(args->format, reply, false));  // the whole file, each time
+                write_file_atomically(args->output, render(args->format, reply, false, labels));  // the whole file
                 if (!pause_for(args->watch)) break;
                 continue;
               }
-              std::string text = render(args->format, reply, true);
+              std::string text = render(args->format, reply, true, labels);
+              // A table says when it was read; so does the Prometheus text, in a comment.
+              if (args->format == "table") text = when_line(args->watch) + "\n" + text;
+              if (args->format == "prometheus") text = "# " + when_line(args->watch) + text;
               if (redraw)
                 text = "\033[H\033[2J" + text;
               else if (!first && (args->format == "table" || args->format == "prometheus"))

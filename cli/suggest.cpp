@@ -1,7 +1,10 @@
 #include "cli/suggest.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 
 namespace cupool::cli {
 
@@ -59,6 +62,12 @@ std::vector<std::string> option_names(const CLI::App* app) {
   return names;
 }
 
+std::string join_words(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : " ") + w;
+  return out;
+}
+
 }  // namespace
 
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
@@ -76,7 +85,8 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
   return best;
 }
 
-std::string did_you_mean(const CLI::App& root, const std::vector<std::string>& args) {
+Slip find_slip(const CLI::App& root, const std::vector<std::string>& args) {
+  Slip slip;
   const CLI::App* app = &root;
   bool verbs_done = false;  // a positional was taken: later words are not verbs
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -87,8 +97,10 @@ std::string did_you_mean(const CLI::App& root, const std::vector<std::string>& a
       const bool is_long = name.rfind("--", 0) == 0;
       const CLI::Option* opt = find_option(app, is_long ? name : name.substr(0, 2));
       if (!opt) {
-        const std::string near = nearest(name, option_names(app));
-        return near.empty() ? "" : "did you mean '" + near + "'?";
+        slip.kind = Slip::Kind::option;
+        slip.word = is_long ? name : name.substr(0, 2);
+        slip.near = nearest(name, option_names(app));
+        return slip;
       }
       // Skip the value of an option that takes one and did not get it with '=' or glued on.
       const bool glued = word.find('=') != std::string::npos || (!is_long && word.size() > 2);
@@ -98,16 +110,83 @@ std::string did_you_mean(const CLI::App& root, const std::vector<std::string>& a
     if (!verbs_done) {
       if (const CLI::App* sub = find_verb(*app, word)) {
         app = sub;
+        slip.verbs.push_back(sub->get_name());
         continue;
       }
       if (app->get_subcommands([](const CLI::App*) { return true; }).size() > 0 &&
           app->get_require_subcommand_min() > 0) {
-        const std::string near = nearest(word, verb_names(*app));
-        return near.empty() ? "" : "did you mean '" + near + "'?";
+        slip.kind = Slip::Kind::verb;
+        slip.word = word;
+        slip.near = nearest(word, verb_names(*app));
+        return slip;
       }
     }
     verbs_done = true;
   }
+  return slip;
+}
+
+std::string did_you_mean(const CLI::App& root, const std::vector<std::string>& args) {
+  const Slip slip = find_slip(root, args);
+  return slip.near.empty() ? "" : "did you mean '" + slip.near + "'?";
+}
+
+std::string error_prefix(const std::vector<std::string>& verbs) {
+  std::string prefix = "cupool";
+  for (const std::string& v : verbs) prefix += " " + v;
+  return prefix + ": ";
+}
+
+std::string verb_list(const CLI::App& app) {
+  std::string out;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App* s) { return !s->get_group().empty(); }))
+    out += (out.empty() ? "" : ", ") + sub->get_name();
+  return out;
+}
+
+std::string usage_error(const CLI::App& root, const std::vector<std::string>& args, const std::string& message) {
+  const Slip slip = find_slip(root, args);
+  const CLI::App* app = &root;
+  for (const std::string& v : slip.verbs) app = app->get_subcommand(v);
+  const std::string prefix = error_prefix(slip.verbs);
+  std::string path = "cupool";
+  for (const std::string& v : slip.verbs) path += " " + v;
+  const std::string near = slip.near.empty() ? "" : " (did you mean \"" + slip.near + "\"?)";
+  if (slip.kind == Slip::Kind::verb)
+    return prefix + "unknown verb \"" + slip.word + "\"" + near + "\n  '" +
+           (slip.verbs.empty() ? std::string("cupool help") : "cupool help " + join_words(slip.verbs)) +
+           "' lists the verbs\n";
+  if (slip.kind == Slip::Kind::option)
+    return prefix + "unknown option \"" + slip.word + "\"" + near + "\n  '" + path + " --help' lists its options\n";
+  // No verb where one is needed: say which there are.
+  if (message.find("subcommand") != std::string::npos &&
+      !app->get_subcommands([](const CLI::App*) { return true; }).empty())
+    return prefix + "a verb is required (one of: " + verb_list(*app) + ")\n  '" + path + " --help' says more\n";
+  std::string text = message;
+  // CLI11 writes sentences ("The following argument was not expected"); after the prefix, lower case.
+  if (text.size() > 1 && std::isupper(static_cast<unsigned char>(text[0])) &&
+      std::islower(static_cast<unsigned char>(text[1])))
+    text[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(text[0])));
+  return prefix + text + "\n  '" + path + " --help' says more\n";
+}
+
+std::string shipped_file(const std::string& relative, const std::string& exe_arg) {
+  const auto exists = [](const std::string& p) { return ::access(p.c_str(), R_OK) == 0; };
+  if (exists(relative)) return relative;
+  std::string exe = exe_arg;
+  if (exe.empty()) {
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return "";
+    exe.assign(buf, static_cast<std::size_t>(n));
+  }
+  const std::size_t slash = exe.rfind('/');
+  if (slash == std::string::npos) return "";
+  const std::string dir = exe.substr(0, slash);  // /usr/bin, or a build tree
+  const std::size_t up = dir.rfind('/');
+  const std::string prefix = up == std::string::npos ? "." : dir.substr(0, up);  // /usr
+  for (const std::string& candidate : {prefix + "/share/cupool/" + relative, prefix + "/" + relative})
+    if (exists(candidate)) return candidate;
   return "";
 }
 

@@ -1,5 +1,6 @@
-// "Did you mean": the nearest verb or option to a word the command line did not know, for the
-// message of a usage error (`cupool quer`, `cupool query --formt json`).
+// Usage errors in words: the nearest verb or option to a word the command line did not know
+// (`cupool stauts`, `cupool query --formt json`), the one message style of every error the CLI
+// prints (`cupool VERB: ...`), and where this binary's shipped files (node profiles) are, for hints.
 #pragma once
 
 #include <string>
@@ -21,5 +22,36 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 // for an option (the verb's own and, since they fall through, its parents'). Empty when every
 // word is known or nothing is near.
 std::string did_you_mean(const CLI::App& root, const std::vector<std::string>& args);
+
+// What walking a command line as CLI11 would found: the verbs it took and the first word it did
+// not know.
+struct Slip {
+  enum class Kind { none, verb, option };
+  std::vector<std::string> verbs;  // the verbs taken, outermost first: {"buffer", "create"}
+  Kind kind = Kind::none;          // what the unknown word was taken for; none: every word is known
+  std::string word;                // the unknown word ("stauts", "--formt", without "=value")
+  std::string near;                // the nearest known verb or option; "" when none is near
+};
+Slip find_slip(const CLI::App& root, const std::vector<std::string>& args);
+
+// "cupool buffer create: " for {"buffer", "create"}, "cupool: " for none: how every error line
+// the CLI prints starts.
+std::string error_prefix(const std::vector<std::string>& verbs);
+
+// The verbs of `app` in --help's order, by name ("query, check, hold, ...").
+std::string verb_list(const CLI::App& app);
+
+// The message of a usage error, every line ending in a newline: `cupool: unknown verb "stauts" (did
+// you mean "status"?)`, `cupool query: unknown option "--formt" (did you mean "--format"?)`, `cupool
+// buffer: a verb is required (one of: ...)`, else CLI11's `message` after the prefix, then where to
+// read more.
+std::string usage_error(const CLI::App& root, const std::vector<std::string>& args, const std::string& message);
+
+// The shipped file at `relative` (under the data folder, e.g. "configs/profiles/h100.yaml") as
+// this binary can reach it: relative to the working directory when it is there (a checkout), else
+// SHARE/cupool/relative beside the binary's prefix (`/proc/self/exe`: /usr/bin/cupool ->
+// /usr/share/cupool/...), else in the checkout a build tree lies in (build/cupool -> ../relative);
+// "" when none exists. `exe` is the binary's path ("" reads /proc/self/exe).
+std::string shipped_file(const std::string& relative, const std::string& exe = "");
 
 }  // namespace cupool::cli

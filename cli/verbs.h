@@ -32,6 +32,10 @@ Verb add_hold(CLI::App& app);
 Verb add_exec(CLI::App& app);
 Verb add_bench(CLI::App& app);
 Verb add_completion(CLI::App& app);
+// The command line's own documentation: 'cupool help [VERB...]' (what --help prints) and 'cupool
+// man' (the manual page, through man on a terminal). Both are in cli/completion.cpp.
+Verb add_help(CLI::App& app);
+Verb add_man(CLI::App& app);
 // The verbs that talk to a running holder (through include/cupool/client.h).
 Verb add_status(CLI::App& app);
 Verb add_stats(CLI::App& app);
@@ -43,5 +47,9 @@ Verb add_buffer(CLI::App& app);
 Verb add_exporter(CLI::App& app);
 // The keeper of the holder's descriptors (custody/keeper.h); --list and --release ask a running one.
 Verb add_keeper(CLI::App& app);
+
+// Where execvp would find `command`: a name with a slash as it is, else the first executable
+// regular file of that name in $PATH; "" when there is none (exec.cpp).
+std::string resolve_command(const std::string& command);
 
 }  // namespace cupool::cli

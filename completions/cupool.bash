@@ -5,7 +5,7 @@
 # The subcommands of command path $1.
 __cupool_commands() {
   case $1 in
-    '') echo 'query check hold keeper status stats trim plan apply export buffer exporter exec bench completion' ;;
+    '') echo 'query check hold keeper status stats trim plan apply export buffer exporter exec bench completion help man' ;;
     'buffer') echo 'create load ls list rm remove' ;;
   esac
 }
@@ -28,6 +28,8 @@ __cupool_subcommand() {
     '|exec') echo 'exec' ;;
     '|bench') echo 'bench' ;;
     '|completion') echo 'completion' ;;
+    '|help') echo 'help' ;;
+    '|man') echo 'man' ;;
     'buffer|create') echo 'create' ;;
     'buffer|load') echo 'load' ;;
     'buffer|ls' | 'buffer|list') echo 'ls' ;;
@@ -48,7 +50,7 @@ __cupool_options() {
     'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph --keep-cached --version --log-level' ;;
     'plan') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'apply') echo '--help -h --socket -s --format -o --version --log-level' ;;
-    'export') echo '--help -h --socket -s --output --version --log-level' ;;
+    'export') echo '--help -h --socket -s --output --format -o --version --log-level' ;;
     'buffer') echo '--help -h --version --log-level' ;;
     'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o --version --log-level' ;;
     'buffer load') echo '--help -h --pool --device -d --part-size --socket -s --format -o --version --log-level' ;;
@@ -58,6 +60,8 @@ __cupool_options() {
     'exec') echo '--help -h --profile -p --strict --at --report --quiet -q --version --log-level' ;;
     'bench') echo '--help -h --profile -p --format -o --device -d --sizes --iterations -n --seed --version --log-level' ;;
     'completion') echo '--help -h --version --log-level' ;;
+    'help') echo '--help -h --version --log-level' ;;
+    'man') echo '--help -h --version --log-level' ;;
   esac
 }
 
@@ -106,6 +110,7 @@ __cupool_option_value() {
     'apply|--log-level') echo 'choices trace debug info warn error off' ;;
     'export|--socket' | 'export|-s') echo 'file' ;;
     'export|--output') echo 'file' ;;
+    'export|--format' | 'export|-o') echo 'choices yaml json' ;;
     'export|--log-level') echo 'choices trace debug info warn error off' ;;
     'buffer|--log-level') echo 'choices trace debug info warn error off' ;;
     'buffer create|--pool') echo 'any' ;;
@@ -141,6 +146,8 @@ __cupool_option_value() {
     'bench|--seed') echo 'any' ;;
     'bench|--log-level') echo 'choices trace debug info warn error off' ;;
     'completion|--log-level') echo 'choices trace debug info warn error off' ;;
+    'help|--log-level') echo 'choices trace debug info warn error off' ;;
+    'man|--log-level') echo 'choices trace debug info warn error off' ;;
   esac
 }
 
@@ -160,6 +167,7 @@ __cupool_positional_value() {
     'exec|'*) echo 'any' ;;  # command...
     'bench|0') echo 'yaml' ;;  # config
     'completion|0') echo 'choices bash zsh fish man' ;;  # shell
+    'help|'*) echo 'any' ;;  # verb...
   esac
 }
 

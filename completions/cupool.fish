@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--keeper' 'hold|--keeper-wait' 'hold|--log-level' 'keeper|--socket' 'keeper|-s' 'keeper|--format' 'keeper|-o' 'keeper|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--keeper' 'hold|--keeper-wait' 'hold|--log-level' 'keeper|--socket' 'keeper|-s' 'keeper|--format' 'keeper|-o' 'keeper|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--format' 'export|-o' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level' 'help|--log-level' 'man|--log-level'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -38,6 +38,10 @@ function __cupool_subcommand
             echo 'bench'
         case '|completion'
             echo 'completion'
+        case '|help'
+            echo 'help'
+        case '|man'
+            echo 'man'
         case 'buffer|create'
             echo 'create'
         case 'buffer|load'
@@ -116,6 +120,8 @@ complete -c cupool -n '__cupool_at ""' -a 'exporter' -d 'Serve the holder\'s met
 complete -c cupool -n '__cupool_at ""' -a 'exec' -d 'Run a command with the config\'s process: section applied inside it'
 complete -c cupool -n '__cupool_at ""' -a 'bench' -d 'Measure what allocation costs on this node, against cudaMalloc and the defaults'
 complete -c cupool -n '__cupool_at ""' -a 'completion' -d 'Print a completion script for SHELL on stdout'
+complete -c cupool -n '__cupool_at ""' -a 'help' -d 'Show the help of cupool or of a verb, as --help does'
+complete -c cupool -n '__cupool_at ""' -a 'man' -d 'Show the manual page cupool(1)'
 complete -c cupool -n '__cupool_at ""' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at ""' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at ""' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
@@ -211,6 +217,7 @@ complete -c cupool -n '__cupool_at "apply" 0' -k -a '(__fish_complete_suffix .ya
 complete -c cupool -n '__cupool_at "export"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "export"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "export"' -l 'output' -r -F -d 'Write the config to this file (\'-\': standard output)'
+complete -c cupool -n '__cupool_at "export"' -l 'format' -s 'o' -x -a 'yaml json' -d 'Output format: yaml (a config file) or json (the same document)'
 complete -c cupool -n '__cupool_at "export"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "export"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
@@ -296,3 +303,13 @@ complete -c cupool -n '__cupool_at "completion"' -l 'help' -s 'h' -d 'Print this
 complete -c cupool -n '__cupool_at "completion"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "completion"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "completion" 0' -a 'bash zsh fish man' -d 'The shell: bash, zsh or fish; or man, for the manual page cupool(1)'
+
+# cupool help
+complete -c cupool -n '__cupool_at "help"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "help"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "help"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+
+# cupool man
+complete -c cupool -n '__cupool_at "man"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "man"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "man"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'

@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "base/accounts.h"
 #include "base/text.h"
 #include "base/units.h"
 
@@ -34,6 +35,7 @@ class Checker {
     }
     check_buffers(pools);
     check_free_memory();
+    check_accounts();
   }
 
  private:
@@ -329,6 +331,47 @@ class Checker {
       }
       if (p.reserve.set && p.reserve.value > 0 && location.kind == PoolLocation::Kind::device)
         reservations_[d].push_back({what + " reserve", p.reserve.value, p.reserve.loc});
+    }
+  }
+
+  // The users and groups the file names are this machine's facts (a profile describes devices,
+  // not accounts): holder.group must exist for the socket to be given to it; a share list's entry
+  // that names nobody grants nothing. Each name is reported once, where it is first written.
+  void check_accounts() {
+    const auto user = o_.user_exists ? o_.user_exists : [](const std::string& n) { return user_exists(n); };
+    const auto group = o_.group_exists ? o_.group_exists : [](const std::string& n) { return group_exists(n); };
+    const std::string here =
+        "looked up in this machine's users and groups (getpwnam, getgrnam)" +
+        std::string(o_.accounts_here ? "" : ", not the profiled node's: check it on the node to be sure");
+    const At<std::string>& g = c_.holder.group;
+    if (g.set && !g.value.empty() && !group(g.value)) {
+      const std::string message = "holder.group names group '" + g.value +
+                                  "', which does not exist here: the holder can't give its socket to it";
+      const std::string help = "create it first (groupadd --system " + g.value +
+                               ") and add the users of the holder's clients to it, or remove holder.group (the "
+                               "socket keeps the holder's own group)";
+      if (o_.accounts_here)
+        d_.error("unknown-group", g.loc, message, here, help);
+      else
+        d_.warning("unknown-group", g.loc, message, here, help);
+    }
+    std::set<std::string> users_seen;
+    std::set<std::string> groups_seen;
+    for (const PoolSpec& p : c_.pools) {
+      if (!p.share) continue;
+      const std::string what = p.name.set ? "pool '" + p.name.value + "'" : "this pool";
+      for (const At<std::string>& u : p.share->users)
+        if (u.set && users_seen.insert(u.value).second && !user(u.value))
+          d_.warning("unknown-user", u.loc,
+                     "share.users of " + what + " names '" + u.value +
+                         "', which is no user here: it grants nothing until that user exists",
+                     here, "create the user (useradd --system " + u.value + "), or drop it from share.users");
+      for (const At<std::string>& gr : p.share->groups)
+        if (gr.set && groups_seen.insert(gr.value).second && !group(gr.value))
+          d_.warning("unknown-group", gr.loc,
+                     "share.groups of " + what + " names '" + gr.value +
+                         "', which is no group here: it grants nothing until that group exists",
+                     here, "create the group (groupadd --system " + gr.value + "), or drop it from share.groups");
     }
   }
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <sstream>
 
 #include "base/error.h"
@@ -165,7 +166,11 @@ int Diagnostics::count(Severity s) const { return static_cast<int>(counts_[stati
 
 bool Diagnostics::has_invalid_input() const { return invalid_input_; }
 
-std::string render_text(const Diagnostic& d, const SourceFile& file) {
+namespace {
+
+// One finding; `fact_shown_at`: where an earlier finding showed the same fact (line 0: none),
+// which this one names instead of repeating it.
+std::string render_one(const Diagnostic& d, const SourceFile& file, Loc fact_shown_at) {
   std::ostringstream out;
   out << file.path();
   if (d.loc.line > 0) out << ':' << d.loc.line << ':' << d.loc.column;
@@ -200,10 +205,19 @@ std::string render_text(const Diagnostic& d, const SourceFile& file) {
     out << ' ' << number << " | " << safe_for_display(text) << '\n';
     out << gutter << " | " << std::string(caret, ' ') << "^\n";
   }
-  if (!d.fact.empty()) out << gutter << " = note: " << d.fact << '\n';
+  if (!d.fact.empty()) {
+    if (fact_shown_at.line > 0)
+      out << gutter << " = note: as at " << fact_shown_at.line << ':' << fact_shown_at.column << " above\n";
+    else
+      out << gutter << " = note: " << d.fact << '\n';
+  }
   if (!d.help.empty()) out << gutter << " = help: " << d.help << '\n';
   return out.str();
 }
+
+}  // namespace
+
+std::string render_text(const Diagnostic& d, const SourceFile& file) { return render_one(d, file, Loc{}); }
 
 std::string summary_line(const Diagnostics& ds) {
   auto plural = [](int n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
@@ -213,7 +227,17 @@ std::string summary_line(const Diagnostics& ds) {
 
 std::string render_text(const Diagnostics& ds, const SourceFile& file) {
   std::string out;
-  for (const auto& d : ds.sorted()) out += render_text(d, file) + "\n";
+  // A long fact many findings share (the node's device list after each unknown device) is shown
+  // once, in full, where it first comes; the others point there.
+  std::map<std::string, Loc> facts_shown;
+  for (const auto& d : ds.sorted()) {
+    Loc shown_at{};
+    if (d.fact.size() >= 60 && d.loc.line > 0) {
+      const auto [it, fresh] = facts_shown.emplace(d.fact, d.loc);
+      if (!fresh) shown_at = it->second;
+    }
+    out += render_one(d, file, shown_at) + "\n";
+  }
   if (ds.dropped() > 0)
     out += file.path() + ": ... and " + std::to_string(ds.dropped()) + " more findings, not shown (the first " +
            std::to_string(kMaxFindings) + " are)\n\n";

@@ -6,8 +6,19 @@ Judged judge_config(const SourceFile& file, const std::function<NodeReport()>& n
                     const CheckOptions& options) {
   Judged out;
   out.config = parse_config(file, out.diags);
-  if (out.diags.has_invalid_input()) return out;
-  out.node = node();
+  // A file with schema errors is still judged on the node for what could be read, so one run
+  // reports every finding; one that is not a version 1 config at all (YAML errors, an empty
+  // file, another version) is not.
+  if (!out.diags.has_invalid_input()) {
+    out.node = node();
+  } else {
+    if (!(out.config.version.set && out.config.version.value == 1)) return out;
+    try {
+      out.node = node();
+    } catch (const Error&) {
+      return out;  // no node to judge on (no driver, a bad profile): the file's own errors stand
+    }
+  }
   Config judged;
   if (scope == Scope::process) {
     judged.version = out.config.version;

@@ -29,8 +29,9 @@ struct Judged {
   bool rejected() const { return diags.has_invalid_input() || diags.has_errors(); }
 };
 
-// Parses `file`; when it parses, asks `node` for the node (only then: it may query the driver),
-// resolves the file on it and checks the sections of `scope`. Every finding is in `diags`.
+// Parses `file`; when it reads as a version 1 config (schema errors allowed: what could be read is
+// judged too), asks `node` for the node (only then: it may query the driver), resolves the file on
+// it and checks the sections of `scope`. Every finding is in `diags`.
 Judged judge_config(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope,
                     const CheckOptions& options = {});
 

@@ -17,9 +17,11 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "base/error.h"
+#include "base/lock_file.h"
 #include "base/text.h"
 #include "protocol/protocol.h"
 
@@ -43,8 +45,8 @@ Json error_reply(const Json& id, Errc code, const std::string& message) {
 // (Named, not anonymous: Keeper::Impl holds these.)
 namespace keeper_parts {
 
-// The keeper's place in the file system: SOCKET.lock, flock'ed for as long as the keeper runs and
-// holding its pid, and the listening socket.
+// The keeper's place in the file system: SOCKET.lock (base/lock_file.h: flock'ed for as long as
+// the keeper runs, holding its pid, removed when it stops), and the listening socket.
 class Place {
  public:
   Place(const std::string& path, unsigned mode) : path_(path) {
@@ -58,7 +60,8 @@ class Place {
         throw Error(Errc::unreachable,
                     "can't make the directory " + dir + ": " + errno_text() + " (make it, or choose another --socket)");
     }
-    lock(path + ".lock");
+    lock_ = std::make_unique<LockFile>(path + ".lock", "keeper", path, 0600);
+    if (!lock_->pid_error().empty()) spdlog::warn("can't write the pid into {}.lock: {}", path, lock_->pid_error());
     // Ours now: a socket here is one a keeper left when it died.
     struct stat old {};
     if (::lstat(path.c_str(), &old) == 0) {
@@ -90,29 +93,8 @@ class Place {
   int fd() const { return listener_.get(); }
 
  private:
-  void lock(const std::string& lock_path) {
-    // O_NOFOLLOW and O_NONBLOCK: a link or a FIFO planted in its place is not followed or waited on.
-    lock_.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600));
-    struct stat st {};
-    if (!lock_ || ::fstat(lock_.get(), &st) != 0 || !S_ISREG(st.st_mode))
-      throw Error(Errc::unreachable, "can't use the lock file " + lock_path + (lock_ ? "" : ": " + errno_text()) +
-                                         " (it must be a regular file in a directory this user can write)");
-    if (::flock(lock_.get(), LOCK_EX | LOCK_NB) == 0) {
-      const std::string pid = std::to_string(::getpid()) + "\n";
-      if (::ftruncate(lock_.get(), 0) != 0 || ::pwrite(lock_.get(), pid.data(), pid.size(), 0) < 0)
-        spdlog::warn("can't write the pid into {}: {}", lock_path, errno_text());
-      return;
-    }
-    char text[16] = {};
-    const ssize_t n = ::pread(lock_.get(), text, sizeof text - 1, 0);
-    const std::string pid(text, static_cast<std::size_t>(std::max<ssize_t>(0, n)));
-    const std::string digits = pid.substr(0, pid.find_first_not_of("0123456789"));
-    throw Error(Errc::unreachable, "another keeper" + (digits.empty() ? std::string() : " (pid " + digits + ")") +
-                                       " serves " + path_ + "; stop it first, or use another --socket");
-  }
-
   std::string path_;
-  Fd lock_;
+  std::unique_ptr<LockFile> lock_;
   Fd listener_;
   ino_t inode_ = 0;
 };

@@ -143,6 +143,9 @@ class Holder {
   bool draining() const { return draining_; }
   // Describes the holder in `status` (pid, config path, socket, started, ...).
   void set_identity(model::HolderInfo identity) { identity_ = std::move(identity); }
+  // What `cupool apply` put in place since the holder last read its file, forgotten (a reload
+  // read the file again); none when nothing was applied.
+  std::optional<model::AppliedConfig> forget_applied();
   model::Status status() const;
   model::PlanChange view(const Change& c) const;  // a change as plan/apply print it
   model::Stats stats(bool reset_peaks);
@@ -369,6 +372,8 @@ class Holder {
   bool draining_ = false;
   std::int64_t created_at_ = 0;
   model::HolderInfo identity_;
+  std::uint64_t apply_count_ = 0;
+  std::optional<model::AppliedConfig> applied_config_;
   // Custody (adopt.cpp).
   custody::Custody* custody_ = nullptr;
   std::uint64_t manifest_sequence_ = 0;        // the one in custody (0: none yet)

@@ -21,6 +21,8 @@ bool valid_name(const std::string& s);
 
 // Seconds on the steady clock (uptimes, connection ages).
 std::int64_t now_s();
+// The time now, ISO 8601 UTC ("2026-11-27T09:00:00Z").
+std::string iso_now();
 
 // "device", "host" or "host_numa:<id>", as the config writes a location.
 std::string location_text(const PoolProps& p);

@@ -11,10 +11,18 @@
 
 namespace cupool {
 
+std::optional<model::AppliedConfig> Holder::forget_applied() {
+  std::optional<model::AppliedConfig> out = std::move(applied_config_);
+  applied_config_.reset();
+  return out;
+}
+
 model::Status Holder::status() const {
   model::Status out;
   out.source = source_of(node_.source);
   out.holder = identity_;
+  out.holder.apply_count = apply_count_;
+  out.holder.applied_config = applied_config_;
   out.holder.draining = draining_;
   out.holder.uptime_seconds = now_s() - created_at_;
   for (const auto& [key, p] : pools_) {

@@ -534,13 +534,24 @@ Json Holder::plan_or_apply(Request& r, bool apply) {
   }
   // A ConfigRejected goes up: the conversation answers invalid_config (or does_not_fit) with the findings.
   const Loaded loaded = load_config(SourceFile(path, text), node_, Scope::all);
-  auto run = [this, apply, desired = loaded.desired, warnings = loaded.warnings, findings = loaded.warning_findings] {
+  std::optional<std::string> user;
+  if (!c.peer.user.empty()) user = c.peer.user;
+  auto run = [this, apply, path, user, desired = loaded.desired, warnings = loaded.warnings,
+              findings = loaded.warning_findings] {
     std::vector<Change> changes = apply ? this->apply(desired) : plan(desired);
+    if (apply) {
+      // Held until the holder reads its own file again (a reload or a restart), and said in status.
+      ++apply_count_;
+      applied_config_ = model::AppliedConfig{path, iso_now(), user};
+      spdlog::info("apply: {} by {}; a reload or a restart goes back to {}", path, user.value_or("an unknown user"),
+                   identity_.config.empty() ? std::string("the holder's file") : identity_.config);
+    }
     model::PlanReply out;
     out.applied = apply;
     for (const auto& ch : changes) out.changes.push_back(view(ch));
     out.warnings = findings;
     out.warnings_rendered = warnings;
+    if (!identity_.config.empty()) out.holder_config = identity_.config;
     return model::to_json(out);
   };
   // Pools that only cached blocks keep from being replaced or removed: asked back first.

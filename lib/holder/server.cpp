@@ -26,6 +26,7 @@
 #include "holder/closer.h"
 #include "holder/conversation.h"
 #include "holder/holder.h"
+#include "holder/names.h"
 #include "holder/peer.h"
 #include "holder/socket_file.h"
 #include "protocol/messages.h"
@@ -49,15 +50,6 @@ using proto::Json;
 
 std::int64_t steady_ms() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
-}
-
-std::string iso_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // A connected client: its socket, who it is, and its conversation with the holder.
@@ -375,6 +367,10 @@ void Server::reload() {
     const bool waits = holder_->apply_after_drops(loaded.desired, [this](const std::vector<Change>& changes) {
       ++reloads_;
       update_identity();
+      // What `cupool apply` made is replaced by the file: said, not silently undone.
+      if (auto applied = holder_->forget_applied())
+        spdlog::warn("reload: {} replaces what 'cupool apply' made from {} at {}", options_.config_path, applied->path,
+                     applied->since);
       if (changes.empty()) spdlog::info("reload: no changes");
       for (const Change& ch : changes)
         spdlog::info("reload: {} {} {}{}{}", ch.action, ch.object, ch.name,

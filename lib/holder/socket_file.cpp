@@ -15,11 +15,16 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/lock_file.h"
 #include "base/text.h"
 
 namespace cupool {
 
 SocketFile::SocketFile(const std::string& socket) : path_(socket), lock_path_(socket + ".lock") {
+  // What listen() will need is checked here, before the holder creates anything.
+  if (socket.size() >= sizeof(sockaddr_un::sun_path))
+    throw Error(Errc::invalid_input, "socket path " + socket + " is longer than " +
+                                         std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes");
   const std::string dir = socket.substr(0, socket.rfind('/') == std::string::npos ? 0 : socket.rfind('/'));
   if (!dir.empty()) {
     struct stat st {};
@@ -29,30 +34,8 @@ SocketFile::SocketFile(const std::string& socket) : path_(socket), lock_path_(so
                                            " (create it, run as a user who may, or choose another path with --socket)");
     }
   }
-  // O_NOFOLLOW: the holder (often root) truncates and writes this file; a symbolic link planted
-  // in its place must not point that at another file. O_NONBLOCK: a FIFO planted there must not
-  // make the open wait; only a regular file is taken.
-  lock_.reset(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644));
-  if (!lock_)
-    throw Error(Errc::unreachable, "can't open the lock file " + lock_path_ + ": " + errno_text() +
-                                       " (is the socket directory writable?)");
-  struct stat st {};
-  if (::fstat(lock_.get(), &st) != 0 || !S_ISREG(st.st_mode))
-    throw Error(Errc::unreachable,
-                "the lock file " + lock_path_ + " is not a regular file; remove it, or choose another --socket");
-  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
-    // The pid its holder wrote: read from the file already open, at most a few bytes, digits only
-    // (anyone who can write the directory can write the file).
-    char buf[24] = {};
-    const ssize_t n = ::pread(lock_.get(), buf, sizeof buf - 1, 0);
-    std::string pid;
-    for (ssize_t i = 0; i < n && buf[i] >= '0' && buf[i] <= '9'; ++i) pid += buf[i];
-    throw Error(Errc::unreachable, "another holder" + (pid.empty() ? std::string() : " (pid " + pid + ")") +
-                                       " is serving " + socket + "; stop it first, or use another --socket");
-  }
-  const std::string me = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(lock_.get(), 0) != 0 || ::pwrite(lock_.get(), me.data(), me.size(), 0) < 0)
-    spdlog::warn("can't write the pid into {}: {}", lock_path_, errno_text());
+  lock_ = std::make_unique<LockFile>(lock_path_, "holder", socket, 0644);
+  if (!lock_->pid_error().empty()) spdlog::warn("can't write the pid into {}: {}", lock_path_, lock_->pid_error());
 }
 
 void SocketFile::listen(const HolderWant& h) {

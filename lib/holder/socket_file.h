@@ -1,12 +1,15 @@
 // The holder's socket in the file system: its lock file (SOCKET.lock, holding the holder's pid:
-// one holder per socket path), the socket itself, and who may connect to it (mode and group).
+// one holder per socket path; removed when the holder stops), the socket itself, and who may
+// connect to it (mode and group).
 #pragma once
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 
 #include "base/fd.h"
+#include "base/lock_file.h"
 #include "config/resolve.h"
 #include "holder/holder.h"
 
@@ -19,7 +22,7 @@ class SocketFile final : public SocketPermissions {
   explicit SocketFile(const std::string& socket);
   SocketFile(const SocketFile&) = delete;
   SocketFile& operator=(const SocketFile&) = delete;
-  // Removes the socket file (the lock goes with the object).
+  // Removes the socket file and the lock file (the lock goes with the object).
   ~SocketFile() { close(); }
 
   // Binds the socket (a stale one left by a holder that died is removed: we hold the lock), gives
@@ -41,7 +44,7 @@ class SocketFile final : public SocketPermissions {
 
   std::string path_;
   std::string lock_path_;
-  Fd lock_;
+  std::unique_ptr<LockFile> lock_;
   Fd listener_;
   Fd file_;  // the socket file, O_PATH: what mode and group changes are made on
   ino_t inode_ = 0;

@@ -250,10 +250,21 @@ Json to_json(const Custody& v) {
 }
 
 Json to_json(const HolderInfo& v) {
-  return {{"pid", v.pid},           {"version", v.version},
-          {"config", v.config},     {"socket", v.socket},
-          {"started", v.started},   {"reload_count", v.reload_count},
-          {"draining", v.draining}, {"uptime_seconds", v.uptime_seconds}};
+  Json applied = nullptr;
+  if (v.applied_config)
+    applied = {{"path", v.applied_config->path},
+               {"since", v.applied_config->since},
+               {"user", or_null(v.applied_config->user)}};
+  return {{"pid", v.pid},
+          {"version", v.version},
+          {"config", v.config},
+          {"socket", v.socket},
+          {"started", v.started},
+          {"reload_count", v.reload_count},
+          {"apply_count", v.apply_count},
+          {"applied_config", applied},
+          {"draining", v.draining},
+          {"uptime_seconds", v.uptime_seconds}};
 }
 
 Json to_json(const Status& v) {
@@ -411,7 +422,8 @@ Json to_json(const PlanReply& v) {
   return {{"applied", v.applied},
           {"changes", array_of(v.changes)},
           {"warnings", array_of(v.warnings)},
-          {"warnings_rendered", v.warnings_rendered}};
+          {"warnings_rendered", v.warnings_rendered},
+          {"holder_config", or_null(v.holder_config)}};
 }
 
 Json to_json(const KeeperList& v) { return {{"socket", v.socket}, {"names", v.names}}; }

@@ -176,13 +176,23 @@ struct Custody {
   std::string made_again;
 };
 
+// What `cupool apply` put in place since the holder last read its own file (start or reload):
+// a reload or a restart goes back to that file.
+struct AppliedConfig {
+  std::string path;                 // as the client named it
+  std::string since;                // when, ISO 8601 UTC
+  std::optional<std::string> user;  // who (null: unknown)
+};
+
 struct HolderInfo {
   std::int64_t pid = 0;
   std::string version;
-  std::string config;
+  std::string config;  // the file it reads at start and on reload
   std::string socket;
   std::string started;
   std::uint64_t reload_count = 0;
+  std::uint64_t apply_count = 0;
+  std::optional<AppliedConfig> applied_config;  // none: what is held is `config`
   bool draining = false;
   std::int64_t uptime_seconds = 0;
 };
@@ -367,6 +377,8 @@ struct PlanReply {
   std::vector<PlanChange> changes;
   std::vector<Finding> warnings;
   std::string warnings_rendered;
+  // The holder's own file: what a reload or a restart holds again (an apply lasts until then).
+  std::optional<std::string> holder_config;
 };
 struct KeeperList {
   std::string socket;

@@ -52,6 +52,34 @@
 
 namespace {
 
+// cupool_configure's report ({"devices": [...], "changes": [{device, field, from, to}], ...}) in
+// words for the line exec prints: "device 0: release_threshold 0B -> 75%, ...", or that nothing
+// needed changing. The report as it is when it can't be read.
+std::string in_words(const char* report) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(report);
+    auto text = [](const nlohmann::json& v) {
+      return v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    };
+    std::string devices;
+    for (const auto& d : j.at("devices")) devices += (devices.empty() ? "" : ", ") + text(d);
+    std::string out;
+    long last = -1;
+    for (const auto& c : j.at("changes")) {
+      const long device = c.at("device").get<long>();
+      out += device != last ? std::string(out.empty() ? "" : "; ") + "device " + std::to_string(device) + ": " : ", ";
+      out += text(c.at("field")) + " " + text(c.at("from")) + " -> " + text(c.at("to"));
+      last = device;
+    }
+    if (out.empty())
+      out = "nothing to change (device" + std::string(j.at("devices").size() == 1 ? " " : "s ") + devices +
+            " already as the file says)";
+    return out;
+  } catch (const std::exception&) {
+    return report ? report : "";
+  }
+}
+
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v && std::strcmp(v, value) == 0;
@@ -157,7 +185,8 @@ void apply_section() {
       std::_Exit(3);
     }
   } else if (!env_is("CUPOOL_EXEC_QUIET", "1")) {
-    std::fprintf(stderr, "cupool exec: applied %s to pid %d: %s\n", config, static_cast<int>(::getpid()), report);
+    std::fprintf(stderr, "cupool exec: applied %s to pid %d: %s\n", config, static_cast<int>(::getpid()),
+                 in_words(report).c_str());
   }
   cupool_free_string(report);
   if (!std::getenv("CUPOOL_EXEC_REPORT")) return;
@@ -170,7 +199,8 @@ void apply_section() {
     Inside inside_watcher;
     while (true) {
       char* stats = nullptr;
-      const bool active = cupool_stats(&stats) == CUPOOL_OK && stats && std::strstr(stats, "\"device\":") != nullptr;
+      const bool active =
+          cupool_stats(&stats) == CUPOOL_OK && stats && std::strstr(stats, "\"process_device\":") != nullptr;
       cupool_free_string(stats);
       if (active) {
         std::atexit(write_report);

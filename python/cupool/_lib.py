@@ -44,8 +44,10 @@ _lib: Optional[ctypes.CDLL] = None
 
 
 def library() -> ctypes.CDLL:
-    """The loaded library: $CUPOOL_CLIENT_LIB (a path) if set, else libcupool-client.so.1 from
-    the system's search path. Raises LibraryError when it is missing or not of ABI version 1."""
+    """The loaded library: $CUPOOL_CLIENT_LIB (a path) if set, else the one installed with this
+    package (``cmake --install`` and the .deb write where, in _installed.py), else
+    libcupool-client.so.1 from the system's search path. Raises LibraryError when it is missing or
+    not of ABI version 1."""
     global _lib
     with _lock:
         if _lib is None:
@@ -53,14 +55,29 @@ def library() -> ctypes.CDLL:
         return _lib
 
 
+def installed_library() -> Optional[str]:
+    """The path of the library installed with this package, if it was installed with the library
+    (not from pip) and the file is there; None otherwise."""
+    try:
+        from ._installed import LIBRARY_FROM_PACKAGE  # written by cmake --install
+    except ImportError:
+        return None
+    path = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY_FROM_PACKAGE))
+    return path if os.path.exists(path) else None
+
+
 def _load() -> ctypes.CDLL:
     from_env = os.environ.get("CUPOOL_CLIENT_LIB")
-    path = from_env or LIBRARY_NAME
+    installed = None if from_env else installed_library()
+    path = from_env or installed or LIBRARY_NAME
     try:
         lib = ctypes.CDLL(path)
     except OSError as e:
         if from_env:
             raise LibraryError(f"cannot load the cupool client library at CUPOOL_CLIENT_LIB={path}: {e}") from None
+        if installed:
+            raise LibraryError(f"cannot load the cupool client library installed with this package, {path}: {e}; "
+                               f"set CUPOOL_CLIENT_LIB to another copy's path") from None
         raise LibraryError(
             f"cannot load the cupool client library ({e}). Install cupool (it provides {LIBRARY_NAME}; "
             f"run ldconfig after installing into a prefix of your own), or set CUPOOL_CLIENT_LIB to the "

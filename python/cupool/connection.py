@@ -81,8 +81,10 @@ class Connection:
         "parts": [{"part", "size_bytes"}, ...], "tensors": [{"name", "dtype", "shape", "part",
         "offset_bytes", "size_bytes"}], "metadata": {}}; a tensor's offset counts bytes from the
         start of its part (open a part with ``open_buffer(name, part)``). ``cupool.tensors(name)``
-        turns it into tensors."""
-        return self.request({"op": "buffer_tensors", "name": name})
+        turns it into tensors. A buffer made without an index (the config's ``buffers:``,
+        ``buffer_create``) has "indexed": False and no tensors."""
+        reply = self.request({"op": "buffer_tensors", "name": name})
+        return {key: value for key, value in reply.items() if key not in ("id", "ok")}
 
     # ---- the cache (protocol 2) ----
 

@@ -2,12 +2,13 @@
 (docs/protocol.md, "Error codes") mapped onto them."""
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Mapping, Optional, Type
 
 __all__ = [
     "CupoolError", "Unreachable", "Refused", "NotFound", "QuotaExceeded", "OutOfMemory",
     "InvalidArgument", "ProtocolError", "CudaError", "Busy", "Exists", "InternalError",
-    "LibraryError", "STATUS_NAMES",
+    "LibraryError", "FrameworkMissing", "STATUS_NAMES",
 ]
 
 #: The C library's name of each status (cupool_status_name).
@@ -108,6 +109,11 @@ class LibraryError(OSError):
     """libcupool-client.so.1 could not be loaded, or it is not of ABI version 1."""
 
 
+class FrameworkMissing(ModuleNotFoundError):
+    """``cupool.tensors(framework=...)`` names a framework this Python can't import; the message
+    says which package to install and what works without it. ``name`` is the module ("torch")."""
+
+
 _BY_STATUS: Dict[int, Type[CupoolError]] = {
     cls.status: cls for cls in (Unreachable, Refused, NotFound, QuotaExceeded, OutOfMemory, InvalidArgument,
                                 ProtocolError, CudaError, Busy, Exists, InternalError)
@@ -135,8 +141,15 @@ CODE_TO_ERROR: Mapping[str, Type[CupoolError]] = {
 }
 
 
+# The C library's hint names the command line's option; a Python caller passes socket= instead.
+_CLI_SOCKET_HINT = re.compile(r"Set --socket or CUPOOL_SOCKET for another path")
+_PYTHON_SOCKET_HINT = ("For another path pass socket= to cupool.connect() (or cupool.tensors()), "
+                       "or set CUPOOL_SOCKET")
+
+
 def error_for_status(status: int, message: str) -> CupoolError:
     """The exception for a status the C library returned (an unknown one gives a CupoolError)."""
+    message = _CLI_SOCKET_HINT.sub(_PYTHON_SOCKET_HINT, message).replace("--socket", "socket=")
     cls = _BY_STATUS.get(status)
     if cls is None:
         return CupoolError(message or f"cupool status {status}", status=status)

@@ -2,9 +2,10 @@
 that are views into the buffer (no copy)."""
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from .errors import InvalidArgument
+from .errors import FrameworkMissing, InvalidArgument
 
 if TYPE_CHECKING:
     from .connection import Connection, PathLike
@@ -26,38 +27,55 @@ _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8
 
 
 def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = None,
-            conn: Optional["Connection"] = None, device: Optional[int] = None, copy: bool = False) -> Dict[str, Any]:
+            conn: Optional["Connection"] = None, device: Optional[int] = None, copy: bool = False,
+            writable: bool = False) -> Dict[str, Any]:
     """The tensors of buffer `name` (loaded with `cupool buffer load`) as a dict of views into it.
 
     ``framework``: "torch" (torch.Tensor on the buffer's CUDA device), "cupy" (cupy.ndarray) or
     "numpy" (simulated nodes only: the buffer is host memory there). Nothing is copied: the
     tensors share the holder's memory with every other process that maps the buffer, so writing
-    to one changes them all. The buffer stays mapped while any returned tensor (or a view of one)
-    is alive, and is unmapped when the last one goes; the holder keeps the memory for the next
-    process either way. ``conn`` (default: a new connection to ``socket``, else $CUPOOL_SOCKET)
-    is closed once the tensors are gone when this function made it.
+    to one changes them all. numpy views are read-only unless ``writable=True``; torch and cupy
+    have no read-only arrays, so treat their views as read-only. The buffer stays mapped while any
+    returned tensor (or a view of one) is alive, and is unmapped when the last one goes; the
+    holder keeps the memory for the next process either way. ``conn`` (default: a new connection
+    to ``socket``, else $CUPOOL_SOCKET) is closed once the tensors are gone when this function
+    made it.
 
     ``device``: this process's CUDA device to use the tensors on (default: the one that holds the
     set). A set held on another device is mapped there over peer access (NVLink or PCIe) when the
     pool's ``access`` lists that device: the views are on ``device``, the memory stays where it is
     held. ``copy=True`` returns private tensors instead: the set copied once into memory of
-    ``device`` (a replica over NVLink), nothing shared with other processes.
+    ``device`` (a replica over NVLink), nothing shared with other processes (writable).
 
     The views stay valid when the holder restarts (held sets outlive it); the next call opens a
     new connection.
 
-    Raises NotFound (no such buffer), Busy (it is still being loaded), Refused (this user may not
-    open it), InvalidArgument (an unknown framework, or a dtype the framework lacks).
+    Raises FrameworkMissing (the framework can't be imported; raised before any buffer is opened),
+    NotFound (no such buffer), Busy (it is still being loaded), Refused (this user may not open it),
+    InvalidArgument (an unknown framework, a buffer made without a tensor index, or a dtype the
+    framework lacks).
     """
     if framework not in FRAMEWORKS:
-        raise InvalidArgument(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}")
+        raise InvalidArgument(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}"
+                              + (f"; {_JAX}" if framework == "jax" else ""))
+    if framework != "cupy":
+        _require(framework)  # before connecting
     from .connection import connect
 
     own = conn is None
     if conn is None:
         conn = connect(socket, name=f"tensors {name}")
     try:
+        if framework == "cupy":
+            if conn.backend != "cuda":
+                raise InvalidArgument("framework='cupy' needs a CUDA node; on a simulated node use 'numpy'")
+            _require(framework)
         index = conn.tensor_index(name)
+        if not index.get("indexed", False):
+            raise InvalidArgument(
+                f"buffer {name} has no tensor index: it was made without one (the config's buffers: or "
+                f"buffer_create), so it has no tensors. A tensor set is made with `cupool buffer load {name} "
+                f"FILE.safetensors --pool POOL`; open a plain buffer with conn.open_buffer({name!r})")
         out = {}
         # A set is held in parts (one allocation each); a tensor lies within one part.
         for part in [p["part"] for p in index.get("parts") or [{"part": 0}]]:
@@ -70,6 +88,8 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
                 if copy:
                     base = base.clone() if framework == "torch" else base.copy()  # on the lease's device
                     _wait_for_copy(base, framework)  # the lease is unmapped below: the copy must be done
+                elif framework == "numpy" and not writable:
+                    base.flags.writeable = False  # and so every view of it
                 out.update({t["name"]: _view(base, t, framework) for t in entries})
                 del base  # the views hold the memory now
             finally:
@@ -80,6 +100,30 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
     return out
 
 
+# What the message of each framework that is not installed suggests.
+_INSTALL = {"torch": "PyTorch (pip install torch)", "cupy": "CuPy (pip install cupy-cuda12x)",
+            "numpy": "numpy (pip install numpy, or Debian's python3-numpy)"}
+_OTHERS = {
+    "torch": "framework='cupy' (CUDA nodes) or framework='numpy' (simulated nodes)",
+    "cupy": "framework='torch', or framework='numpy' (simulated nodes)",
+    "numpy": "framework='torch' or framework='cupy' (CUDA nodes)",
+}
+_DLPACK = ("or, with no framework of these, conn.tensor_index(name) and conn.open_buffer(name, part): "
+           "a lease is a DLPack tensor any consumer takes (docs/python.md, \"Tensors\")")
+_JAX = ("for JAX, jax.dlpack.from_dlpack(conn.open_buffer(name, part)) maps a part as one uint8 array "
+        "(conn.tensor_index(name) has the offsets; slicing a JAX array copies)")
+
+
+def _require(framework: str) -> None:
+    """Imports `framework` or raises FrameworkMissing saying what to install and what else works."""
+    try:
+        importlib.import_module(framework)
+    except ImportError as e:
+        raise FrameworkMissing(
+            f"cupool.tensors(framework={framework!r}) needs {_INSTALL[framework]}, which this Python can't "
+            f"import ({e}). Install it, or use {_OTHERS[framework]}; {_DLPACK}", name=framework) from e
+
+
 def _base(lease: Any, framework: str) -> Any:
     """The whole buffer as one 1-D uint8 array or tensor, counted by the lease (DLPack)."""
     if framework == "torch":
@@ -87,8 +131,6 @@ def _base(lease: Any, framework: str) -> Any:
 
         return torch.from_dlpack(lease)
     if framework == "cupy":
-        if lease.backend != "cuda":
-            raise InvalidArgument("framework='cupy' needs a CUDA node; on a simulated node use 'numpy'")
         import cupy
 
         return cupy.from_dlpack(lease)

@@ -30,7 +30,7 @@ def main():
     with open(path) as f:
         dash = json.load(f)
     emitted = set()
-    for src in ("cli/holder_render.cpp", "cli/exporter.cpp"):
+    for src in ("cli/holder_render.cpp", "cli/exporter.cpp", "cli/holder_client.cpp"):
         with open(os.path.join(args.root, src)) as f:
             emitted |= set(re.findall(r'"(cupool_[a-z_]+)', f.read()))
     check({"cupool_pool_used_bytes", "cupool_build_info", "cupool_holder_up"} <= emitted,

@@ -350,8 +350,16 @@ def main():
         path = os.path.join(tmp, "cupool.yaml")
         with open(path, "w", encoding="utf-8") as f:
             f.write(config_text)
-        code, out, err = run([args.cupool, "check", path, "--profile", profile, "--strict"])
-        r.check("`cupool check --strict` of the ConfigMap's config on configs/profiles/h100.yaml", code == 0, out + err)
+        # --strict, but for the accounts: the group the holder gives its socket to and the users it
+        # shares with exist in the image and on the node, not on the machine that runs this test.
+        code, out, err = run([args.cupool, "check", path, "--profile", profile, "--strict", "--format", "json"])
+        try:
+            findings = json.loads(out)["findings"]
+        except (ValueError, KeyError):
+            findings = None
+        others = [f for f in findings or [] if f["code"] not in ("unknown-user", "unknown-group")]
+        r.check("`cupool check --strict` of the ConfigMap's config on configs/profiles/h100.yaml (accounts aside)",
+                findings is not None and code in (0, 1) and not others, out + err)
     code, out, err = run([args.cupool, "query", "--profile", profile, "--format", "nfd"])
     lines = [line for line in out.splitlines() if line and not line.startswith("#")]
     bad = [line for line in lines if not re.match(r"cupool\.feature\.node\.kubernetes\.io/[A-Za-z0-9][-A-Za-z0-9_.]{0,61}"

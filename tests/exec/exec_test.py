@@ -82,6 +82,9 @@ def main():
     check(r.returncode == 0 and f.get("cuInit") == "0" and f.get("driver_calls") == "1",
           f"dlsym(cuInit): the program's call reaches the driver once: {r.stdout}")
     check(len(applied) == 1 and f"to pid {f.get('pid')}:" in applied[0], f"applied after cuInit: {r.stderr}")
+    # What was applied, in words ("device 0: release_threshold 0B -> 75%, ..."), not a JSON dump.
+    check("{" not in applied[0] and ("device 0: " in applied[0] or "nothing to change" in applied[0]),
+          f"the applied line is in words: {applied[0]}")
     r, f, applied = probe("getproc")
     check(r.returncode == 0 and f.get("cuGetProcAddress") == "0" and f.get("driver_calls") == "1" and len(applied) == 1,
           f"cuInit through cuGetProcAddress_v2 (the CUDA runtime's way): {r.stdout} {r.stderr}")
@@ -123,7 +126,7 @@ def main():
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 7, f"the command's exit status comes through (got {r.returncode})")
     check(r.stdout == "inside\n", f"the command ran unmodified: {r.stdout!r}")
-    check('"field":"release_threshold","from":"0 B","to":"max"' in r.stderr, f"the change is reported: {r.stderr}")
+    check("device 0: release_threshold 0 B -> max" in r.stderr, f"the change is reported: {r.stderr}")
     machine_output.check_exec_report(report)
     lines = [json.loads(line) for line in open(report)]
     check(len(lines) >= 1, f"one report line per process: {len(lines)}")
@@ -139,7 +142,7 @@ def main():
     report2 = os.path.join(tmp, "report-current.jsonl")
     r = subprocess.run([args.cupool, "exec", current, "--at", "start", "--profile", profile, "--report=" + report2, "--",
                         sys.executable, "-c", "print('inside')"], capture_output=True, text=True, timeout=60)
-    check(r.returncode == 0 and '"field":"current_pool","from":"the default pool"' in r.stderr,
+    check(r.returncode == 0 and "current_pool the default pool -> a new pool" in r.stderr,
           f"current_pool is made inside the program: {r.returncode} {r.stderr}")
     machine_output.check_exec_report(report2)
     pools = [json.loads(line) for line in open(report2)][0]["stats"]["devices"][0]["pools"]

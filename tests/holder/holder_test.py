@@ -1880,5 +1880,181 @@ def test_new_library_falls_back_to_an_old_holder(tmp):
           f"what the old holder saw: {seen}")
 
 
+def test_stats_watch_shows_the_time(tmp):
+    """stats --watch heads each table with the time it was read (and how often it is)."""
+    h = Holder(tmp)
+    try:
+        p = subprocess.Popen([H.ARGS.cupool, "stats", "--watch=0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, CUPOOL_SOCKET=h.socket))
+        time.sleep(1.2)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        stamps = re.findall(r"^cupool stats at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \S+, every 0.2 s", out, re.M)
+        check(p.returncode == 0 and len(stamps) >= 3 and stamps == sorted(stamps),
+              f"exit {p.returncode}, {len(stamps)} time lines: {out[:400]!r} {err}")
+        check(out.count("Pools:") == len(stamps), f"one time line per table: {out[:400]!r}")
+    finally:
+        h.stop()
+
+
+def prometheus_file(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def test_stats_textfile_while_the_holder_is_away(tmp):
+    """stats --format prometheus --output F --watch keeps watching when the holder stops: F then says
+    cupool_holder_up 0 and holds no pool values (they would be stale); when a holder is back, F has
+    its values and cupool_holder_up 1 again."""
+    h = Holder(tmp)
+    prom = os.path.join(tmp, "cupool.prom")
+    p = subprocess.Popen([H.ARGS.cupool, "stats", "--format", "prometheus", "--output", prom, "--watch=0.2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, CUPOOL_SOCKET=h.socket))
+    try:
+        wait_for("the textfile with the holder's values", lambda: "cupool_pool_reserved_bytes{" in prometheus_file(prom))
+        check("cupool_holder_up 1\n" in prometheus_file(prom), f"up 1 while it answers:\n{prometheus_file(prom)}")
+        h.stop()
+        wait_for("cupool_holder_up 0 in the textfile", lambda: "cupool_holder_up 0\n" in prometheus_file(prom))
+        text = prometheus_file(prom)
+        check(p.poll() is None, f"stats --watch ended when the holder stopped: exit {p.returncode}")
+        check("cupool_pool_" not in text.replace("# HELP cupool_pool", "").replace("# TYPE cupool_pool", "") and
+              "cupool_build_info{" in text, f"no stale pool values while the holder is away:\n{text}")
+        time.sleep(0.5)
+        check(p.poll() is None and "cupool_holder_up 0\n" in prometheus_file(prom), "still watching, still 0")
+        h = Holder(tmp)  # back, on the same socket
+        wait_for("the textfile with values again",
+                 lambda: "cupool_holder_up 1\n" in prometheus_file(prom) and
+                 "cupool_pool_reserved_bytes{" in prometheus_file(prom))
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+        check(p.returncode == 0, f"Ctrl-C ends it with exit 0: {p.returncode} {err}")
+        check(re.search(r"^cupool stats: warning: the holder did not answer", err, re.M), f"it said so: {err!r}")
+        check(not [n for n in os.listdir(tmp) if n.startswith("cupool.prom.tmp")], os.listdir(tmp))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        h.stop()
+
+
+def test_prometheus_model_name_and_hostname(tmp):
+    """A device's series carry dcgm-exporter's modelName (the GPU's name, from the node's facts) and
+    Hostname, in stats --format prometheus and from the exporter; a pool's labels stay as they were."""
+    import socket as socket_module
+    import urllib.request
+    h = Holder(tmp)
+    exporter = None
+    try:
+        host = socket_module.gethostname()
+        with open(H.PROFILE or os.devnull) as f:
+            names = re.findall(r"^\s+name: (.+)$", f.read(), re.M)
+        want = names[0].strip().strip("'\"") if H.PROFILE and names else None
+        texts = {"stats": cupool("stats", "--format", "prometheus", socket_path=h.socket, check_rc=0).stdout}
+        exporter = subprocess.Popen([H.ARGS.cupool, "exporter", "--listen", "127.0.0.1:0", "--socket", h.socket],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        m = re.search(r"serving http://(127\.0\.0\.1:\d+)/metrics", exporter.stderr.readline())
+        check(m is not None, "the exporter did not say where it serves")
+        with urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10) as r:
+            texts["exporter"] = r.read().decode()
+        for where, text in texts.items():
+            samples = simple_prometheus_parser(text)
+            graph = [s for f in samples if f.name == "cupool_graph_used_bytes" for s in f.samples]
+            check(graph, f"{where}: no cupool_graph_used_bytes samples:\n{text}")
+            for s in graph:
+                check(s.labels.get("Hostname") == host, f"{where}: Hostname {s.labels} (want {host})")
+                check(s.labels.get("modelName") and (want is None or s.labels["modelName"] == want),
+                      f"{where}: modelName {s.labels} (want {want})")
+            pool = [s for f in samples if f.name == "cupool_pool_reserved_bytes" for s in f.samples]
+            check(pool and all(set(s.labels) == {"pool", "gpu", "UUID", "pci_bus_id"} for s in pool),
+                  f"{where}: a pool's labels: {[s.labels for s in pool]}")
+    finally:
+        if exporter is not None:
+            exporter.send_signal(signal.SIGTERM)
+            exporter.wait(10)
+        h.stop()
+
+
+def test_export_format_json(tmp):
+    """export --format json is the document export writes as YAML, and check and plan read it alike."""
+    import yaml
+    h = Holder(tmp)
+    try:
+        as_yaml = cupool("export", socket_path=h.socket, check_rc=0).stdout
+        as_json = cupool("export", "--format", "json", socket_path=h.socket, check_rc=0).stdout
+        doc = json.loads(as_json)
+        check(doc == yaml.safe_load(as_yaml) and doc.get("version") == 1, f"{as_json}\n---\n{as_yaml}")
+        files = {}
+        for fmt, text in (("yaml", as_yaml), ("json", as_json)):
+            files[fmt] = os.path.join(tmp, "live." + fmt)
+            with open(files[fmt], "w") as f:
+                f.write(text)
+        node = ["--profile", H.PROFILE] if H.PROFILE else []
+        checked = {fmt: cupool("check", path, *node) for fmt, path in files.items()}
+        check(checked["json"].returncode == checked["yaml"].returncode == 0,
+              f"check: {checked['json'].stdout} {checked['yaml'].stdout}")
+        r = cupool("plan", files["json"], socket_path=h.socket)
+        check(r.returncode == 0, f"plan of the exported JSON changes nothing: exit {r.returncode} {r.stdout} {r.stderr}")
+        r = cupool("export", "--format", "toml", socket_path=h.socket)
+        check(r.returncode == 2 and r.stderr.startswith("cupool export: --format: toml not in"), r.stderr)
+    finally:
+        h.stop()
+
+
+def test_hold_checks_accounts_before_it_creates_anything(tmp):
+    """holder.group names a group this node lacks: hold stops before it creates a pool or a buffer
+    (the check says which group and how to make it), and leaves no lock file or socket behind. A
+    clean stop leaves no lock file either."""
+    sock = os.path.join(tmp, "cupool.sock")
+    config = os.path.join(tmp, "grouped.yaml")
+    with open(config, "w") as f:
+        f.write(H.CONFIG.format(socket=sock, user="cupool-test-nobody").replace(
+            '  mode: "0666"\n', '  mode: "0666"\n  group: cupool-no-such-group\n', 1))
+    node = ["--profile", H.PROFILE] if H.PROFILE else []
+    start = time.monotonic()
+    r = subprocess.run([H.ARGS.cupool, "hold", config, *node], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "[unknown-group]" in r.stderr and "groupadd --system cupool-no-such-group" in r.stderr,
+          f"exit {r.returncode}: {r.stderr}")
+    check("created pool" not in r.stderr and "created buffer" not in r.stderr,
+          f"hold created something before it refused:\n{r.stderr}")
+    check(not os.path.exists(sock + ".lock") and not os.path.exists(sock), "hold left its lock file or socket")
+    check(time.monotonic() - start < 30, "hold took long to refuse")
+    h = Holder(tmp)
+    h.stop()
+    check(not os.path.exists(h.socket + ".lock") and not os.path.exists(h.socket),
+          "a clean stop left the lock file or the socket behind")
+
+
+def test_apply_is_said_in_status_until_a_reload(tmp):
+    """apply of another file: status names it (applied_config, apply_count) beside the holder's own
+    file; the apply reply names that file; a reload goes back to the file and says it replaces what
+    apply made."""
+    h = Holder(tmp)
+    try:
+        other = os.path.join(tmp, "other.yaml")
+        with open(h.config) as f, open(other, "w") as g:
+            g.write(f.read())
+        r = cupool("apply", other, "--format", "json", socket_path=h.socket, check_rc=0)
+        check(json.loads(r.stdout)["holder_config"] == h.config, r.stdout)
+        r = cupool("apply", other, socket_path=h.socket, check_rc=0)
+        check(h.config in r.stdout + r.stderr, f"apply does not say which file a reload goes back to: {r.stdout}{r.stderr}")
+        s = status(h)["holder"]
+        check(s["apply_count"] == 2 and s["applied_config"]["path"].endswith("other.yaml") and s["config"] == h.config, s)
+        text = cupool("status", socket_path=h.socket, check_rc=0).stdout
+        check("other.yaml" in text, f"status (text) does not name what apply put in place:\n{text}")
+        h.proc.send_signal(signal.SIGHUP)
+        deadline = time.time() + 10
+        while time.time() < deadline and "replaces what 'cupool apply' made" not in h.text():
+            time.sleep(0.05)
+        check("replaces what 'cupool apply' made from" in h.text(), h.text())
+        s = status(h)["holder"]
+        check(s["applied_config"] is None and s["reload_count"] == 1 and s["apply_count"] == 2, s)
+    finally:
+        h.stop()
+
+
 if __name__ == "__main__":
     sys.exit(H.main(globals(), "holder scenarios", gpu_option=True))

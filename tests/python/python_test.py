@@ -339,8 +339,11 @@ def test_cache(tmp):
 def test_every_error_status(tmp):
     h = Holder(tmp)
     try:
-        expect_error(cupool.Unreachable, cupool.connect, os.path.join(tmp, "missing.sock"),
-                     contains="no holder is listening")
+        e = expect_error(cupool.Unreachable, cupool.connect, os.path.join(tmp, "missing.sock"),
+                         contains="no holder is listening")
+        # The C library's hint names the command line's --socket; a Python caller is told its own way.
+        check("--socket" not in str(e) and "socket= to cupool.connect()" in str(e) and "CUPOOL_SOCKET" in str(e),
+              f"Unreachable's hint: {e}")
         with cupool.connect(h.socket) as conn:
             expect_error(cupool.NotFound, conn.alloc, "nope", 4096, contains="nope")
             expect_error(cupool.NotFound, conn.open_buffer, "missing", contains="missing")
@@ -555,6 +558,7 @@ def test_tensors_across_processes(tmp):
         with cupool.connect(h.socket, "python-test") as conn:
             index = conn.tensor_index("model")
             check(index["indexed"] and len(index["tensors"]) == len(arrays), f"index: {index}")
+            check("id" not in index and "ok" not in index, f"the index carries the protocol's id/ok: {sorted(index)}")
             check(all(t["offset_bytes"] % 256 == 0 for t in index["tensors"]), f"offsets not aligned: {index['tensors']}")
             t = cupool.tensors("model", framework="numpy", socket=h.socket)
             check(sorted(t) == sorted(arrays), f"names: {sorted(t)}")
@@ -565,10 +569,22 @@ def test_tensors_across_processes(tmp):
             r = run_python(CHILD_TENSORS, h.socket, "model")
             want = f"{len(arrays)} {float(arrays['embed.weight'].astype(np.float64).sum())} 12345678901 [True, False, True]"
             check(r.returncode == 0 and r.stdout.strip() == want, f"child: {r.stdout!r} vs {want!r}\n{r.stderr}")
-            # Shared, not copied: a write here is seen by a fresh process.
-            t["layers.0.count"][...] = 42
+            # Read-only unless asked: a write through a view would change every process's weights.
+            check(not any(a.flags.writeable for a in t.values()), "tensors() gave writable numpy views")
+            try:
+                t["layers.0.count"][...] = 42
+                raise Failure("a read-only view took a write")
+            except ValueError:
+                pass
+            # Shared, not copied: a write through writable=True views is seen by a fresh process.
+            w = cupool.tensors("model", framework="numpy", socket=h.socket, writable=True)
+            check(all(a.flags.writeable for a in w.values()), "writable=True gave read-only views")
+            w["layers.0.count"][...] = 42
+            del w
+            gc.collect()
             r = run_python(CHILD_TENSORS, h.socket, "model")
             check(r.returncode == 0 and r.stdout.split()[2] == "42", f"child after the write: {r.stdout!r}{r.stderr}")
+            check(int(t["layers.0.count"]) == 42, "the read-only view does not see the write")
             # The buffer stays open while any tensor (or a view of one) lives, and closes after.
             check(opens(conn, "model") == 1, f"opens with tensors alive: {opens(conn, 'model')}")
             view = t["lm_head.weight"][1:, ::2]
@@ -622,7 +638,8 @@ def test_tensors_errors(tmp):
         write_safetensors(path, {"w": np.ones(4, np.float32)}, extra=[("h", "BF16", [2], b"\x80\x3f\x00\x40")])
         load(h, "bf16", path)
         expect_error(cupool.NotFound, cupool.tensors, "nope", "numpy", h.socket, contains='no buffer named "nope"')
-        expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "jax", h.socket, contains="torch, cupy, numpy")
+        e = expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "jax", h.socket, contains="torch, cupy, numpy")
+        check("jax.dlpack.from_dlpack(conn.open_buffer(name, part))" in str(e), f"the jax refusal says no way: {e}")
         expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "cupy", h.socket, contains="needs a CUDA node")
         try:
             import ml_dtypes  # noqa: F401
@@ -635,9 +652,31 @@ def test_tensors_errors(tmp):
         gc.collect()
         with cupool.connect(h.socket) as conn:
             check(opens(conn, "bf16") == 0, "a failed tensors() left the buffer open")
-            # A plain buffer has no index: no tensors.
-            check(cupool.tensors("shared", framework="numpy", conn=conn) == {}, "a plain buffer has tensors")
+            # A plain buffer has no index: said, not an empty dict.
+            expect_error(cupool.InvalidArgument, cupool.tensors, "shared", "numpy", None, conn,
+                         contains="buffer shared has no tensor index: it was made without one")
+            e = expect_error(cupool.InvalidArgument, cupool.tensors, "shared", "numpy", h.socket)
+            check("cupool buffer load shared" in str(e) and "conn.open_buffer('shared')" in str(e), f"no index: {e}")
+            check(opens(conn, "shared") == 0, "tensors() of a plain buffer left it open")
             check(not conn.closed, "tensors() closed a connection it was given")
+            # A framework that is not installed (torch, the default; hidden if it is here): said
+            # before anything is opened, with what to install and what works without it.
+            saved = sys.modules.get("torch")
+            sys.modules["torch"] = None  # `import torch` raises ModuleNotFoundError
+            try:
+                # A socket nobody listens at: Unreachable would say it connected first.
+                cupool.tensors("bf16", socket=os.path.join(tmp, "nobody.sock"))
+                raise Failure("tensors() without torch did not raise")
+            except cupool.FrameworkMissing as e:
+                check(isinstance(e, ModuleNotFoundError) and e.name == "torch", f"FrameworkMissing: {e!r}")
+                for words in ("framework='torch') needs PyTorch (pip install torch)", "framework='numpy'",
+                              "framework='cupy'", "DLPack"):
+                    check(words in str(e), f"FrameworkMissing lacks {words!r}: {e}")
+            finally:
+                if saved is None:
+                    del sys.modules["torch"]
+                else:
+                    sys.modules["torch"] = saved
         # While a loader fills a buffer, nobody else may map it; when the loader goes, so does it.
         raw = H.RawClient(h.socket)
         raw.hello()

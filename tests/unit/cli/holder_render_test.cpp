@@ -177,10 +177,15 @@ TEST_CASE("stats: sizes for people") {
 }
 
 TEST_CASE("stats in the Prometheus text format") {
-  const std::string text = render_stats_prometheus(stats_reply());
-  // dcgm-exporter's labels (gpu, UUID, pci_bus_id as NVML writes it), so dashboards join the two.
-  const std::string device = std::string("{gpu=\"0\",UUID=\"") + kUuid0 + "\",pci_bus_id=\"00000000:1B:00.0\"}";
-  const std::string labels = "{pool=\"kv-cache\"," + device.substr(1);
+  NodeLabels node;
+  node.hostname = "gpu-node-7";
+  node.model_names["gpu-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b"] = "NVIDIA H100 80GB HBM3";  // by UUID, lower case
+  const std::string text = render_stats_prometheus(stats_reply(), node);
+  // dcgm-exporter's labels (gpu, UUID, pci_bus_id as NVML writes it; a device's own series also
+  // modelName and Hostname), so dashboards join the two.
+  const std::string ids = std::string("gpu=\"0\",UUID=\"") + kUuid0 + "\",pci_bus_id=\"00000000:1B:00.0\"";
+  const std::string device = "{" + ids + ",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node-7\"}";
+  const std::string labels = "{pool=\"kv-cache\"," + ids + "}";
   CHECK(text.find("# HELP cupool_pool_reserved_bytes ") == 0);
   CHECK(text.find("# TYPE cupool_pool_reserved_bytes gauge\ncupool_pool_reserved_bytes" + labels + " 10804527104\n") !=
         std::string::npos);
@@ -225,6 +230,9 @@ TEST_CASE("stats in the Prometheus text format") {
   reply["pools"][0]["release_threshold_bytes"] = 1024;
   CHECK(render_stats_prometheus(reply).find("cupool_pool_release_threshold_bytes" + labels + " 1024\n") !=
         std::string::npos);
+  // A GPU the node does not name, and no host name: the labels are there, empty.
+  CHECK(render_stats_prometheus(stats_reply())
+            .find("\ncupool_graph_used_bytes{" + ids + ",modelName=\"\",Hostname=\"\"} 0\n") != std::string::npos);
 }
 
 TEST_CASE("Prometheus label values are escaped") {

@@ -1,11 +1,21 @@
 #include "cli/suggest.h"
 
 #include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 
 using cupool::cli::did_you_mean;
+using cupool::cli::error_prefix;
+using cupool::cli::find_slip;
 using cupool::cli::nearest;
+using cupool::cli::shipped_file;
+using cupool::cli::Slip;
+using cupool::cli::usage_error;
 
 namespace {
 
@@ -77,4 +87,72 @@ TEST_CASE("global options parse after the verb") {
   c.app.parse(std::vector<std::string>{"debug", "--log-level", "--deep", "query"});  // CLI11 takes them reversed
   CHECK(c.log_level == "debug");
   CHECK(c.app.got_subcommand("query"));
+}
+
+TEST_CASE("find_slip: the verbs taken and the first unknown word, as verb or option") {
+  Cli c;
+  Slip s = find_slip(c.app, {"stauts"});
+  CHECK(s.verbs.empty());
+  CHECK(s.kind == Slip::Kind::verb);
+  CHECK(s.word == "stauts");
+  CHECK(s.near.empty());  // the test app has no status verb
+  s = find_slip(c.app, {"buffer", "craete", "x"});
+  CHECK(s.verbs == std::vector<std::string>{"buffer"});
+  CHECK(s.kind == Slip::Kind::verb);
+  CHECK(s.near == "create");
+  s = find_slip(c.app, {"query", "--formt=json"});
+  CHECK(s.verbs == std::vector<std::string>{"query"});
+  CHECK(s.kind == Slip::Kind::option);
+  CHECK(s.word == "--formt");
+  CHECK(s.near == "--format");
+  s = find_slip(c.app, {"buffer", "create", "w", "--pool", "kv"});
+  CHECK(s.verbs == std::vector<std::string>{"buffer", "create"});
+  CHECK(s.kind == Slip::Kind::none);
+}
+
+TEST_CASE("usage_error: one style, `cupool VERB: ` first, the word in quotes, a did-you-mean") {
+  Cli c;
+  CHECK(usage_error(c.app, {"qeury"}, "A subcommand is required") ==
+        "cupool: unknown verb \"qeury\" (did you mean \"query\"?)\n  'cupool help' lists the verbs\n");
+  CHECK(usage_error(c.app, {"buffer", "craete"}, "x") ==
+        "cupool buffer: unknown verb \"craete\" (did you mean \"create\"?)\n  'cupool help buffer' lists the verbs\n");
+  CHECK(usage_error(c.app, {"frobnicate"}, "A subcommand is required") ==
+        "cupool: unknown verb \"frobnicate\"\n  'cupool help' lists the verbs\n");
+  CHECK(usage_error(c.app, {"query", "--formt", "json"}, "The following arguments were not expected: json --formt") ==
+        "cupool query: unknown option \"--formt\" (did you mean \"--format\"?)\n"
+        "  'cupool query --help' lists its options\n");
+  CHECK(usage_error(c.app, {}, "A subcommand is required") ==
+        "cupool: a verb is required (one of: query, check, buffer)\n  'cupool --help' says more\n");
+  CHECK(usage_error(c.app, {"buffer"}, "A subcommand is required") ==
+        "cupool buffer: a verb is required (one of: create, ls)\n  'cupool buffer --help' says more\n");
+  // Any other error: CLI11's words after the prefix, the first letter lower case.
+  CHECK(usage_error(c.app, {"check"}, "Config is required") ==
+        "cupool check: config is required\n  'cupool check --help' says more\n");
+  CHECK(error_prefix({}) == "cupool: ");
+  CHECK(error_prefix({"buffer", "create"}) == "cupool buffer create: ");
+}
+
+TEST_CASE("shipped_file: the working directory's, else the installed data folder's, else the checkout's") {
+  char tmpl[] = "/tmp/cupool-shipped-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  const std::string root = tmpl;
+  const std::string rel = "configs/profiles/h100.yaml";
+  // Nowhere: "".
+  CHECK(shipped_file(rel + ".none", root + "/usr/bin/cupool").empty());
+  // Installed: PREFIX/bin/cupool finds PREFIX/share/cupool/configs/...
+  REQUIRE(::system(("mkdir -p " + root + "/usr/bin " + root + "/usr/share/cupool/configs/profiles " + root +
+                    "/src/build " + root + "/src/configs/profiles")
+                       .c_str()) == 0);
+  std::ofstream(root + "/usr/share/cupool/" + rel) << "x";
+  std::ofstream(root + "/src/" + rel) << "x";
+  CHECK(shipped_file(rel, root + "/usr/bin/cupool") == root + "/usr/share/cupool/" + rel);
+  // A build tree in a checkout: SRC/build/cupool finds SRC/configs/...
+  CHECK(shipped_file(rel, root + "/src/build/cupool") == root + "/src/" + rel);
+  // The working directory first, as written (a checkout's root).
+  char cwd[4096];
+  REQUIRE(::getcwd(cwd, sizeof cwd) != nullptr);
+  REQUIRE(::chdir((root + "/src").c_str()) == 0);
+  CHECK(shipped_file(rel, root + "/usr/bin/cupool") == rel);
+  REQUIRE(::chdir(cwd) == 0);
+  REQUIRE(::system(("rm -rf " + root).c_str()) == 0);
 }

@@ -150,3 +150,101 @@ TEST_CASE("findings name the node they were judged against") {
   CHECK(d.all()[0].loc.line == 2);
   CHECK(d.all()[0].loc.column == 42);
 }
+
+TEST_CASE("holder.group and the share lists name this machine's users and groups: check says which do not exist") {
+  const std::string text = R"(version: 1
+holder: {socket: /tmp/x.sock, group: gpu}
+pools:
+  - {name: a, devices: [0], handle_types: [posix_fd], share: {users: [svc-infer, alice], groups: [gpu]}}
+  - {name: b, devices: [0], handle_types: [posix_fd], share: {users: [svc-infer]}}
+)";
+  CheckOptions o;
+  o.user_exists = [](const std::string& n) { return n == "alice"; };
+  o.group_exists = [](const std::string& n) { return n == "video"; };
+  const Judged j = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all, o);
+  std::vector<std::string> seen;
+  for (const auto& f : j.diags.sorted())
+    seen.push_back(f.code + " " + severity_name(f.severity) + " " + std::to_string(f.loc.line) + ":" +
+                   std::to_string(f.loc.column));
+  // holder.group: an error (hold would stop at the socket after creating everything); a share
+  // entry: a warning (it grants nothing); each name once, where it is first written.
+  CHECK(seen == std::vector<std::string>{"unknown-group error 2:38", "unknown-user warning 4:71",
+                                         "unknown-group warning 4:99"});
+  CHECK(j.rejected());
+  const std::string rendered = render_text(j.diags, SourceFile("t.yaml", text));
+  CHECK(rendered.find("groupadd --system gpu") != std::string::npos);
+  CHECK(rendered.find("useradd --system svc-infer") != std::string::npos);
+
+  // Judged against a recorded node (check --profile), this machine's accounts are no proof.
+  o.accounts_here = false;
+  const Judged elsewhere = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all, o);
+  CHECK_FALSE(elsewhere.rejected());
+  CHECK(elsewhere.diags.count(Severity::warning) == 3);
+  o.accounts_here = true;
+
+  // Everything exists: nothing to say.
+  o.user_exists = o.group_exists = [](const std::string&) { return true; };
+  const Judged fine = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all, o);
+  CHECK(fine.diags.all().empty());
+  // Inside an application (exec) only process: is judged: no accounts.
+  o.user_exists = o.group_exists = [](const std::string&) { return false; };
+  const Judged process = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::process, o);
+  CHECK(process.diags.all().empty());
+}
+
+TEST_CASE("a file with schema errors is judged on the node too: every finding in one run") {
+  const std::string text = R"(version: 1
+pools:
+  - {name: kv, devices: [0], reserve: 90GiB, colour: blue}
+  - {name: kv2, devices: [5]}
+)";
+  bool asked = false;
+  const Judged j = judge_config(
+      SourceFile("t.yaml", text),
+      [&] {
+        asked = true;
+        return test::two_gpu_node();
+      },
+      Scope::all);
+  CHECK(asked);
+  CHECK(j.diags.has_invalid_input());
+  std::vector<std::string> codes;
+  for (const auto& f : j.diags.sorted()) codes.push_back(f.code);
+  CHECK(has(codes, "unknown-key"));
+  CHECK(has(codes, "unknown-device"));
+  CHECK(has(codes, "reserve-above-free"));
+
+  // Not a config at all: the node is not asked.
+  asked = false;
+  const Judged yaml = judge_config(
+      SourceFile("t.yaml", "version: 1\npools: [\n"),
+      [&] {
+        asked = true;
+        return test::two_gpu_node();
+      },
+      Scope::all);
+  CHECK_FALSE(asked);
+  CHECK(yaml.diags.has_invalid_input());
+  // No node to ask (no driver): the file's own errors stand, nothing thrown.
+  const Judged no_node = judge_config(
+      SourceFile("t.yaml", text), []() -> NodeReport { throw Error(Errc::no_driver, "no driver"); }, Scope::all);
+  CHECK(no_node.diags.has_invalid_input());
+  CHECK_FALSE(no_node.node);
+}
+
+TEST_CASE("a long fact many findings share is shown once; the others point at it") {
+  const std::string text = "version: 1\npools:\n  - {name: a, devices: [7]}\n  - {name: b, devices: [8]}\n";
+  const Judged j = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all);
+  const std::string rendered = render_text(j.diags, SourceFile("t.yaml", text));
+  CHECK(rendered.find("= note: as at 3:25 above") != std::string::npos);
+  const std::string fact = j.diags.sorted().at(0).fact;
+  REQUIRE(fact.size() >= 60);
+  CHECK(rendered.find(fact) == rendered.rfind(fact));  // once
+  // The JSON form keeps each finding whole.
+  CHECK(j.diags.sorted().at(1).fact == fact);
+}

@@ -163,6 +163,17 @@ TEST_SUITE("custody") {
     CHECK(closed(t.get()));
   }
 
+  TEST_CASE("custody: a keeper that stops leaves neither its socket nor its lock file") {
+    std::string socket;
+    {
+      Running keeper;
+      socket = keeper.socket();
+      CHECK(::access((socket + ".lock").c_str(), F_OK) == 0);
+    }
+    CHECK(::access(socket.c_str(), F_OK) != 0);
+    CHECK(::access((socket + ".lock").c_str(), F_OK) != 0);
+  }
+
   TEST_CASE("custody: a second keeper on the same socket is refused") {
     Running keeper;
     KeeperOptions options;
@@ -172,7 +183,7 @@ TEST_SUITE("custody") {
       FAIL("a second keeper started");
     } catch (const Error& e) {
       CHECK(e.code() == Errc::unreachable);
-      CHECK(std::string(e.what()) == "another keeper (pid " + std::to_string(::getpid()) + ") serves " +
+      CHECK(std::string(e.what()) == "another keeper (pid " + std::to_string(::getpid()) + ") is serving " +
                                          keeper.socket() + "; stop it first, or use another --socket");
     }
     // The first still serves.

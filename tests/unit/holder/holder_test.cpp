@@ -570,6 +570,37 @@ TEST_CASE("a config with errors is rejected with its findings, and nothing chang
   CHECK(f.sim.calls().size() == calls);
 }
 
+TEST_CASE("what apply put in place is said in status until the holder reads its own file again") {
+  Fixture f;
+  f.holder.apply(f.want());
+  model::HolderInfo id;
+  id.config = "/etc/cupool/cupool.yaml";
+  f.holder.set_identity(id);
+  CHECK_FALSE(f.holder.status().holder.applied_config);
+  CHECK(f.holder.status().holder.apply_count == 0);
+  const auto root = f.client(peer(0, "root"));
+  // A plan changes nothing and is not counted; both say which file a reload goes back to.
+  const Json plan = f.call(root, {{"op", "plan"}, {"config", kHolderConfig}, {"path", "other.yaml"}});
+  CHECK(plan["holder_config"] == "/etc/cupool/cupool.yaml");
+  CHECK_FALSE(f.holder.status().holder.applied_config);
+  const Json applied = f.call(root, {{"op", "apply"}, {"config", kHolderConfig}, {"path", "other.yaml"}});
+  CHECK(applied["holder_config"] == "/etc/cupool/cupool.yaml");
+  const model::Status s = f.holder.status();
+  REQUIRE(s.holder.applied_config);
+  CHECK(s.holder.applied_config->path == "other.yaml");
+  CHECK(s.holder.applied_config->user == std::optional<std::string>("root"));
+  CHECK(s.holder.applied_config->since.size() == 20);
+  CHECK(s.holder.apply_count == 1);
+  CHECK(model::to_json(s)["holder"]["applied_config"]["path"] == "other.yaml");
+  // A reload reads the file again: what apply made is forgotten (and the server says so).
+  const auto forgotten = f.holder.forget_applied();
+  REQUIRE(forgotten);
+  CHECK(forgotten->path == "other.yaml");
+  CHECK_FALSE(f.holder.status().holder.applied_config);
+  CHECK(model::to_json(f.holder.status())["holder"]["applied_config"].is_null());
+  CHECK(f.holder.status().holder.apply_count == 1);
+}
+
 TEST_CASE("a pool name is replaced on all its devices or on none") {
   Fixture f;
   f.holder.apply(f.want());
@@ -669,13 +700,13 @@ TEST_CASE("apply changes the socket's mode and group, and says so only when they
   f.holder.attach_socket(&socket);
   f.holder.apply(f.want());
   std::string tighter = kHolderConfig;
-  tighter.replace(tighter.find("mode: \"0666\""), 12, "mode: \"0600\", group: gpu");
+  tighter.replace(tighter.find("mode: \"0666\""), 12, "mode: \"0600\", group: root");
   auto changes = f.holder.apply(f.want(tighter));
   REQUIRE(changes.size() == 2);
   CHECK(changes[0].field == "mode");
   CHECK(changes[0].blocked.empty());
   CHECK(socket.mode == 0600);
-  CHECK(socket.group == "gpu");
+  CHECK(socket.group == "root");
   CHECK(f.holder.plan(f.want(tighter)).empty());
   CHECK(f.holder.export_config().find("mode: \"0600\"") != std::string::npos);
 
