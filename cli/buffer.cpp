@@ -147,21 +147,22 @@ Verb add_buffer(CLI::App& app) {
       "Named buffers are long-lived allocations in the holder's pools that outlive the processes using\n"
       "them, e.g. model weights loaded once and opened by several servers (cupool_open_buffer in the C\n"
       "API, cupool.tensors in Python). Creating, loading and removing needs an admin (root or the holder's\n"
-      "own user); listing does not. A buffer lives as long as the holder: when it stops, the memory goes.\n"
+      "own user); listing does not. A buffer of a device pool outlives the holder when custody keeps it\n"
+      "(see 'cupool hold --help'); any other goes with the holder.\n"
       "\nExamples:\n"
-      "  sudo cupool buffer create weights --pool kv-cache --device 0 --size 10GiB\n"
+      "  sudo cupool buffer create embeddings --pool weights --device 0 --size 2GiB\n"
       "  sudo cupool buffer load llama model.safetensors --pool weights\n"
       "  cupool buffer ls\n"
       "  cupool buffer ls llama\n"
-      "  sudo cupool buffer rm weights\n"
+      "  sudo cupool buffer rm embeddings\n"
       "\nExit codes: 0 done, 1 the holder could not (no such pool or buffer, it exists, it is open, no\n"
       "room), 2 bad arguments, 4 no holder is listening or it refused.");
 
   args->create = sub->add_subcommand("create", "Allocate a named buffer in a held pool");
   args->create->footer(
       "\nExamples:\n"
-      "  sudo cupool buffer create weights --pool kv-cache --device 0 --size 10GiB\n"
-      "  sudo cupool buffer create scratch --pool kv-cache --size 1GiB     # a pool on one device\n"
+      "  sudo cupool buffer create embeddings --pool weights --device 0 --size 2GiB\n"
+      "  sudo cupool buffer create scratch --pool weights --size 1GiB     # a pool on one device\n"
       "\nExit codes: 0 created, 1 it exists / no such pool or device / no room, 2 bad arguments,\n"
       "4 no holder is listening or it refused (creating needs an admin).");
   args->create->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
@@ -226,7 +227,7 @@ Verb add_buffer(CLI::App& app) {
       "A buffer that some process still has open is not removed unless --force; with --force the holder\n"
       "frees it without telling those processes, so use it only when they are gone.\n"
       "\nExamples:\n"
-      "  sudo cupool buffer rm weights\n"
+      "  sudo cupool buffer rm embeddings\n"
       "\nExit codes: 0 removed, 1 no such buffer / it is open, 2 bad arguments, 4 no holder is listening\n"
       "or it refused (removing needs an admin).");
   args->rm->add_option("name", args->name, "The buffer's name")->required();

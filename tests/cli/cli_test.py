@@ -630,6 +630,8 @@ def main():
     ap.add_argument("--cupool", required=True)
     ap.add_argument("--root", required=True)
     ap.add_argument("--update", action="store_true")
+    ap.add_argument("--sanitized", action="store_true",
+                    help="the build is sanitized: its preload can't go into an unsanitized CMD (exec runs skipped)")
     a = ap.parse_args()
     r = Runner(os.path.abspath(a.cupool), os.path.abspath(a.root), a.update)
     codes = bad_files(r)
@@ -643,7 +645,10 @@ def main():
     help_and_man(r)
     error_style(r)
     check_colour(r)
-    exec_without_process_section(r)
+    if a.sanitized:
+        print("skip exec without process: a sanitized preload can't be loaded into an unsanitized CMD")
+    else:
+        exec_without_process_section(r)
     installed_hints(r)
     output_schemas(r)
     old_profile(r)
