@@ -338,8 +338,16 @@ class Checker {
   // not accounts): holder.group must exist for the socket to be given to it; a share list's entry
   // that names nobody grants nothing. Each name is reported once, where it is first written.
   void check_accounts() {
-    const auto user = o_.user_exists ? o_.user_exists : [](const std::string& n) { return user_exists(n); };
-    const auto group = o_.group_exists ? o_.group_exists : [](const std::string& n) { return group_exists(n); };
+    // A lookup may ask a directory service (nsswitch.conf), and the holder judges files any peer
+    // sends (plan): at most kMaxAccountLookups names are looked up per file, the first ones written.
+    std::size_t lookups = 0;
+    const auto ask = [&lookups](const std::function<bool(const std::string&)>& f, bool (*fallback)(const std::string&),
+                                const std::string& n) {
+      if (++lookups > kMaxAccountLookups) return true;
+      return f ? f(n) : fallback(n);
+    };
+    const auto user = [&](const std::string& n) { return ask(o_.user_exists, user_exists, n); };
+    const auto group = [&](const std::string& n) { return ask(o_.group_exists, group_exists, n); };
     const std::string here =
         "looked up in this machine's users and groups (getpwnam, getgrnam)" +
         std::string(o_.accounts_here ? "" : ", not the profiled node's: check it on the node to be sure");

@@ -11,6 +11,9 @@
 
 namespace cupool {
 
+// The most users and groups one check looks up (each lookup may ask a directory service).
+constexpr std::size_t kMaxAccountLookups = 64;
+
 struct CheckOptions {
   // The node's report came with --deep probes: judge fabric export by the probe, not the attribute.
   bool deep = false;

@@ -196,6 +196,22 @@ pools:
   CHECK(process.diags.all().empty());
 }
 
+TEST_CASE("a file naming thousands of accounts costs at most kMaxAccountLookups lookups") {
+  std::string text = "version: 1\npools:\n  - {name: a, devices: [0], handle_types: [posix_fd], share: {users: [";
+  for (int i = 0; i < 500; ++i) text += (i ? ", u" : "u") + std::to_string(i);
+  text += "]}}\n";
+  std::size_t asked = 0;
+  CheckOptions o;
+  o.user_exists = [&](const std::string&) {
+    ++asked;
+    return false;
+  };
+  const Judged j = judge_config(
+      SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all, o);
+  CHECK(asked == kMaxAccountLookups);
+  CHECK(j.diags.count(Severity::warning) == static_cast<int>(kMaxAccountLookups));
+}
+
 TEST_CASE("a file with schema errors is judged on the node too: every finding in one run") {
   const std::string text = R"(version: 1
 pools:
