@@ -12,8 +12,10 @@ struct LoadArgs {
   std::string name;
   std::string file;
   std::string pool;
-  int device = -1;              // -1: the pool's first device
-  std::uint64_t part_size = 0;  // the largest allocation (0: tensors::kDefaultPartSize)
+  int device = -1;                 // -1: the pool's first device
+  std::uint64_t part_size = 0;     // the largest allocation (0: tensors::kDefaultPartSize)
+  unsigned read_threads = 0;       // 0: one per core, 2 to 8
+  std::string direct_io = "auto";  // auto, always, never
 };
 
 // Reads the safetensors file `args.file` into a new buffer `args.name` and keeps its tensor index

@@ -7,6 +7,7 @@
 #include "base/output.h"
 #include "cli/holder_client.h"
 #include "cli/verbs.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -55,7 +56,7 @@ Verb add_export(CLI::App& app) {
 
   return {sub, [args](Context&) {
             HolderClient holder = HolderClient::connect(args->socket, "cupool export");
-            const nlohmann::ordered_json reply = holder.request({{"op", "export"}});
+            const nlohmann::ordered_json reply = holder.request(proto::to_json(proto::Export{}));
             const auto config = reply.find("config");
             if (config == reply.end() || !config->is_string())
               throw Error(Errc::unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");

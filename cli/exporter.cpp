@@ -21,6 +21,7 @@
 #include "cli/holder_render.h"
 #include "cli/http.h"
 #include "cli/verbs.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -109,7 +110,7 @@ Fd listen_on(const http::ListenAddress& where, std::string* shown) {
 class Scraper {
  public:
   Scraper(const std::string& socket, const Context& ctx)
-      : metrics_(socket, "cupool exporter", ctx, {{"op", "stats"}}) {}
+      : metrics_(socket, "cupool exporter", ctx, proto::to_json(proto::Stats{})) {}
 
   std::string metrics() {
     const auto now = std::chrono::steady_clock::now();

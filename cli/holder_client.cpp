@@ -16,6 +16,7 @@
 #include "device/node.h"
 #include "device/query.h"
 #include "model/model.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -141,14 +142,18 @@ cupool_lease* HolderClient::open_buffer(const std::string& name, std::uint32_t p
   return lease;
 }
 
-void HolderClient::load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,
-                             const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
+cupool_load_report HolderClient::load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,
+                                           const cupool_load_options& options,
+                                           const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   const cupool_progress_fn told = [](std::uint64_t done, std::uint64_t total, void* arg) {
     (*static_cast<const std::function<void(std::uint64_t, std::uint64_t)>*>(arg))(done, total);
   };
-  const int status = cupool_load_file(conn_, lease, fd, ranges.data(), ranges.size(), progress ? told : nullptr,
-                                      const_cast<std::function<void(std::uint64_t, std::uint64_t)>*>(&progress));
+  cupool_load_report report{};
+  const int status = cupool_load_file_with(conn_, lease, fd, ranges.data(), ranges.size(), &options, &report,
+                                           progress ? told : nullptr,
+                                           const_cast<std::function<void(std::uint64_t, std::uint64_t)>*>(&progress));
   if (status != CUPOOL_OK) throw_status(status, "loading the file");
+  return report;
 }
 
 void HolderClient::release(cupool_lease* lease) noexcept { cupool_release(conn_, lease); }
@@ -180,7 +185,7 @@ NodeLabels read_node_labels(HolderClient& holder, const Context& ctx) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) labels.hostname = host;
   try {
-    const json reply = holder.request({{"op", "status"}});
+    const json reply = holder.request(proto::to_json(proto::Status{}));
     const json source = reply.value("source", json::object());
     const bool simulated = source.is_object() && source.value("simulated", false);
     const std::string profile = simulated ? source.value("profile", std::string()) : std::string();

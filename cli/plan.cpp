@@ -8,6 +8,7 @@
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/diagnostics.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -41,8 +42,7 @@ int run_plan(const PlanArgs& args, bool apply) {
   const char* op = apply ? "apply" : "plan";
   const SourceFile file = SourceFile::read(args.config, kMaxConfigBytes);
 
-  json request = {{"op", op}, {"config", file.text()}};
-  request["path"] = shown_path(file.path());
+  const json request = proto::to_json(proto::Plan{file.text(), shown_path(file.path()), apply});
   const std::size_t size = request.dump(-1, ' ', false, json::error_handler_t::replace).size();
   if (size + kIdRoom > kMaxRequest)
     throw InputError(file.path() + ": too large to send to the holder: the request would be " + std::to_string(size) +

@@ -14,6 +14,7 @@
 #include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -153,7 +154,7 @@ Verb add_stats(CLI::App& app) {
       ->check(CLI::Range(0.1, 86400.0));
 
   return {sub, [args](Context& ctx) {
-            const nlohmann::ordered_json request = {{"op", "stats"}, {"reset_peaks", args->reset_peaks}};
+            const nlohmann::ordered_json request = proto::to_json(proto::Stats{args->reset_peaks});
             if (args->watch > 0 && args->format == "prometheus" && !args->output.empty())
               return watch_textfile(*args, ctx, request);
             HolderClient holder = HolderClient::connect(args->socket, "cupool stats");

@@ -3,6 +3,7 @@
 #include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -35,7 +36,7 @@ Verb add_status(CLI::App& app) {
   return {sub, [args](Context&) {
             const Format format = parse_format(args->format);
             HolderClient holder = HolderClient::connect(args->socket, "cupool status");
-            print_reply(format, holder.request({{"op", "status"}}), render_status);
+            print_reply(format, holder.request(proto::to_json(proto::Status{})), render_status);
             return static_cast<int>(ExitCode::ok);
           }};
 }

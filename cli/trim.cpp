@@ -5,6 +5,7 @@
 #include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "protocol/messages.h"
 
 namespace cupool::cli {
 
@@ -58,12 +59,13 @@ Verb add_trim(CLI::App& app) {
               if (!parsed) throw InputError("--keep: '" + args->keep + "' is not a size: " + why);
               keep = *parsed;
             }
-            nlohmann::ordered_json request = {{"op", "trim"}, {"keep_bytes", keep}};
-            if (!args->pool.empty()) request["pool"] = args->pool;
-            request["graph"] = !args->no_graph;
-            if (args->keep_cached) request["cached"] = false;
+            proto::Trim request;
+            request.keep_bytes = keep;
+            if (!args->pool.empty()) request.pool = args->pool;
+            request.graph = !args->no_graph;
+            request.cached = !args->keep_cached;
             HolderClient holder = HolderClient::connect(args->socket, "cupool trim");
-            print_reply(format, holder.request(request), render_trim);
+            print_reply(format, holder.request(proto::to_json(request)), render_trim);
             return static_cast<int>(ExitCode::ok);
           }};
 }

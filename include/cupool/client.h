@@ -134,13 +134,42 @@ typedef struct cupool_file_range {
 /* Called after each chunk with the bytes read so far and the total of the ranges. */
 typedef void (*cupool_progress_fn)(uint64_t done, uint64_t total, void* arg);
 
-/* Copies `count` ranges of the file open at `fd` into the lease, through pinned staging buffers
- * with the reads overlapping the copies (128 MiB of pinned host memory for the call); returns once
- * the copies are done, so another process may read the memory right after. `progress` may be
- * NULL. A range outside the lease, or a file that ends first, is CUPOOL_E_INVALID. This is how
- * `cupool buffer load` fills a buffer. */
+/* Copies `count` ranges of the file open at `fd` into the lease: several threads read 16 MiB
+ * chunks into pinned staging slots of their own (two each, 32 MiB of pinned host memory a
+ * thread) while the copies of the chunks read before run; returns once the copies are done, so
+ * another process may read the memory right after. `progress` may be NULL; it is called on the
+ * calling thread about ten times a second. A range outside the lease, or a file that ends first,
+ * is CUPOOL_E_INVALID. The same as cupool_load_file_with(..., NULL, NULL, progress, arg). */
 CUPOOL_API int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
                                 size_t count, cupool_progress_fn progress, void* arg);
+
+/* How a file is read: with O_DIRECT when most of the ranges' pages are not in the page cache
+ * (AUTO: no copy through the cache, which a cold file would only fill), always, or never. */
+typedef enum cupool_direct_io {
+  CUPOOL_DIRECT_IO_AUTO = 0,
+  CUPOOL_DIRECT_IO_ALWAYS = 1,
+  CUPOOL_DIRECT_IO_NEVER = 2
+} cupool_direct_io;
+typedef struct cupool_load_options {
+  uint32_t threads;           /* reading threads; 0: one per core, 2 to 8 */
+  cupool_direct_io direct_io; /* ALWAYS on a file system without O_DIRECT is CUPOOL_E_INVALID */
+} cupool_load_options;
+/* What a load did. The reads and the copies overlap, so read_seconds and copy_wait_seconds are each
+ * thread's busy time averaged over the threads: a load that waits little for its copies is bound
+ * by its reads. */
+typedef struct cupool_load_report {
+  uint64_t bytes;
+  double seconds;           /* wall clock */
+  double read_seconds;      /* reading the file */
+  double copy_wait_seconds; /* waiting for a slot's copy to the GPU to finish */
+  uint32_t threads;
+  int32_t direct_io;        /* 1: read with O_DIRECT */
+  double resident_fraction; /* of the ranges' pages in the page cache before the load (AUTO only; else 1) */
+} cupool_load_report;
+/* cupool_load_file with options (NULL: the defaults) and a report (may be NULL), filled on success. */
+CUPOOL_API int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd,
+                                     const cupool_file_range* ranges, size_t count, const cupool_load_options* options,
+                                     cupool_load_report* report, cupool_progress_fn progress, void* arg);
 
 /* Sends one protocol request (a JSON object without "id"; see docs/protocol.md) and returns the
  * holder's JSON reply in *reply (free it with cupool_free_string). A reply with "ok": false is

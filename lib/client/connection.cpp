@@ -124,7 +124,7 @@ void cupool_conn::reconnect() {
   // Imports of the old holder's pools stay until disconnect (a lease may still map through one).
   for (auto& [key, imp] : pools) retired.push_back(imp.handle);
   pools.clear();
-  holder_waits = false;
+  holder_waits = true;
   draining = false;
   lost_fd.reset();
   open();
@@ -353,8 +353,9 @@ void cupool_conn::unmap(const cupool_lease& lease) {
     backend().free_imported(lease.imported, lease.address);
 }
 
-// Allocates and maps a lease; when the ready event can't be used here, asks the holder to
-// wait for its allocations instead (from then on, for this connection).
+// Allocates and maps a lease. The holder waits for the allocation before it answers (holder_waits);
+// were the library ever to ask without, and the ready event could not be used here, it asks the
+// holder to wait from then on, for this connection.
 std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int device, std::uint64_t size) {
   for (int attempt = 0;; ++attempt) {
     const Json body = call(cupool::proto::to_json(cupool::proto::Alloc{pool, device, size, holder_waits}));

@@ -90,7 +90,11 @@ struct cupool_conn {
   std::string backend_kind;
   std::uint64_t next_id = 1;
   bool draining = false;
-  bool holder_waits = false;  // alloc with "synchronize": the ready event is unusable here
+  // alloc with "synchronize": the holder waits for the allocation before it answers, so this
+  // process never waits on the holder's IPC event. Always, since issue 26's A/B on the H100: a
+  // write after a wait on an IPC event (cuEventSynchronize or cuStreamWaitEvent) cost 145-260 us,
+  // after the holder's synchronize (5.5 us there) 9-12 us (tests/gpu/RESULTS.md, 2026-11-27).
+  bool holder_waits = true;
   std::unique_ptr<cupool::Backend> importer;
   struct Imported {
     cupool::PoolHandle handle = 0;

@@ -294,9 +294,29 @@ int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, v
 
 int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
                      size_t count, cupool_progress_fn progress, void* arg) {
+  return cupool_load_file_with(conn, lease, fd, ranges, count, nullptr, nullptr, progress, arg);
+}
+
+int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
+                          size_t count, const cupool_load_options* options, cupool_load_report* report,
+                          cupool_progress_fn progress, void* arg) {
   return guarded(conn, [&] {
     if (!lease || (!ranges && count)) throw Failure{CUPOOL_E_INVALID, "lease and ranges must not be NULL"};
     if (fd < 0) throw Failure{CUPOOL_E_INVALID, "fd must be an open file"};
+    cupool::LoadOptions how;
+    if (options) {
+      if (options->threads > 64)
+        throw Failure{CUPOOL_E_INVALID, "threads is " + std::to_string(options->threads) + "; at most 64"};
+      how.threads = options->threads;
+      switch (options->direct_io) {
+        case CUPOOL_DIRECT_IO_AUTO: how.direct = cupool::DirectIo::automatic; break;
+        case CUPOOL_DIRECT_IO_ALWAYS: how.direct = cupool::DirectIo::always; break;
+        case CUPOOL_DIRECT_IO_NEVER: how.direct = cupool::DirectIo::never; break;
+        default:
+          throw Failure{CUPOOL_E_INVALID, "direct_io is " + std::to_string(static_cast<int>(options->direct_io)) +
+                                              "; one of CUPOOL_DIRECT_IO_AUTO, _ALWAYS, _NEVER"};
+      }
+    }
     std::vector<cupool::FileRange> copies;
     std::uint64_t total = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -309,10 +329,20 @@ int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const
     }
     std::function<void(std::uint64_t)> told;
     if (progress) told = [&](std::uint64_t done) { progress(done, total, arg); };
+    cupool::LoadReport done;
     try {
-      conn->backend().load_file(lease->local_device, fd, copies, told);
+      done = conn->backend().load_file(lease->local_device, fd, copies, how, told);
     } catch (const cupool::InputError& e) {
       throw Failure{CUPOOL_E_INVALID, e.what()};
+    }
+    if (report) {
+      report->bytes = done.bytes;
+      report->seconds = done.seconds;
+      report->read_seconds = done.read_seconds;
+      report->copy_wait_seconds = done.copy_wait_seconds;
+      report->threads = done.threads;
+      report->direct_io = done.direct_io ? 1 : 0;
+      report->resident_fraction = done.resident_fraction;
     }
   });
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "device/file_load.h"
 #include "model/model.h"
 
 namespace cupool {
@@ -243,9 +244,16 @@ class Backend {
   // A new file descriptor for the pool's posix_fd shareable handle (the caller owns and closes
   // it). The pool must have been created with HandleType::posix_fd.
   virtual int export_pool_fd(PoolHandle pool) = 0;
+  // How an importer learns that a shared allocation is complete: by waiting on the device's ready
+  // event, which allocate_shared records after the allocation, or because allocate_shared waited
+  // for it itself (cuStreamSynchronize) and recorded no event. Issue 26's A/B on the H100: an
+  // importer's first write to memory the exporter had recorded an IPC event after cost 145-260 us,
+  // and 9-12 us after an exporter's synchronize without one (tests/gpu/RESULTS.md, 2026-11-27).
+  enum class Readiness { event, synchronized };
   // Allocates `bytes` from an exportable pool on the backend's own stream for the pool's device,
-  // without synchronising; records the device's ready event after it; exports the pointer.
-  virtual SharedAllocation allocate_shared(PoolHandle pool, std::uint64_t bytes) = 0;
+  // then records the device's ready event after it or waits for it (`readiness`); exports the
+  // pointer.
+  virtual SharedAllocation allocate_shared(PoolHandle pool, std::uint64_t bytes, Readiness readiness) = 0;
   // The IPC handle of the device's ready event (created on first use, one per device), which
   // allocate_shared records after each allocation. An importer waits on it before first use.
   virtual Blob64 ready_event(int device) = 0;
@@ -275,13 +283,14 @@ class Backend {
   // Copies between host memory and memory this process can address (allocated or imported).
   virtual void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) = 0;
   virtual void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) = 0;
-  // Copies each range of the file open at `fd` to memory this process can address on `device`,
-  // through pinned staging buffers and asynchronous copies that overlap the reads (the simulated
-  // node reads straight into its memory); returns once the copies are done. `progress` (may be
-  // empty) is told the bytes read so far after each chunk. A file that ends early, or a read
-  // that fails, throws InputError.
-  virtual void load_file(int device, int fd, const std::vector<FileRange>& ranges,
-                         const std::function<void(std::uint64_t)>& progress) = 0;
+  // Copies each range of the file open at `fd` to memory this process can address on `device`:
+  // several threads read chunks into pinned staging slots of their own while asynchronous copies
+  // of the slots read before run (the simulated node copies the slots into its memory); see
+  // file_load.h. Returns once the copies are done, with where the time went. `progress` (may be
+  // empty) is told the bytes read so far, about ten times a second. A file that ends early, or a
+  // read that fails, throws InputError.
+  virtual LoadReport load_file(int device, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                               const std::function<void(std::uint64_t)>& progress) = 0;
 
   // ---- exported allocations (VMM): held buffers ----
   // A held buffer is physical memory of one device made for sharing (cuMemCreate, pinned, with a

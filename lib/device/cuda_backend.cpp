@@ -448,7 +448,7 @@ class CudaBackend final : public Backend {
     return fd;
   }
 
-  SharedAllocation allocate_shared(PoolHandle handle, std::uint64_t bytes) override {
+  SharedAllocation allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) override {
     Pool& pool = find(handle);
     ContextScope scope(api_, context(pool.device));
     // cuMemPoolExportPointer works only on a pool that has been shared (measured on driver 580:
@@ -465,8 +465,9 @@ class CudaBackend final : public Backend {
     CUdeviceptr ptr = 0;
     check(api_.cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool.pool, stream), "cuMemAllocFromPoolAsync");
     // From here on a failure gives the allocation back (stream-ordered) before it throws.
-    CUresult r = api_.cuEventRecord(event, stream);
-    const char* failed_api = "cuEventRecord";
+    const bool wait = readiness == Readiness::synchronized;
+    CUresult r = wait ? api_.cuStreamSynchronize(stream) : api_.cuEventRecord(event, stream);
+    const char* failed_api = wait ? "cuStreamSynchronize" : "cuEventRecord";
     CUmemPoolPtrExportData data;
     std::memset(&data, 0, sizeof data);
     if (r == CUDA_SUCCESS) {
@@ -698,54 +699,57 @@ class CudaBackend final : public Backend {
     check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
   }
 
-  void load_file(int ordinal, int fd, const std::vector<FileRange>& ranges,
-                 const std::function<void(std::uint64_t)>& progress) override {
-    // Four 32 MiB pinned buffers: while the GPU copies one, the next ones are read from the file
-    // (a copy from pageable memory would be staged by the driver, one synchronous chunk at a time).
-    constexpr std::size_t kSlots = 4;
-    constexpr std::uint64_t kChunk = 32ULL << 20;
-    ContextScope scope(api_, context(ordinal));
-    after_shared_allocations(ordinal);
-    // Frees what it made on every path; the copies are waited for before the staging goes.
-    struct Staging {
-      const DriverApi& api;
-      CUstream stream = nullptr;
-      std::array<void*, kSlots> host{};
-      std::array<CUevent, kSlots> done{};
-      ~Staging() {
-        if (stream) api.cuStreamSynchronize(stream);
-        for (CUevent e : done)
-          if (e) api.cuEventDestroy(e);
-        for (void* h : host)
-          if (h) api.cuMemFreeHost(h);
-        if (stream) api.cuStreamDestroy(stream);
-      }
-    } s{api_};
-    // A blocking stream: it waits for the legacy stream, which after_shared_allocations ordered.
-    check(api_.cuStreamCreate(&s.stream, CU_STREAM_DEFAULT), "cuStreamCreate");
-    for (std::size_t i = 0; i < kSlots; ++i) {
-      check(api_.cuMemHostAlloc(&s.host[i], kChunk, 0), "cuMemHostAlloc");
-      check(api_.cuEventCreate(&s.done[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  LoadReport load_file(int ordinal, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                       const std::function<void(std::uint64_t)>& progress) override {
+    CUcontext ctx = context(ordinal);
+    {
+      ContextScope scope(api_, ctx);
+      after_shared_allocations(ordinal);
     }
-    std::array<bool, kSlots> busy{};
-    std::size_t slot = 0;
-    std::uint64_t copied = 0;
-    for (const FileRange& r : ranges) {
-      for (std::uint64_t at = 0; at < r.bytes; at += kChunk) {
-        const std::uint64_t n = std::min(kChunk, r.bytes - at);
-        if (busy[slot]) check(api_.cuEventSynchronize(s.done[slot]), "cuEventSynchronize");
-        read_file_range(fd, s.host[slot], n, r.file_offset + at);
-        check(api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(r.address) + at, s.host[slot], static_cast<size_t>(n),
-                                     s.stream),
-              "cuMemcpyHtoDAsync");
-        check(api_.cuEventRecord(s.done[slot], s.stream), "cuEventRecord");
-        busy[slot] = true;
-        slot = (slot + 1) % kSlots;
-        copied += n;
-        if (progress) progress(copied);
+    // One per worker thread, made on it: its context current, a blocking stream (it waits for the
+    // legacy stream, which after_shared_allocations ordered), two pinned slots (a copy
+    // from pageable memory would be staged by the driver, one synchronous chunk at a time) and an
+    // event per slot. Frees what it made on every path; finish() waits for the copies first.
+    class PinnedSink : public LoadSink {
+     public:
+      PinnedSink(const CudaBackend& b, CUcontext c, std::uint64_t slot_bytes) : b_(b), scope_(b.api_, c) {
+        b_.check(b_.api_.cuStreamCreate(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate");
+        for (unsigned i = 0; i < kSlots; ++i) {
+          b_.check(b_.api_.cuMemHostAlloc(&host_[i], static_cast<size_t>(slot_bytes), 0), "cuMemHostAlloc");
+          b_.check(b_.api_.cuEventCreate(&done_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+        }
       }
-    }
-    check(api_.cuStreamSynchronize(s.stream), "cuStreamSynchronize");
+      PinnedSink(const PinnedSink&) = delete;
+      PinnedSink& operator=(const PinnedSink&) = delete;
+      ~PinnedSink() override {
+        if (stream_) b_.api_.cuStreamSynchronize(stream_);
+        for (CUevent e : done_)
+          if (e) b_.api_.cuEventDestroy(e);
+        for (void* h : host_)
+          if (h) b_.api_.cuMemFreeHost(h);
+        if (stream_) b_.api_.cuStreamDestroy(stream_);
+      }
+      unsigned char* slot(unsigned i) override { return static_cast<unsigned char*>(host_[i]); }
+      void wait(unsigned i) override { b_.check(b_.api_.cuEventSynchronize(done_[i]), "cuEventSynchronize"); }
+      void send(unsigned i, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) override {
+        b_.check(
+            b_.api_.cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(address), from, static_cast<size_t>(bytes), stream_),
+            "cuMemcpyHtoDAsync");
+        b_.check(b_.api_.cuEventRecord(done_[i], stream_), "cuEventRecord");
+      }
+      void finish() override { b_.check(b_.api_.cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+
+     private:
+      const CudaBackend& b_;
+      ContextScope scope_;
+      CUstream stream_ = nullptr;
+      void* host_[kSlots] = {};
+      CUevent done_[kSlots] = {};
+    };
+    return load_ranges(
+        fd, ranges, options,
+        [this, ctx](std::uint64_t slot_bytes) { return std::make_unique<PinnedSink>(*this, ctx, slot_bytes); },
+        progress);
   }
 
   void read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) override {

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <utility>
 
 #include "base/error.h"
@@ -393,8 +395,10 @@ int SimBackend::export_pool_fd(PoolHandle handle) {
   return fd;
 }
 
-SharedAllocation SimBackend::allocate_shared(PoolHandle handle, std::uint64_t bytes) {
-  enter("allocate_shared", std::to_string(handle) + "," + std::to_string(bytes));
+SharedAllocation SimBackend::allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) {
+  // The journal says which way (",synchronized"): the simulated node's memory is ready at once.
+  enter("allocate_shared", std::to_string(handle) + "," + std::to_string(bytes) +
+                               (readiness == Readiness::synchronized ? ",synchronized" : ""));
   const char* api = "cuMemAllocFromPoolAsync";
   Pool& p = own_pool(handle, api);
   if (p.memfd < 0)
@@ -621,20 +625,39 @@ void SimBackend::write(int dev, std::uint64_t address, const void* source, std::
   if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
 }
 
-void SimBackend::load_file(int dev, int fd, const std::vector<FileRange>& ranges,
-                           const std::function<void(std::uint64_t)>& progress) {
+// The same loader as the real node's (file_load.cpp: threads, chunks, O_DIRECT), with slots of
+// ordinary memory copied straight into the simulated device's.
+LoadReport SimBackend::load_file(int dev, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                                 const std::function<void(std::uint64_t)>& progress) {
   enter("load_file", std::to_string(dev) + "," + std::to_string(ranges.size()));
-  constexpr std::uint64_t kChunk = 64ULL << 20;  // progress as often as the real node's staging
-  std::uint64_t done = 0;
-  for (const FileRange& r : ranges) {
-    std::uint8_t* target = host_view(r.address, r.bytes, "cuMemcpyHtoDAsync");
-    for (std::uint64_t at = 0; at < r.bytes; at += kChunk) {
-      const std::uint64_t n = std::min(kChunk, r.bytes - at);
-      read_file_range(fd, target + at, n, r.file_offset + at);
-      done += n;
-      if (progress) progress(done);
+  // Every target is looked up here, on this thread; the workers only copy.
+  std::vector<FileRange> into = ranges;
+  for (FileRange& r : into)
+    r.address = reinterpret_cast<std::uintptr_t>(host_view(r.address, r.bytes, "cuMemcpyHtoDAsync"));
+  class MemorySink : public LoadSink {
+   public:
+    explicit MemorySink(std::uint64_t slot_bytes) {
+      for (auto& s : slots_) {
+        void* p = nullptr;
+        if (::posix_memalign(&p, kDirectAlign, static_cast<std::size_t>(slot_bytes)) != 0) throw std::bad_alloc();
+        s.reset(static_cast<unsigned char*>(p));
+      }
     }
-  }
+    unsigned char* slot(unsigned i) override { return slots_[i].get(); }
+    void wait(unsigned) override {}
+    void send(unsigned, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) override {
+      std::memcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), from, static_cast<std::size_t>(bytes));
+    }
+    void finish() override {}
+
+   private:
+    struct Free {
+      void operator()(unsigned char* p) const { std::free(p); }
+    };
+    std::unique_ptr<unsigned char, Free> slots_[kSlots];
+  };
+  return load_ranges(
+      fd, into, options, [](std::uint64_t slot_bytes) { return std::make_unique<MemorySink>(slot_bytes); }, progress);
 }
 
 void SimBackend::read(int dev, std::uint64_t address, void* target, std::uint64_t bytes) {

@@ -76,7 +76,7 @@ class SimBackend final : public Backend {
   // (MAP_SHARED), import_pointer checks the export data against it and returns the host address,
   // write/read copy within an imported pointer's range; destroy_pool unmaps.
   int export_pool_fd(PoolHandle pool) override;
-  SharedAllocation allocate_shared(PoolHandle pool, std::uint64_t bytes) override;
+  SharedAllocation allocate_shared(PoolHandle pool, std::uint64_t bytes, Readiness readiness) override;
   Blob64 ready_event(int device) override;
   void free_shared(PoolHandle pool, std::uint64_t address) override;
   void synchronize(int device) override;
@@ -88,8 +88,8 @@ class SimBackend final : public Backend {
   void wait_ready(int device, const Blob64& event) override;
   void free_imported(PoolHandle imported, std::uint64_t address) override;
   void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) override;
-  void load_file(int device, int fd, const std::vector<FileRange>& ranges,
-                 const std::function<void(std::uint64_t)>& progress) override;
+  LoadReport load_file(int device, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                       const std::function<void(std::uint64_t)>& progress) override;
   void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) override;
 
   // Exported allocations are memfds too: the allocation's bytes, then one page that says what it

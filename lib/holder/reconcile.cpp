@@ -361,7 +361,7 @@ void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>
         part.allocation.address = a.address;
         part.mapped = a.size;
       } else if (b.shared) {
-        part.allocation = backend_.allocate_shared(pool, size);
+        part.allocation = backend_.allocate_shared(pool, size, Backend::Readiness::event);
       } else {
         part.allocation.address = backend_.allocate(pool, size);
       }

@@ -171,6 +171,7 @@ Json Holder::op_hello(Request& r) {
 
 Json Holder::op_list(Request& r) {
   Client& c = r.client;
+  proto::read_list(r.args);
   r.args.finish();
   model::ListReply out;
   for (const auto& [key, p] : pools_) {
@@ -360,19 +361,18 @@ Json Holder::op_buffer_close(Request& r) {
 
 Json Holder::op_buffer_create(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string name = a.string("name", kMaxName);
-  const std::string pool = a.string("pool", kMaxName);
-  const int device = a.device("device", -1);
-  const std::uint64_t size = a.u64("size_bytes", 1, proto::kMaxAllocation);
-  const bool loading = a.boolean("loading", false);
-  const Json* tensors = a.value("tensors");
-  const Json* metadata = a.value("metadata");
-  const Json* parts_json = a.value("part_sizes_bytes");
-  a.finish();
+  const proto::BufferCreate want = proto::read_buffer_create(r.args);
+  r.args.finish();
+  const std::string& name = want.name;
+  const std::string& pool = want.pool;
+  const int device = want.device;
+  const std::uint64_t size = want.size_bytes;
+  const bool loading = want.loading;
+  const auto& tensors = want.tensors;
+  const auto& metadata = want.metadata;
   require_admin(c, "buffer_create");
   if (metadata && !tensors) throw Error(Errc::bad_request, "\"metadata\" comes with \"tensors\"");
-  const std::vector<std::uint64_t> parts = part_sizes(parts_json, size);
+  const std::vector<std::uint64_t> parts = part_sizes(want.part_sizes_bytes ? &*want.part_sizes_bytes : nullptr, size);
   std::optional<tensors::Index> index;
   if (tensors) index = tensors::from_json(*tensors, metadata ? *metadata : Json(), parts);
   require_not_draining("buffer_create");
@@ -408,9 +408,8 @@ Json Holder::op_buffer_create(Request& r) {
 }
 
 Json Holder::op_buffer_ready(Request& r) {
-  proto::Args& a = r.args;
-  const std::string name = a.string("name", kMaxName);
-  a.finish();
+  const std::string name = proto::read_buffer_ready(r.args).name;
+  r.args.finish();
   require_admin(r.client, "buffer_ready");
   auto it = buffers_.find(name);
   if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
@@ -428,9 +427,8 @@ Json Holder::op_buffer_ready(Request& r) {
 
 Json Holder::op_buffer_tensors(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string name = a.string("name", kMaxName);
-  a.finish();
+  const std::string name = proto::read_buffer_tensors(r.args).name;
+  r.args.finish();
   HeldBuffer& b = readable_buffer(r.id, name);
   pool_for(c, b.want.pool, b.want.device, true);  // who may open it may read its index
   model::BufferTensors out;
@@ -447,10 +445,10 @@ Json Holder::op_buffer_tensors(Request& r) {
 
 Json Holder::op_buffer_remove(Request& r) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string name = a.string("name", kMaxName);
-  const bool force = a.boolean("force", false);
-  a.finish();
+  const proto::BufferRemove want = proto::read_buffer_remove(r.args);
+  r.args.finish();
+  const std::string& name = want.name;
+  const bool force = want.force;
   require_admin(c, "buffer_remove");
   auto it = buffers_.find(name);
   if (it == buffers_.end()) throw Error(Errc::not_found, "no buffer named \"" + valid_utf8(name) + "\"");
@@ -469,24 +467,26 @@ Json Holder::op_buffer_remove(Request& r) {
 }
 
 Json Holder::op_status(Request& r) {
+  proto::read_status(r.args);
   r.args.finish();
   return model::to_json(status());
 }
 
 Json Holder::op_stats(Request& r) {
-  const bool reset = r.args.boolean("reset_peaks", false);
+  const bool reset = proto::read_stats(r.args).reset_peaks;
   if (reset) require_admin(r.client, "stats with reset_peaks");
   r.args.finish();
   return model::to_json(stats(reset));
 }
 
 Json Holder::op_trim(Request& r) {
-  require_admin(r.client, "trim");
-  const std::uint64_t keep = r.args.optional_u64("keep_bytes", 0, UINT64_MAX).value_or(0);
-  const auto pool = r.args.optional_string("pool", kMaxName);
-  const bool graph = r.args.boolean("graph", true);
-  const bool cached = r.args.boolean("cached", true);
+  require_admin(r.client, "trim");  // before its arguments are read
+  const proto::Trim want = proto::read_trim(r.args);
   r.args.finish();
+  const std::uint64_t keep = want.keep_bytes;
+  const std::optional<std::string>& pool = want.pool;
+  const bool graph = want.graph;
+  const bool cached = want.cached;
   if (pool && std::none_of(pools_.begin(), pools_.end(), [&](const auto& kv) { return kv.first.first == *pool; }))
     throw Error(Errc::not_found, "no pool named \"" + valid_utf8(*pool) + "\"");
   // Cached blocks are memory nobody uses: asked back first, as far as `keep` needs, and the trim
@@ -513,6 +513,7 @@ Json Holder::op_trim(Request& r) {
 }
 
 Json Holder::op_export(Request& r) {
+  proto::read_export(r.args);
   r.args.finish();
   return {{"config", export_config()}};
 }
@@ -523,11 +524,12 @@ Json Holder::op_apply(Request& r) { return plan_or_apply(r, true); }
 
 Json Holder::plan_or_apply(Request& r, bool apply) {
   Client& c = r.client;
-  proto::Args& a = r.args;
-  const std::string text = a.string("config", kMaxConfigBytes);  // what `cupool check` reads of a file
+  // The config at most as long as what `cupool check` reads of a file.
+  const proto::Plan want = proto::read_plan(r.args, apply, kMaxConfigBytes);
+  r.args.finish();
+  const std::string& text = want.config;
   // The name findings use (each finding repeats it): bounded, and shown without control characters.
-  const std::string path = safe_for_display(a.optional_string("path", proto::kMaxConfigName).value_or("<request>"));
-  a.finish();
+  const std::string path = safe_for_display(want.path.value_or("<request>"));
   if (apply) {
     require_admin(c, "apply");
     require_not_draining("apply");

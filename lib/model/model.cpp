@@ -315,6 +315,15 @@ Json to_json(const BufferMade& v) {
   if (v.tensor_bytes) out["tensor_bytes"] = *v.tensor_bytes;
   if (v.elapsed_seconds) out["elapsed_seconds"] = *v.elapsed_seconds;
   if (v.bytes_per_second) out["bytes_per_second"] = *v.bytes_per_second;
+  if (v.stages) {
+    const LoadStages& st = *v.stages;
+    out["stages"] = {{"index_seconds", st.index_seconds},         {"create_seconds", st.create_seconds},
+                     {"load_seconds", st.load_seconds},           {"read_seconds", st.read_seconds},
+                     {"copy_wait_seconds", st.copy_wait_seconds}, {"ready_seconds", st.ready_seconds}};
+  }
+  if (v.read_thread_count) out["read_thread_count"] = *v.read_thread_count;
+  if (v.direct_io) out["direct_io"] = *v.direct_io;
+  if (v.page_cache_ratio) out["page_cache_ratio"] = *v.page_cache_ratio;
   return out;
 }
 

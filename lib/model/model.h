@@ -258,18 +258,32 @@ struct BufferTensors {
 };
 
 // What buffer create / load / rm print.
+// Where a `buffer load` spent its time. Reading and copying overlap: read and copy_wait are the
+// reading threads' busy times (averaged over the threads), inside load.
+struct LoadStages {
+  double index_seconds = 0;      // the file's header read and checked, the tensors placed
+  double create_seconds = 0;     // the holder makes the buffer and keeps the index
+  double load_seconds = 0;       // reading the file into the buffer, every part (wall clock)
+  double read_seconds = 0;       // of load: reading the file
+  double copy_wait_seconds = 0;  // of load: waiting for copies to the GPU
+  double ready_seconds = 0;      // the holder told the buffer is ready
+};
 struct BufferMade {
   std::string name;
   std::string pool;
   DeviceId id;
   std::uint64_t size_bytes = 0;
-  std::optional<std::uint64_t> part_count;        // create and load
-  std::optional<bool> loading;                    // create
-  std::optional<std::uint64_t> tensor_count;      // load
-  std::optional<std::string> file;                // load
-  std::optional<std::uint64_t> tensor_bytes;      // load
-  std::optional<double> elapsed_seconds;          // load
-  std::optional<std::uint64_t> bytes_per_second;  // load
+  std::optional<std::uint64_t> part_count;         // create and load
+  std::optional<bool> loading;                     // create
+  std::optional<std::uint64_t> tensor_count;       // load
+  std::optional<std::string> file;                 // load
+  std::optional<std::uint64_t> tensor_bytes;       // load
+  std::optional<double> elapsed_seconds;           // load
+  std::optional<std::uint64_t> bytes_per_second;   // load
+  std::optional<LoadStages> stages;                // load
+  std::optional<std::uint64_t> read_thread_count;  // load
+  std::optional<bool> direct_io;                   // load: read with O_DIRECT
+  std::optional<double> page_cache_ratio;          // load: of the file's tensor pages cached before
 };
 
 // ---- in a process (exec --report, cupool_stats) ----

@@ -230,6 +230,118 @@ BufferOpen read_buffer_open(Args& a) {
 
 BufferClose read_buffer_close(Args& a) { return {a.string("name", kMaxName)}; }
 
+// ---- the CLI's requests ----
+
+Json to_json(const List&) { return request("list"); }
+
+Json to_json(const Status&) { return request("status"); }
+
+Json to_json(const Export&) { return request("export"); }
+
+Json to_json(const Stats& v) {
+  Json out = request("stats");
+  if (v.reset_peaks) out["reset_peaks"] = true;  // absent: false
+  return out;
+}
+
+Json to_json(const Trim& v) {
+  Json out = request("trim");
+  out["keep_bytes"] = v.keep_bytes;
+  if (v.pool) out["pool"] = *v.pool;
+  out["graph"] = v.graph;
+  if (!v.cached) out["cached"] = false;  // absent: true
+  return out;
+}
+
+Json to_json(const Plan& v) {
+  Json out = request(v.apply ? "apply" : "plan");
+  out["config"] = v.config;
+  if (v.path) out["path"] = *v.path;
+  return out;
+}
+
+Json to_json(const BufferCreate& v) {
+  Json out = request("buffer_create");
+  out["name"] = v.name;
+  out["pool"] = v.pool;
+  if (v.device >= 0) out["device"] = v.device;  // absent: the pool's only or first device
+  out["size_bytes"] = v.size_bytes;
+  if (v.loading) out["loading"] = true;
+  if (v.tensors) out["tensors"] = *v.tensors;
+  if (v.metadata) out["metadata"] = *v.metadata;
+  if (v.part_sizes_bytes) out["part_sizes_bytes"] = *v.part_sizes_bytes;
+  return out;
+}
+
+Json to_json(const BufferReady& v) {
+  Json out = request("buffer_ready");
+  out["name"] = v.name;
+  return out;
+}
+
+Json to_json(const BufferTensors& v) {
+  Json out = request("buffer_tensors");
+  out["name"] = v.name;
+  return out;
+}
+
+Json to_json(const BufferRemove& v) {
+  Json out = request("buffer_remove");
+  out["name"] = v.name;
+  out["force"] = v.force;
+  return out;
+}
+
+List read_list(Args&) { return {}; }
+
+Status read_status(Args&) { return {}; }
+
+Export read_export(Args&) { return {}; }
+
+Stats read_stats(Args& a) { return {a.boolean("reset_peaks", false)}; }
+
+Trim read_trim(Args& a) {
+  Trim v;
+  v.keep_bytes = a.optional_u64("keep_bytes", 0, UINT64_MAX).value_or(0);
+  v.pool = a.optional_string("pool", kMaxName);
+  v.graph = a.boolean("graph", true);
+  v.cached = a.boolean("cached", true);
+  return v;
+}
+
+Plan read_plan(Args& a, bool apply, std::size_t max_config_bytes) {
+  Plan v;
+  v.config = a.string("config", max_config_bytes);
+  v.path = a.optional_string("path", kMaxConfigName);
+  v.apply = apply;
+  return v;
+}
+
+BufferCreate read_buffer_create(Args& a) {
+  BufferCreate v;
+  v.name = a.string("name", kMaxName);
+  v.pool = a.string("pool", kMaxName);
+  v.device = a.device("device", -1);
+  v.size_bytes = a.u64("size_bytes", 1, kMaxAllocation);
+  v.loading = a.boolean("loading", false);
+  // Any JSON here: the holder checks the index and the parts (after it knows who asks).
+  if (const Json* tensors = a.value("tensors")) v.tensors = *tensors;
+  if (const Json* metadata = a.value("metadata")) v.metadata = *metadata;
+  if (const Json* parts = a.value("part_sizes_bytes")) v.part_sizes_bytes = *parts;
+  return v;
+}
+
+BufferReady read_buffer_ready(Args& a) { return {a.string("name", kMaxName)}; }
+
+BufferTensors read_buffer_tensors(Args& a) { return {a.string("name", kMaxName)}; }
+
+BufferRemove read_buffer_remove(Args& a) {
+  BufferRemove v;
+  v.name = a.string("name", kMaxName);
+  v.force = a.boolean("force", false);
+  return v;
+}
+
 // ---- replies ----
 
 Json to_json(const HelloReply& v) {

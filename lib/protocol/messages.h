@@ -1,8 +1,11 @@
-// The messages of a client's connection to the holder, typed: the requests the client library
-// sends (hello, import_pool, alloc, free, reuse, dropped, buffer_open, buffer_close), their
-// replies and the notices (docs/protocol.md). Each has its one JSON, in protocol 4's names
-// (docs/naming.md): the sender writes it with to_json, the receiver reads it with one reader, so
-// the holder and the client library spell every field the same way because neither spells it.
+// The messages between the holder and those who talk to it, typed: the requests of a client's
+// connection that the client library sends (hello, import_pool, alloc, free, reuse, dropped,
+// buffer_open, buffer_close), their replies and the notices, and the requests of the CLI's verbs
+// (list, status, stats, trim, plan, apply, export, buffer_create, buffer_ready, buffer_tensors,
+// buffer_remove: most of them an admin's; their replies are lib/model/'s) (docs/protocol.md). Each
+// has its one JSON, in protocol 4's names (docs/naming.md): the sender writes it with to_json, the
+// receiver reads it with one reader, so the holder, the client library and the CLI spell every
+// field the same way because none of them spells it.
 //
 // Requests are read at the holder from proto::Args, which bounds every value and refuses unknown
 // arguments (the holder then calls Args::finish). Replies and notices are read in the client
@@ -82,6 +85,74 @@ Reuse read_reuse(Args& a);
 Dropped read_dropped(Args& a, std::size_t max_leases);
 BufferOpen read_buffer_open(Args& a);
 BufferClose read_buffer_close(Args& a);
+
+// ---- the CLI's requests (the verbs' own; their replies are lib/model/'s) ----
+//
+// A value the holder reads as JSON and checks itself (a buffer's index) is carried as JSON.
+
+struct List {};
+struct Status {};
+struct Export {};
+struct Stats {
+  bool reset_peaks = false;  // admin: reset the peaks after reading them
+};
+struct Trim {
+  std::uint64_t keep_bytes = 0;     // what each pool may keep reserved
+  std::optional<std::string> pool;  // none: every pool
+  bool graph = true;                // trim the devices' graph memory too
+  bool cached = true;               // ask clients for their cached blocks first
+};
+// "plan" or, with `apply`, "apply".
+struct Plan {
+  std::string config;               // the config file's text
+  std::optional<std::string> path;  // the name the findings give the file
+  bool apply = false;
+};
+struct BufferCreate {
+  std::string name;
+  std::string pool;
+  int device = -1;  // -1: the pool's only or first device
+  std::uint64_t size_bytes = 0;
+  bool loading = false;                  // nobody else may open it until its loader says buffer_ready
+  std::optional<Json> tensors;           // the index (tensors::from_json checks it at the holder)
+  std::optional<Json> metadata;          // the index's metadata; with tensors only
+  std::optional<Json> part_sizes_bytes;  // none: one part
+};
+struct BufferReady {
+  std::string name;
+};
+struct BufferTensors {
+  std::string name;
+};
+struct BufferRemove {
+  std::string name;
+  bool force = false;  // even while it is open
+};
+
+Json to_json(const List& v);
+Json to_json(const Status& v);
+Json to_json(const Export& v);
+Json to_json(const Stats& v);
+Json to_json(const Trim& v);
+Json to_json(const Plan& v);
+Json to_json(const BufferCreate& v);
+Json to_json(const BufferReady& v);
+Json to_json(const BufferTensors& v);
+Json to_json(const BufferRemove& v);
+
+// The holder's readers. read_plan is told which of "plan" and "apply" the request's op is, and how
+// long a config it takes (`max_config_bytes`: config/'s kMaxConfigBytes, which protocol/ does not
+// see).
+List read_list(Args& a);
+Status read_status(Args& a);
+Export read_export(Args& a);
+Stats read_stats(Args& a);
+Trim read_trim(Args& a);
+Plan read_plan(Args& a, bool apply, std::size_t max_config_bytes);
+BufferCreate read_buffer_create(Args& a);
+BufferReady read_buffer_ready(Args& a);
+BufferTensors read_buffer_tensors(Args& a);
+BufferRemove read_buffer_remove(Args& a);
 
 // ---- replies ----
 

@@ -904,7 +904,7 @@ TEST_CASE("sharing: a pool allocation is written by another process, read back, 
     cupool::PoolProps props;
     props.handle_types = posix_bit;
     const cupool::PoolHandle pool = b->create_pool(0, props);
-    const cupool::SharedAllocation shared = b->allocate_shared(pool, bytes);
+    const cupool::SharedAllocation shared = b->allocate_shared(pool, bytes, cupool::Backend::Readiness::event);
     REQUIRE_MESSAGE(shared.address != 0, "exporter: allocate_shared returned address 0");
     const cupool::Blob64 event = b->ready_event(0);
     CHECK_MESSAGE(event == b->ready_event(0), "exporter: ready_event(0) changed between two calls");
@@ -979,7 +979,10 @@ TEST_CASE("sharing: a pool allocation is written by another process, read back, 
     }
 
     // Left alive on purpose: the backend's destructor frees it, synchronizes, destroys the pool.
-    b->allocate_shared(pool, bytes);
+    // The other way: waited for here, no event recorded (what a client that asks "synchronize" gets).
+    const cupool::SharedAllocation waited = b->allocate_shared(pool, bytes, cupool::Backend::Readiness::synchronized);
+    CHECK_MESSAGE(waited.address != 0, "exporter: allocate_shared (synchronized) returned address 0");
+    CHECK_MESSAGE(b->pool_usage(pool).used_bytes == bytes, "exporter: the synchronized allocation is not counted");
   }
   DirectDriver drv;
   CHECK_MESSAGE(!drv.primary_active(0),

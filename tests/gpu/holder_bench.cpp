@@ -27,6 +27,11 @@
 //               cupool_connect, the first cupool_alloc (import_pool included) and the first write, in
 //               10 fresh processes one after another (the first size of --sizes). Only when named.
 //   legacy      cuMemAlloc + cuIpcGetMemHandle / cuIpcOpenMemHandle / cuIpcCloseMemHandle / cuMemFree.
+//   ab-*        the driver-only A/B controls of a cold round trip (issue 26; --paths ab runs them all,
+//               only when named): how the importer waits for the exporter's work (no wait after the
+//               exporter's synchronize, cuEventSynchronize, cuStreamWaitEvent, a cuStreamWaitValue32
+//               flag), whether the exporter writes the block, how the importer first uses it, whether
+//               a block returns right after its unmap, and legacy IPC the same way (--help lists them).
 //   throughput  1, 8, 64 (--clients) client processes looping alloc -> write -> release through
 //               the holder for --seconds, started together at a barrier, with the client's cache on
 //               (warm); throughput-cold the same with it off. Two controls say what bounds them:
@@ -65,6 +70,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -212,7 +218,25 @@ const char* const kAllPaths[] = {"holder",
                                  "throughput",
                                  "throughput-cold",
                                  "throughput-no-write",
-                                 "throughput-write-only"};
+                                 "throughput-write-only",
+                                 "ab-sync",
+                                 "ab-event-host",
+                                 "ab-event-stream",
+                                 "ab-flag",
+                                 "ab-nowrite",
+                                 "ab-write1",
+                                 "ab-holder",
+                                 "ab-ring",
+                                 "ab-slab",
+                                 "ab-access",
+                                 "ab-sync-write1",
+                                 "ab-flag-write1",
+                                 "ab-record-write1",
+                                 "ab-legacy"};
+// "--paths ab": every driver-only A/B control (issue 26), in this order.
+const char* const kAbPaths[] = {"ab-sync",        "ab-event-host",  "ab-event-stream",  "ab-flag",  "ab-nowrite",
+                                "ab-write1",      "ab-holder",      "ab-ring",          "ab-slab",  "ab-access",
+                                "ab-sync-write1", "ab-flag-write1", "ab-record-write1", "ab-legacy"};
 // Whether the client processes forked next keep released blocks in their cache (holder-warm,
 // throughput) or not (holder, throughput-cold).
 bool g_child_cache = false;
@@ -239,7 +263,35 @@ void usage(std::FILE* to) {
                "  --warmup N            untimed round trips per size first, each verified by reading back (default 5)\n"
                "  --paths LIST          any of holder,bare,bare-t0,bare-stream,bare-free,bare-touch,attach,\n"
                "                        legacy,throughput (default: all but bare-stream, bare-free,\n"
-               "                        bare-touch and attach)\n"
+               "                        bare-touch and attach); ab: the driver-only A/B controls of a cold\n"
+               "                        round trip (issue 26), each also by name:\n"
+               "                          ab-sync          exporter writes 4 bytes and synchronises before it\n"
+               "                                           sends; the importer needs no wait\n"
+               "                          ab-event-host    exporter writes, records an IPC event; importer\n"
+               "                                           cuEventSynchronize\n"
+               "                          ab-event-stream  the same with cuStreamWaitEvent on the importer's\n"
+               "                                           stream, its uses on that stream\n"
+               "                          ab-flag          exporter writes, then cuStreamWriteValue32 on a shared\n"
+               "                                           flag; importer cuStreamWaitValue32 on its stream\n"
+               "                          ab-nowrite       ab-event-host, the exporter does not write\n"
+               "                          ab-write1        ab-event-host, the first use a 1-byte write\n"
+               "                          ab-holder        as the holder and the library do: no write by the\n"
+               "                                           exporter, host wait, a 1-byte cuMemcpyHtoD first\n"
+               "                          ab-ring          ab-holder with the exporter keeping its last 16 blocks\n"
+               "                                           (no block is imported again right after its unmap)\n"
+               "                          ab-slab          ab-holder on one slab per size, imported once: each\n"
+               "                                           round writes a region of it (fresh while they last)\n"
+               "                          ab-access        ab-holder with cuMemPoolSetAccess(read-write, device 0)\n"
+               "                                           on the imported pool\n"
+               "                          ab-sync-write1   ab-holder with the exporter synchronising before it\n"
+               "                                           sends, no wait in the importer\n"
+               "                          ab-flag-write1   ab-holder with the flag's stream wait, the write on\n"
+               "                                           that stream\n"
+               "                          ab-record-write1 ab-sync-write1 with the exporter recording its IPC\n"
+               "                                           event too (the importer does not wait on it)\n"
+               "                          ab-legacy        cuIpc*MemHandle, exporter writes and synchronises\n"
+               "                        every ab path reads 4 bytes twice after the wait (first and second use),\n"
+               "                        but ab-write1, ab-holder and ab-ring, whose first use is a 1-byte write\n"
                "  --clients LIST        concurrent clients for the throughput path (default 1,8,64)\n"
                "  --seconds S           duration of each throughput run (default 3)\n"
                "  --throughput-size SZ  allocation size of the throughput path (default 1MiB)\n"
@@ -323,12 +375,19 @@ std::string parse_args(int argc, char** argv, bool& help) {
       std::vector<std::string> paths;
       for (const std::string& raw : split(v, ',')) {
         const std::string item = trim(raw);
+        if (item == "ab") {
+          for (const char* p : kAbPaths)
+            if (std::find(paths.begin(), paths.end(), p) == paths.end()) paths.emplace_back(p);
+          continue;
+        }
         bool known = false;
         for (const char* p : kAllPaths) known = known || item == p;
         if (!known)
           return "--paths: unknown path '" + item +
                  "' (known: holder, holder-warm, bare, bare-t0, bare-stream, bare-free, bare-touch, attach, legacy, "
-                 "throughput, throughput-cold, throughput-no-write, throughput-write-only)";
+                 "throughput, throughput-cold, throughput-no-write, throughput-write-only, ab (every ab-* path), "
+                 "ab-sync, ab-event-host, ab-event-stream, ab-flag, ab-nowrite, ab-write1, ab-holder, ab-ring, "
+                 "ab-slab, ab-access, ab-sync-write1, ab-flag-write1, ab-record-write1, ab-legacy)";
         if (std::find(paths.begin(), paths.end(), item) == paths.end()) paths.push_back(item);
       }
       g_opt.paths = paths;
@@ -457,7 +516,8 @@ __attribute__((noreturn, format(printf, 1, 2))) void die(const char* fmt, ...) {
   X(cuEventSynchronize) X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD)                                        \
   X(cuMemcpyDtoH) X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle)                                                             \
   X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle) X(cuMemcpyHtoDAsync) X(cuMemsetD8Async)                                        \
-  X(cuMemHostAlloc) X(cuMemFreeHost)
+  X(cuMemHostAlloc) X(cuMemFreeHost) X(cuStreamWaitEvent) X(cuStreamWriteValue32)                                           \
+  X(cuStreamWaitValue32) X(cuMemsetD32Async) X(cuMemcpyDtoHAsync) X(cuMemPoolSetAccess)
 // clang-format on
 
 struct Driver {
@@ -1543,6 +1603,346 @@ void legacy_importer_main() {
   _exit(0);
 }
 
+// ---- the A/B controls of a cold round trip (issue 26) ----
+//
+// One exporter and one importer process, driver only, as bare-free (the importer unmaps with
+// cuMemFree, as the client library does), each changing one thing: how the importer waits for the
+// exporter's work, whether the exporter writes the block, how the importer first uses it, whether
+// a block comes back right after its unmap, and legacy IPC as the control.
+
+struct AbWay {
+  enum class Wait { synchronized, event_host, event_stream, flag };
+  Wait wait = Wait::event_host;
+  bool exporter_writes = true;  // a 4-byte cuMemsetD32Async before the signal
+  bool read_first = true;       // first use: a 4-byte read on the importer's stream (else a 1-byte cuMemcpyHtoD)
+  bool ring = false;            // the exporter keeps its last kAbRing blocks allocated
+  bool legacy = false;          // cuMemAlloc + cuIpc*MemHandle instead of a pool
+  bool slab = false;            // one allocation per size, imported once, a region of it per round
+  bool set_access = false;      // the importer sets read-write access on the imported pool
+  bool record_too = false;      // synchronized: the exporter records its IPC event as well
+};
+constexpr std::size_t kAbRing = 16;
+
+bool is_ab_path(const std::string& path) { return path.rfind("ab-", 0) == 0; }
+
+AbWay ab_way(const std::string& path) {
+  AbWay w;
+  using W = AbWay::Wait;
+  if (path == "ab-sync" || path == "ab-sync-write1" || path == "ab-record-write1") w.wait = W::synchronized;
+  w.record_too = path == "ab-record-write1";
+  if (path == "ab-event-stream") w.wait = W::event_stream;
+  if (path == "ab-flag" || path == "ab-flag-write1") w.wait = W::flag;
+  const bool holder_like = path == "ab-holder" || path == "ab-ring" || path == "ab-slab" || path == "ab-access" ||
+                           path == "ab-sync-write1" || path == "ab-flag-write1" || path == "ab-record-write1";
+  if (path == "ab-nowrite" || holder_like) w.exporter_writes = false;
+  if (path == "ab-write1" || holder_like) w.read_first = false;
+  w.ring = path == "ab-ring";
+  w.slab = path == "ab-slab";
+  w.set_access = path == "ab-access";
+  if (path == "ab-legacy") {
+    w.legacy = true;
+    w.wait = W::synchronized;
+  }
+  return w;
+}
+
+// ab-slab: the regions of one size's slab (every round a fresh one, as far as 2 GiB goes: the
+// importer of an 8 GiB pool allocation was killed by SIGSEGV in the driver on the H100 with 580,
+// as the loader of a set over 8 GiB was on 2026-11-25; RESULTS.md).
+std::uint64_t ab_slab_regions(std::uint64_t size) {
+  const std::uint64_t rounds = static_cast<std::uint64_t>(g_opt.warmup + iterations_for(size));
+  return std::max<std::uint64_t>(1, std::min(rounds, (2 * kGiB) / size));
+}
+
+std::uint32_t ab_pattern(std::uint64_t seq) { return 0x5a000000u | static_cast<std::uint32_t>(seq & 0xffffff); }
+
+const char* ab_signal_name(const AbWay& w) {
+  switch (w.wait) {
+    case AbWay::Wait::synchronized: return "exporter: cuStreamSynchronize (before it sends)";
+    case AbWay::Wait::flag: return "exporter: cuStreamWriteValue32 (the flag)";
+    default: return "exporter: cuEventRecord (IPC event)";
+  }
+}
+
+const char* ab_wait_name(const AbWay& w) {
+  switch (w.wait) {
+    case AbWay::Wait::synchronized: return "importer: wait (none: the exporter synchronised)";
+    case AbWay::Wait::event_host: return "importer: wait (cuEventSynchronize on the IPC event)";
+    case AbWay::Wait::event_stream: return "importer: wait (cuStreamWaitEvent on its stream, returns at once)";
+    case AbWay::Wait::flag: return "importer: wait (cuStreamWaitValue32 on its stream, returns at once)";
+  }
+  return "importer: wait";
+}
+
+void ab_exporter_main(const AbWay& way) {
+  Report rep;
+  cuda_start();
+  if (!way.legacy) require_pool_support();
+  CUstream stream = nullptr;
+  CU(cuStreamCreate, &stream, static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
+  CUmemoryPool pool = nullptr;
+  CUevent event = nullptr;
+  CUdeviceptr flag = 0;
+  if (!way.legacy) {
+    CUmemPoolProps props;
+    std::memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 0;
+    CU(cuMemPoolCreate, &pool, &props);
+    cuuint64_t threshold = std::numeric_limits<cuuint64_t>::max();
+    CU(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    CU(cuEventCreate, &event,
+       static_cast<unsigned>(CU_EVENT_INTERPROCESS) | static_cast<unsigned>(CU_EVENT_DISABLE_TIMING));
+    int pool_fd = -1;
+    CU(cuMemPoolExportToShareableHandle, &pool_fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0ULL);
+    CUipcEventHandle event_handle;
+    std::memset(&event_handle, 0, sizeof event_handle);
+    CU(cuIpcGetEventHandle, &event_handle, event);
+    pair_send(kHello, 0, 0, &event_handle, sizeof event_handle, pool_fd);
+    ::close(pool_fd);
+    if (way.wait == AbWay::Wait::flag) {
+      // The flag: 4 bytes of legacy IPC memory the importer opens once (its first use is cheap).
+      CU(cuMemAlloc, &flag, static_cast<std::size_t>(2 * kMiB));
+      CU(cuMemsetD32Async, flag, 0u, 1, stream);
+      CU(cuStreamSynchronize, stream);
+      CUipcMemHandle handle;
+      std::memset(&handle, 0, sizeof handle);
+      CU(cuIpcGetMemHandle, &handle, flag);
+      pair_send(kHello, 1, 0, &handle, sizeof handle);
+    }
+  }
+  std::deque<CUdeviceptr> kept;  // ab-ring
+  CUdeviceptr slab = 0;          // ab-slab
+  std::uint64_t seq = 0;
+  for (std::uint64_t size : g_opt.sizes) {
+    const int total = g_opt.warmup + iterations_for(size);
+    for (int i = 0; i < total; ++i) {
+      ++seq;
+      g_where = where("A/B exporter", size, i, g_opt.warmup);
+      const PairMsg req = pair_recv(kAlloc, seq);
+      if (req.size != size) die("the importer asked for %" PRIu64 " bytes where %" PRIu64 " were due", req.size, size);
+      CUdeviceptr ptr = 0;
+      const std::int64_t a0 = now_ns();
+      if (way.legacy)
+        CU(cuMemAlloc, &ptr, static_cast<std::size_t>(size));
+      else if (way.slab && i > 0)
+        ptr = slab;  // the same allocation, exported again
+      else
+        CU(cuMemAllocFromPoolAsync, &ptr, static_cast<std::size_t>(way.slab ? size * ab_slab_regions(size) : size),
+           pool, stream);
+      if (way.slab) slab = ptr;
+      const std::int64_t a1 = now_ns();
+      if (way.exporter_writes) CU(cuMemsetD32Async, ptr, ab_pattern(seq), 1, stream);
+      const std::int64_t a2 = now_ns();
+      if (way.wait == AbWay::Wait::synchronized && way.record_too) {
+        CU(cuEventRecord, event, stream);
+        CU(cuStreamSynchronize, stream);
+      } else if (way.wait == AbWay::Wait::synchronized) {
+        CU(cuStreamSynchronize, stream);
+      } else if (way.wait == AbWay::Wait::flag)
+        CU(cuStreamWriteValue32, stream, flag, static_cast<cuuint32_t>(seq), 0u);
+      else
+        CU(cuEventRecord, event, stream);
+      const std::int64_t a3 = now_ns();
+      unsigned char data[64] = {0};
+      if (way.legacy) {
+        CUipcMemHandle handle;
+        std::memset(&handle, 0, sizeof handle);
+        CU(cuIpcGetMemHandle, &handle, ptr);
+        std::memcpy(data, &handle, sizeof handle);
+      } else {
+        CUmemPoolPtrExportData exported;
+        std::memset(&exported, 0, sizeof exported);
+        CU(cuMemPoolExportPointer, &exported, ptr);
+        std::memcpy(data, &exported, sizeof exported);
+      }
+      const std::int64_t a4 = now_ns();
+      pair_send(kExported, seq, size, data, sizeof data);
+      pair_recv(kFree, seq);
+      const std::int64_t f0 = now_ns();
+      if (way.legacy) {
+        CU(cuMemFree, ptr);
+      } else if (way.slab) {
+        if (i + 1 == total) CU(cuMemFreeAsync, ptr, stream);  // the importer unmapped it in its last round
+      } else if (way.ring) {
+        kept.push_back(ptr);
+        if (kept.size() > kAbRing) {
+          CU(cuMemFreeAsync, kept.front(), stream);
+          kept.pop_front();
+        }
+      } else {
+        CU(cuMemFreeAsync, ptr, stream);
+      }
+      const std::int64_t f1 = now_ns();
+      pair_send(kFreed, seq, size, nullptr, 0);
+      if (i < g_opt.warmup) continue;
+      rep.add(size, way.legacy ? "exporter: cuMemAlloc" : "exporter: cuMemAllocFromPoolAsync", 10, kStep)
+          .push_back(us(a0, a1));
+      if (way.exporter_writes)
+        rep.add(size, "exporter: 4-byte cuMemsetD32Async (enqueue)", 11, kStep).push_back(us(a1, a2));
+      rep.add(size, ab_signal_name(way), 12, kStep).push_back(us(a2, a3));
+      rep.add(size, way.legacy ? "exporter: cuIpcGetMemHandle" : "exporter: cuMemPoolExportPointer", 13, kStep)
+          .push_back(us(a3, a4));
+      rep.add(size, way.legacy ? "exporter: cuMemFree" : "exporter: cuMemFreeAsync", 30, kStep).push_back(us(f0, f1));
+    }
+    for (CUdeviceptr p : kept) CU(cuMemFreeAsync, p, stream);
+    kept.clear();
+  }
+  g_where.clear();
+  pair_recv(kDone, seq + 1);
+  CU(cuStreamSynchronize, stream);
+  if (flag) CU(cuMemFree, flag);
+  send_frame(kFrameReport, encode(rep));
+  _exit(0);
+}
+
+void ab_importer_main(const AbWay& way) {
+  Report rep;
+  cuda_start();
+  CUstream stream = nullptr;
+  CU(cuStreamCreate, &stream, static_cast<unsigned>(CU_STREAM_NON_BLOCKING));
+  CUmemoryPool pool = nullptr;
+  CUevent event = nullptr;
+  CUdeviceptr flag = 0;
+  if (!way.legacy) {
+    int pool_fd = -1;
+    g_where = "waiting for the exporter's pool handle";
+    const PairMsg hello = pair_recv(kHello, 0, &pool_fd);
+    if (pool_fd < 0) die("the exporter's pool handle message carried no file descriptor");
+    CUipcEventHandle event_handle;
+    std::memcpy(&event_handle, hello.data, sizeof event_handle);
+    CU(cuMemPoolImportFromShareableHandle, &pool, reinterpret_cast<void*>(static_cast<std::uintptr_t>(pool_fd)),
+       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0ULL);
+    ::close(pool_fd);
+    CU(cuIpcOpenEventHandle, &event, event_handle);
+    if (way.set_access) {
+      CUmemAccessDesc desc;
+      std::memset(&desc, 0, sizeof desc);
+      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc.location.id = 0;
+      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      const CUresult r = g_cu.cuMemPoolSetAccess(pool, &desc, 1);
+      rep.texts.emplace_back("importer: cuMemPoolSetAccess(read-write, device 0) on the imported pool",
+                             r == CUDA_SUCCESS ? "CUDA_SUCCESS" : cu_error_text(r));
+    }
+    if (way.wait == AbWay::Wait::flag) {
+      const PairMsg f = pair_recv(kHello, 1);
+      CUipcMemHandle handle;
+      std::memcpy(&handle, f.data, sizeof handle);
+      CU(cuIpcOpenMemHandle, &flag, handle, static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+    }
+  }
+  std::uint32_t* pinned = nullptr;
+  CU(cuMemHostAlloc, reinterpret_cast<void**>(&pinned), 16, 0u);
+  CUdeviceptr slab = 0;  // ab-slab: this size's import
+  auto read4 = [&](CUdeviceptr ptr) {
+    CU(cuMemcpyDtoHAsync, pinned, ptr, 4, stream);
+    CU(cuStreamSynchronize, stream);
+    return *pinned;
+  };
+  const char* first_name = way.read_first
+                               ? "importer: first use (4-byte cuMemcpyDtoHAsync on its stream + cuStreamSynchronize)"
+                               : "importer: first use (1-byte cuMemcpyHtoD + cuStreamSynchronize, as cupool_write)";
+  std::uint64_t seq = 0;
+  for (std::uint64_t size : g_opt.sizes) {
+    const int total = g_opt.warmup + iterations_for(size);
+    for (int i = 0; i < total; ++i) {
+      ++seq;
+      g_where = where("A/B importer", size, i, g_opt.warmup);
+      const bool timed = i >= g_opt.warmup;
+      const unsigned char byte = static_cast<unsigned char>(0xc3 ^ (seq & 0xff));
+      const std::int64_t t0 = now_ns();
+      pair_send(kAlloc, seq, size, nullptr, 0);
+      const PairMsg got = pair_recv(kExported, seq);
+      const std::int64_t t_rx = now_ns();
+      CUdeviceptr ptr = 0;
+      if (way.legacy) {
+        CUipcMemHandle handle;
+        std::memcpy(&handle, got.data, sizeof handle);
+        CU(cuIpcOpenMemHandle, &ptr, handle, static_cast<unsigned>(CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+      } else if (way.slab && i > 0) {
+        ptr = slab + (static_cast<std::uint64_t>(i) % ab_slab_regions(size)) * size;  // imported in round 0
+      } else {
+        CUmemPoolPtrExportData data;
+        std::memcpy(&data, got.data, sizeof data);
+        CU(cuMemPoolImportPointer, &ptr, pool, &data);
+        if (way.slab) slab = ptr;
+      }
+      const std::int64_t t_imp = now_ns();
+      switch (way.wait) {
+        case AbWay::Wait::synchronized: break;
+        case AbWay::Wait::event_host: CU(cuEventSynchronize, event); break;
+        case AbWay::Wait::event_stream: CU(cuStreamWaitEvent, stream, event, 0u); break;
+        case AbWay::Wait::flag:
+          CU(cuStreamWaitValue32, stream, flag, static_cast<cuuint32_t>(seq),
+             static_cast<unsigned>(CU_STREAM_WAIT_VALUE_GEQ));
+          break;
+      }
+      const std::int64_t t_wait = now_ns();
+      std::uint32_t first = 0;
+      if (way.read_first) {
+        first = read4(ptr);
+      } else if (way.wait == AbWay::Wait::event_stream || way.wait == AbWay::Wait::flag) {
+        CU(cuMemcpyHtoDAsync, ptr, &byte, 1, stream);  // ordered after the wait on the stream
+        CU(cuStreamSynchronize, stream);
+      } else {
+        CU(cuMemcpyHtoD, ptr, &byte, 1);
+        CU(cuStreamSynchronize, nullptr);  // from pageable memory the copy may return before its DMA is done
+      }
+      const std::int64_t t_u1 = now_ns();
+      const std::uint32_t second = read4(ptr);
+      const std::int64_t t_u2 = now_ns();
+      if (way.exporter_writes && way.read_first && first != ab_pattern(seq))
+        die("the first read saw 0x%08x where the exporter wrote 0x%08x: it ran before the exporter's work", first,
+            ab_pattern(seq));
+      if (way.exporter_writes && way.read_first && second != ab_pattern(seq))
+        die("the second read saw 0x%08x where the exporter wrote 0x%08x", second, ab_pattern(seq));
+      if (!way.read_first && static_cast<unsigned char>(second & 0xff) != byte)
+        die("read back 0x%02x after writing 0x%02x", static_cast<unsigned>(second & 0xff), byte);
+      const std::int64_t t_f0 = now_ns();
+      if (way.legacy)
+        CU(cuIpcCloseMemHandle, ptr);
+      else if (!way.slab)
+        CU(cuMemFree, ptr);
+      else if (i + 1 == total)
+        CU(cuMemFree, slab);  // the slab's last round
+      const std::int64_t t_f1 = now_ns();
+      pair_send(kFree, seq, size, nullptr, 0);
+      pair_recv(kFreed, seq);
+      const std::int64_t t1 = now_ns();
+      if (!timed) continue;
+      rep.add(size, "round trip", 0, kTotal).push_back(us(t0, t1));
+      rep.add(size, way.legacy ? "importer: import (cuIpcOpenMemHandle)" : "importer: import (cuMemPoolImportPointer)",
+              20, kStep)
+          .push_back(us(t_rx, t_imp));
+      rep.add(size, ab_wait_name(way), 21, kStep).push_back(us(t_imp, t_wait));
+      rep.add(size, first_name, 22, kStep).push_back(us(t_wait, t_u1));
+      rep.add(size, "importer: second use (4-byte read on its stream + cuStreamSynchronize)", 23, kStep)
+          .push_back(us(t_u1, t_u2));
+      rep.add(size, way.legacy ? "importer: release (cuIpcCloseMemHandle)" : "importer: release (cuMemFree)", 24, kStep)
+          .push_back(us(t_f0, t_f1));
+      rep.add(size, "importer: own work (import, wait, two uses, release)", 100, kInfo).push_back(us(t_rx, t_f1));
+      if (way.slab)
+        rep.add(size,
+                static_cast<std::uint64_t>(i) < ab_slab_regions(size)
+                    ? "importer: first use of a region never written before (of the slab imported once)"
+                    : "importer: first use of a region written in an earlier round",
+                102, kInfo)
+            .push_back(us(t_wait, t_u1));
+      rep.add(size, "importer: alloc request sent -> export data received (exporter steps + messaging)", 101, kInfo)
+          .push_back(us(t0, t_rx));
+    }
+  }
+  g_where.clear();
+  CU(cuMemFreeHost, pinned);
+  if (flag) CU(cuIpcCloseMemHandle, flag);
+  pair_send(kDone, seq + 1, 0, nullptr, 0);
+  send_frame(kFrameReport, encode(rep));
+  _exit(0);
+}
+
 // ------------------------------------------------------------------------------------------------
 // The orchestrator: children, their reports, their ends
 
@@ -1985,7 +2385,9 @@ PathResult run_pair_path(const std::string& path) {
     g_result_fd = rex[1];
     g_peer_fd = pair[0];
     g_peer = importer_role;
-    if (legacy)
+    if (is_ab_path(path))
+      ab_exporter_main(ab_way(path));
+    else if (legacy)
       legacy_exporter_main();
     else
       pool_exporter_main(t0);
@@ -1996,7 +2398,9 @@ PathResult run_pair_path(const std::string& path) {
       g_result_fd = rim[1];
       g_peer_fd = pair[1];
       g_peer = exporter_role;
-      if (legacy)
+      if (is_ab_path(path))
+        ab_importer_main(ab_way(path));
+      else if (legacy)
         legacy_importer_main();
       else
         pool_importer_main(way);
@@ -2319,6 +2723,39 @@ std::vector<const Series*> ordered_parts(const PathResult& r, std::uint64_t size
   return parts;
 }
 
+// The A/B controls side by side: where each way of a cold round trip spends its time.
+void print_ab_table(const std::vector<PathResult>& results) {
+  auto median_of = [](const PathResult& r, std::uint64_t size, std::int32_t order, std::uint32_t kind) -> double {
+    for (const Series& s : r.series)
+      if (s.size == size && s.order == order && s.kind == kind) return stats_of(s.us).median;
+    return NAN;
+  };
+  bool header = false;
+  for (const PathResult& r : results) {
+    if (!is_ab_path(r.path)) continue;
+    if (!header)
+      std::printf(
+          "\n== A/B: a cold round trip through the driver alone (issue 26), medians in us ==\n"
+          "%-16s %-9s %8s %8s %8s %8s %8s %9s %10s\n",
+          "path", "size", "import", "wait", "1st use", "2nd use", "release", "importer", "round trip");
+    header = true;
+    if (r.status != "ok") {
+      std::printf("%-16s %s: %s\n", r.path.c_str(), r.status.c_str(), r.note.c_str());
+      continue;
+    }
+    for (std::uint64_t size : g_opt.sizes)
+      std::printf("%-16s %-9s %8s %8s %8s %8s %8s %9s %10s\n", r.path.c_str(), fmt_size(size).c_str(),
+                  fus(median_of(r, size, 20, kStep)).c_str(), fus(median_of(r, size, 21, kStep)).c_str(),
+                  fus(median_of(r, size, 22, kStep)).c_str(), fus(median_of(r, size, 23, kStep)).c_str(),
+                  fus(median_of(r, size, 24, kStep)).c_str(), fus(median_of(r, size, 100, kInfo)).c_str(),
+                  fus(median_of(r, size, 0, kTotal)).c_str());
+  }
+  if (header)
+    std::printf(
+        "importer: its own work (import, wait, both uses, release); the round trip adds the exporter's steps and\n"
+        "the messages. A wait on the stream returns at once: its cost shows in the first use.\n");
+}
+
 void print_text(const DeviceInfo& dev, const std::vector<PathResult>& results,
                 const std::vector<ThroughputResult>& tput, const std::vector<std::string>& failures) {
   std::printf("\n== round trip: allocate -> first use in another process -> freed (microseconds) ==\n");
@@ -2365,6 +2802,7 @@ void print_text(const DeviceInfo& dev, const std::vector<PathResult>& results,
                     p50 <= 5000 ? "met" : "NOT MET");
       }
   std::printf("n/a: a path did not run or failed\n");
+  print_ab_table(results);
 
   std::printf(
       "\n== where the time goes: steps of one round trip (microseconds; the steps and the messaging add up "
@@ -2635,7 +3073,8 @@ int main(int argc, char** argv) {
   const int probe = run_probe(dev, why);
   const bool needs_driver_here = path_selected("bare") || path_selected("bare-t0") || path_selected("bare-stream") ||
                                  path_selected("bare-free") || path_selected("bare-touch") || path_selected("legacy") ||
-                                 path_selected("throughput-write-only");
+                                 path_selected("throughput-write-only") ||
+                                 std::any_of(g_opt.paths.begin(), g_opt.paths.end(), is_ab_path);
   if (probe == kExitSkip) {
     if (g_opt.allow_simulated && !needs_driver_here) {
       notes.push_back("no GPU here (" + why + "); --allow-simulated: only the holder-side paths run");

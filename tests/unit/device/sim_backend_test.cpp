@@ -278,7 +278,8 @@ TEST_CASE("export_pool_fd needs a posix_fd pool; the fd is a new one each time")
   SimBackend sim(test::two_gpu_node());
   const PoolHandle plain = sim.create_pool(0, PoolProps{});
   expect_error([&] { sim.export_pool_fd(plain); }, "cuMemPoolExportToShareableHandle", "CUDA_ERROR_INVALID_VALUE");
-  expect_error([&] { sim.allocate_shared(plain, kMiB); }, "cuMemPoolExportPointer", "CUDA_ERROR_INVALID_VALUE");
+  expect_error([&] { sim.allocate_shared(plain, kMiB, Backend::Readiness::event); }, "cuMemPoolExportPointer",
+               "CUDA_ERROR_INVALID_VALUE");
   CHECK(sim.pool_usage(plain).used_bytes == 0);
 
   const PoolHandle ipc = sim.create_pool(0, ipc_pool(64 * kMiB));
@@ -305,7 +306,7 @@ TEST_CASE("a shared allocation is written by another process and read back") {
   SimBackend holder(test::two_gpu_node());
   const PoolHandle pool = holder.create_pool(0, ipc_pool(256 * kMiB));
   holder.allocate(pool, 2 * kMiB);  // so the shared allocation has a nonzero offset
-  const SharedAllocation shared = holder.allocate_shared(pool, 4 * kMiB);
+  const SharedAllocation shared = holder.allocate_shared(pool, 4 * kMiB, Backend::Readiness::event);
   const Blob64 ready = holder.ready_event(0);
   const int fd = holder.export_pool_fd(pool);
   REQUIRE(fd >= 0);
@@ -370,8 +371,8 @@ TEST_CASE("free_shared leaves the memory reserved until synchronize") {
   SimBackend sim(test::two_gpu_node());
   const PoolHandle pool = sim.create_pool(0, ipc_pool(256 * kMiB));
   const PoolHandle other = sim.create_pool(1, ipc_pool(256 * kMiB));
-  const SharedAllocation a = sim.allocate_shared(pool, 3 * kMiB);
-  const SharedAllocation b = sim.allocate_shared(other, 8 * kMiB);
+  const SharedAllocation a = sim.allocate_shared(pool, 3 * kMiB, Backend::Readiness::event);
+  const SharedAllocation b = sim.allocate_shared(other, 8 * kMiB, Backend::Readiness::event);
   CHECK(sim.pool_usage(pool).used_bytes == 3 * kMiB);
   CHECK(sim.pool_usage(pool).reserved_bytes == 4 * kMiB);
   // A shared allocation is freed with free_shared, a plain one with free.
@@ -399,7 +400,7 @@ TEST_CASE("free_shared leaves the memory reserved until synchronize") {
 TEST_CASE("export data and events are checked by the importer") {
   SimBackend holder(test::two_gpu_node());
   const PoolHandle pool = holder.create_pool(0, ipc_pool(16 * kMiB));
-  const SharedAllocation shared = holder.allocate_shared(pool, 2 * kMiB);
+  const SharedAllocation shared = holder.allocate_shared(pool, 2 * kMiB, Backend::Readiness::event);
   const int fd = holder.export_pool_fd(pool);
   SimBackend client{NodeReport{}};
   const PoolHandle imported = client.import_pool_fd(0, fd);
@@ -468,7 +469,8 @@ TEST_CASE("graph memory is zero on a simulated node; the sharing calls are logge
   sim.fail("export_pool_fd", "CUDA_ERROR_NOT_PERMITTED");
   expect_error([&] { sim.export_pool_fd(pool); }, "simulated export_pool_fd", "CUDA_ERROR_NOT_PERMITTED");
   sim.fail("allocate_shared", "CUDA_ERROR_OUT_OF_MEMORY");
-  expect_error([&] { sim.allocate_shared(pool, kMiB); }, "simulated allocate_shared", "CUDA_ERROR_OUT_OF_MEMORY");
+  expect_error([&] { sim.allocate_shared(pool, kMiB, Backend::Readiness::event); }, "simulated allocate_shared",
+               "CUDA_ERROR_OUT_OF_MEMORY");
   CHECK(sim.pool_usage(pool).used_bytes == 0);
   SimBackend client{NodeReport{}};
   client.fail("wait_ready", "CUDA_ERROR_UNKNOWN");

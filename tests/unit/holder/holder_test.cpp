@@ -118,6 +118,27 @@ TEST_CASE("plan shows a threshold change; apply makes only that change") {
   for (const auto& c : made) CHECK(c.rfind("set_pool_settings(", 0) == 0);
 }
 
+TEST_CASE("an alloc with synchronize waits for the allocation and records no IPC event after it") {
+  // Issue 26: a client's first write after the holder recorded its IPC event cost 145-260 us on
+  // the H100; after the holder's synchronize without one, 9-12 us. The library asks for it always.
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto alice = f.client(peer(1001, "alice"));
+  auto allocated = [&](bool synchronize) {
+    const std::size_t before = f.sim.calls().size();
+    const Json reply = f.call(
+        alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size_bytes", 1 << 20}, {"synchronize", synchronize}});
+    CHECK(reply["ready"] == synchronize);
+    for (std::size_t i = before; i < f.sim.calls().size(); ++i)
+      if (f.sim.calls()[i].rfind("allocate_shared(", 0) == 0) return f.sim.calls()[i];
+    return std::string("no allocate_shared");
+  };
+  const std::string waited = allocated(true);
+  CHECK(waited.size() > 16);
+  CHECK(waited.find(",synchronized)") != std::string::npos);
+  CHECK(allocated(false).find("synchronized") == std::string::npos);
+}
+
 TEST_CASE("protocol 4 speaks docs/naming.md's names; a connection of 3 keeps the old ones") {
   Fixture f;
   f.holder.apply(f.want());

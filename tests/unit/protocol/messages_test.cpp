@@ -58,6 +58,16 @@ int refused_variants(Reader reader, const Json& body) {
   return refused;
 }
 
+// A buffer_create without an index or parts.
+BufferCreate plain_buffer(const std::string& name, const std::string& pool, int device, std::uint64_t size) {
+  BufferCreate v;
+  v.name = name;
+  v.pool = pool;
+  v.device = device;
+  v.size_bytes = size;
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("every request the client library writes is what the holder reads") {
@@ -112,6 +122,162 @@ TEST_CASE("the holder's readers bound what a request says") {
   CHECK_THROWS_AS(at_holder(read_buffer_open, Json{{"name", "w"}, {"part", kMaxPartNumber + 1}}), Error);
   CHECK_THROWS_AS(at_holder([](Args& a) { return read_dropped(a, 1); }, Json{{"ask", 1}, {"leases", {1, 2}}}), Error);
   CHECK_THROWS_AS(at_holder(read_hello, Json{{"protocol", 70000}}), Error);
+}
+
+TEST_CASE("every request of the CLI's verbs is what the holder reads") {
+  // Those without arguments: the op alone.
+  CHECK(to_json(proto::List{}) == Json{{"op", "list"}});
+  CHECK(to_json(proto::Status{}) == Json{{"op", "status"}});
+  CHECK(to_json(proto::Export{}) == Json{{"op", "export"}});
+  at_holder(read_list, to_json(proto::List{}));
+  at_holder(read_status, to_json(proto::Status{}));
+  at_holder(read_export, to_json(proto::Export{}));
+
+  CHECK(at_holder(read_stats, to_json(proto::Stats{true})).reset_peaks);
+  CHECK_FALSE(at_holder(read_stats, to_json(proto::Stats{})).reset_peaks);
+  CHECK(to_json(proto::Stats{}) == Json{{"op", "stats"}});  // the exporter's request: no reset_peaks
+
+  proto::Trim trim;
+  trim.keep_bytes = 4ULL << 30;
+  trim.pool = "kv-cache";
+  trim.graph = false;
+  trim.cached = false;
+  const proto::Trim t = at_holder(read_trim, to_json(trim));
+  CHECK(t.keep_bytes == 4ULL << 30);
+  CHECK(t.pool == std::optional<std::string>("kv-cache"));
+  CHECK_FALSE(t.graph);
+  CHECK_FALSE(t.cached);
+  // The defaults: every pool, graph memory and cached blocks too; "cached" is sent only as false.
+  const Json plain_trim = to_json(proto::Trim{});
+  CHECK(plain_trim == Json{{"op", "trim"}, {"keep_bytes", 0}, {"graph", true}});
+  const proto::Trim d = at_holder(read_trim, plain_trim);
+  CHECK(d.keep_bytes == 0);
+  CHECK_FALSE(d.pool);
+  CHECK(d.graph);
+  CHECK(d.cached);
+  const proto::Trim empty = at_holder(read_trim, Json{{"op", "trim"}});
+  CHECK(empty.keep_bytes == 0);
+  CHECK(empty.graph);
+  CHECK(empty.cached);
+
+  const auto read_plan_of = [](bool apply) { return [apply](Args& a) { return read_plan(a, apply, 1 << 20); }; };
+  const proto::Plan plan{"version: 1\n", std::string("/etc/cupool/cupool.yaml"), false};
+  CHECK(to_json(plan).at("op") == "plan");
+  const proto::Plan p = at_holder(read_plan_of(false), to_json(plan));
+  CHECK(p.config == "version: 1\n");
+  CHECK(p.path == plan.path);
+  CHECK_FALSE(p.apply);
+  const proto::Plan apply{"version: 1\n", std::nullopt, true};
+  const Json apply_wire = to_json(apply);
+  CHECK(apply_wire.at("op") == "apply");
+  CHECK_FALSE(apply_wire.contains("path"));
+  const proto::Plan ap = at_holder(read_plan_of(true), apply_wire);
+  CHECK(ap.apply);
+  CHECK_FALSE(ap.path);
+
+  proto::BufferCreate create;
+  create.name = "weights";
+  create.pool = "kv";
+  create.device = 1;
+  create.size_bytes = 300;
+  create.loading = true;
+  create.tensors = Json::array({{{"name", "w"}, {"dtype", "F16"}}});
+  create.metadata = Json{{"format", "pt"}};
+  create.part_sizes_bytes = Json::array({100, 200});
+  const proto::BufferCreate c = at_holder(read_buffer_create, to_json(create));
+  CHECK(c.name == "weights");
+  CHECK(c.pool == "kv");
+  CHECK(c.device == 1);
+  CHECK(c.size_bytes == 300);
+  CHECK(c.loading);
+  CHECK(c.tensors == create.tensors);
+  CHECK(c.metadata == create.metadata);
+  CHECK(c.part_sizes_bytes == create.part_sizes_bytes);
+  // The defaults: no device (the pool's first), not loading, no index, one part; none is sent.
+  const Json plain_create = to_json(plain_buffer("weights", "kv", -1, 64));
+  CHECK(plain_create == Json{{"op", "buffer_create"}, {"name", "weights"}, {"pool", "kv"}, {"size_bytes", 64}});
+  const proto::BufferCreate pc = at_holder(read_buffer_create, plain_create);
+  CHECK(pc.device == -1);
+  CHECK_FALSE(pc.loading);
+  CHECK_FALSE(pc.tensors);
+  CHECK_FALSE(pc.metadata);
+  CHECK_FALSE(pc.part_sizes_bytes);
+  // A value the holder checks itself is taken as sent, null too (the holder refuses it).
+  const proto::BufferCreate nulls =
+      at_holder(read_buffer_create, Json{{"name", "w"}, {"pool", "kv"}, {"size_bytes", 1}, {"tensors", nullptr}});
+  REQUIRE(nulls.tensors);
+  CHECK(nulls.tensors->is_null());
+
+  CHECK(at_holder(read_buffer_ready, to_json(proto::BufferReady{"weights"})).name == "weights");
+  CHECK(at_holder(read_buffer_tensors, to_json(proto::BufferTensors{"weights"})).name == "weights");
+  const proto::BufferRemove rm = at_holder(read_buffer_remove, to_json(proto::BufferRemove{"weights", true}));
+  CHECK(rm.name == "weights");
+  CHECK(rm.force);
+  CHECK(to_json(proto::BufferRemove{"weights"}) ==
+        Json{{"op", "buffer_remove"}, {"name", "weights"}, {"force", false}});
+  CHECK_FALSE(at_holder(read_buffer_remove, Json{{"name", "weights"}}).force);
+  CHECK(to_json(proto::BufferReady{}).at("op") == "buffer_ready");
+  CHECK(to_json(proto::BufferTensors{}).at("op") == "buffer_tensors");
+}
+
+TEST_CASE("the holder's readers of the CLI's requests refuse what is unknown, ill-typed or out of bounds") {
+  // The message a refusal says.
+  const auto refusal = [](auto reader, const Json& request) -> std::string {
+    try {
+      at_holder(reader, request);
+    } catch (const Error& e) {
+      CHECK(e.code() == Errc::bad_request);
+      return e.what();
+    }
+    FAIL("the request was read: " << request.dump());
+    return "";
+  };
+  // Requests without arguments take none.
+  CHECK(refusal(read_list, Json{{"op", "list"}, {"all", true}}) == "unknown argument \"all\"");
+  CHECK(refusal(read_status, Json{{"op", "status"}, {"verbose", true}}) == "unknown argument \"verbose\"");
+  CHECK(refusal(read_export, Json{{"op", "export"}, {"format", "json"}}) == "unknown argument \"format\"");
+
+  CHECK(refusal(read_stats, Json{{"reset_peaks", 1}}) == "\"reset_peaks\" must be true or false");
+  CHECK(refusal(read_stats, Json{{"reset", true}}).find("unknown argument \"reset\"") == 0);
+
+  CHECK(refusal(read_trim, Json{{"keep_bytes", -1}}) == "\"keep_bytes\" must be a non-negative integer");
+  CHECK(refusal(read_trim, Json{{"keep", 1}}).find("unknown argument \"keep\"") == 0);  // protocol 3's name
+  CHECK(refusal(read_trim, Json{{"pool", std::string(kMaxName + 1, 'a')}}) == "\"pool\" is longer than 64 bytes");
+  CHECK(refusal(read_trim, Json{{"pool", 3}}) == "\"pool\" must be a string");
+  CHECK(refusal(read_trim, Json{{"graph", "no"}}) == "\"graph\" must be true or false");
+  CHECK(refusal(read_trim, Json{{"cached", nullptr}}) == "\"cached\" must be true or false");
+
+  const auto read_small_plan = [](Args& a) { return read_plan(a, false, 8); };
+  CHECK(refusal(read_small_plan, Json{{"path", "x"}}) == "missing argument \"config\"");
+  CHECK(refusal(read_small_plan, Json{{"config", "123456789"}}) == "\"config\" is longer than 8 bytes");
+  CHECK(refusal(read_small_plan, Json{{"config", ""}, {"path", std::string(kMaxConfigName + 1, 'p')}}) ==
+        "\"path\" is longer than 256 bytes");
+  CHECK(refusal(read_small_plan, Json{{"config", ""}, {"apply", true}}).find("unknown argument \"apply\"") == 0);
+
+  const Json create = to_json(plain_buffer("weights", "kv", 0, 64));
+  const auto changed = [&](const char* key, const Json& value) {
+    Json out = create;
+    out[key] = value;
+    return out;
+  };
+  CHECK(refusal(read_buffer_create, changed("size_bytes", 0)) ==
+        "\"size_bytes\" must be between 1 and " + std::to_string(kMaxAllocation));
+  CHECK(refusal(read_buffer_create, changed("size_bytes", kMaxAllocation + 1)).find("\"size_bytes\"") == 0);
+  CHECK(refusal(read_buffer_create, changed("device", -2)).find("\"device\" must be a device ordinal") == 0);
+  CHECK(refusal(read_buffer_create, changed("loading", "yes")) == "\"loading\" must be true or false");
+  CHECK(refusal(read_buffer_create, changed("name", std::string(kMaxName + 1, 'w'))) ==
+        "\"name\" is longer than 64 bytes");
+  CHECK(refusal(read_buffer_create, changed("size", 64)).find("unknown argument \"size\"") == 0);
+  CHECK(refusal(read_buffer_create, changed("parts", Json::array({64}))).find("unknown argument \"parts\"") == 0);
+  Json no_pool = create;
+  no_pool.erase("pool");
+  CHECK(refusal(read_buffer_create, no_pool) == "missing argument \"pool\"");
+
+  CHECK(refusal(read_buffer_ready, Json{{"op", "buffer_ready"}}) == "missing argument \"name\"");
+  CHECK(refusal(read_buffer_ready, Json{{"name", "w"}, {"force", true}}).find("unknown argument \"force\"") == 0);
+  CHECK(refusal(read_buffer_tensors, Json{{"name", 7}}) == "\"name\" must be a string");
+  CHECK(refusal(read_buffer_remove, Json{{"name", "w"}, {"force", 1}}) == "\"force\" must be true or false");
+  CHECK(refusal(read_buffer_remove, Json{{"name", "w"}, {"forced", true}}).find("unknown argument \"forced\"") == 0);
 }
 
 TEST_CASE("every reply the holder writes is what the client library reads") {

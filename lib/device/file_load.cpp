@@ -1,0 +1,228 @@
+// The parallel file loader behind Backend::load_file (file_load.h).
+#include "device/file_load.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "base/error.h"
+#include "base/fd.h"
+#include "device/backend.h"
+
+namespace cupool {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+struct Chunk {
+  std::uint64_t file_offset = 0;
+  std::uint64_t address = 0;
+  std::uint64_t bytes = 0;
+};
+
+std::string ended_at(std::uint64_t at, std::uint64_t wanted) {
+  return "the file ended at byte " + std::to_string(at) + ", before byte " + std::to_string(wanted) +
+         " (was it truncated while being read?)";
+}
+
+// Reads `bytes` bytes at `offset` of a file opened with O_DIRECT into `slot` (kDirectAlign-aligned,
+// bytes + 2 * kDirectAlign long): the reads start and end on aligned bytes, so the data starts
+// `offset % kDirectAlign` bytes into the slot; returns where.
+const unsigned char* read_direct(int fd, unsigned char* slot, std::uint64_t bytes, std::uint64_t offset) {
+  const std::uint64_t start = offset & ~(kDirectAlign - 1);
+  const std::uint64_t lead = offset - start;
+  const std::uint64_t need = lead + bytes;
+  const std::uint64_t span = (need + kDirectAlign - 1) & ~(kDirectAlign - 1);
+  std::uint64_t done = 0;
+  while (done < need) {
+    const ssize_t got =
+        ::pread(fd, slot + done, static_cast<std::size_t>(span - done), static_cast<off_t>(start + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) throw InputError(std::string("reading the file (O_DIRECT) failed: ") + std::strerror(errno));
+    if (got == 0) throw InputError(ended_at(start + done, offset + bytes));
+    done += static_cast<std::uint64_t>(got);
+    // A short read of a regular file opened with O_DIRECT is its end: the next would be unaligned.
+    if (done < need && done % kDirectAlign != 0) throw InputError(ended_at(start + done, offset + bytes));
+  }
+  return slot + lead;
+}
+
+unsigned default_threads() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return std::clamp(cores == 0 ? 2u : cores, 2u, 8u);
+}
+
+}  // namespace
+
+double resident_fraction(int fd, const std::vector<FileRange>& ranges) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) return 1;
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  if (page_size <= 0) return 1;
+  const auto page = static_cast<std::uint64_t>(page_size);
+  void* map = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) return 1;
+  std::vector<unsigned char> in_core((size + page - 1) / page);
+  const bool told = ::mincore(map, static_cast<std::size_t>(size), in_core.data()) == 0;
+  ::munmap(map, static_cast<std::size_t>(size));
+  if (!told) return 1;
+  std::uint64_t pages = 0, resident = 0;
+  for (const FileRange& r : ranges) {
+    if (!r.bytes || r.file_offset >= size) continue;
+    const std::uint64_t first = r.file_offset / page;
+    const std::uint64_t last = (std::min(size, r.file_offset + r.bytes) - 1) / page;
+    for (std::uint64_t p = first; p <= last; ++p) {
+      ++pages;
+      if (in_core[p] & 1u) ++resident;
+    }
+  }
+  return pages ? static_cast<double>(resident) / static_cast<double>(pages) : 1;
+}
+
+LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                       const SinkFactory& make_sink, const std::function<void(std::uint64_t)>& progress) {
+  const auto started = Clock::now();
+  const std::uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : kLoadChunk;
+  std::vector<Chunk> chunks;
+  LoadReport report;
+  for (const FileRange& r : ranges)
+    for (std::uint64_t at = 0; at < r.bytes; at += chunk) {
+      const std::uint64_t n = std::min(chunk, r.bytes - at);
+      chunks.push_back({r.file_offset + at, r.address + at, n});
+      report.bytes += n;
+    }
+  if (chunks.empty()) {
+    if (progress) progress(0);
+    return report;
+  }
+
+  // O_DIRECT through the same open file (/proc/self/fd names it, not its path: no second lookup).
+  Fd direct;
+  if (options.direct != DirectIo::never) {
+    bool wanted = options.direct == DirectIo::always;
+    if (options.direct == DirectIo::automatic) {
+      report.resident_fraction = resident_fraction(fd, ranges);
+      wanted = report.resident_fraction < 0.5;
+    }
+    if (wanted) {
+      const std::string self = "/proc/self/fd/" + std::to_string(fd);
+      direct.reset(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+      if (!direct && options.direct == DirectIo::always)
+        throw InputError(std::string("the file cannot be read with O_DIRECT (") + std::strerror(errno) +
+                         "); load it without --direct-io always");
+    }
+  }
+  report.direct_io = static_cast<bool>(direct);
+
+  const unsigned threads = static_cast<unsigned>(
+      std::min<std::size_t>(options.threads ? options.threads : default_threads(), chunks.size()));
+  report.threads = threads;
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> done_bytes{0};
+  std::atomic<bool> stop{false};
+  std::mutex mutex;
+  std::condition_variable changed;
+  unsigned finished = 0;
+  std::exception_ptr failure;
+  std::vector<double> read_s(threads, 0.0), wait_s(threads, 0.0);
+
+  auto fail = [&](std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!failure) failure = std::move(e);
+    stop = true;
+  };
+  auto work = [&](unsigned t) {
+    try {
+      std::unique_ptr<LoadSink> sink = make_sink(chunk + 2 * kDirectAlign);
+      try {
+        bool busy[LoadSink::kSlots] = {};
+        unsigned s = 0;
+        while (!stop) {
+          const std::size_t k = next.fetch_add(1);
+          if (k >= chunks.size()) break;
+          const Chunk& c = chunks[k];
+          if (busy[s]) {
+            const auto w0 = Clock::now();
+            sink->wait(s);
+            wait_s[t] += seconds(Clock::now() - w0);
+          }
+          unsigned char* slot = sink->slot(s);
+          const auto r0 = Clock::now();
+          const unsigned char* from = slot;
+          if (direct)
+            from = read_direct(direct.get(), slot, c.bytes, c.file_offset);
+          else
+            read_file_range(fd, slot, c.bytes, c.file_offset);
+          read_s[t] += seconds(Clock::now() - r0);
+          sink->send(s, from, c.address, c.bytes);
+          busy[s] = true;
+          s = (s + 1) % LoadSink::kSlots;
+          done_bytes += c.bytes;
+        }
+      } catch (...) {
+        fail(std::current_exception());
+      }
+      // What was sent is waited for before the slots go, on every path.
+      const auto w0 = Clock::now();
+      sink->finish();
+      wait_s[t] += seconds(Clock::now() - w0);
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    ++finished;
+    changed.notify_all();
+  };
+
+  std::vector<std::thread> pool;
+  try {
+    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work, t);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  std::exception_ptr told_failure;
+  {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (finished < pool.size()) {
+      changed.wait_for(lock, std::chrono::milliseconds(100));
+      if (progress && !stop && finished < pool.size()) {
+        lock.unlock();
+        try {
+          progress(done_bytes.load());
+        } catch (...) {
+          told_failure = std::current_exception();
+          stop = true;
+        }
+        lock.lock();
+      }
+    }
+  }
+  for (std::thread& th : pool) th.join();
+  if (told_failure) std::rethrow_exception(told_failure);
+  if (failure) std::rethrow_exception(failure);
+  if (progress) progress(done_bytes.load());
+  for (unsigned t = 0; t < threads; ++t) {
+    report.read_seconds += read_s[t] / threads;
+    report.copy_wait_seconds += wait_s[t] / threads;
+  }
+  report.seconds = seconds(Clock::now() - started);
+  return report;
+}
+
+}  // namespace cupool

@@ -1,0 +1,76 @@
+// Ranges of a file into device memory, read by several threads at once (issue 26: one thread
+// reading from the page cache was the bound of `cupool buffer load`, at a tenth of the bus's
+// speed). The work is cut into chunks; each worker thread reads a chunk into a staging slot of
+// its own and hands it to a Sink, which copies it on (the CUDA backend: an asynchronous copy from
+// pinned memory on the worker's stream; the simulated node: a memcpy into its memory). A file
+// that is mostly not in the page cache is read with O_DIRECT (aligned reads, no cache pollution).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace cupool {
+
+struct FileRange;
+
+// How a file is read: O_DIRECT when most of it is not in the page cache (automatic), always, or
+// never.
+enum class DirectIo { automatic, always, never };
+
+struct LoadOptions {
+  unsigned threads = 0;  // 0: one per core, 2 to 8
+  DirectIo direct = DirectIo::automatic;
+  std::uint64_t chunk_bytes = 0;  // 0: kLoadChunk (tests use small chunks)
+};
+
+// What a load did and where its time went. The stages overlap (reads run while copies run), so
+// read and wait are each thread's busy time, averaged over the threads: a load that waits little
+// for its copies is bound by its reads.
+struct LoadReport {
+  std::uint64_t bytes = 0;
+  double seconds = 0;            // the whole load, wall clock
+  double read_seconds = 0;       // reading the file (per thread, averaged)
+  double copy_wait_seconds = 0;  // waiting for a staging slot's copy to finish (per thread, averaged)
+  unsigned threads = 0;
+  bool direct_io = false;        // read with O_DIRECT
+  double resident_fraction = 1;  // of the ranges' pages in the page cache before the load (automatic)
+};
+
+constexpr std::uint64_t kLoadChunk = 16ULL << 20;
+// Alignment of an O_DIRECT read (offset, length and buffer); staging slots are this much larger
+// than a chunk at each end.
+constexpr std::uint64_t kDirectAlign = 4096;
+
+// One worker's end of the pipeline, made and used on the worker's thread.
+class LoadSink {
+ public:
+  virtual ~LoadSink() = default;
+  // Staging slot `i` (0 <= i < kSlots): at least chunk + 2 * kDirectAlign bytes, kDirectAlign-aligned.
+  virtual unsigned char* slot(unsigned i) = 0;
+  // Waits until what was last handed over from slot `i` no longer needs it.
+  virtual void wait(unsigned i) = 0;
+  // Sends `bytes` bytes at `from` (inside slot `i`) to `address`.
+  virtual void send(unsigned i, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) = 0;
+  // Waits for everything sent (the load returns only once the memory holds the file's bytes).
+  virtual void finish() = 0;
+  static constexpr unsigned kSlots = 2;
+};
+
+// Makes a worker's sink on the worker's thread (a CUDA context is made current there).
+using SinkFactory = std::function<std::unique_ptr<LoadSink>(std::uint64_t slot_bytes)>;
+
+// Loads every range of the file open at `fd`. `progress` (may be empty) is called on the calling
+// thread with the bytes read so far, at most about ten times a second and once at the end. The
+// first failure of any worker stops the others and is thrown here (InputError for the file,
+// CudaError from a sink); whatever was sent before is waited for first.
+LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                       const SinkFactory& make_sink, const std::function<void(std::uint64_t)>& progress);
+
+// The share (0 to 1) of the ranges' pages that are in the page cache now (mincore on a mapping of
+// the file; 1 when that cannot be told).
+double resident_fraction(int fd, const std::vector<FileRange>& ranges);
+
+}  // namespace cupool
