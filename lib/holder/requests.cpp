@@ -222,6 +222,9 @@ Json Holder::op_alloc(Request& r) {
     Client& c = client(client_id);
     HeldPool& p = pool_for(c, name, device, true);
     const auto [lease, s] = grant_lease(client_id, c, p, size, synchronize);
+    spdlog::debug("lease {}: {} of pool {} on device {} for client {}, {}", lease, format_bytes(size), p.want.name,
+                  p.want.device, client_id,
+                  synchronize ? "waited for (no IPC event)" : "the ready event recorded after it");
     proto::AllocReply out;
     out.lease = lease;
     out.size_bytes = size;

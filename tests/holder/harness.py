@@ -135,7 +135,7 @@ class RawClient:
 # ---- running things ----
 
 class Holder:
-    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None, profile=None):
+    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None, profile=None, log_level="info"):
         self.tmp = tmp
         self.socket = os.path.join(tmp, "cupool.sock")
         self.config = os.path.join(tmp, "cupool.yaml")
@@ -146,7 +146,7 @@ class Holder:
         self.log_path = os.path.join(tmp, "holder.log")
         self.log = open(self.log_path, "a")
         node = ["--profile", profile or PROFILE] if (profile or PROFILE) else []
-        self.proc = subprocess.Popen([ARGS.cupool, "--log-level", "info", "hold", self.config, "--drain-timeout", "3"]
+        self.proc = subprocess.Popen([ARGS.cupool, "--log-level", log_level, "hold", self.config, "--drain-timeout", "3"]
                                      + node + list(extra),
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None)
