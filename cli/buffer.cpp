@@ -30,6 +30,7 @@ struct BufferArgs {
   std::string part_size;
   unsigned read_threads = 0;
   std::string direct_io = "auto";
+  std::string gds = "auto";
   CLI::App* create = nullptr;
   CLI::App* load = nullptr;
   CLI::App* ls = nullptr;
@@ -100,8 +101,8 @@ int run_load(const BufferArgs& args) {
     if (*parsed < (1ULL << 20)) throw InputError("--part-size: a part is at least 1MiB");
     part_size = *parsed;
   }
-  const json reply = load_buffer(
-      {args.socket, args.name, args.file, args.pool, args.device, part_size, args.read_threads, args.direct_io});
+  const json reply = load_buffer({args.socket, args.name, args.file, args.pool, args.device, part_size,
+                                  args.read_threads, args.direct_io, args.gds});
   print_reply(format, reply, render_loaded);
   return static_cast<int>(ExitCode::ok);
 }
@@ -189,7 +190,9 @@ Verb add_buffer(CLI::App& app) {
       "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data:\n"
       "several threads read 16 MiB chunks into pinned staging memory of their own while the chunks read\n"
       "before are copied to the GPU (with O_DIRECT when most of the file is not in the page cache), with\n"
-      "a progress bar in GB/s on a terminal; the JSON says where the time went (stages). The buffer is\n"
+      "a progress bar in GB/s on a terminal; the JSON says where the time went (stages). Where the node\n"
+      "has GPUDirect Storage (the nvidia-fs module and NVIDIA's libcufile; `cupool query --deep` says),\n"
+      "cuFile reads the chunks from storage straight into the GPU instead (--gds). The buffer is\n"
       "one allocation (in a device pool: an exported allocation, which outlives a restart of the\n"
       "holder); --part-size splits it into parts of at most that size, one allocation each (a tensor\n"
       "larger than that gets a part of its own), for host pools (their imports over 5 GiB crashed on the\n"
@@ -201,6 +204,7 @@ Verb add_buffer(CLI::App& app) {
       "  sudo cupool buffer load llama /models/llama/model.safetensors --pool weights\n"
       "  sudo cupool buffer load llama model.safetensors --pool weights --device 1 --format json\n"
       "  sudo cupool buffer load qwen model.safetensors --pool weights --read-threads 4 --direct-io never\n"
+      "  sudo cupool buffer load qwen /nvme/qwen.safetensors --pool weights --gds always\n"
       "\nExit codes: 0 loaded, 1 the holder could not (it exists, no such pool or device, no room), 2 a bad\n"
       "file or bad arguments, 4 no holder is listening or it refused (loading needs an admin).");
   args->load->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
@@ -222,6 +226,12 @@ Verb add_buffer(CLI::App& app) {
   args->load
       ->add_option("--direct-io", args->direct_io,
                    "Read with O_DIRECT: auto (when most of the file is not in the page cache), always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->default_str("auto");
+  args->load
+      ->add_option("--gds", args->gds,
+                   "Read through GPUDirect Storage (cuFile): auto (when nvidia-fs is loaded and cuFile takes the "
+                   "file), always (exit 2 where it cannot), never")
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->default_str("auto");
 

@@ -66,6 +66,20 @@ class ProgressLine {
   Clock::time_point last_{};
 };
 
+cupool_gds gds_of(const std::string& how) {
+  if (how == "always") return CUPOOL_GDS_ALWAYS;
+  if (how == "never") return CUPOOL_GDS_NEVER;
+  return CUPOOL_GDS_AUTO;
+}
+
+const char* read_method_name(std::int32_t method) {
+  switch (method) {
+    case CUPOOL_READ_GPUDIRECT: return "gpudirect";
+    case CUPOOL_READ_GPUDIRECT_COMPATIBILITY: return "gpudirect_compatibility";
+    default: return "staged";
+  }
+}
+
 cupool_direct_io direct_io_of(const std::string& how) {
   if (how == "always") return CUPOOL_DIRECT_IO_ALWAYS;
   if (how == "never") return CUPOOL_DIRECT_IO_NEVER;
@@ -99,8 +113,9 @@ json load_buffer(const LoadArgs& args) {
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer load");
   const json created = holder.request(create);
   stages.create_seconds = seconds_since(at);
-  cupool_load_options how{args.read_threads, direct_io_of(args.direct_io)};
+  cupool_load_options how{args.read_threads, direct_io_of(args.direct_io), gds_of(args.gds)};
   std::uint32_t threads = 0;
+  std::string method = "staged", gds_note;  // the first part's (every part is read the same way)
   bool direct = false;
   double cached_pages = 0;  // the parts' page-cache ratios, weighted by their bytes
   // From here the buffer exists, loading: on any failure it is removed, and were this process
@@ -130,6 +145,10 @@ json load_buffer(const LoadArgs& args) {
       threads = std::max(threads, done.threads);
       direct = direct || done.direct_io != 0;
       cached_pages += done.resident_fraction * static_cast<double>(done.bytes);
+      if (part == 0) {
+        method = read_method_name(done.read_method);
+        gds_note.assign(done.gds_note, strnlen(done.gds_note, sizeof done.gds_note));
+      }
     }
     stages.load_seconds = seconds_since(at);
     at = Clock::now();
@@ -163,6 +182,8 @@ json load_buffer(const LoadArgs& args) {
   out.read_thread_count = threads;
   out.direct_io = direct;
   out.page_cache_ratio = bytes ? std::clamp(cached_pages / static_cast<double>(bytes), 0.0, 1.0) : 1.0;
+  out.read_method = method;
+  if (!gds_note.empty()) out.gds_note = gds_note;
   return model::to_json(out);
 }
 
@@ -179,10 +200,16 @@ std::string render_stages(const json& r) {
     return std::string(text);
   };
   const auto threads = r.value("read_thread_count", std::uint64_t{0});
+  auto via = [](const std::string& method) -> std::string {
+    if (method == "gpudirect") return ", GPUDirect Storage";
+    if (method == "gpudirect_compatibility") return ", cuFile in compatibility mode";
+    return "";
+  };
   return "  time: index " + sec("index_seconds") + ", create " + sec("create_seconds") + ", load " +
          sec("load_seconds") + " (reads " + sec("read_seconds") + ", waits for copies " + sec("copy_wait_seconds") +
          ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
-         (r.value("direct_io", false) ? ", O_DIRECT" : "") + "), ready " + sec("ready_seconds") + "\n";
+         (r.value("direct_io", false) ? ", O_DIRECT" : "") + via(r.value("read_method", std::string("staged"))) +
+         "), ready " + sec("ready_seconds") + "\n";
 }
 
 }  // namespace

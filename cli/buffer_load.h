@@ -16,6 +16,7 @@ struct LoadArgs {
   std::uint64_t part_size = 0;     // the largest allocation (0: tensors::kDefaultPartSize)
   unsigned read_threads = 0;       // 0: one per core, 2 to 8
   std::string direct_io = "auto";  // auto, always, never
+  std::string gds = "auto";        // GPUDirect Storage: auto, always, never
 };
 
 // Reads the safetensors file `args.file` into a new buffer `args.name` and keeps its tensor index

@@ -53,7 +53,7 @@ __cupool_options() {
     'export') echo '--help -h --socket -s --output --format -o --version --log-level' ;;
     'buffer') echo '--help -h --version --log-level' ;;
     'buffer create') echo '--help -h --pool --device -d --size --socket -s --format -o --version --log-level' ;;
-    'buffer load') echo '--help -h --pool --device -d --part-size --read-threads --direct-io --socket -s --format -o --version --log-level' ;;
+    'buffer load') echo '--help -h --pool --device -d --part-size --read-threads --direct-io --gds --socket -s --format -o --version --log-level' ;;
     'buffer ls') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'buffer rm') echo '--help -h --force --socket -s --format -o --version --log-level' ;;
     'exporter') echo '--help -h --listen -l --socket -s --version --log-level' ;;
@@ -124,6 +124,7 @@ __cupool_option_value() {
     'buffer load|--part-size') echo 'any' ;;
     'buffer load|--read-threads') echo 'any' ;;
     'buffer load|--direct-io') echo 'choices auto always never' ;;
+    'buffer load|--gds') echo 'choices auto always never' ;;
     'buffer load|--socket' | 'buffer load|-s') echo 'file' ;;
     'buffer load|--format' | 'buffer load|-o') echo 'choices table json yaml' ;;
     'buffer load|--log-level') echo 'choices trace debug info warn error off' ;;

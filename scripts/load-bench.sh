@@ -12,8 +12,11 @@
 #   load_file   python3: torch.cuda.init() first (not timed), then
 #               safetensors.torch.load_file(FILE, device="cuda") + torch.cuda.synchronize()
 #   cupool      `cupool buffer load` (its elapsed_seconds: header to ready), then `buffer rm`
-# then cupool with --read-threads 1, 2, 4, 8 and 16, and --direct-io always; and cold (the file's
-# pages dropped with posix_fadvise DONTNEED before each): cupool (auto: O_DIRECT), load_file.
+# then cupool with --read-threads 1, 2, 4, 8 and 16, --direct-io always, and --gds always (cuFile;
+# in its compatibility mode where nvidia-fs is not loaded); and cold (the file's pages dropped
+# with posix_fadvise DONTNEED before each): cupool (auto: O_DIRECT), cupool --gds always,
+# load_file. A --gds always load that cuFile refuses is said, not counted (in a container without
+# a udev database cuFile registers no file: tests/gpu/udev-stand-in.sh).
 # Every cupool reply goes to $OUT/load-bench.jsonl, the table to $OUT/load-bench.txt.
 # Exit status: 0 every load ran, 1 one failed, 2 the build is missing.
 set -euo pipefail
@@ -105,16 +108,24 @@ for t in 1 2 4 8 16; do
 done
 say "cupool --direct-io always (cached file)"
 cupool_load "cached, --direct-io always" --direct-io always || rc=1
-say "cold: cupool (auto), load_file"
+gds_load() {  # $1: label
+  cupool_load "$1" --gds always ||
+    say "--gds always failed here (cuFile said why above)"
+}
+say "cupool --gds always (cached file)"
+gds_load "cached, --gds always"
+say "cold: cupool (auto), cupool --gds always, load_file"
 evict
 cupool_load "cold" || rc=1
+evict
+gds_load "cold, --gds always"
 evict
 load_file "cold" || rc=1
 
 python3 - "$JSONL" >"$OUT/load-bench.txt" <<'PY'
 import json, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-print(f"{'how':10} {'label':28} {'GB/s':>7} {'s':>7}  stages (cupool: index, create, load, reads, copy waits, ready; threads, O_DIRECT, cached)")
+print(f"{'how':10} {'label':28} {'GB/s':>7} {'s':>7}  stages (cupool: index, create, load, reads, copy waits, ready; threads, O_DIRECT, cached, read method)")
 for r in rows:
     gbs = r["tensor_bytes"] / r["elapsed_seconds"] / 1e9
     extra = ""
@@ -122,7 +133,8 @@ for r in rows:
         st = r.get("stages", {})
         extra = ("  " + ", ".join(f"{st.get(k, 0):.2f}" for k in ("index_seconds", "create_seconds", "load_seconds",
                  "read_seconds", "copy_wait_seconds", "ready_seconds")) +
-                 f"; {r.get('read_thread_count')}, {r.get('direct_io')}, {r.get('page_cache_ratio', 0):.2f}")
+                 f"; {r.get('read_thread_count')}, {r.get('direct_io')}, {r.get('page_cache_ratio', 0):.2f}, "
+                 f"{r.get('read_method')}")
     print(f"{r['how']:10} {r['label']:28} {gbs:7.2f} {r['elapsed_seconds']:7.3f}{extra}")
 def med(how, label):
     v = [r["tensor_bytes"] / r["elapsed_seconds"] for r in rows if r["how"] == how and r["label"] == label]

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <system_error>
 
@@ -247,8 +248,12 @@ void cupool_conn::close_socket() {
 cupool::Backend& cupool_conn::backend() {
   if (!importer) {
     if (backend_kind == "simulated") {
-      // Importing needs no node description: the simulated pool's memory is the memfd.
-      importer = std::make_unique<cupool::SimBackend>(cupool::NodeReport{});
+      // Importing needs no node description: the simulated pool's memory is the memfd. The rest
+      // of the simulated node's facts (its GPUDirect Storage, for loads) come from the profile that
+      // CUPOOL_PROFILE names, where the caller names one.
+      const char* profile = std::getenv("CUPOOL_PROFILE");
+      importer = std::make_unique<cupool::SimBackend>(profile && *profile ? cupool::load_profile(profile)
+                                                                          : cupool::NodeReport{});
     } else {
       importer = cupool::make_cuda_backend();
       importer->init();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -316,6 +317,14 @@ int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd, 
           throw Failure{CUPOOL_E_INVALID, "direct_io is " + std::to_string(static_cast<int>(options->direct_io)) +
                                               "; one of CUPOOL_DIRECT_IO_AUTO, _ALWAYS, _NEVER"};
       }
+      switch (options->gds) {
+        case CUPOOL_GDS_AUTO: how.gds = cupool::Gds::automatic; break;
+        case CUPOOL_GDS_ALWAYS: how.gds = cupool::Gds::always; break;
+        case CUPOOL_GDS_NEVER: how.gds = cupool::Gds::never; break;
+        default:
+          throw Failure{CUPOOL_E_INVALID, "gds is " + std::to_string(static_cast<int>(options->gds)) +
+                                              "; one of CUPOOL_GDS_AUTO, _ALWAYS, _NEVER"};
+      }
     }
     std::vector<cupool::FileRange> copies;
     std::uint64_t total = 0;
@@ -343,6 +352,14 @@ int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd, 
       report->threads = done.threads;
       report->direct_io = done.direct_io ? 1 : 0;
       report->resident_fraction = done.resident_fraction;
+      switch (done.method) {
+        case cupool::ReadMethod::staged: report->read_method = CUPOOL_READ_STAGED; break;
+        case cupool::ReadMethod::gpudirect: report->read_method = CUPOOL_READ_GPUDIRECT; break;
+        case cupool::ReadMethod::gpudirect_compatibility:
+          report->read_method = CUPOOL_READ_GPUDIRECT_COMPATIBILITY;
+          break;
+      }
+      std::snprintf(report->gds_note, sizeof report->gds_note, "%s", done.gds_note.c_str());
     }
   });
 }

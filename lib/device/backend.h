@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "device/file_load.h"
+#include "device/gds.h"
 #include "model/model.h"
 
 namespace cupool {
@@ -215,6 +216,9 @@ class Backend {
   // Creates a small pool of `type` on `ordinal`, exports it (IPC types), destroys it.
   // This one creates a context (the device's primary context).
   virtual ExportProbe probe_export(int ordinal, HandleType type) = 0;
+  // GPUDirect Storage on this node (`query --deep`): loads cuFile and opens its driver, so only
+  // asked for deep.
+  virtual GdsReport gds_report() = 0;
 
   // ---- pools (these retain the primary context of the pool's device) ----
   // Each throws CudaError naming the driver call that failed.
@@ -286,9 +290,10 @@ class Backend {
   // Copies each range of the file open at `fd` to memory this process can address on `device`:
   // several threads read chunks into pinned staging slots of their own while asynchronous copies
   // of the slots read before run (the simulated node copies the slots into its memory); see
-  // file_load.h. Returns once the copies are done, with where the time went. `progress` (may be
-  // empty) is told the bytes read so far, about ten times a second. A file that ends early, or a
-  // read that fails, throws InputError.
+  // file_load.h. Where the node has GPUDirect Storage (options.gds), cuFile reads the chunks
+  // straight into device memory instead. Returns once the copies are done, with where the time
+  // went. `progress` (may be empty) is told the bytes read so far, about ten times a second. A file
+  // that ends early, or a read that fails, throws InputError (GdsError when cuFile said no).
   virtual LoadReport load_file(int device, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
                                const std::function<void(std::uint64_t)>& progress) = 0;
 

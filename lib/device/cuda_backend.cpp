@@ -2,6 +2,7 @@
 // (libnvidia-ml.so.1) for free memory without a context. The only file that includes cuda.h.
 #include <cuda.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -20,7 +22,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "device/backend.h"
+#include "device/gds.h"
 
 namespace cupool {
 
@@ -746,10 +750,63 @@ class CudaBackend final : public Backend {
       void* host_[kSlots] = {};
       CUevent done_[kSlots] = {};
     };
-    return load_ranges(
-        fd, ranges, options,
-        [this, ctx](std::uint64_t slot_bytes) { return std::make_unique<PinnedSink>(*this, ctx, slot_bytes); },
-        progress);
+    // GPUDirect Storage: cuFile with the file registered (with nvidia-fs opened again with
+    // O_DIRECT, which it wants; in the compatibility mode as it is, so its reads use the page
+    // cache) and, with nvidia-fs, the ranges' memory registered (unregistered memory goes through
+    // cuFile's own GPU bounce buffers).
+    // Everything in the device's context, made current on each reader's thread.
+    class CuFilePath : public DirectPath {
+     public:
+      CuFilePath(const CudaBackend& b, CUcontext c, int fd, const std::vector<FileRange>& ranges) : b_(b), ctx_(c) {
+        ContextScope scope(b_.api_, ctx_);
+        cufile_ = CuFile::open();
+        if (cufile_->gpudirect()) {  // nvidia-fs reads what was opened with O_DIRECT
+          const std::string self = "/proc/self/fd/" + std::to_string(fd);
+          direct_.reset(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+        }
+        file_ = cufile_->register_file(direct_ ? direct_.get() : fd);
+        if (cufile_->gpudirect())
+          for (const FileRange& r : ranges)
+            if (cufile_->register_buffer(r.address, r.bytes, nullptr)) registered_.push_back(r.address);
+      }
+      CuFilePath(const CuFilePath&) = delete;
+      CuFilePath& operator=(const CuFilePath&) = delete;
+      ~CuFilePath() override {
+        ContextScope scope(b_.api_, ctx_);
+        for (std::uint64_t a : registered_) cufile_->deregister_buffer(a);
+        file_.reset();
+        cufile_.reset();
+      }
+      bool gpudirect() const override { return cufile_->gpudirect(); }
+      bool direct_io() const override { return static_cast<bool>(direct_); }
+      std::unique_ptr<DirectReader> reader() override { return std::make_unique<Reader>(*this); }
+
+     private:
+      class Reader : public DirectReader {
+       public:
+        explicit Reader(const CuFilePath& p) : p_(p), scope_(p.b_.api_, p.ctx_) {}
+        void read(std::uint64_t file_offset, std::uint64_t address, std::uint64_t bytes) override {
+          p_.cufile_->read(*p_.file_, address, bytes, file_offset);
+        }
+
+       private:
+        const CuFilePath& p_;
+        ContextScope scope_;
+      };
+      const CudaBackend& b_;
+      CUcontext ctx_;
+      std::unique_ptr<CuFile> cufile_;
+      Fd direct_;
+      std::unique_ptr<CuFile::File> file_;
+      std::vector<std::uint64_t> registered_;
+    };
+    LoadPaths paths;
+    paths.sink = [this, ctx](std::uint64_t slot_bytes) { return std::make_unique<PinnedSink>(*this, ctx, slot_bytes); };
+    paths.nvidia_fs = nvidia_fs_loaded();
+    paths.open_direct = [this, ctx](int file, const std::vector<FileRange>& rs) -> std::unique_ptr<DirectPath> {
+      return std::make_unique<CuFilePath>(*this, ctx, file, rs);
+    };
+    return load_file_ranges(fd, ranges, options, paths, progress);
   }
 
   void read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) override {
@@ -858,6 +915,14 @@ class CudaBackend final : public Backend {
       }
     }
     return nodes;
+  }
+
+  GdsReport gds_report() override {
+    // cuFile's driver wants a CUDA context on the calling thread: device 0's primary context,
+    // retained for the probe only (like the export probes), so none stays active after it.
+    if (device_count() == 0) return probe_gds();
+    PrimaryContext ctx(api_, device(0));
+    return probe_gds();
   }
 
   ExportProbe probe_export(int ordinal, HandleType type) override {

@@ -20,6 +20,7 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/backend.h"
+#include "device/gds.h"
 
 namespace cupool {
 
@@ -67,7 +68,107 @@ unsigned default_threads() {
   return std::clamp(cores == 0 ? 2u : cores, 2u, 8u);
 }
 
+// The ranges cut into chunks of at most `chunk` bytes; adds their bytes to `report`.
+std::vector<Chunk> cut(const std::vector<FileRange>& ranges, std::uint64_t chunk, LoadReport& report) {
+  std::vector<Chunk> chunks;
+  for (const FileRange& r : ranges)
+    for (std::uint64_t at = 0; at < r.bytes; at += chunk) {
+      const std::uint64_t n = std::min(chunk, r.bytes - at);
+      chunks.push_back({r.file_offset + at, r.address + at, n});
+      report.bytes += n;
+    }
+  return chunks;
+}
+
+// The worker threads of one load: they take chunks in turn (next), count what they read (done),
+// and stop at the first failure, which run() throws once every worker has ended.
+struct Crew {
+  std::atomic<std::size_t> next{0};
+  std::atomic<std::uint64_t> done{0};
+  std::atomic<bool> stop{false};
+  std::vector<double> read_s, wait_s;  // per worker
+
+  explicit Crew(unsigned threads) : read_s(threads, 0.0), wait_s(threads, 0.0) {}
+
+  void fail(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failure_) failure_ = std::move(e);
+    stop = true;
+  }
+
+  // Runs work(t) on each of the threads (work catches nothing it cannot: what it throws fails the
+  // load), telling `progress` on this thread about ten times a second and once at the end.
+  void run(const std::function<void(unsigned)>& work, const std::function<void(std::uint64_t)>& progress) {
+    const auto threads = static_cast<unsigned>(read_s.size());
+    std::vector<std::thread> pool;
+    try {
+      for (unsigned t = 0; t < threads; ++t)
+        pool.emplace_back([this, &work, t] {
+          try {
+            work(t);
+          } catch (...) {
+            fail(std::current_exception());
+          }
+          std::lock_guard<std::mutex> lock(mutex_);
+          ++finished_;
+          changed_.notify_all();
+        });
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    std::exception_ptr told_failure;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (finished_ < pool.size()) {
+        changed_.wait_for(lock, std::chrono::milliseconds(100));
+        if (progress && !stop && finished_ < pool.size()) {
+          lock.unlock();
+          try {
+            progress(done.load());
+          } catch (...) {
+            told_failure = std::current_exception();
+            stop = true;
+          }
+          lock.lock();
+        }
+      }
+    }
+    for (std::thread& th : pool) th.join();
+    if (told_failure) std::rethrow_exception(told_failure);
+    if (failure_) std::rethrow_exception(failure_);
+    if (progress) progress(done.load());
+  }
+
+  // Each worker's busy times, averaged over the workers, into the report.
+  void account(LoadReport& report) const {
+    const double n = static_cast<double>(read_s.size());
+    for (std::size_t t = 0; t < read_s.size(); ++t) {
+      report.read_seconds += read_s[t] / n;
+      report.copy_wait_seconds += wait_s[t] / n;
+    }
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::size_t finished_ = 0;
+  std::exception_ptr failure_;
+};
+
+unsigned thread_count(const LoadOptions& options, std::size_t chunks) {
+  return static_cast<unsigned>(std::min<std::size_t>(options.threads ? options.threads : default_threads(), chunks));
+}
+
 }  // namespace
+
+const char* to_string(ReadMethod method) {
+  switch (method) {
+    case ReadMethod::staged: return "staged";
+    case ReadMethod::gpudirect: return "gpudirect";
+    case ReadMethod::gpudirect_compatibility: return "gpudirect_compatibility";
+  }
+  return "staged";
+}
 
 double resident_fraction(int fd, const std::vector<FileRange>& ranges) {
   struct stat st {};
@@ -99,14 +200,8 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
                        const SinkFactory& make_sink, const std::function<void(std::uint64_t)>& progress) {
   const auto started = Clock::now();
   const std::uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : kLoadChunk;
-  std::vector<Chunk> chunks;
   LoadReport report;
-  for (const FileRange& r : ranges)
-    for (std::uint64_t at = 0; at < r.bytes; at += chunk) {
-      const std::uint64_t n = std::min(chunk, r.bytes - at);
-      chunks.push_back({r.file_offset + at, r.address + at, n});
-      report.bytes += n;
-    }
+  const std::vector<Chunk> chunks = cut(ranges, chunk, report);
   if (chunks.empty()) {
     if (progress) progress(0);
     return report;
@@ -129,99 +224,113 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
     }
   }
   report.direct_io = static_cast<bool>(direct);
+  report.threads = thread_count(options, chunks.size());
+  Crew crew(report.threads);
+  crew.run(
+      [&](unsigned t) {
+        std::unique_ptr<LoadSink> sink = make_sink(chunk + 2 * kDirectAlign);
+        try {
+          bool busy[LoadSink::kSlots] = {};
+          unsigned s = 0;
+          while (!crew.stop) {
+            const std::size_t k = crew.next.fetch_add(1);
+            if (k >= chunks.size()) break;
+            const Chunk& c = chunks[k];
+            if (busy[s]) {
+              const auto w0 = Clock::now();
+              sink->wait(s);
+              crew.wait_s[t] += seconds(Clock::now() - w0);
+            }
+            unsigned char* slot = sink->slot(s);
+            const auto r0 = Clock::now();
+            const unsigned char* from = slot;
+            if (direct)
+              from = read_direct(direct.get(), slot, c.bytes, c.file_offset);
+            else
+              read_file_range(fd, slot, c.bytes, c.file_offset);
+            crew.read_s[t] += seconds(Clock::now() - r0);
+            sink->send(s, from, c.address, c.bytes);
+            busy[s] = true;
+            s = (s + 1) % LoadSink::kSlots;
+            crew.done += c.bytes;
+          }
+        } catch (...) {
+          crew.fail(std::current_exception());
+        }
+        // What was sent is waited for before the slots go, on every path.
+        const auto w0 = Clock::now();
+        sink->finish();
+        crew.wait_s[t] += seconds(Clock::now() - w0);
+      },
+      progress);
+  crew.account(report);
+  report.seconds = seconds(Clock::now() - started);
+  return report;
+}
 
-  const unsigned threads = static_cast<unsigned>(
-      std::min<std::size_t>(options.threads ? options.threads : default_threads(), chunks.size()));
-  report.threads = threads;
-  std::atomic<std::size_t> next{0};
-  std::atomic<std::uint64_t> done_bytes{0};
-  std::atomic<bool> stop{false};
-  std::mutex mutex;
-  std::condition_variable changed;
-  unsigned finished = 0;
-  std::exception_ptr failure;
-  std::vector<double> read_s(threads, 0.0), wait_s(threads, 0.0);
-
-  auto fail = [&](std::exception_ptr e) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!failure) failure = std::move(e);
-    stop = true;
-  };
-  auto work = [&](unsigned t) {
-    try {
-      std::unique_ptr<LoadSink> sink = make_sink(chunk + 2 * kDirectAlign);
-      try {
-        bool busy[LoadSink::kSlots] = {};
-        unsigned s = 0;
-        while (!stop) {
-          const std::size_t k = next.fetch_add(1);
+LoadReport load_ranges_direct(const std::vector<FileRange>& ranges, const LoadOptions& options, DirectPath& path,
+                              const std::function<void(std::uint64_t)>& progress) {
+  const auto started = Clock::now();
+  const std::uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : kLoadChunk;
+  LoadReport report;
+  report.method = path.gpudirect() ? ReadMethod::gpudirect : ReadMethod::gpudirect_compatibility;
+  report.direct_io = path.direct_io();
+  const std::vector<Chunk> chunks = cut(ranges, chunk, report);
+  if (chunks.empty()) {
+    if (progress) progress(0);
+    return report;
+  }
+  report.threads = thread_count(options, chunks.size());
+  Crew crew(report.threads);
+  crew.run(
+      [&](unsigned t) {
+        std::unique_ptr<DirectReader> reader = path.reader();
+        while (!crew.stop) {
+          const std::size_t k = crew.next.fetch_add(1);
           if (k >= chunks.size()) break;
           const Chunk& c = chunks[k];
-          if (busy[s]) {
-            const auto w0 = Clock::now();
-            sink->wait(s);
-            wait_s[t] += seconds(Clock::now() - w0);
-          }
-          unsigned char* slot = sink->slot(s);
           const auto r0 = Clock::now();
-          const unsigned char* from = slot;
-          if (direct)
-            from = read_direct(direct.get(), slot, c.bytes, c.file_offset);
-          else
-            read_file_range(fd, slot, c.bytes, c.file_offset);
-          read_s[t] += seconds(Clock::now() - r0);
-          sink->send(s, from, c.address, c.bytes);
-          busy[s] = true;
-          s = (s + 1) % LoadSink::kSlots;
-          done_bytes += c.bytes;
+          reader->read(c.file_offset, c.address, c.bytes);
+          crew.read_s[t] += seconds(Clock::now() - r0);
+          crew.done += c.bytes;
         }
-      } catch (...) {
-        fail(std::current_exception());
-      }
-      // What was sent is waited for before the slots go, on every path.
-      const auto w0 = Clock::now();
-      sink->finish();
-      wait_s[t] += seconds(Clock::now() - w0);
-    } catch (...) {
-      fail(std::current_exception());
-    }
-    std::lock_guard<std::mutex> lock(mutex);
-    ++finished;
-    changed.notify_all();
-  };
-
-  std::vector<std::thread> pool;
-  try {
-    for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work, t);
-  } catch (...) {
-    fail(std::current_exception());
-  }
-  std::exception_ptr told_failure;
-  {
-    std::unique_lock<std::mutex> lock(mutex);
-    while (finished < pool.size()) {
-      changed.wait_for(lock, std::chrono::milliseconds(100));
-      if (progress && !stop && finished < pool.size()) {
-        lock.unlock();
-        try {
-          progress(done_bytes.load());
-        } catch (...) {
-          told_failure = std::current_exception();
-          stop = true;
-        }
-        lock.lock();
-      }
-    }
-  }
-  for (std::thread& th : pool) th.join();
-  if (told_failure) std::rethrow_exception(told_failure);
-  if (failure) std::rethrow_exception(failure);
-  if (progress) progress(done_bytes.load());
-  for (unsigned t = 0; t < threads; ++t) {
-    report.read_seconds += read_s[t] / threads;
-    report.copy_wait_seconds += wait_s[t] / threads;
-  }
+      },
+      progress);
+  crew.account(report);
   report.seconds = seconds(Clock::now() - started);
+  return report;
+}
+
+LoadReport load_file_ranges(int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                            const LoadPaths& paths, const std::function<void(std::uint64_t)>& progress) {
+  std::string note;
+  std::uint64_t total = 0;
+  for (const FileRange& r : ranges) total += r.bytes;
+  if (options.gds != Gds::never && total > 0) {
+    const bool always = options.gds == Gds::always;
+    if (!paths.open_direct) {
+      if (always) throw InputError("GPUDirect Storage is not available on this backend; load without --gds always");
+      note = "this backend has no GPUDirect Storage";
+    } else if (!always && !paths.nvidia_fs) {
+      note =
+          "the nvidia-fs kernel module is not loaded, so GPUDirect Storage would read through host memory "
+          "(cuFile's compatibility mode), which cupool's own reads beat";
+    } else {
+      // Only opening falls back: a read that fails once cuFile has the file fails the load.
+      std::unique_ptr<DirectPath> path;
+      try {
+        path = paths.open_direct(fd, ranges);
+      } catch (const GdsError& e) {
+        if (always) throw GdsError(e.api(), e.result(), std::string(e.what()) + "; load without --gds always");
+        note = e.what();
+      }
+      if (path && (always || path->gpudirect())) return load_ranges_direct(ranges, options, *path, progress);
+      if (path)
+        note = "cuFile opened only in its compatibility mode (without nvidia-fs), which cupool's own reads beat";
+    }
+  }
+  LoadReport report = load_ranges(fd, ranges, options, paths.sink, progress);
+  report.gds_note = note;
   return report;
 }
 

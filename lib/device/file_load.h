@@ -4,12 +4,15 @@
 // its own and hands it to a Sink, which copies it on (the CUDA backend: an asynchronous copy from
 // pinned memory on the worker's stream; the simulated node: a memcpy into its memory). A file
 // that is mostly not in the page cache is read with O_DIRECT (aligned reads, no cache pollution).
+// Where the node has GPUDirect Storage (gds.h), the same chunks and threads can instead be read
+// by cuFile straight into device memory (load_file_ranges chooses).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace cupool {
@@ -20,11 +23,23 @@ struct FileRange;
 // never.
 enum class DirectIo { automatic, always, never };
 
+// Whether a load reads through GPUDirect Storage (cuFile): when the nvidia-fs module is loaded and
+// cuFile takes the file (automatic), always (an error where it cannot: no libcufile, cuFile refuses
+// the file; in cuFile's compatibility mode too), or never.
+enum class Gds { automatic, always, never };
+
 struct LoadOptions {
   unsigned threads = 0;  // 0: one per core, 2 to 8
   DirectIo direct = DirectIo::automatic;
+  Gds gds = Gds::automatic;
   std::uint64_t chunk_bytes = 0;  // 0: kLoadChunk (tests use small chunks)
 };
+
+// How a load's bytes travelled: read into pinned host slots and copied (staged), by cuFile with
+// nvidia-fs (gpudirect), or by cuFile without it (gpudirect_compatibility: cuFile's own reads
+// through host memory, only with Gds::always).
+enum class ReadMethod { staged, gpudirect, gpudirect_compatibility };
+const char* to_string(ReadMethod method);
 
 // What a load did and where its time went. The stages overlap (reads run while copies run), so
 // read and wait are each thread's busy time, averaged over the threads: a load that waits little
@@ -37,6 +52,8 @@ struct LoadReport {
   unsigned threads = 0;
   bool direct_io = false;        // read with O_DIRECT
   double resident_fraction = 1;  // of the ranges' pages in the page cache before the load (automatic)
+  ReadMethod method = ReadMethod::staged;
+  std::string gds_note;  // why GPUDirect Storage was not used (Gds::automatic); empty when it was, or never asked
 };
 
 constexpr std::uint64_t kLoadChunk = 16ULL << 20;
@@ -68,6 +85,46 @@ using SinkFactory = std::function<std::unique_ptr<LoadSink>(std::uint64_t slot_b
 // CudaError from a sink); whatever was sent before is waited for first.
 LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
                        const SinkFactory& make_sink, const std::function<void(std::uint64_t)>& progress);
+
+// ---- GPUDirect Storage ----
+
+// One worker's reader on the GPUDirect path: file bytes straight into device memory.
+class DirectReader {
+ public:
+  virtual ~DirectReader() = default;
+  virtual void read(std::uint64_t file_offset, std::uint64_t address, std::uint64_t bytes) = 0;
+};
+
+// The GPUDirect path of one load, as a backend opens it for a file (cuFile, the file registered,
+// the target memory registered where cuFile allows).
+class DirectPath {
+ public:
+  virtual ~DirectPath() = default;
+  virtual bool gpudirect() const = 0;  // false: cuFile's compatibility mode
+  virtual bool direct_io() const = 0;  // the registered descriptor was opened with O_DIRECT
+  // A reader for one worker thread, made on it (a CUDA context is made current there).
+  virtual std::unique_ptr<DirectReader> reader() = 0;
+};
+
+// What a backend offers a load: its staged sinks, and the GPUDirect path where it has one.
+struct LoadPaths {
+  SinkFactory sink;
+  bool nvidia_fs = false;  // the node has the nvidia-fs module: Gds::automatic tries cuFile only then
+  // Opens the GPUDirect path for the file at `fd` and the ranges' memory; throws GdsError (gds.h)
+  // when the node or cuFile will not. Empty: the backend has no GPUDirect path.
+  std::function<std::unique_ptr<DirectPath>(int fd, const std::vector<FileRange>& ranges)> open_direct;
+};
+
+// Loads the ranges by the path that `options.gds` and the node choose: GPUDirect (load_ranges_direct)
+// or staged (load_ranges). A GPUDirect path that Gds::automatic could not take is said in the
+// report's gds_note; with Gds::always its failure is thrown (GdsError, an InputError).
+LoadReport load_file_ranges(int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                            const LoadPaths& paths, const std::function<void(std::uint64_t)>& progress);
+
+// The GPUDirect loader: the same chunks, threads, progress and failures as load_ranges, each
+// worker reading its chunks with a reader of `path`.
+LoadReport load_ranges_direct(const std::vector<FileRange>& ranges, const LoadOptions& options, DirectPath& path,
+                              const std::function<void(std::uint64_t)>& progress);
 
 // The share (0 to 1) of the ranges' pages that are in the page cache now (mincore on a mapping of
 // the file; 1 when that cannot be told).

@@ -342,6 +342,24 @@ model::NodeFacts facts_of(const NodeReport& report) {
   for (const auto& d : report.devices) f.devices.push_back(device_facts(d, report.driver_version));
   f.peer_access = report.peer_access;
   f.deep = report.deep;
+  if (report.gds) {
+    const GdsReport& g = *report.gds;
+    model::GdsFacts out;
+    out.mode = to_string(g.mode);
+    out.library_version = g.library_version;
+    out.nvidia_fs_version = g.nvidia_fs_version;
+    out.file_systems = g.file_systems;
+    if (!g.reason.empty()) out.note = g.reason;
+    if (!g.error_api.empty()) {
+      model::ErrorInfo e;
+      e.code = "cufile_error";
+      e.message = g.error_message;
+      e.api = g.error_api;
+      if (!g.error_result.empty()) e.result = g.error_result;
+      out.error = e;
+    }
+    f.gds = out;
+  }
   return f;
 }
 
@@ -391,6 +409,33 @@ NodeReport report_from_json(const json& j, const std::string& origin) {
     report.peer_access.push_back(out);
   }
   report.deep = r.has("deep") && r.flag("deep");
+  if (r.has("gds") && !r.at("gds").is_null()) {
+    Reader g(r.at("gds"), r.path("gds"));
+    GdsReport gds;
+    const std::string mode = g.str("mode");
+    const auto m = gds_mode_from_string(mode);
+    if (!m) g.fail("mode", "must be unavailable, compatibility or gpudirect, not '" + mode + "'");
+    gds.mode = *m;
+    if (g.has("library_version") && !g.at("library_version").is_null()) gds.library_version = g.str("library_version");
+    if (g.has("nvidia_fs_version") && !g.at("nvidia_fs_version").is_null())
+      gds.nvidia_fs_version = g.str("nvidia_fs_version");
+    if (g.has("file_systems")) {
+      const json& fs = g.at("file_systems");
+      if (!fs.is_array()) g.fail("file_systems", "must be a list");
+      for (const auto& f : fs) {
+        if (!f.is_string()) g.fail("file_systems", "must list names");
+        gds.file_systems.push_back(f.get<std::string>());
+      }
+    }
+    if (g.has("note") && !g.at("note").is_null()) gds.reason = g.str("note");
+    if (g.has("error") && !g.at("error").is_null()) {
+      Reader e(g.at("error"), g.path("error"));
+      gds.error_message = e.str("message");
+      gds.error_api = e.has("api") ? e.str("api") : "cuFile";
+      if (e.has("result")) gds.error_result = e.str("result");
+    }
+    report.gds = gds;
+  }
   return report;
 }
 

@@ -28,6 +28,7 @@ struct NodeReport {
   std::vector<DeviceReport> devices;
   std::vector<std::vector<bool>> peer_access;  // [device][peer], true on the diagonal
   bool deep = false;
+  std::optional<GdsReport> gds;  // GPUDirect Storage, with --deep
 
   const DeviceReport* device(int ordinal) const;
   // Managed (alloc_type: managed) pools need a CUDA 13 driver and managed memory on the device.

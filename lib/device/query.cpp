@@ -103,6 +103,7 @@ NodeReport build_report(Backend& backend, const QueryOptions& options) {
 
   if (options.deep) {
     report.deep = true;
+    report.gds = backend.gds_report();
     for (auto& d : report.devices) {
       if (!d.info.memory_pools) continue;
       for (HandleType type : {HandleType::none, HandleType::posix_fd, HandleType::fabric}) {
@@ -190,6 +191,21 @@ std::string render_report_table(const NodeReport& report) {
       t.add(cells);
     }
     out << t.str("  ");
+  }
+  if (report.gds) {
+    const GdsReport& g = *report.gds;
+    const std::string cufile = g.library_version ? "cuFile " + *g.library_version : "cuFile";
+    out << "\nGPUDirect Storage: ";
+    switch (g.mode) {
+      case GdsReport::Mode::gpudirect:
+        out << "yes (" << cufile << ", nvidia-fs " << g.nvidia_fs_version.value_or("?")
+            << (g.file_systems.empty() ? "" : "; reads " + join(g.file_systems, ", ") + " directly") << ")\n";
+        break;
+      case GdsReport::Mode::compatibility:
+        out << "compatibility mode only (" << cufile << "): " << g.reason << "\n";
+        break;
+      case GdsReport::Mode::unavailable: out << "no: " << g.reason << "\n"; break;
+    }
   }
   return out.str();
 }

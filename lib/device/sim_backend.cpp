@@ -131,6 +131,16 @@ ExportProbe SimBackend::probe_export(int ordinal, HandleType type) {
   return probe;
 }
 
+GdsReport SimBackend::gds_report() {
+  enter("gds_report");
+  if (profile_.gds) return *profile_.gds;
+  GdsReport none;
+  none.reason =
+      "the simulated node's profile records no GPUDirect Storage (a profile recorded with "
+      "'query --deep --profile-out' on a node keeps what it had)";
+  return none;
+}
+
 // ---- pools ----
 
 namespace {
@@ -656,8 +666,40 @@ LoadReport SimBackend::load_file(int dev, int fd, const std::vector<FileRange>& 
     };
     std::unique_ptr<unsigned char, Free> slots_[kSlots];
   };
-  return load_ranges(
-      fd, into, options, [](std::uint64_t slot_bytes) { return std::make_unique<MemorySink>(slot_bytes); }, progress);
+  // GPUDirect Storage as the profile records it: chunks read (pread) straight into the memory.
+  class PreadPath : public DirectPath {
+   public:
+    PreadPath(int fd, bool gpudirect) : fd_(fd), gpudirect_(gpudirect) {}
+    bool gpudirect() const override { return gpudirect_; }
+    bool direct_io() const override { return false; }
+    std::unique_ptr<DirectReader> reader() override {
+      struct Reader : DirectReader {
+        int fd;
+        explicit Reader(int f) : fd(f) {}
+        void read(std::uint64_t file_offset, std::uint64_t address, std::uint64_t bytes) override {
+          read_file_range(fd, reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), bytes, file_offset);
+        }
+      };
+      return std::make_unique<Reader>(fd_);
+    }
+
+   private:
+    int fd_;
+    bool gpudirect_;
+  };
+  LoadPaths paths;
+  paths.sink = [](std::uint64_t slot_bytes) { return std::make_unique<MemorySink>(slot_bytes); };
+  const GdsReport gds = profile_.gds.value_or(GdsReport{});
+  paths.nvidia_fs = gds.mode == GdsReport::Mode::gpudirect;
+  paths.open_direct = [this, gds](int file, const std::vector<FileRange>&) -> std::unique_ptr<DirectPath> {
+    enter("gds_open", to_string(gds.mode));
+    if (gds.mode == GdsReport::Mode::unavailable)
+      throw GdsError("dlopen", "",
+                     "GPUDirect Storage is not available: " +
+                         (gds.reason.empty() ? std::string("the simulated node has none") : gds.reason));
+    return std::make_unique<PreadPath>(file, gds.mode == GdsReport::Mode::gpudirect);
+  };
+  return load_file_ranges(fd, into, options, paths, progress);
 }
 
 void SimBackend::read(int dev, std::uint64_t address, void* target, std::uint64_t bytes) {

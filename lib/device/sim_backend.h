@@ -36,6 +36,8 @@ class SimBackend final : public Backend {
   bool can_access_peer(int device, int peer) override;
   std::vector<int> host_numa_nodes() override;
   ExportProbe probe_export(int ordinal, HandleType type) override;
+  // The profile's `gds` (a deep query recorded it), else unavailable.
+  GdsReport gds_report() override;
 
   // Pools follow the driver's rules as measured on real GPUs (tests/gpu/RESULTS.md): memory is
   // reserved in 2 MiB granules and kept up to the release threshold at each synchronize (measured

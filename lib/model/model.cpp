@@ -324,6 +324,8 @@ Json to_json(const BufferMade& v) {
   if (v.read_thread_count) out["read_thread_count"] = *v.read_thread_count;
   if (v.direct_io) out["direct_io"] = *v.direct_io;
   if (v.page_cache_ratio) out["page_cache_ratio"] = *v.page_cache_ratio;
+  if (v.read_method) out["read_method"] = *v.read_method;
+  if (v.read_method) out["gds_note"] = v.gds_note ? Json(*v.gds_note) : Json(nullptr);
   return out;
 }
 
@@ -399,17 +401,28 @@ Json to_json(const DeviceFacts& v) {
   return out;
 }
 
+Json to_json(const GdsFacts& v) {
+  return {{"mode", v.mode},
+          {"library_version", or_null(v.library_version)},
+          {"nvidia_fs_version", or_null(v.nvidia_fs_version)},
+          {"file_systems", v.file_systems},
+          {"note", or_null(v.note)},
+          {"error", v.error ? to_json(*v.error) : Json(nullptr)}};
+}
+
 Json to_json(const NodeFacts& v) {
-  return {{"source", to_json(v.source)},
-          {"driver",
-           {{"cuda_version", v.cuda_version},
-            {"cuda_version_int", v.cuda_version_int},
-            {"kernel_module", or_null(v.kernel_module)}}},
-          {"built_with_cuda", v.built_with_cuda},
-          {"host", {{"numa_nodes", v.numa_nodes}}},
-          {"devices", array_of(v.devices)},
-          {"peer_access", v.peer_access},
-          {"deep", v.deep}};
+  Json out = {{"source", to_json(v.source)},
+              {"driver",
+               {{"cuda_version", v.cuda_version},
+                {"cuda_version_int", v.cuda_version_int},
+                {"kernel_module", or_null(v.kernel_module)}}},
+              {"built_with_cuda", v.built_with_cuda},
+              {"host", {{"numa_nodes", v.numa_nodes}}},
+              {"devices", array_of(v.devices)},
+              {"peer_access", v.peer_access},
+              {"deep", v.deep}};
+  if (v.gds) out["gds"] = to_json(*v.gds);
+  return out;
 }
 
 Json to_json(const CheckReport& v) {

@@ -284,6 +284,8 @@ struct BufferMade {
   std::optional<std::uint64_t> read_thread_count;  // load
   std::optional<bool> direct_io;                   // load: read with O_DIRECT
   std::optional<double> page_cache_ratio;          // load: of the file's tensor pages cached before
+  std::optional<std::string> read_method;          // load: staged, gpudirect, gpudirect_compatibility
+  std::optional<std::string> gds_note;             // load: why GPUDirect Storage was not used (--gds auto)
 };
 
 // ---- in a process (exec --report, cupool_stats) ----
@@ -357,6 +359,15 @@ struct DeviceFacts {
   bool gpu_direct_rdma = false;
   std::optional<std::vector<HandleProbe>> probes;  // with --deep
 };
+// GPUDirect Storage on the node (cuFile), with --deep.
+struct GdsFacts {
+  std::string mode;                              // unavailable, compatibility, gpudirect
+  std::optional<std::string> library_version;    // libcufile's, "1.15"
+  std::optional<std::string> nvidia_fs_version;  // the kernel module's; none: not loaded
+  std::vector<std::string> file_systems;         // where nvidia-fs reads directly
+  std::optional<std::string> note;               // why not gpudirect
+  std::optional<ErrorInfo> error;                // the cuFile call that failed
+};
 struct NodeFacts {
   Source source;
   std::string cuda_version;  // "13.0"
@@ -367,6 +378,7 @@ struct NodeFacts {
   std::vector<DeviceFacts> devices;
   std::vector<std::vector<bool>> peer_access;  // [device][peer]
   bool deep = false;
+  std::optional<GdsFacts> gds;  // with --deep
 };
 
 // ---- check ----
@@ -448,6 +460,7 @@ Json to_json(const BenchCase& v);
 Json to_json(const BenchComparison& v);
 Json to_json(const HandleProbe& v);
 Json to_json(const DeviceFacts& v);
+Json to_json(const GdsFacts& v);
 Json to_json(const NodeFacts& v);
 Json to_json(const CheckReport& v);
 Json to_json(const ListReply& v);

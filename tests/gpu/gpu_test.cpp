@@ -5,7 +5,8 @@
 // doctest cannot skip from inside a test, so main() first initialises the real backend and exits
 // 77 (CTest's SKIP_RETURN_CODE) when there is no driver or no device; only then are tests run.
 // The test cases run in file order (main sets --order-by=file): the no-context test must run
-// before the deep probes, which create (and release) primary contexts.
+// before the deep probes, which create (and release) primary contexts, and the deep probes after
+// the tests that check that no primary context stays active (cuFile keeps one; see there).
 //
 // The sharing tests need a second process that has not inherited this one's CUDA state (a fork
 // after cuInit may not use CUDA), so they start a fresh copy of this binary with
@@ -44,6 +45,7 @@
 
 #include "base/error.h"
 #include "device/backend.h"
+#include "device/gds.h"
 #include "device/node.h"
 #include "device/query.h"
 #include "device/sim_backend.h"
@@ -757,55 +759,6 @@ TEST_CASE("query without --deep creates no context and takes no device memory") 
   }
 }
 
-TEST_CASE("deep probes: pools of each handle type are created and exported, or fail for a stated reason") {
-  const int count = backend().device_count();
-  DirectDriver drv;
-  for (int d = 0; d < count; ++d) {
-    const cupool::DeviceInfo info = backend().device_info(d);
-    INFO("device " << d << " (" << info.name << ")");
-    CHECK_MESSAGE(info.memory_pools, "device " << d << " reports no memory pool support");
-
-    const auto none = backend().probe_export(d, cupool::HandleType::none);
-    MESSAGE("device " << d << " " << describe(none));
-    CHECK_MESSAGE(none.ok, describe(none));
-    CHECK(none.handle_type == cupool::HandleType::none);
-
-    const auto posix = backend().probe_export(d, cupool::HandleType::posix_fd);
-    MESSAGE("device " << d << " " << describe(posix));
-    CHECK_MESSAGE(posix.ok, describe(posix));
-    CHECK(posix.handle_type == cupool::HandleType::posix_fd);
-
-    const auto fabric = backend().probe_export(d, cupool::HandleType::fabric);
-    MESSAGE("device " << d << " " << describe(fabric) << " (fabric attribute " << info.fabric_handle << ")");
-    CHECK(fabric.handle_type == cupool::HandleType::fabric);
-    if (!fabric.ok) {
-      // INVALID_VALUE is accepted only where the device itself says it has no fabric handles.
-      const bool expected = fabric.error == "CUDA_ERROR_NOT_PERMITTED" || fabric.error == "CUDA_ERROR_NOT_SUPPORTED" ||
-                            (!info.fabric_handle && fabric.error == "CUDA_ERROR_INVALID_VALUE");
-      CHECK_MESSAGE(expected, "fabric probe failed with an unexpected error: " << describe(fabric));
-      CHECK_MESSAGE(!fabric.api.empty(), "a failed probe must name the call that failed");
-      CHECK_MESSAGE(!fabric.description.empty(), "a failed probe must carry the driver's words: " << describe(fabric));
-      // The backend reports the driver's answer; the report (build_report) says what it means.
-      const std::string reason = cupool::explain_probe(fabric);
-      CHECK_MESSAGE(!reason.empty(), "a failed probe must be explained: " << describe(fabric));
-      if (fabric.error == "CUDA_ERROR_NOT_PERMITTED")
-        CHECK_MESSAGE(reason.find("IMEX") != std::string::npos,
-                      "NOT_PERMITTED for fabric handles must be explained by IMEX: " << describe(fabric));
-    }
-
-    // The probes say they release their context; the driver must agree.
-    CHECK_MESSAGE(!drv.primary_active(d), "device " << d << ": a primary context is still active after the probes");
-  }
-  // In the report (query --deep), every failed probe comes with its explanation.
-  cupool::QueryOptions deep;
-  deep.deep = true;
-  const cupool::NodeReport report = cupool::build_report(backend(), deep);
-  for (const auto& dev : report.devices)
-    for (const auto& probe : dev.probes)
-      if (!probe.ok) CHECK_MESSAGE(!probe.reason.empty(), "device " << dev.info.ordinal << ": " << describe(probe));
-  CHECK_MESSAGE(!drv.any_current_context(), "a CUDA context is still current after the probes");
-}
-
 TEST_CASE("pools: settings, usage, release threshold, trim and peers, real driver against the simulated node") {
   // The same steps on the real driver and on a simulated node recorded from this machine; each
   // step's reserved bytes are compared, so the simulated node's pool model is checked on real GPUs.
@@ -1270,6 +1223,158 @@ TEST_CASE("cupool_configure: current_pool made current, allocations come from it
   const auto [rc, output] = run_child("--current-pool-check");
   MESSAGE(output);
   CHECK_MESSAGE(rc == 0, "the current pool check failed:\n" << output);
+}
+
+// The deep probes and the GPUDirect Storage test run last: a deep query opens cuFile's driver,
+// which leaves device 0's primary context retained for the rest of the process (seen on the H100
+// with cuFile 1.15: still active after cuFileDriverClose and cupool's own release), and the pool
+// and sharing tests above check that their backend leaves no primary context active.
+TEST_CASE("deep probes: pools of each handle type are created and exported, or fail for a stated reason") {
+  const int count = backend().device_count();
+  DirectDriver drv;
+  for (int d = 0; d < count; ++d) {
+    const cupool::DeviceInfo info = backend().device_info(d);
+    INFO("device " << d << " (" << info.name << ")");
+    CHECK_MESSAGE(info.memory_pools, "device " << d << " reports no memory pool support");
+
+    const auto none = backend().probe_export(d, cupool::HandleType::none);
+    MESSAGE("device " << d << " " << describe(none));
+    CHECK_MESSAGE(none.ok, describe(none));
+    CHECK(none.handle_type == cupool::HandleType::none);
+
+    const auto posix = backend().probe_export(d, cupool::HandleType::posix_fd);
+    MESSAGE("device " << d << " " << describe(posix));
+    CHECK_MESSAGE(posix.ok, describe(posix));
+    CHECK(posix.handle_type == cupool::HandleType::posix_fd);
+
+    const auto fabric = backend().probe_export(d, cupool::HandleType::fabric);
+    MESSAGE("device " << d << " " << describe(fabric) << " (fabric attribute " << info.fabric_handle << ")");
+    CHECK(fabric.handle_type == cupool::HandleType::fabric);
+    if (!fabric.ok) {
+      // INVALID_VALUE is accepted only where the device itself says it has no fabric handles.
+      const bool expected = fabric.error == "CUDA_ERROR_NOT_PERMITTED" || fabric.error == "CUDA_ERROR_NOT_SUPPORTED" ||
+                            (!info.fabric_handle && fabric.error == "CUDA_ERROR_INVALID_VALUE");
+      CHECK_MESSAGE(expected, "fabric probe failed with an unexpected error: " << describe(fabric));
+      CHECK_MESSAGE(!fabric.api.empty(), "a failed probe must name the call that failed");
+      CHECK_MESSAGE(!fabric.description.empty(), "a failed probe must carry the driver's words: " << describe(fabric));
+      // The backend reports the driver's answer; the report (build_report) says what it means.
+      const std::string reason = cupool::explain_probe(fabric);
+      CHECK_MESSAGE(!reason.empty(), "a failed probe must be explained: " << describe(fabric));
+      if (fabric.error == "CUDA_ERROR_NOT_PERMITTED")
+        CHECK_MESSAGE(reason.find("IMEX") != std::string::npos,
+                      "NOT_PERMITTED for fabric handles must be explained by IMEX: " << describe(fabric));
+    }
+
+    // The probes say they release their context; the driver must agree.
+    CHECK_MESSAGE(!drv.primary_active(d), "device " << d << ": a primary context is still active after the probes");
+  }
+  // In the report (query --deep), every failed probe comes with its explanation.
+  cupool::QueryOptions deep;
+  deep.deep = true;
+  const cupool::NodeReport report = cupool::build_report(backend(), deep);
+  for (const auto& dev : report.devices)
+    for (const auto& probe : dev.probes)
+      if (!probe.ok) CHECK_MESSAGE(!probe.reason.empty(), "device " << dev.info.ordinal << ": " << describe(probe));
+  CHECK_MESSAGE(!drv.any_current_context(), "a CUDA context is still current after the probes");
+}
+
+// A file of `bytes` bytes of pattern(bytes, seed), removed when the object goes.
+struct PatternFile {
+  std::string path;
+  int fd = -1;
+  PatternFile(std::uint64_t bytes, std::uint8_t seed) {
+    char name[] = "/tmp/cupool-gpu-gds-XXXXXX";
+    fd = ::mkstemp(name);
+    REQUIRE(fd >= 0);
+    path = name;
+    const auto data = pattern(bytes, seed);
+    REQUIRE(::write(fd, data.data(), data.size()) == static_cast<ssize_t>(data.size()));
+  }
+  ~PatternFile() {
+    ::close(fd);
+    ::unlink(path.c_str());
+  }
+};
+
+TEST_CASE("GPUDirect Storage: the report matches the node; cuFile loads a file into pool and exported memory") {
+  // With nvidia-fs, cuFile reads from storage straight into the memory; without it (the lent
+  // machines), in its compatibility mode: the same calls (cuFileHandleRegister, cuFileRead into
+  // pool and VMM memory at offsets), its own POSIX reads underneath.
+  // What the node has, asked without cupool: libcufile loads or not, nvidia-fs is loaded or not.
+  void* lib = ::dlopen("libcufile.so.0", RTLD_NOW | RTLD_LOCAL);
+  const bool module = ::access("/proc/driver/nvidia-fs", F_OK) == 0;
+  const cupool::GdsReport gds = backend().gds_report();
+  MESSAGE("GPUDirect Storage: " << std::string(cupool::to_string(gds.mode)) << ", cuFile "
+                                << gds.library_version.value_or("-") << ", nvidia-fs "
+                                << gds.nvidia_fs_version.value_or("-") << ": " << gds.reason);
+  if (!lib) {
+    CHECK(gds.mode == cupool::GdsReport::Mode::unavailable);
+    CHECK(gds.reason.find("libcufile.so.0") != std::string::npos);
+    return;
+  }
+  REQUIRE_MESSAGE(gds.mode != cupool::GdsReport::Mode::unavailable, "libcufile loads here, but: " << gds.reason);
+  CHECK(gds.library_version.has_value());
+  CHECK((gds.mode == cupool::GdsReport::Mode::gpudirect) == module);
+  const auto expected = module ? cupool::ReadMethod::gpudirect : cupool::ReadMethod::gpudirect_compatibility;
+
+  constexpr std::uint64_t bytes = 40 * kMiB + 4099;  // chunks of 16 MiB and a ragged end
+  constexpr std::uint8_t seed = 23;
+  PatternFile file(bytes + 3, seed);
+  const auto want = pattern(bytes + 3, seed);
+  cupool::PoolProps props;
+  props.handle_types = static_cast<std::uint32_t>(cupool::HandleType::posix_fd);
+  const cupool::PoolHandle pool = backend().create_pool(0, props);
+  const std::uint64_t address = backend().allocate(pool, bytes);
+  // Two ranges: the file from byte 3 on into the start, and its first 4099 bytes again at the end.
+  const std::vector<cupool::FileRange> ranges{{3, address, bytes - 4099}, {0, address + bytes - 4099, 4099}};
+  auto verify = [&](std::uint64_t at, const char* what) {
+    std::vector<std::uint8_t> seen(bytes);
+    backend().read(0, at, seen.data(), bytes);
+    std::vector<std::uint8_t> expect(want.begin() + 3, want.begin() + 3 + static_cast<std::ptrdiff_t>(bytes - 4099));
+    expect.insert(expect.end(), want.begin(), want.begin() + 4099);
+    const std::string diff = compare(seen, expect);
+    CHECK_MESSAGE(diff.empty(), what << ": " << diff);
+    backend().write(0, at, std::vector<std::uint8_t>(bytes, 0).data(), bytes);  // for the next load
+  };
+  cupool::LoadOptions always;
+  always.gds = cupool::Gds::always;
+  always.threads = 4;
+
+  // 1. --gds always: cuFile reads (in the compatibility mode without nvidia-fs), or says why not.
+  //    In a container without a udev database it cannot register a file (tests/gpu/udev-stand-in.sh).
+  const cupool::ExportedAllocation exported = backend().create_exported(0, bytes);
+  try {
+    cupool::LoadReport r = backend().load_file(0, file.fd, ranges, always, {});
+    CHECK(r.method == expected);
+    CHECK(r.bytes == bytes);
+    MESSAGE("cuFile into pool memory: " << static_cast<double>(r.bytes) / r.seconds / 1e9 << " GB/s");
+    verify(address, "pool memory, cuFile");
+    // Into an exported (VMM) allocation, what a held buffer is.
+    const std::vector<cupool::FileRange> into_exported{{3, exported.address, bytes - 4099},
+                                                       {0, exported.address + bytes - 4099, 4099}};
+    r = backend().load_file(0, file.fd, into_exported, always, {});
+    CHECK(r.method == expected);
+    verify(exported.address, "an exported allocation, cuFile");
+  } catch (const cupool::GdsError& e) {
+    MESSAGE("--gds always: " << e.what());
+    CHECK(e.api() == "cuFileHandleRegister");
+    CHECK(std::string(e.what()).find("load without --gds always") != std::string::npos);
+  }
+
+  // 3. auto: through cuFile only with nvidia-fs; otherwise staged, saying why.
+  cupool::LoadOptions automatic;
+  const cupool::LoadReport r = backend().load_file(0, file.fd, ranges, automatic, {});
+  if (!module) {
+    CHECK(r.method == cupool::ReadMethod::staged);
+    CHECK(r.gds_note.find("nvidia-fs") != std::string::npos);
+  }
+  verify(address, "pool memory, --gds auto");
+
+  backend().unmap_exported(exported.address);
+  ::close(exported.fd);
+  backend().free(pool, address);
+  backend().synchronize(0);
+  backend().destroy_pool(pool);
 }
 
 int main(int argc, char** argv) {

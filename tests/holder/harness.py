@@ -237,8 +237,8 @@ class Holder:
                       + "; ".join(self.fd_list()))
 
 
-def cupool(*args, socket_path=None, stdin=None, check_rc=None):
-    env = dict(os.environ)
+def cupool(*args, socket_path=None, stdin=None, check_rc=None, env=None):
+    env = dict(os.environ, **(env or {}))
     if socket_path:
         env["CUPOOL_SOCKET"] = socket_path
     r = subprocess.run([ARGS.cupool] + list(args), capture_output=True, text=True, env=env, input=stdin, timeout=60)

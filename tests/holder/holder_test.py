@@ -1074,6 +1074,73 @@ def test_buffer_load(tmp):
         h.stop()
 
 
+def test_buffer_load_gds(tmp):
+    """`buffer load --gds`: where the node lacks GPUDirect Storage, auto reads the staged way and
+    says why, always fails (exit 2, the way out named) and leaves no buffer; on a simulated node
+    whose profile records GPUDirect Storage, auto reads through it (the simulated cuFile), and in
+    cuFile's compatibility mode only always does. The data lands either way."""
+    size = 5 * MiB + 17
+    path = os.path.join(tmp, "w.safetensors")
+    with open(path, "wb") as f:
+        f.write(safetensors_bytes([("all", "U8", [size], testclient_pattern(size, 3))]))
+
+    def load(h, name, *extra, profile=None):
+        return cupool("buffer", "load", name, path, "--pool", "kv", *extra, socket_path=h.socket,
+                      env={"CUPOOL_PROFILE": profile} if profile else None)
+
+    h = Holder(tmp)
+    try:
+        r = load(h, "always", "--gds", "always")
+        if r.returncode == 0:  # a GPU node with GPUDirect Storage
+            check(H.PROFILE is None, f"the simulated node has no GPUDirect Storage: {r.stdout}")
+        else:
+            check(r.returncode == 2 and "load without --gds always" in r.stderr,
+                  f"--gds always without GPUDirect Storage: exit {r.returncode}\n{r.stderr}")
+            check(all(b["name"] != "always" for b in status(h)["buffers"]), "the failed load left its buffer")
+        r = load(h, "auto", "--format", "json")
+        check(r.returncode == 0, f"--gds auto: {r.stderr}")
+        loaded = json.loads(r.stdout)
+        if loaded["read_method"] == "staged":
+            check(loaded["gds_note"], f"auto read the staged way without saying why: {loaded}")
+        check(client(h, "read", "auto", 3).returncode == 0, "the auto load's bytes are wrong")
+        r = load(h, "never", "--gds", "never", "--format", "json")
+        loaded = json.loads(r.stdout)
+        check(loaded["read_method"] == "staged" and loaded["gds_note"] is None, f"--gds never: {loaded}")
+        r = load(h, "bad", "--gds", "sometimes")
+        check(r.returncode == 2 and "--gds" in r.stderr, f"--gds sometimes: {r.returncode} {r.stderr}")
+    finally:
+        h.stop()
+    if not H.PROFILE:
+        return
+    with open(H.PROFILE) as f:
+        recorded = f.read()
+    for mode, auto_method, always_method in (("gpudirect", "gpudirect", "gpudirect"),
+                                             ("compatibility", "staged", "gpudirect_compatibility")):
+        profile = os.path.join(tmp, mode + ".yaml")
+        with open(profile, "w") as f:
+            f.write(recorded + "  gds:\n    mode: " + mode + "\n    library_version: '1.15'\n"
+                    + ("    nvidia_fs_version: '2.26'\n    file_systems: [nvme]\n" if mode == "gpudirect" else
+                       "    note: the nvidia-fs kernel module is not loaded\n"))
+        sub = os.path.join(tmp, mode)
+        os.mkdir(sub)
+        h = Holder(sub, profile=profile)
+        try:
+            q = json.loads(cupool("query", "--deep", "--profile", profile, "--format", "json", check_rc=0).stdout)
+            check(q["gds"]["mode"] == mode, f"query --deep of the {mode} profile: {q['gds']}")
+            for name, extra, method in (("a", (), auto_method), ("b", ("--gds", "always"), always_method)):
+                r = load(h, name, "--format", "json", *extra, profile=profile)
+                check(r.returncode == 0, f"{mode} {extra}: {r.stderr}")
+                loaded = json.loads(r.stdout)
+                check(loaded["read_method"] == method, f"{mode} {extra}: read_method {loaded['read_method']}")
+                check((loaded["gds_note"] is None) == (method != "staged"), f"{mode} {extra}: {loaded}")
+                check(client(h, "read", name, 3).returncode == 0, f"{mode} {extra}: the bytes are wrong")
+            text = load(h, "c", "--gds", "always", profile=profile).stdout
+            check(("GPUDirect Storage" if mode == "gpudirect" else "compatibility mode") in text,
+                  f"the text does not say how the bytes came:\n{text}")
+        finally:
+            h.stop()
+
+
 def test_load_256_clients(tmp):
     """256 client processes (32 under ThreadSanitizer), started together, each doing 40 cycles
     (allocate, import, write, read back, release) against one holder: every one succeeds, and the

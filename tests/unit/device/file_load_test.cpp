@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/backend.h"
+#include "device/gds.h"
 
 namespace {
 
@@ -200,4 +201,189 @@ TEST_CASE("load_ranges: automatic reads a file in the page cache without O_DIREC
   CHECK_FALSE(r.direct_io);
   CHECK(r.resident_fraction > 0.99);
   CHECK(memory[65'535] == TempFile::at(65'535));
+}
+
+// ---- GPUDirect Storage: which path a load takes (load_file_ranges) ----
+
+namespace {
+
+// What a GPUDirect path of the test saw (kept outside the path, which the load destroys).
+struct DirectCounts {
+  std::atomic<int> readers{0};
+  std::atomic<int> reads{0};
+  int fail_at_read = -1;
+};
+
+// A GPUDirect path that preads into host memory, as the simulated node's does; fails on its n-th
+// read when asked.
+struct FakeDirect : cupool::DirectPath {
+  int fd;
+  bool direct_mode;
+  DirectCounts& counts;
+  FakeDirect(int f, bool gpudirect, DirectCounts& c) : fd(f), direct_mode(gpudirect), counts(c) {}
+  bool gpudirect() const override { return direct_mode; }
+  bool direct_io() const override { return true; }
+  std::unique_ptr<cupool::DirectReader> reader() override {
+    struct Reader : cupool::DirectReader {
+      FakeDirect& p;
+      explicit Reader(FakeDirect& path) : p(path) { ++p.counts.readers; }
+      void read(std::uint64_t file_offset, std::uint64_t address, std::uint64_t bytes) override {
+        if (++p.counts.reads == p.counts.fail_at_read)
+          throw cupool::GdsError("cuFileRead", "CU_FILE_IO_ERROR", "the test fails here");
+        cupool::read_file_range(p.fd, reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), bytes,
+                                file_offset);
+      }
+    };
+    return std::make_unique<Reader>(*this);
+  }
+};
+
+// What load_file_ranges was offered and did.
+struct Node {
+  bool nvidia_fs = false;
+  bool has_opener = true;
+  bool gpudirect = true;  // what the opened path says
+  std::string refuse;     // the opener throws GdsError with this, when not empty
+  int opens = 0;
+  Counters staged;
+  DirectCounts direct;
+
+  cupool::LoadPaths paths() {
+    cupool::LoadPaths p;
+    p.sink = [this](std::uint64_t slot_bytes) { return std::make_unique<TestSink>(staged, slot_bytes); };
+    p.nvidia_fs = nvidia_fs;
+    if (has_opener)
+      p.open_direct = [this](int fd, const std::vector<FileRange>&) -> std::unique_ptr<cupool::DirectPath> {
+        ++opens;
+        if (!refuse.empty()) throw cupool::GdsError("cuFileHandleRegister", "CU_FILE_IO_NOT_SUPPORTED", refuse);
+        return std::make_unique<FakeDirect>(fd, gpudirect, direct);
+      };
+    return p;
+  }
+};
+
+LoadReport load_via(Node& node, int fd, const std::vector<FileRange>& ranges, cupool::Gds gds,
+                    std::uint64_t chunk = 16'384) {
+  LoadOptions o;
+  o.threads = 3;
+  o.chunk_bytes = chunk;
+  o.direct = DirectIo::never;
+  o.gds = gds;
+  return cupool::load_file_ranges(fd, ranges, o, node.paths(), nullptr);
+}
+
+void check_bytes(const std::vector<unsigned char>& memory, const std::vector<FileRange>& ranges) {
+  const auto base = reinterpret_cast<std::uintptr_t>(memory.data());
+  for (const FileRange& range : ranges)
+    for (std::uint64_t i = 0; i < range.bytes; ++i)
+      REQUIRE(memory[range.address - base + i] == TempFile::at(range.file_offset + i));
+}
+
+}  // namespace
+
+TEST_CASE("load_file_ranges: auto reads through cuFile only where nvidia-fs is loaded and cuFile takes the file") {
+  TempFile f(200'000);
+  std::vector<unsigned char> memory(200'000, 0);
+  const auto base = reinterpret_cast<std::uintptr_t>(memory.data());
+  const std::vector<FileRange> ranges{{5, base, 100'000}, {120'001, base + 100'000, 79'999}};
+
+  SUBCASE("nvidia-fs loaded, a gpudirect path: every chunk by the direct readers, none staged") {
+    Node node;
+    node.nvidia_fs = true;
+    const LoadReport r = load_via(node, f.fd.get(), ranges, cupool::Gds::automatic);
+    CHECK(r.method == cupool::ReadMethod::gpudirect);
+    CHECK(r.gds_note.empty());
+    CHECK(r.direct_io);
+    CHECK(r.bytes == 179'999);
+    CHECK(r.threads == 3);
+    CHECK(node.direct.readers == 3);
+    CHECK(node.direct.reads == 7 + 5);  // ceil(100000/16384) + ceil(79999/16384)
+    CHECK(node.staged.sends == 0);
+    check_bytes(memory, ranges);
+  }
+  SUBCASE("no nvidia-fs: cuFile is not even opened, and the note says why") {
+    Node node;
+    const LoadReport r = load_via(node, f.fd.get(), ranges, cupool::Gds::automatic);
+    CHECK(node.opens == 0);
+    CHECK(r.method == cupool::ReadMethod::staged);
+    CHECK(r.gds_note.find("nvidia-fs kernel module is not loaded") != std::string::npos);
+    CHECK(node.staged.sends == 12);
+    check_bytes(memory, ranges);
+  }
+  SUBCASE("cuFile opens only in compatibility mode: the staged reads, which are faster") {
+    Node node;
+    node.nvidia_fs = true;
+    node.gpudirect = false;
+    const LoadReport r = load_via(node, f.fd.get(), ranges, cupool::Gds::automatic);
+    CHECK(node.opens == 1);
+    CHECK(r.method == cupool::ReadMethod::staged);
+    CHECK(r.gds_note.find("compatibility mode") != std::string::npos);
+    CHECK(node.staged.sends == 12);  // the path was dropped before any read
+    check_bytes(memory, ranges);
+  }
+  SUBCASE("cuFile refuses the file: the staged reads, with cuFile's words") {
+    Node node;
+    node.nvidia_fs = true;
+    node.refuse = "cuFile will not read this file (cuFileHandleRegister: CU_FILE_IO_NOT_SUPPORTED)";
+    const LoadReport r = load_via(node, f.fd.get(), ranges, cupool::Gds::automatic);
+    CHECK(r.method == cupool::ReadMethod::staged);
+    CHECK(r.gds_note == node.refuse);
+    check_bytes(memory, ranges);
+  }
+  SUBCASE("never: no cuFile and no note") {
+    Node node;
+    node.nvidia_fs = true;
+    const LoadReport r = load_via(node, f.fd.get(), ranges, cupool::Gds::never);
+    CHECK(node.opens == 0);
+    CHECK(r.method == cupool::ReadMethod::staged);
+    CHECK(r.gds_note.empty());
+  }
+}
+
+TEST_CASE("load_file_ranges: always reads through cuFile, in compatibility mode too, or fails saying why") {
+  TempFile f(100'000);
+  std::vector<unsigned char> memory(100'000, 0);
+  const std::vector<FileRange> ranges{{0, reinterpret_cast<std::uintptr_t>(memory.data()), 100'000}};
+
+  SUBCASE("compatibility mode: cuFile reads anyway") {
+    Node node;
+    node.gpudirect = false;
+    const LoadReport r = load_via(node, f.fd.get(), ranges, cupool::Gds::always);
+    CHECK(r.method == cupool::ReadMethod::gpudirect_compatibility);
+    CHECK(node.staged.sends == 0);
+    check_bytes(memory, ranges);
+  }
+  SUBCASE("cuFile refuses the file: GdsError naming the call and the way out, nothing staged") {
+    Node node;
+    node.refuse = "cuFile will not read this file";
+    try {
+      load_via(node, f.fd.get(), ranges, cupool::Gds::always);
+      FAIL("no error");
+    } catch (const cupool::GdsError& e) {
+      CHECK(e.api() == "cuFileHandleRegister");
+      CHECK(e.result() == "CU_FILE_IO_NOT_SUPPORTED");
+      CHECK(std::string(e.what()) == "cuFile will not read this file; load without --gds always");
+    }
+    CHECK(node.staged.sinks == 0);
+  }
+  SUBCASE("a backend without a GPUDirect path") {
+    Node node;
+    node.has_opener = false;
+    CHECK_THROWS_WITH_AS(load_via(node, f.fd.get(), ranges, cupool::Gds::always),
+                         doctest::Contains("not available on this backend"), cupool::InputError);
+  }
+  SUBCASE("a read that fails stops the load and is thrown") {
+    Node node;
+    node.direct.fail_at_read = 2;
+    CHECK_THROWS_WITH_AS(load_via(node, f.fd.get(), ranges, cupool::Gds::always, 1024), "the test fails here",
+                         cupool::GdsError);
+    CHECK(node.direct.reads < 98);  // 98 chunks in all; the others stopped
+  }
+  SUBCASE("a file that ends first names the byte") {
+    Node node;
+    std::vector<unsigned char> more(150'000);
+    CHECK_THROWS_WITH_AS(
+        load_via(node, f.fd.get(), {{0, reinterpret_cast<std::uintptr_t>(more.data()), 150'000}}, cupool::Gds::always),
+        doctest::Contains("the file ended at byte"), cupool::InputError);
+  }
 }

@@ -67,6 +67,44 @@ TEST_CASE("a report survives JSON and a profile file") {
   CHECK(loaded.devices[1].memory->free == node.devices[1].memory->free);
 }
 
+TEST_CASE("a deep report's GPUDirect Storage survives JSON, and a bad mode is named") {
+  NodeReport node = test::two_gpu_node();
+  GdsReport gds;
+  gds.mode = GdsReport::Mode::gpudirect;
+  gds.library_version = "1.15";
+  gds.nvidia_fs_version = "2.26";
+  gds.file_systems = {"nvme", "lustre"};
+  node.gds = gds;
+  node.deep = true;
+  const auto j = to_json(node);
+  CHECK(j["gds"]["mode"] == "gpudirect");
+  CHECK(j["gds"]["note"].is_null());
+  CHECK(j["gds"]["error"].is_null());
+  const NodeReport again = report_from_json(j, "test");
+  REQUIRE(again.gds);
+  CHECK(again.gds->mode == GdsReport::Mode::gpudirect);
+  CHECK(again.gds->file_systems == gds.file_systems);
+  CHECK(to_json(again) == j);
+
+  GdsReport failed;
+  failed.reason = "cuFile's driver did not open";
+  failed.error_api = "cuFileDriverOpen";
+  failed.error_result = "CU_FILE_DRIVER_NOT_INITIALIZED";
+  failed.error_message = "CU_FILE_DRIVER_NOT_INITIALIZED";
+  node.gds = failed;
+  const auto k = to_json(node);
+  CHECK(k["gds"]["mode"] == "unavailable");
+  CHECK(k["gds"]["error"]["code"] == "cufile_error");
+  CHECK(k["gds"]["error"]["api"] == "cuFileDriverOpen");
+  CHECK(to_json(report_from_json(k, "test")) == k);
+
+  auto bad = k;
+  bad["gds"]["mode"] = "maybe";
+  CHECK_THROWS_WITH_AS(report_from_json(bad, "p.yaml: node"), doctest::Contains("gds.mode"), InputError);
+  // Without --deep there is no gds at all.
+  CHECK_FALSE(to_json(test::two_gpu_node()).contains("gds"));
+}
+
 TEST_CASE("load_profile names the broken key") {
   const std::string path = test::temp_path("profile.yaml");
   {
