@@ -281,6 +281,8 @@ class DirectDriver {
     load(primary_retain, GPU_TEST_STR(cuDevicePrimaryCtxRetain));
     load(primary_release, GPU_TEST_STR(cuDevicePrimaryCtxRelease));
     load(ctx_get_current, GPU_TEST_STR(cuCtxGetCurrent));
+    load(ctx_push, GPU_TEST_STR(cuCtxPushCurrent));
+    load(ctx_pop, GPU_TEST_STR(cuCtxPopCurrent));
   }
   DirectDriver(const DirectDriver&) = delete;
   DirectDriver& operator=(const DirectDriver&) = delete;
@@ -312,6 +314,8 @@ class DirectDriver {
   decltype(&::cuDevicePrimaryCtxGetState) primary_state = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) primary_retain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease) primary_release = nullptr;
+  decltype(&::cuCtxPushCurrent) ctx_push = nullptr;
+  decltype(&::cuCtxPopCurrent) ctx_pop = nullptr;
   decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
 
  private:
@@ -1359,6 +1363,42 @@ TEST_CASE("GPUDirect Storage: the report matches the node; cuFile loads a file i
     MESSAGE("--gds always: " << e.what());
     CHECK(e.api() == "cuFileHandleRegister");
     CHECK(std::string(e.what()).find("load without --gds always") != std::string::npos);
+  }
+
+  // 2. The rest of what the nvidia-fs path does (cuda_backend.cpp's CuFilePath), called here
+  //    directly: the file opened again with O_DIRECT and registered, the target memory (pool and
+  //    exported) registered with cuFileBufRegister, read at unaligned offsets, compared.
+  {
+    DirectDriver drv;
+    CUcontext ctx = nullptr;
+    REQUIRE(drv.primary_retain(&ctx, drv.device(0)) == CUDA_SUCCESS);
+    REQUIRE(drv.ctx_push(ctx) == CUDA_SUCCESS);
+    const std::string self = "/proc/self/fd/" + std::to_string(file.fd);
+    const int direct = ::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    CHECK_MESSAGE(direct >= 0, "O_DIRECT: " << std::strerror(errno));
+    try {
+      const std::unique_ptr<cupool::CuFile> cufile = cupool::CuFile::open();
+      const auto registered = cufile->register_file(direct >= 0 ? direct : file.fd);
+      for (const std::uint64_t at : {address, exported.address}) {
+        std::string why;
+        const bool buffer = cufile->register_buffer(at, bytes, &why);
+        CHECK_MESSAGE(buffer, "cuFileBufRegister: " << why);
+        cufile->read(*registered, at, bytes - 4099, 3);
+        cufile->read(*registered, at + bytes - 4099, 4099, 0);
+        if (buffer) cufile->deregister_buffer(at);
+        verify(at, at == address ? "pool memory, registered, O_DIRECT" : "exported memory, registered, O_DIRECT");
+      }
+      // Past the end of the file: an InputError naming the byte.
+      CHECK_THROWS_WITH_AS(cufile->read(*registered, address, 8192, bytes - 4096), doctest::Contains("ended at byte"),
+                           cupool::InputError);
+    } catch (const cupool::GdsError& e) {
+      MESSAGE("cuFile directly: " << e.what());
+      CHECK(e.api() == "cuFileHandleRegister");
+    }
+    if (direct >= 0) ::close(direct);
+    CUcontext popped = nullptr;
+    drv.ctx_pop(&popped);
+    drv.primary_release(drv.device(0));
   }
 
   // 3. auto: through cuFile only with nvidia-fs; otherwise staged, saying why.
