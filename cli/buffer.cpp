@@ -192,21 +192,21 @@ Verb add_buffer(CLI::App& app) {
       "before are copied to the GPU (with O_DIRECT when most of the file is not in the page cache), with\n"
       "a progress bar in GB/s on a terminal; the JSON says where the time went (stages). Where the node\n"
       "has GPUDirect Storage (the nvidia-fs module and NVIDIA's libcufile; `cupool query --deep` says),\n"
-      "cuFile reads the chunks from storage straight into the GPU instead (--gds). The buffer is\n"
-      "one allocation (in a device pool: an exported allocation, which outlives a restart of the\n"
-      "holder); --part-size splits it into parts of at most that size, one allocation each (a tensor\n"
-      "larger than that gets a part of its own), for host pools (their imports over 5 GiB crashed on the\n"
-      "H100 with driver 580). Nobody can open the buffer until it is complete; if the load fails or this\n"
-      "process is killed, the buffer is removed. Processes then map the weights with\n"
-      "cupool.tensors(NAME) in Python, or cupool_open_buffer and the index from\n"
-      "`cupool buffer ls NAME --format json`.\n"
+      "cuFile reads the chunks from storage straight into the GPU instead (--gds). The buffer is one\n"
+      "allocation (in a device pool: an exported allocation, which outlives a restart of the holder);\n"
+      "--part-size splits it into parts of at most that size, one allocation each (a tensor larger than\n"
+      "that gets a part of its own), for host pools (their imports over 5 GiB crashed on the H100 with\n"
+      "driver 580). Nobody can open the buffer until it is complete; if the load fails or this process\n"
+      "is killed, the buffer is removed. Processes then map the weights with cupool.tensors(NAME) in\n"
+      "Python, or cupool_open_buffer and the index from `cupool buffer ls NAME --format json`.\n"
       "\nExamples:\n"
       "  sudo cupool buffer load llama /models/llama/model.safetensors --pool weights\n"
       "  sudo cupool buffer load llama model.safetensors --pool weights --device 1 --format json\n"
       "  sudo cupool buffer load qwen model.safetensors --pool weights --read-threads 4 --direct-io never\n"
       "  sudo cupool buffer load qwen /nvme/qwen.safetensors --pool weights --gds always\n"
       "\nExit codes: 0 loaded, 1 the holder could not (it exists, no such pool or device, no room), 2 a bad\n"
-      "file or bad arguments, 4 no holder is listening or it refused (loading needs an admin).");
+      "file, bad arguments, or a --direct-io always or --gds always that cannot be had here, 4 no holder\n"
+      "is listening or it refused (loading needs an admin).");
   args->load->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
       ->required();
   args->load->add_option("file", args->file, "The safetensors file")->required()->check(CLI::ExistingFile);

@@ -110,6 +110,7 @@ Verb add_check(CLI::App& app) {
                   auto backend = ctx.make_backend(args->profile);
                   QueryOptions q;
                   q.deep = args->deep;
+                  q.gds = false;  // a config says nothing of GPUDirect Storage
                   return build_report(*backend, q);
                 },
                 Scope::all, options);

@@ -33,7 +33,9 @@ Verb add_query(CLI::App& app) {
       "name, UUID, PCI bus id, memory, compute capability, pool support, pool handle types, host and\n"
       "host-NUMA pools, managed memory, VMM and IPC events; and the peer-access matrix.\n"
       "It reads device attributes only and creates no CUDA context (no device memory is taken);\n"
-      "--deep also creates, uses and exports a small pool per handle type and says why one fails.\n"
+      "--deep also creates, uses and exports a small pool per handle type and says why one fails, and\n"
+      "says whether the node has GPUDirect Storage for `buffer load --gds` (it loads NVIDIA's libcufile\n"
+      "and opens its driver; cuFile writes cufile.log in the working directory).\n"
       "--format nfd writes node labels (cupool.feature.node.kubernetes.io/...: driver, GPU count and\n"
       "product, pool support, handle types, fabric, peer access) as a feature file for Kubernetes'\n"
       "node-feature-discovery (docs/kubernetes.md).\n"
@@ -58,7 +60,9 @@ Verb add_query(CLI::App& app) {
   add_profile_option(sub, args->profile, "Answer from");
   sub->add_option("--profile-out", args->profile_out,
                   "Also record the answer as a node profile in this file ('-': stdout)");
-  sub->add_flag("--deep", args->deep, "Also create, use and export a small pool per handle type (creates a context)");
+  sub->add_flag("--deep", args->deep,
+                "Also create, use and export a small pool per handle type, and ask cuFile about GPUDirect Storage "
+                "(creates a context)");
 
   return {sub, [args](Context& ctx) {
             QueryOptions options;

@@ -132,7 +132,7 @@ complete -c cupool -n '__cupool_at "query"' -l 'format' -s 'o' -x -a 'table json
 complete -c cupool -n '__cupool_at "query"' -l 'devices' -s 'd' -x -d 'Only these devices: indexes, GPU-<uuid> or PCI bus ids (comma-separated)'
 complete -c cupool -n '__cupool_at "query"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Answer from this recorded node profile instead of the driver'
 complete -c cupool -n '__cupool_at "query"' -l 'profile-out' -r -F -d 'Also record the answer as a node profile in this file (\'-\': stdout)'
-complete -c cupool -n '__cupool_at "query"' -l 'deep' -d 'Also create, use and export a small pool per handle type (creates a context)'
+complete -c cupool -n '__cupool_at "query"' -l 'deep' -d 'Also create, use and export a small pool per handle type, and ask cuFile about GPUDirect Storage (creates a context)'
 complete -c cupool -n '__cupool_at "query"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "query"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 

@@ -114,6 +114,17 @@ inline std::string describe(const CuFileStatus& s) {
 
 }  // namespace cufile_abi
 
+namespace {
+
+// Where cuFile writes its log: CUFILE_LOGFILE_PATH, else cufile.log in the working directory.
+std::string log_place() {
+  const char* path = std::getenv("CUFILE_LOGFILE_PATH");
+  if (path && *path) return path;
+  return "cufile.log in the working directory, or where CUFILE_LOGFILE_PATH says";
+}
+
+}  // namespace
+
 struct CuFile::Api {
   cufile_abi::CuFileStatus (*get_version)(int*) = nullptr;
   cufile_abi::CuFileStatus (*driver_open)() = nullptr;
@@ -211,8 +222,9 @@ std::unique_ptr<CuFile> CuFile::open(GdsReport* report) {
       r.error_api = "cuFileDriverOpen";
       r.error_result = cufile_abi::error_name(s.err);
       r.error_message = cufile_abi::describe(s);
-      r.reason = "cuFile's driver did not open (" + cufile_abi::describe(s) +
-                 "); cufile.log in the working directory says why (allow_compat_mode in /etc/cufile.json "
+      r.reason = "cuFile's driver did not open (" + cufile_abi::describe(s) + "); cuFile's log says why (" +
+                 log_place() +
+                 "; allow_compat_mode in /etc/cufile.json "
                  "allows it without nvidia-fs)";
       throw GdsError(r.error_api, r.error_result, "GPUDirect Storage is not available: " + r.reason);
     }
@@ -235,9 +247,10 @@ std::unique_ptr<CuFile> CuFile::open(GdsReport* report) {
     self->gpudirect_ = true;
   } else {
     r.mode = GdsReport::Mode::compatibility;
-    r.reason = module ? "nvidia-fs is loaded but cuFile's driver does not use it (cufile.log says why)"
-                      : "the nvidia-fs kernel module is not loaded (/proc/driver/nvidia-fs is missing), so cuFile "
-                        "would read through host memory (its compatibility mode), which cupool's own reads beat";
+    r.reason =
+        module ? "nvidia-fs is loaded but cuFile's driver does not use it (cuFile's log says why: " + log_place() + ")"
+               : "the nvidia-fs kernel module is not loaded (/proc/driver/nvidia-fs is missing), so cuFile "
+                 "would read through host memory (its compatibility mode), which cupool's own reads beat";
   }
   return self;
 }
@@ -261,7 +274,7 @@ std::unique_ptr<CuFile::File> CuFile::register_file(int fd) const {
   if (s.err != 0)
     throw GdsError("cuFileHandleRegister", cufile_abi::error_name(s.err),
                    "cuFile will not read this file (cuFileHandleRegister: " + cufile_abi::describe(s) +
-                       "); cufile.log in the working directory says why");
+                       "); cuFile's log says why (" + log_place() + ")");
   return std::unique_ptr<File>(new File(*this, handle));
 }
 

@@ -103,7 +103,7 @@ NodeReport build_report(Backend& backend, const QueryOptions& options) {
 
   if (options.deep) {
     report.deep = true;
-    report.gds = backend.gds_report();
+    if (options.gds) report.gds = backend.gds_report();
     for (auto& d : report.devices) {
       if (!d.info.memory_pools) continue;
       for (HandleType type : {HandleType::none, HandleType::posix_fd, HandleType::fabric}) {

@@ -12,6 +12,7 @@ namespace cupool {
 struct QueryOptions {
   std::vector<DeviceSelector> devices;  // empty: all
   bool deep = false;                    // create and export a small pool per handle type
+  bool gds = true;                      // with deep: ask cuFile about GPUDirect Storage (query; not check)
 };
 
 // Asks the backend everything `query` reports. Creates no context unless `deep`.

@@ -46,6 +46,23 @@ TEST_CASE("--deep probes every handle type on every selected device") {
   CHECK(sim.calls().back() == "probe_export(1,fabric)");
 }
 
+TEST_CASE("--deep asks about GPUDirect Storage once, and only when asked to") {
+  SimBackend sim(test::two_gpu_node());
+  QueryOptions o;
+  o.deep = true;
+  const NodeReport r = build_report(sim, o);
+  REQUIRE(r.gds);
+  CHECK(r.gds->mode == GdsReport::Mode::unavailable);  // the profile records none
+  CHECK(r.gds->reason.find("profile records no GPUDirect Storage") != std::string::npos);
+  CHECK(std::count(sim.calls().begin(), sim.calls().end(), "gds_report()") == 1);
+
+  SimBackend quiet(test::two_gpu_node());
+  o.gds = false;  // check --deep
+  CHECK_FALSE(build_report(quiet, o).gds);
+  CHECK(std::count(quiet.calls().begin(), quiet.calls().end(), "gds_report()") == 0);
+  CHECK_FALSE(build_report(quiet).gds);  // nor without --deep
+}
+
 TEST_CASE("recorded probes are the node's answer") {
   NodeReport node = test::two_gpu_node();
   node.devices[0].probes.push_back(
