@@ -5,12 +5,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -765,15 +766,22 @@ class CudaBackend final : public Backend {
           direct_.reset(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
         }
         file_ = cufile_->register_file(direct_ ? direct_.get() : fd);
-        if (cufile_->gpudirect())
-          for (const FileRange& r : ranges)
-            if (cufile_->register_buffer(r.address, r.bytes, nullptr)) registered_.push_back(r.address);
+        // One registration for the span of the ranges (they lie in one lease; one per tensor
+        // would pin BAR1 space a thousand times). Where cuFile will not, its bounce buffers serve.
+        if (cufile_->gpudirect() && !ranges.empty()) {
+          std::uint64_t lo = ranges.front().address, hi = lo;
+          for (const FileRange& r : ranges) {
+            lo = std::min(lo, r.address);
+            hi = std::max(hi, r.address + r.bytes);
+          }
+          if (cufile_->register_buffer(lo, hi - lo, nullptr)) registered_ = {lo, hi};
+        }
       }
       CuFilePath(const CuFilePath&) = delete;
       CuFilePath& operator=(const CuFilePath&) = delete;
       ~CuFilePath() override {
         ContextScope scope(b_.api_, ctx_);
-        for (std::uint64_t a : registered_) cufile_->deregister_buffer(a);
+        if (registered_.second) cufile_->deregister_buffer(registered_.first);
         file_.reset();
         cufile_.reset();
       }
@@ -786,7 +794,11 @@ class CudaBackend final : public Backend {
        public:
         explicit Reader(const CuFilePath& p) : p_(p), scope_(p.b_.api_, p.ctx_) {}
         void read(std::uint64_t file_offset, std::uint64_t address, std::uint64_t bytes) override {
-          p_.cufile_->read(*p_.file_, address, bytes, file_offset);
+          // Registered memory is named by its registered base (cuFile finds the registration by it).
+          const auto [lo, hi] = p_.registered_;
+          const bool inside = hi && address >= lo && address + bytes <= hi;
+          const std::uint64_t base = inside ? lo : address;
+          p_.cufile_->read(*p_.file_, base, address - base, bytes, file_offset);
         }
 
        private:
@@ -798,7 +810,7 @@ class CudaBackend final : public Backend {
       std::unique_ptr<CuFile> cufile_;
       Fd direct_;
       std::unique_ptr<CuFile::File> file_;
-      std::vector<std::uint64_t> registered_;
+      std::pair<std::uint64_t, std::uint64_t> registered_{0, 0};  // [lo, hi) registered with cuFile
     };
     LoadPaths paths;
     paths.sink = [this, ctx](std::uint64_t slot_bytes) { return std::make_unique<PinnedSink>(*this, ctx, slot_bytes); };

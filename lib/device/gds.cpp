@@ -278,13 +278,14 @@ std::unique_ptr<CuFile::File> CuFile::register_file(int fd) const {
   return std::unique_ptr<File>(new File(*this, handle));
 }
 
-void CuFile::read(const File& file, std::uint64_t address, std::uint64_t bytes, std::uint64_t file_offset) const {
+void CuFile::read(const File& file, std::uint64_t base, std::uint64_t offset, std::uint64_t bytes,
+                  std::uint64_t file_offset) const {
   std::uint64_t done = 0;
   // NOLINTNEXTLINE(performance-no-int-to-ptr): a device address, as cuFile takes it
-  void* base = reinterpret_cast<void*>(static_cast<std::uintptr_t>(address));
+  void* at = reinterpret_cast<void*>(static_cast<std::uintptr_t>(base));
   while (done < bytes) {
-    const ssize_t got = api_->read(file.handle_, base, static_cast<std::size_t>(bytes - done),
-                                   static_cast<off_t>(file_offset + done), static_cast<off_t>(done));
+    const ssize_t got = api_->read(file.handle_, at, static_cast<std::size_t>(bytes - done),
+                                   static_cast<off_t>(file_offset + done), static_cast<off_t>(offset + done));
     if (got == -1) {
       if (errno == EINTR) continue;
       throw InputError(std::string("reading the file through cuFile failed: ") + std::strerror(errno));

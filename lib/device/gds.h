@@ -86,9 +86,12 @@ class CuFile {
   // container without a udev database, for one, cuFile cannot read the volume's attributes.
   std::unique_ptr<File> register_file(int fd) const;
 
-  // Reads `bytes` at `file_offset` into device memory at `address` (its context current). Throws
-  // InputError when the file ends first, GdsError when cuFile fails.
-  void read(const File& file, std::uint64_t address, std::uint64_t bytes, std::uint64_t file_offset) const;
+  // Reads `bytes` at `file_offset` into device memory at `base` + `offset` (its context current).
+  // For memory registered with register_buffer, `base` is the address it was registered at (cuFile
+  // finds the registration by it). Throws InputError when the file ends first, GdsError when cuFile
+  // fails.
+  void read(const File& file, std::uint64_t base, std::uint64_t offset, std::uint64_t bytes,
+            std::uint64_t file_offset) const;
 
   // Registers device memory for direct reads (cuFileBufRegister; unregistered memory is read
   // through cuFile's own GPU bounce buffers). False, with cuFile's words in `why`, when it cannot.

@@ -1383,14 +1383,14 @@ TEST_CASE("GPUDirect Storage: the report matches the node; cuFile loads a file i
         std::string why;
         const bool buffer = cufile->register_buffer(at, bytes, &why);
         CHECK_MESSAGE(buffer, "cuFileBufRegister: " << why);
-        cufile->read(*registered, at, bytes - 4099, 3);
-        cufile->read(*registered, at + bytes - 4099, 4099, 0);
+        cufile->read(*registered, at, 0, bytes - 4099, 3);
+        cufile->read(*registered, at, bytes - 4099, 4099, 0);  // by its registered base and an offset
         if (buffer) cufile->deregister_buffer(at);
         verify(at, at == address ? "pool memory, registered, O_DIRECT" : "exported memory, registered, O_DIRECT");
       }
       // Past the end of the file: an InputError naming the byte.
-      CHECK_THROWS_WITH_AS(cufile->read(*registered, address, 8192, bytes - 4096), doctest::Contains("ended at byte"),
-                           cupool::InputError);
+      CHECK_THROWS_WITH_AS(cufile->read(*registered, address, 0, 8192, bytes - 4096),
+                           doctest::Contains("ended at byte"), cupool::InputError);
     } catch (const cupool::GdsError& e) {
       MESSAGE("cuFile directly: " << e.what());
       CHECK(e.api() == "cuFileHandleRegister");
