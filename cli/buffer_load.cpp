@@ -113,7 +113,7 @@ json load_buffer(const LoadArgs& args) {
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer load");
   const json created = holder.request(create);
   stages.create_seconds = seconds_since(at);
-  cupool_load_options how{args.read_threads, direct_io_of(args.direct_io), gds_of(args.gds)};
+  const cupool_load_options how{args.read_threads, direct_io_of(args.direct_io)};
   std::uint32_t threads = 0;
   std::string method = "staged", gds_note;  // the first part's (every part is read the same way)
   bool direct = false;
@@ -135,8 +135,9 @@ json load_buffer(const LoadArgs& args) {
     at = Clock::now();
     for (std::uint32_t part = 0; part < ranges.size(); ++part) {
       lease = holder.open_buffer(args.name, part);
+      cupool_load_path path{};
       const cupool_load_report done =
-          holder.load_file(lease, file.get(), ranges[part], how,
+          holder.load_file(lease, file.get(), ranges[part], how, gds_of(args.gds), &path,
                            [&](std::uint64_t now, std::uint64_t) { progress(before + now, total); });
       for (const auto& r : ranges[part]) before += r.bytes;
       holder.release(std::exchange(lease, nullptr));
@@ -146,8 +147,8 @@ json load_buffer(const LoadArgs& args) {
       direct = direct || done.direct_io != 0;
       cached_pages += done.resident_fraction * static_cast<double>(done.bytes);
       if (part == 0) {
-        method = read_method_name(done.read_method);
-        gds_note.assign(done.gds_note, strnlen(done.gds_note, sizeof done.gds_note));
+        method = read_method_name(path.read_method);
+        gds_note.assign(path.gds_note, strnlen(path.gds_note, sizeof path.gds_note));
       }
     }
     stages.load_seconds = seconds_since(at);

@@ -143,15 +143,15 @@ cupool_lease* HolderClient::open_buffer(const std::string& name, std::uint32_t p
 }
 
 cupool_load_report HolderClient::load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,
-                                           const cupool_load_options& options,
+                                           const cupool_load_options& options, cupool_gds gds, cupool_load_path* path,
                                            const std::function<void(std::uint64_t, std::uint64_t)>& progress) {
   const cupool_progress_fn told = [](std::uint64_t done, std::uint64_t total, void* arg) {
     (*static_cast<const std::function<void(std::uint64_t, std::uint64_t)>*>(arg))(done, total);
   };
   cupool_load_report report{};
-  const int status = cupool_load_file_with(conn_, lease, fd, ranges.data(), ranges.size(), &options, &report,
-                                           progress ? told : nullptr,
-                                           const_cast<std::function<void(std::uint64_t, std::uint64_t)>*>(&progress));
+  const int status = cupool_load_file_gds(conn_, lease, fd, ranges.data(), ranges.size(), &options, gds, &report, path,
+                                          progress ? told : nullptr,
+                                          const_cast<std::function<void(std::uint64_t, std::uint64_t)>*>(&progress));
   if (status != CUPOOL_OK) throw_status(status, "loading the file");
   return report;
 }

@@ -51,10 +51,11 @@ class HolderClient {
   // Opens part `part` of the named buffer in this process (cupool_open_buffer_part); it stays
   // mapped until release().
   cupool_lease* open_buffer(const std::string& name, std::uint32_t part = 0);
-  // Copies ranges of the file open at `fd` into `lease` (cupool_load_file_with); `progress` is told
-  // the bytes read so far and the total. Says where the time went.
+  // Copies ranges of the file open at `fd` into `lease` (cupool_load_file_gds); `progress` is told
+  // the bytes read so far and the total. Says where the time went, and in `path` how the bytes
+  // travelled.
   cupool_load_report load_file(cupool_lease* lease, int fd, const std::vector<cupool_file_range>& ranges,
-                               const cupool_load_options& options,
+                               const cupool_load_options& options, cupool_gds gds, cupool_load_path* path,
                                const std::function<void(std::uint64_t, std::uint64_t)>& progress);
   // Unmaps and releases a lease of this connection; never throws (it is for cleanups too).
   void release(cupool_lease* lease) noexcept;

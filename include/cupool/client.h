@@ -150,25 +150,10 @@ typedef enum cupool_direct_io {
   CUPOOL_DIRECT_IO_ALWAYS = 1,
   CUPOOL_DIRECT_IO_NEVER = 2
 } cupool_direct_io;
-/* Whether a load reads through GPUDirect Storage (NVIDIA's cuFile, libcufile.so.0, loaded at run
- * time and only for a load that may use it): AUTO when the nvidia-fs kernel module is loaded and
- * cuFile takes the file (otherwise the staged reads, and the report's gds_note says why); ALWAYS
- * (CUPOOL_E_INVALID where cuFile is missing or refuses the file; without nvidia-fs cuFile reads in
- * its compatibility mode); NEVER. */
-typedef enum cupool_gds { CUPOOL_GDS_AUTO = 0, CUPOOL_GDS_ALWAYS = 1, CUPOOL_GDS_NEVER = 2 } cupool_gds;
 typedef struct cupool_load_options {
   uint32_t threads;           /* reading threads; 0: one per core, 2 to 8 */
   cupool_direct_io direct_io; /* ALWAYS on a file system without O_DIRECT is CUPOOL_E_INVALID */
-  cupool_gds gds;             /* GPUDirect Storage */
 } cupool_load_options;
-/* How a load's bytes travelled: read into pinned host memory and copied (STAGED), by cuFile from
- * storage straight into device memory (GPUDIRECT), or by cuFile without nvidia-fs (its own reads
- * through host memory: GPUDIRECT_COMPATIBILITY, only with CUPOOL_GDS_ALWAYS). */
-typedef enum cupool_read_method {
-  CUPOOL_READ_STAGED = 0,
-  CUPOOL_READ_GPUDIRECT = 1,
-  CUPOOL_READ_GPUDIRECT_COMPATIBILITY = 2
-} cupool_read_method;
 /* What a load did. The reads and the copies overlap, so read_seconds and copy_wait_seconds are each
  * thread's busy time averaged over the threads: a load that waits little for its copies is bound
  * by its reads. */
@@ -180,13 +165,37 @@ typedef struct cupool_load_report {
   uint32_t threads;
   int32_t direct_io;        /* 1: read with O_DIRECT */
   double resident_fraction; /* of the ranges' pages in the page cache before the load (AUTO only; else 1) */
-  int32_t read_method;      /* a cupool_read_method */
-  char gds_note[256];       /* why GPUDirect Storage was not used (CUPOOL_GDS_AUTO); "" when it was or never asked */
 } cupool_load_report;
-/* cupool_load_file with options (NULL: the defaults) and a report (may be NULL), filled on success. */
+/* cupool_load_file with options (NULL: the defaults) and a report (may be NULL), filled on success.
+ * GPUDirect Storage as CUPOOL_GDS_AUTO (cupool_load_file_gds). */
 CUPOOL_API int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd,
                                      const cupool_file_range* ranges, size_t count, const cupool_load_options* options,
                                      cupool_load_report* report, cupool_progress_fn progress, void* arg);
+
+/* Whether a load reads through GPUDirect Storage (NVIDIA's cuFile, libcufile.so.0, loaded at run
+ * time and only for a load that may use it): AUTO when the nvidia-fs kernel module is loaded and
+ * cuFile takes the file (otherwise the staged reads, and the path's gds_note says why); ALWAYS
+ * (CUPOOL_E_INVALID where cuFile is missing or refuses the file; without nvidia-fs cuFile reads in
+ * its compatibility mode); NEVER (libcufile is never loaded). */
+typedef enum cupool_gds { CUPOOL_GDS_AUTO = 0, CUPOOL_GDS_ALWAYS = 1, CUPOOL_GDS_NEVER = 2 } cupool_gds;
+/* How a load's bytes travelled: read into pinned host memory and copied (STAGED), by cuFile from
+ * storage straight into device memory (GPUDIRECT), or by cuFile without nvidia-fs (its own reads
+ * through host memory: GPUDIRECT_COMPATIBILITY, only with CUPOOL_GDS_ALWAYS). */
+typedef enum cupool_read_method {
+  CUPOOL_READ_STAGED = 0,
+  CUPOOL_READ_GPUDIRECT = 1,
+  CUPOOL_READ_GPUDIRECT_COMPATIBILITY = 2
+} cupool_read_method;
+typedef struct cupool_load_path {
+  int32_t read_method; /* a cupool_read_method */
+  char gds_note[256];  /* why GPUDirect Storage was not used (CUPOOL_GDS_AUTO); "" when it was, or NEVER */
+} cupool_load_path;
+/* cupool_load_file_with, choosing GPUDirect Storage (`gds`) and telling how the bytes travelled
+ * (`path`, may be NULL; filled on success). */
+CUPOOL_API int cupool_load_file_gds(cupool_conn* conn, const cupool_lease* lease, int fd,
+                                    const cupool_file_range* ranges, size_t count, const cupool_load_options* options,
+                                    cupool_gds gds, cupool_load_report* report, cupool_load_path* path,
+                                    cupool_progress_fn progress, void* arg);
 
 /* Sends one protocol request (a JSON object without "id"; see docs/protocol.md) and returns the
  * holder's JSON reply in *reply (free it with cupool_free_string). A reply with "ok": false is

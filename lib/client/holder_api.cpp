@@ -293,6 +293,13 @@ int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, v
   });
 }
 
+// These structs cross the stable ABI (client.h): a field added to one would break every program
+// built against an older header, so what a load says or asks beyond them comes in new structs and
+// functions (cupool_load_path, cupool_load_file_gds).
+static_assert(sizeof(cupool_load_options) == 8 && sizeof(cupool_load_report) == 48 &&
+                  sizeof(cupool_file_range) == 24,
+              "the layout of ABI version 1");
+
 int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
                      size_t count, cupool_progress_fn progress, void* arg) {
   return cupool_load_file_with(conn, lease, fd, ranges, count, nullptr, nullptr, progress, arg);
@@ -301,6 +308,12 @@ int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const
 int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
                           size_t count, const cupool_load_options* options, cupool_load_report* report,
                           cupool_progress_fn progress, void* arg) {
+  return cupool_load_file_gds(conn, lease, fd, ranges, count, options, CUPOOL_GDS_AUTO, report, nullptr, progress, arg);
+}
+
+int cupool_load_file_gds(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
+                         size_t count, const cupool_load_options* options, cupool_gds gds, cupool_load_report* report,
+                         cupool_load_path* path, cupool_progress_fn progress, void* arg) {
   return guarded(conn, [&] {
     if (!lease || (!ranges && count)) throw Failure{CUPOOL_E_INVALID, "lease and ranges must not be NULL"};
     if (fd < 0) throw Failure{CUPOOL_E_INVALID, "fd must be an open file"};
@@ -317,14 +330,14 @@ int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd, 
           throw Failure{CUPOOL_E_INVALID, "direct_io is " + std::to_string(static_cast<int>(options->direct_io)) +
                                               "; one of CUPOOL_DIRECT_IO_AUTO, _ALWAYS, _NEVER"};
       }
-      switch (options->gds) {
-        case CUPOOL_GDS_AUTO: how.gds = cupool::Gds::automatic; break;
-        case CUPOOL_GDS_ALWAYS: how.gds = cupool::Gds::always; break;
-        case CUPOOL_GDS_NEVER: how.gds = cupool::Gds::never; break;
-        default:
-          throw Failure{CUPOOL_E_INVALID, "gds is " + std::to_string(static_cast<int>(options->gds)) +
-                                              "; one of CUPOOL_GDS_AUTO, _ALWAYS, _NEVER"};
-      }
+    }
+    switch (gds) {
+      case CUPOOL_GDS_AUTO: how.gds = cupool::Gds::automatic; break;
+      case CUPOOL_GDS_ALWAYS: how.gds = cupool::Gds::always; break;
+      case CUPOOL_GDS_NEVER: how.gds = cupool::Gds::never; break;
+      default:
+        throw Failure{CUPOOL_E_INVALID,
+                      "gds is " + std::to_string(static_cast<int>(gds)) + "; one of CUPOOL_GDS_AUTO, _ALWAYS, _NEVER"};
     }
     std::vector<cupool::FileRange> copies;
     std::uint64_t total = 0;
@@ -352,14 +365,16 @@ int cupool_load_file_with(cupool_conn* conn, const cupool_lease* lease, int fd, 
       report->threads = done.threads;
       report->direct_io = done.direct_io ? 1 : 0;
       report->resident_fraction = done.resident_fraction;
+    }
+    if (path) {
       switch (done.method) {
-        case cupool::ReadMethod::staged: report->read_method = CUPOOL_READ_STAGED; break;
-        case cupool::ReadMethod::gpudirect: report->read_method = CUPOOL_READ_GPUDIRECT; break;
+        case cupool::ReadMethod::staged: path->read_method = CUPOOL_READ_STAGED; break;
+        case cupool::ReadMethod::gpudirect: path->read_method = CUPOOL_READ_GPUDIRECT; break;
         case cupool::ReadMethod::gpudirect_compatibility:
-          report->read_method = CUPOOL_READ_GPUDIRECT_COMPATIBILITY;
+          path->read_method = CUPOOL_READ_GPUDIRECT_COMPATIBILITY;
           break;
       }
-      std::snprintf(report->gds_note, sizeof report->gds_note, "%s", done.gds_note.c_str());
+      std::snprintf(path->gds_note, sizeof path->gds_note, "%s", done.gds_note.c_str());
     }
   });
 }
