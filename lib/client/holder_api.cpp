@@ -296,8 +296,7 @@ int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, v
 // These structs cross the stable ABI (client.h): a field added to one would break every program
 // built against an older header, so what a load says or asks beyond them comes in new structs and
 // functions (cupool_load_path, cupool_load_file_gds).
-static_assert(sizeof(cupool_load_options) == 8 && sizeof(cupool_load_report) == 48 &&
-                  sizeof(cupool_file_range) == 24,
+static_assert(sizeof(cupool_load_options) == 8 && sizeof(cupool_load_report) == 48 && sizeof(cupool_file_range) == 24,
               "the layout of ABI version 1");
 
 int cupool_load_file(cupool_conn* conn, const cupool_lease* lease, int fd, const cupool_file_range* ranges,
