@@ -34,35 +34,14 @@ OUT=$(cd "$OUT" && pwd)
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 TMP=$(mktemp -d /tmp/cupool-load.XXXXXX)
-SOCK=$TMP/cupool.sock
-HOLDER_PID=""
+# shellcheck source=scripts/weights-holder.sh
+. "$ROOT/scripts/weights-holder.sh"
 cleanup() {
-  if [ -n "$HOLDER_PID" ]; then
-    kill -TERM "$HOLDER_PID" 2>/dev/null || true
-    wait "$HOLDER_PID" 2>/dev/null || true
-  fi
+  stop_weights_holder
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-
-cat >"$TMP/weights.yaml" <<EOF
-version: 1
-holder:
-  socket: $SOCK
-  mode: "0600"
-pools:
-  - name: weights
-    devices: [0]
-    handle_types: [posix_fd]
-EOF
-"$BUILD/cupool" hold "$TMP/weights.yaml" >"$OUT/load-bench-holder.log" 2>&1 &
-HOLDER_PID=$!
-for _ in $(seq 1 100); do
-  "$BUILD/cupool" status --socket "$SOCK" >/dev/null 2>&1 && break
-  kill -0 "$HOLDER_PID" 2>/dev/null || { say "the holder exited; see $OUT/load-bench-holder.log"; exit 1; }
-  sleep 0.2
-done
-export CUPOOL_SOCKET=$SOCK
+start_weights_holder "$OUT/load-bench-holder.log"
 
 FILE=$TMP/model.safetensors
 say "writing $FILE (${LOAD_GIB:-8.5} GiB)"

@@ -31,36 +31,16 @@ export LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_P
 
 TMP=$(mktemp -d /tmp/cupool-weights.XXXXXX)
 WORK=${WORK:-$TMP}
-SOCK=$TMP/cupool.sock
-HOLDER_PID=""
+# shellcheck source=scripts/weights-holder.sh
+. "$ROOT/scripts/weights-holder.sh"
 cleanup() {
-  if [ -n "$HOLDER_PID" ]; then
-    kill -TERM "$HOLDER_PID" 2>/dev/null || true
-    wait "$HOLDER_PID" 2>/dev/null || true
-  fi
+  stop_weights_holder
   rm -rf "$TMP" "$WORK/model.safetensors"
 }
 trap cleanup EXIT
+start_weights_holder "$OUT/weights-holder.log"
 
-cat >"$TMP/weights.yaml" <<EOF
-version: 1
-holder:
-  socket: $SOCK
-  mode: "0600"
-pools:
-  - name: weights
-    devices: [0]
-    handle_types: [posix_fd]
-EOF
-"$BUILD/cupool" hold "$TMP/weights.yaml" >"$OUT/weights-holder.log" 2>&1 &
-HOLDER_PID=$!
-for _ in $(seq 1 100); do
-  "$BUILD/cupool" status --socket "$SOCK" >/dev/null 2>&1 && break
-  kill -0 "$HOLDER_PID" 2>/dev/null || { say "the holder exited; see $OUT/weights-holder.log"; exit 1; }
-  sleep 0.2
-done
-
-export CUPOOL_SOCKET=$SOCK CUPOOL_CLIENT_LIB=$BUILD/libcupool-client.so.1 PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
+export CUPOOL_CLIENT_LIB=$BUILD/libcupool-client.so.1 PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 FILE=$WORK/model.safetensors
 say "writing $FILE"
 python3 "$ROOT/tests/gpu/weights_proof.py" make "$FILE" --gib "${WEIGHTS_GIB:-8.5}"

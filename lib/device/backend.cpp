@@ -61,9 +61,7 @@ void read_file_range(int fd, void* into, std::uint64_t bytes, std::uint64_t offs
     const ssize_t got = ::pread(fd, target + done, want, static_cast<off_t>(offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw InputError(std::string("reading the file failed: ") + std::strerror(errno));
-    if (got == 0)
-      throw InputError("the file ended at byte " + std::to_string(offset + done) + ", before byte " +
-                       std::to_string(offset + bytes) + " (was it truncated while being read?)");
+    if (got == 0) throw InputError(file_ended(offset + done, offset + bytes));
     done += static_cast<std::uint64_t>(got);
   }
 }

@@ -2,7 +2,6 @@
 // (libnvidia-ml.so.1) for free memory without a context. The only file that includes cuda.h.
 #include <cuda.h>
 #include <dlfcn.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -761,10 +760,7 @@ class CudaBackend final : public Backend {
       CuFilePath(const CudaBackend& b, CUcontext c, int fd, const std::vector<FileRange>& ranges) : b_(b), ctx_(c) {
         ContextScope scope(b_.api_, ctx_);
         cufile_ = CuFile::open();
-        if (cufile_->gpudirect()) {  // nvidia-fs reads what was opened with O_DIRECT
-          const std::string self = "/proc/self/fd/" + std::to_string(fd);
-          direct_.reset(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
-        }
+        if (cufile_->gpudirect()) direct_ = reopen_direct(fd);  // nvidia-fs reads what was opened with O_DIRECT
         file_ = cufile_->register_file(direct_ ? direct_.get() : fd);
         // One registration for the span of the ranges (they lie in one lease; one per tensor
         // would pin BAR1 space a thousand times). Where cuFile will not, its bounce buffers serve.

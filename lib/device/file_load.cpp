@@ -36,11 +36,6 @@ struct Chunk {
   std::uint64_t bytes = 0;
 };
 
-std::string ended_at(std::uint64_t at, std::uint64_t wanted) {
-  return "the file ended at byte " + std::to_string(at) + ", before byte " + std::to_string(wanted) +
-         " (was it truncated while being read?)";
-}
-
 // Reads `bytes` bytes at `offset` of a file opened with O_DIRECT into `slot` (kDirectAlign-aligned,
 // bytes + 2 * kDirectAlign long): the reads start and end on aligned bytes, so the data starts
 // `offset % kDirectAlign` bytes into the slot; returns where.
@@ -55,10 +50,10 @@ const unsigned char* read_direct(int fd, unsigned char* slot, std::uint64_t byte
         ::pread(fd, slot + done, static_cast<std::size_t>(span - done), static_cast<off_t>(start + done));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) throw InputError(std::string("reading the file (O_DIRECT) failed: ") + std::strerror(errno));
-    if (got == 0) throw InputError(ended_at(start + done, offset + bytes));
+    if (got == 0) throw InputError(file_ended(start + done, offset + bytes));
     done += static_cast<std::uint64_t>(got);
     // A short read of a regular file opened with O_DIRECT is its end: the next would be unaligned.
-    if (done < need && done % kDirectAlign != 0) throw InputError(ended_at(start + done, offset + bytes));
+    if (done < need && done % kDirectAlign != 0) throw InputError(file_ended(start + done, offset + bytes));
   }
   return slot + lead;
 }
@@ -161,6 +156,16 @@ unsigned thread_count(const LoadOptions& options, std::size_t chunks) {
 
 }  // namespace
 
+std::string file_ended(std::uint64_t at, std::uint64_t wanted) {
+  return "the file ended at byte " + std::to_string(at) + ", before byte " + std::to_string(wanted) +
+         " (was it truncated while being read?)";
+}
+
+Fd reopen_direct(int fd) {
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  return Fd(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+}
+
 const char* to_string(ReadMethod method) {
   switch (method) {
     case ReadMethod::staged: return "staged";
@@ -207,7 +212,6 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
     return report;
   }
 
-  // O_DIRECT through the same open file (/proc/self/fd names it, not its path: no second lookup).
   Fd direct;
   if (options.direct != DirectIo::never) {
     bool wanted = options.direct == DirectIo::always;
@@ -216,8 +220,7 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
       wanted = report.resident_fraction < 0.5;
     }
     if (wanted) {
-      const std::string self = "/proc/self/fd/" + std::to_string(fd);
-      direct.reset(::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
+      direct = reopen_direct(fd);
       if (!direct && options.direct == DirectIo::always)
         throw InputError(std::string("the file cannot be read with O_DIRECT (") + std::strerror(errno) +
                          "); load it without --direct-io always");

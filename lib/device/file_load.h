@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "base/fd.h"
+
 namespace cupool {
 
 struct FileRange;
@@ -125,6 +127,14 @@ LoadReport load_file_ranges(int fd, const std::vector<FileRange>& ranges, const 
 // worker reading its chunks with a reader of `path`.
 LoadReport load_ranges_direct(const std::vector<FileRange>& ranges, const LoadOptions& options, DirectPath& path,
                               const std::function<void(std::uint64_t)>& progress);
+
+// "the file ended at byte AT, before byte WANTED (...)": every loader's words for a file that ends
+// before the ranges do.
+std::string file_ended(std::uint64_t at, std::uint64_t wanted);
+
+// The file open at `fd` opened again with O_DIRECT (through /proc/self/fd: the same file, no second
+// path lookup); an empty Fd, errno set, where it cannot be (tmpfs, for one).
+Fd reopen_direct(int fd);
 
 // The share (0 to 1) of the ranges' pages that are in the page cache now (mincore on a mapping of
 // the file; 1 when that cannot be told).

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "device/file_load.h"
+
 namespace cupool {
 
 // ---- the C ABI of libcufile.so.0 (a named namespace: CuFile::Api's members use these types) ----
@@ -294,9 +296,7 @@ void CuFile::read(const File& file, std::uint64_t base, std::uint64_t offset, st
       const cufile_abi::CuFileStatus s{static_cast<int>(-got), 0};
       throw GdsError("cuFileRead", cufile_abi::error_name(s.err), "cuFileRead failed: " + cufile_abi::describe(s));
     }
-    if (got == 0)
-      throw InputError("the file ended at byte " + std::to_string(file_offset + done) + ", before byte " +
-                       std::to_string(file_offset + bytes) + " (was it truncated while being read?)");
+    if (got == 0) throw InputError(file_ended(file_offset + done, file_offset + bytes));
     done += static_cast<std::uint64_t>(got);
   }
 }

@@ -1141,6 +1141,63 @@ def test_buffer_load_gds(tmp):
             h.stop()
 
 
+def test_load_file_gds_c_api(tmp):
+    """cupool_load_file_gds: a gds value it does not know is CUPOOL_E_INVALID naming the values; a
+    load says in its cupool_load_path how the bytes came (staged where the node has no GPUDirect
+    Storage, with the note) and they arrive."""
+    size = 3 * 4096 + 5
+    path = os.path.join(tmp, "raw.bin")
+    data = testclient_pattern(size, 9)
+    with open(path, "wb") as f:
+        f.write(data)
+    h = Holder(tmp)
+    try:
+        lib = H.client_library()
+
+        class Range(ctypes.Structure):
+            _fields_ = [("file_offset", ctypes.c_uint64), ("lease_offset", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+        class LoadPath(ctypes.Structure):
+            _fields_ = [("read_method", ctypes.c_int32), ("gds_note", ctypes.c_char * 256)]
+
+        vp = ctypes.c_void_p
+        lib.cupool_connect.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(vp)]
+        lib.cupool_alloc.argtypes = [vp, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(vp)]
+        lib.cupool_release.argtypes = [vp, vp]
+        lib.cupool_read.argtypes = [vp, vp, ctypes.c_uint64, vp, ctypes.c_uint64]
+        lib.cupool_load_file_gds.argtypes = [vp, vp, ctypes.c_int, ctypes.POINTER(Range), ctypes.c_size_t, vp,
+                                             ctypes.c_int, vp, ctypes.POINTER(LoadPath), vp, vp]
+        lib.cupool_last_error.argtypes = [vp]
+        lib.cupool_last_error.restype = ctypes.c_char_p
+        lib.cupool_disconnect.argtypes = [vp]
+        conn = vp()
+        check(lib.cupool_connect(h.socket.encode(), b"loader", ctypes.byref(conn)) == 0, "connect")
+        lease = vp()
+        check(lib.cupool_alloc(conn, b"private", 0, 1 << 20, ctypes.byref(lease)) == 0,
+              f"alloc: {lib.cupool_last_error(conn)}")
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            ranges = (Range * 1)(Range(0, 0, size))
+            way = LoadPath()
+            rc = lib.cupool_load_file_gds(conn, lease, fd, ranges, 1, None, 7, None, ctypes.byref(way), None, None)
+            error = lib.cupool_last_error(conn).decode()
+            check(rc == -6 and "gds is 7" in error and "CUPOOL_GDS_AUTO" in error, f"gds 7: {rc} {error}")
+            rc = lib.cupool_load_file_gds(conn, lease, fd, ranges, 1, None, 0, None, ctypes.byref(way), None, None)
+            check(rc == 0, f"load: {rc} {lib.cupool_last_error(conn)}")
+            if H.PROFILE or not os.path.exists("/proc/driver/nvidia-fs"):
+                check(way.read_method == 0 and b"nvidia-fs" in way.gds_note,
+                      f"the path: {way.read_method} {way.gds_note!r}")
+            back = ctypes.create_string_buffer(size)
+            check(lib.cupool_read(conn, lease, 0, back, size) == 0, "read")
+            check(back.raw == data, "the loaded bytes differ from the file's")
+        finally:
+            os.close(fd)
+            lib.cupool_release(conn, lease)
+            lib.cupool_disconnect(conn)
+    finally:
+        h.stop()
+
+
 def test_load_256_clients(tmp):
     """256 client processes (32 under ThreadSanitizer), started together, each doing 40 cycles
     (allocate, import, write, read back, release) against one holder: every one succeeds, and the
