@@ -17,6 +17,7 @@
 #include "base/fd.h"
 #include "base/units.h"
 #include "cli/holder_client.h"
+#include "cli/verbs.h"
 #include "cupool/client.h"
 #include "model/model.h"
 #include "protocol/messages.h"
@@ -89,6 +90,7 @@ cupool_direct_io direct_io_of(const std::string& how) {
 }  // namespace
 
 json load_buffer(const LoadArgs& args) {
+  if (args.gds != "never") (void)place_cufile_log();  // cuFile may be opened
   const auto started = Clock::now();
   model::LoadStages stages;
   // One open for the header and the data: a path opened twice may name two files (issue 22: a

@@ -15,10 +15,11 @@ namespace cupool::cli {
 namespace {
 
 struct KeeperArgs {
-  std::string socket = custody::kDefaultKeeperSocket;
+  std::string socket = custody::default_keeper_socket();
   std::string format = "table";
   bool list = false;
   bool release = false;
+  double reply_delay = 0;  // seconds (tests)
 };
 
 }  // namespace
@@ -38,23 +39,31 @@ Verb add_keeper(CLI::App& app) {
       "(configs/kubernetes/cupool.yaml).\n"
       "\n"
       "The keeper runs in the foreground and never loads CUDA. It listens on --socket (mode 0600, a lock\n"
-      "file beside it: one keeper per socket) and only its own user and root may use it. It keeps every\n"
-      "descriptor open until the holder removes it or someone asks it to release everything. SIGTERM\n"
-      "(exit 0) and SIGINT (exit 130) stop it, and stopping closes every descriptor kept: the memory of\n"
-      "buffers that no running holder maps is then gone (a warning says how many). SIGHUP is ignored.\n"
+      "file beside it: one keeper per socket) and only its own user and root may use it. The socket's\n"
+      "directory must be one only this user or root can write (by default /run/cupool for root,\n"
+      "$XDG_RUNTIME_DIR/cupool for another user), or a sticky one such as /tmp where nothing at the\n"
+      "path belongs to another user: the keeper refuses any other place (exit 4, naming what is in\n"
+      "the way), and the holder gives descriptors only to a keeper of its own user or root at such a\n"
+      "place. It keeps every descriptor open until the holder removes it or someone asks it to\n"
+      "release everything. SIGTERM (exit 0) and SIGINT (exit 130) stop it, and stopping closes every\n"
+      "descriptor kept: the memory of buffers that no running holder maps is then gone (a warning says\n"
+      "how many). SIGHUP is ignored.\n"
       "\n"
       "--list prints the names kept; --release makes a running keeper close everything it keeps (the\n"
       "memory goes unless a holder still maps it) and prints how many it released.\n"
       "\nExamples:\n"
       "  cupool keeper\n"
-      "  cupool keeper --socket /tmp/keeper.sock --log-level debug\n"
+      "  cupool keeper --socket \"$XDG_RUNTIME_DIR/cupool/keeper.sock\" --log-level debug\n"
       "  cupool keeper --list\n"
       "  cupool keeper --list --format json | jq -r '.names[]'\n"
       "  sudo cupool keeper --release\n"
       "\nExit codes: 0 stopped by SIGTERM (or --list/--release done), 130 by SIGINT, 2 a bad option, 4 the\n"
       "socket is taken by another keeper or can't be made (--list/--release: no keeper listens, or it\n"
       "refused this user).");
-  sub->add_option("--socket,-s", args->socket, "The keeper's socket")->envname("CUPOOL_KEEPER")->capture_default_str();
+  sub->add_option("--socket,-s", args->socket,
+                  "The keeper's socket (a user other than root: $XDG_RUNTIME_DIR/cupool/keeper.sock, where set)")
+      ->envname("CUPOOL_KEEPER")
+      ->default_str(custody::kDefaultKeeperSocket);
   CLI::Option* list = sub->add_flag("--list", args->list, "Print the names a running keeper keeps, and exit");
   sub->add_flag("--release", args->release, "Ask a running keeper to close everything it keeps (the memory goes)")
       ->excludes(list);
@@ -63,10 +72,15 @@ Verb add_keeper(CLI::App& app) {
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
 
+  // For the tests of the holder's bound on custody (tests/holder/hostile_test.py): a keeper that
+  // answers each request this many seconds late. Not shown in --help.
+  sub->add_option("--reply-delay", args->reply_delay)->check(CLI::Range(0.0, 60.0))->group("");
+
   return {sub, [args](Context&) {
             if (!args->list && !args->release) {
               custody::KeeperOptions options;
               options.socket = args->socket;
+              options.reply_delay_ms = static_cast<int>(args->reply_delay * 1000);
               return custody::run_keeper(options);
             }
             custody::KeeperClient keeper(args->socket);
@@ -76,7 +90,7 @@ Verb add_keeper(CLI::App& app) {
                         << "\n";
               return static_cast<int>(ExitCode::ok);
             }
-            const std::vector<std::string> names = keeper.list();
+            const std::vector<std::string> names = keeper.names();
             if (parse_format(args->format) == Format::json) {
               std::cout << dump_json(versioned(model::to_json(model::KeeperList{args->socket, names}))) << "\n";
             } else {

@@ -1,6 +1,11 @@
 // cupool query: what this machine supports.
 #include "device/query.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 
@@ -8,6 +13,7 @@
 #include "base/output.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "custody/custody.h"
 #include "device/nfd.h"
 
 namespace cupool::cli {
@@ -35,7 +41,8 @@ Verb add_query(CLI::App& app) {
       "It reads device attributes only and creates no CUDA context (no device memory is taken);\n"
       "--deep also creates, uses and exports a small pool per handle type and says why one fails, and\n"
       "says whether the node has GPUDirect Storage for `buffer load --gds` (it loads NVIDIA's libcufile\n"
-      "and opens its driver; cuFile writes cufile.log in the working directory).\n"
+      "and opens its driver; cuFile's log goes to cufile.log in /run/cupool for root, in\n"
+      "$XDG_RUNTIME_DIR/cupool for another user, or where CUFILE_LOGFILE_PATH says).\n"
       "--format nfd writes node labels (cupool.feature.node.kubernetes.io/...: driver, GPU count and\n"
       "product, pool support, handle types, fabric, peer access) as a feature file for Kubernetes'\n"
       "node-feature-discovery (docs/kubernetes.md).\n"
@@ -67,6 +74,7 @@ Verb add_query(CLI::App& app) {
   return {sub, [args](Context& ctx) {
             QueryOptions options;
             options.deep = args->deep;
+            if (options.deep) (void)place_cufile_log();  // the deep probe opens cuFile
             for (const auto& text : args->devices) {
               std::string why;
               auto sel = parse_device_selector(text, &why);
@@ -90,6 +98,19 @@ Verb add_query(CLI::App& app) {
             }
             return 0;
           }};
+}
+
+std::string place_cufile_log(const std::string& place) {
+  if (const char* set = std::getenv("CUFILE_LOGFILE_PATH"); set && *set) return set;
+  const std::string dir = place.empty() ? custody::directory_of(custody::default_keeper_socket()) : place;
+  // The user's own directory (XDG) stays private; root's /run/cupool is the holder's (0755).
+  const mode_t mode = ::geteuid() == 0 ? 0755 : 0700;
+  struct stat st {};
+  const bool usable = (::mkdir(dir.c_str(), mode) == 0 || errno == EEXIST) && ::stat(dir.c_str(), &st) == 0 &&
+                      S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() && ::access(dir.c_str(), W_OK) == 0;
+  std::string path = usable ? dir + "/cufile.log" : "/dev/null";
+  ::setenv("CUFILE_LOGFILE_PATH", path.c_str(), 1);
+  return path;
 }
 
 }  // namespace cupool::cli

@@ -48,6 +48,14 @@ Verb add_exporter(CLI::App& app);
 // The keeper of the holder's descriptors (custody/keeper.h); --list and --release ask a running one.
 Verb add_keeper(CLI::App& app);
 
+// cuFile writes cufile.log into the working directory unless CUFILE_LOGFILE_PATH says where. Before
+// a verb that may load cuFile (query --deep, buffer load), points it at a place cupool owns: the
+// directory of the keeper's default socket (/run/cupool for root, $XDG_RUNTIME_DIR/cupool for
+// others, made when missing), or /dev/null where that can't be had. A CUFILE_LOGFILE_PATH of the
+// user's is left alone. Returns where the log goes (main.cpp). `dir`: the directory to use instead
+// (tests).
+std::string place_cufile_log(const std::string& dir = "");
+
 // Where execvp would find `command`: a name with a slash as it is, else the first executable
 // regular file of that name in $PATH; "" when there is none (exec.cpp).
 std::string resolve_command(const std::string& command);

@@ -162,7 +162,7 @@ complete -c cupool -n '__cupool_at "hold" 0' -k -a '(__fish_complete_suffix .yam
 
 # cupool keeper
 complete -c cupool -n '__cupool_at "keeper"' -l 'help' -s 'h' -d 'Print this help message and exit'
-complete -c cupool -n '__cupool_at "keeper"' -l 'socket' -s 's' -r -F -d 'The keeper\'s socket'
+complete -c cupool -n '__cupool_at "keeper"' -l 'socket' -s 's' -r -F -d 'The keeper\'s socket (a user other than root: $XDG_RUNTIME_DIR/cupool/keeper.sock, where set)'
 complete -c cupool -n '__cupool_at "keeper"' -l 'list' -d 'Print the names a running keeper keeps, and exit'
 complete -c cupool -n '__cupool_at "keeper"' -l 'release' -d 'Ask a running keeper to close everything it keeps (the memory goes)'
 complete -c cupool -n '__cupool_at "keeper"' -l 'format' -s 'o' -x -a 'table json' -d 'Output format of --list: table or json'

@@ -2,8 +2,8 @@
 // the headers of tensor files. nlohmann's own parser builds an ordered_json by looking each key
 // up in the object so far (a linear search: the cost grows with the square of the key count; a
 // 1 MiB request of 111,845 keys took 13 s) and lets a later duplicate key replace an earlier one.
-// This reader appends each key, refuses a duplicate by a hashed set, and stops at the first
-// value past a bound, before building anything more.
+// This reader appends each key, refuses a duplicate by an ordered set (no chosen keys make it slow), and stops at the
+// first value past a bound, before building anything more.
 #pragma once
 
 #include <cstddef>

@@ -37,8 +37,11 @@ ConfigRejected rejection(const Diagnostics& diags, const SourceFile& file) {
                         diags.has_invalid_input());
 }
 
-Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope) {
-  Judged judged = judge_config(file, node, scope);
+namespace {
+
+Loaded load_judged(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope,
+                   const CheckOptions& options) {
+  Judged judged = judge_config(file, node, scope, options);
   if (judged.rejected()) throw rejection(judged.diags, file);
   Loaded out;
   out.config = std::move(judged.config);
@@ -49,9 +52,15 @@ Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& no
   return out;
 }
 
-Loaded load_config(const SourceFile& file, const NodeReport& node, Scope scope) {
-  return load_config(
-      file, [&node] { return node; }, scope);
+}  // namespace
+
+Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope) {
+  return load_judged(file, node, scope, {});
+}
+
+Loaded load_config(const SourceFile& file, const NodeReport& node, Scope scope, const CheckOptions& options) {
+  return load_judged(
+      file, [&node] { return node; }, scope, options);
 }
 
 }  // namespace cupool

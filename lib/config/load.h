@@ -46,8 +46,8 @@ struct Loaded {
 
 // judge_config, then: throws ConfigRejected with every finding when the file has errors.
 Loaded load_config(const SourceFile& file, const std::function<NodeReport()>& node, Scope scope);
-// The same for a node already known.
-Loaded load_config(const SourceFile& file, const NodeReport& node, Scope scope);
+// The same for a node already known, judged with `options` (the holder's bounded account lookups).
+Loaded load_config(const SourceFile& file, const NodeReport& node, Scope scope, const CheckOptions& options = {});
 
 // The ConfigRejected for findings with errors.
 ConfigRejected rejection(const Diagnostics& diags, const SourceFile& file);

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -18,15 +19,35 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "base/limits.h"
 
 namespace cupool::custody {
 
 constexpr std::size_t kMaxNameLength = 200;          // of a descriptor's name
 constexpr std::size_t kMaxKept = 8192;               // descriptors a keeper keeps
 constexpr std::size_t kMaxManifestBytes = 64 << 20;  // a manifest's JSON text
-constexpr std::size_t kMaxParts = 1024;              // parts of one buffer
+constexpr std::size_t kMaxParts = kMaxBufferParts;   // parts of one buffer (base/limits.h)
 constexpr int kManifestVersion = 1;                  // the manifest's "manifest" field
 constexpr const char* kDefaultKeeperSocket = "/run/cupool/keeper.sock";
+// The highest manifest sequence taken (2^53: exact in any JSON reader). A holder writes one
+// manifest a change, so no holder reaches it; a name above it is junk, refused.
+constexpr std::uint64_t kMaxManifestSequence = std::uint64_t{1} << 53;
+
+// The keeper's socket when none is given: kDefaultKeeperSocket for root; for another user
+// $XDG_RUNTIME_DIR/cupool/keeper.sock (a directory only that user may write) where it is set,
+// else kDefaultKeeperSocket.
+std::string default_keeper_socket();
+
+// Why a keeper's socket at `path` can't be trusted by user `self` ("" when it can): custody gives
+// the keeper every held buffer's descriptor, so nobody but `self` and root may be able to put a
+// socket there. Its directory must belong to `self` or root and be writable by nobody else, or be
+// sticky (as /tmp), where a file at the path must then be self's or root's. Said as a clause:
+// "its directory /x belongs to uid 1001 (eve), who could put another socket there".
+std::string unsafe_keeper_path(const std::string& path, uid_t self);
+// "uid 1001 (eve)"; "uid 1001" where the name service has no name for it.
+std::string describe_uid(uid_t uid);
+// The directory of a path: "/run/cupool" of "/run/cupool/keeper.sock", "." of "keeper.sock".
+std::string directory_of(const std::string& path);
 
 // A descriptor's name in custody: [A-Za-z0-9._-], 1..kMaxNameLength bytes (systemd's FDNAME allows more).
 bool valid_fd_name(std::string_view name);
@@ -92,6 +113,7 @@ Manifest manifest_from_json(const nlohmann::ordered_json& j, const std::string& 
 
 class Custody {
  public:
+  using Clock = std::chrono::steady_clock;
   virtual ~Custody() = default;
   virtual const char* kind() const = 0;   // "systemd" or "keeper"
   virtual std::string where() const = 0;  // "systemd's file-descriptor store" / "keeper at /run/cupool/keeper.sock"
@@ -102,6 +124,12 @@ class Custody {
   virtual void deposit(const std::string& name, int fd) = 0;
   // Removes what is kept under name (nothing when none). Throws when unreachable.
   virtual void remove(const std::string& name) = 0;
+  // The names kept now, where custody can say (a keeper); nullopt where it can't (systemd's store
+  // keeps what it is given and answers nothing). Throws as deposit does.
+  virtual std::optional<std::vector<std::string>> list() { return std::nullopt; }
+  // Calls from now on fail (Errc::unreachable) rather than wait past `deadline`; none: each call
+  // has its own time-out only. The holder bounds what custody may cost its serving thread with it.
+  virtual void limit_time(std::optional<Clock::time_point> deadline) { (void)deadline; }
 };
 
 // systemd's file-descriptor store (the unit needs FileDescriptorStoreMax=): nullptr unless
@@ -126,7 +154,10 @@ std::vector<Kept> adopt_listen_fds(const ListenEnv& env, pid_t self, int first_f
 
 // A connection to a keeper (docs/protocol.md, "The keeper"). Connects on first use; when a request on
 // an open connection fails for want of the keeper (it restarted), connects once more and repeats it.
-// Throws Error(unreachable) when no keeper answers, Error(not_permitted) when it refuses this user.
+// Each connection is checked first: the socket's place (unsafe_keeper_path) and the kernel's word
+// on who listens (SO_PEERCRED: this process's user or root), so that descriptors go to no other
+// user's process and nothing is taken from one. Throws Error(unreachable) when no keeper answers,
+// Error(not_permitted) when the keeper can't be trusted or refuses this user.
 class KeeperClient final : public Custody {
  public:
   // `timeout_ms`: how long one request may wait for the keeper (sending and receiving).
@@ -136,8 +167,11 @@ class KeeperClient final : public Custody {
   std::vector<Kept> withdraw() override;  // list, then withdraw each (the keeper keeps its own)
   void deposit(const std::string& name, int fd) override;
   void remove(const std::string& name) override;
+  std::optional<std::vector<std::string>> list() override { return names(); }
+  void limit_time(std::optional<Clock::time_point> deadline) override { deadline_ = deadline; }
+  void set_timeout_ms(int timeout_ms) { timeout_ms_ = timeout_ms; }
   // The names kept, sorted.
-  std::vector<std::string> list();
+  std::vector<std::string> names();
   // Drops everything kept (the memory goes): how many descriptors were released.
   std::size_t release();
   // The keeper's status reply: pid, socket, started, uptime_seconds, kept_count, max_kept_count,
@@ -151,9 +185,13 @@ class KeeperClient final : public Custody {
   // One request and its reply on the open connection, no retry.
   nlohmann::ordered_json exchange(nlohmann::ordered_json request, int fd, Fd* received);
   void connect();
+  // Sets the socket's time-outs for the next wait: timeout_ms_, or less to meet deadline_ (throws
+  // Error(unreachable) once it has passed).
+  void arm(int socket);
 
   std::string path_;
   int timeout_ms_;
+  std::optional<Clock::time_point> deadline_;
   Fd socket_;
   std::uint64_t next_id_ = 1;
 };

@@ -5,7 +5,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -146,19 +148,52 @@ void KeeperClient::connect() {
                                          std::to_string(sizeof addr.sun_path - 1) + " bytes");
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
+  // Custody gives the keeper every held buffer's descriptor and adopts what it hands back: only a
+  // keeper of this user (or root) at a path nobody else can take will do.
+  const uid_t self = ::geteuid();
+  if (const std::string why = unsafe_keeper_path(path_, self); !why.empty())
+    throw Error(Errc::not_permitted, "the keeper's socket " + path_ + " can't be trusted: " + why +
+                                         "; give the keeper a socket in a directory only this user can write (" +
+                                         kDefaultKeeperSocket + ", or $XDG_RUNTIME_DIR/cupool/keeper.sock)");
   Fd s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!s) throw Error(Errc::unreachable, "socket: " + errno_text());
-  const timeval tv{timeout_ms_ / 1000, static_cast<suseconds_t>((timeout_ms_ % 1000) * 1000)};
-  (void)::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  (void)::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  arm(s.get());
   if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
     throw Error(Errc::unreachable, "no keeper is listening at " + path_ + ": " + errno_text() +
                                        " (start one with 'cupool keeper --socket " + path_ + "')");
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    throw Error(Errc::unreachable, "can't tell who listens at " + path_ + ": " + errno_text());
+  if (cred.uid != self && cred.uid != 0)
+    throw Error(Errc::not_permitted, "the process listening at " + path_ + " (pid " + std::to_string(cred.pid) +
+                                         ") runs as " + describe_uid(cred.uid) + ", not as this user (" +
+                                         describe_uid(self) +
+                                         ") or root: it is not this holder's keeper, and "
+                                         "is given nothing");
   socket_ = std::move(s);
+}
+
+void KeeperClient::arm(int socket) {
+  auto wait = std::chrono::milliseconds(timeout_ms_);
+  if (deadline_) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - Clock::now());
+    if (left.count() <= 0)
+      throw Error(Errc::unreachable, "the keeper at " + path_ + " did not finish in the time custody has");
+    wait = std::min(wait, left);
+  }
+  const timeval tv{static_cast<time_t>(wait.count() / 1000), static_cast<suseconds_t>((wait.count() % 1000) * 1000)};
+  (void)::setsockopt(socket, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)::setsockopt(socket, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
 Json KeeperClient::exchange(Json request, int fd, Fd* received) {
   request["id"] = next_id_++;
+  try {
+    arm(socket_.get());
+  } catch (const Error& e) {
+    throw Lost(e.what());
+  }
   // A keeper that refuses this peer says why and closes at once, perhaps before the request went:
   // its reply is read all the same.
   std::string unsent;
@@ -222,7 +257,7 @@ Json KeeperClient::call(const Json& request, int fd, Fd* received) {
   }
 }
 
-std::vector<std::string> KeeperClient::list() {
+std::vector<std::string> KeeperClient::names() {
   const Json reply = call({{"op", "list"}});
   std::vector<std::string> names;
   for (const Json& n : reply.value("names", Json::array()))
@@ -245,7 +280,7 @@ Json KeeperClient::status() {
 
 std::vector<Kept> KeeperClient::withdraw() {
   std::vector<Kept> out;
-  for (const std::string& name : list()) {
+  for (const std::string& name : names()) {
     Fd fd;
     try {
       (void)call({{"op", "withdraw"}, {"name", name}}, -1, &fd);

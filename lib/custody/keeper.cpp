@@ -18,6 +18,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -60,6 +61,22 @@ class Place {
         throw Error(Errc::unreachable,
                     "can't make the directory " + dir + ": " + errno_text() + " (make it, or choose another --socket)");
     }
+    // The holder gives whoever listens here every held buffer's descriptor, and checks that it is
+    // its own user: a path that another user could take first is refused here too, naming what is
+    // in the way, so that the keeper never runs where it can be locked out or impersonated.
+    const uid_t self = ::geteuid();
+    const auto refuse = [&](const std::string& why) {
+      throw Error(Errc::unreachable, "can't keep descriptors at " + path + ": " + why +
+                                         "; choose a --socket in a directory only this user can write (" +
+                                         kDefaultKeeperSocket + " as root, else $XDG_RUNTIME_DIR/cupool/keeper.sock)");
+    };
+    if (const std::string why = unsafe_keeper_path(path, self); !why.empty()) refuse(why);
+    for (const std::string& file : {path + ".lock", path}) {
+      struct stat st {};
+      if (::lstat(file.c_str(), &st) == 0 && st.st_uid != self)
+        refuse(file + " belongs to " + describe_uid(st.st_uid) + ", not to the keeper's user (" + describe_uid(self) +
+               "); remove it if it is not another keeper's");
+    }
     lock_ = std::make_unique<LockFile>(path + ".lock", "keeper", path, 0600);
     if (!lock_->pid_error().empty()) spdlog::warn("can't write the pid into {}.lock: {}", path, lock_->pid_error());
     // Ours now: a socket here is one a keeper left when it died.
@@ -67,7 +84,7 @@ class Place {
     if (::lstat(path.c_str(), &old) == 0) {
       if (!S_ISSOCK(old.st_mode)) throw Error(Errc::unreachable, path + " exists and is not a socket; remove it");
       spdlog::info("replacing the socket {} of a keeper that did not stop cleanly", path);
-      (void)::unlink(path.c_str());
+      if (::unlink(path.c_str()) != 0) refuse("the socket a keeper left there can't be removed: " + errno_text());
     }
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
@@ -286,6 +303,7 @@ void Keeper::Impl::process(Connection& c) {
 
 void Keeper::Impl::answer(Connection& c, const std::string& payload, Fd fd) {
   const Json request = proto::parse_payload(payload);  // bad_frame goes up
+  if (options.reply_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(options.reply_delay_ms));
   Json id;
   if (const auto it = request.find("id");
       it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0)

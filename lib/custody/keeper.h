@@ -24,6 +24,9 @@ struct KeeperOptions {
   int write_stall_timeout_ms = 30000;  // a reply may wait this long for a peer that doesn't read
   // Who may use the keeper besides root; (uid_t)-1: the keeper's own user. (Tests name another.)
   uid_t user = static_cast<uid_t>(-1);
+  // Waits this long before each answer: a keeper that answers late (tests of the holder's bound on
+  // what custody may cost it; `keeper --reply-delay`, not shown in --help).
+  int reply_delay_ms = 0;
 };
 
 class Keeper {

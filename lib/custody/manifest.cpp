@@ -289,7 +289,7 @@ Manifest manifest_from_json(const Json& j, const std::string& fd_name) {
     r.fail("manifest version " + safe_for_display(utf8_prefix(version.dump(), 32)) +
            " is not supported (this holder reads version " + std::to_string(kManifestVersion) + ")");
   Manifest m;
-  m.sequence = r.u64("sequence", 1, UINT64_MAX);
+  m.sequence = r.u64("sequence", 1, kMaxManifestSequence);
   if (const auto named = parse_manifest_fd_name(fd_name); named && *named != m.sequence)
     r.fail("it says it is sequence " + std::to_string(m.sequence) + ", its name says " + std::to_string(*named));
   Reader holder(r.get("holder"), "holder", fd_name);

@@ -596,16 +596,8 @@ class CudaBackend final : public Backend {
     // context cost a peer's first mapping of a held set ~150 ms).
     const int in = peers.empty() ? ordinal : peers.front();
     ContextScope scope(api_, context(in));
-    CUmemGenericAllocationHandle handle = 0;
-    // The posix_fd handle is the fd itself, passed by value in the pointer argument.
-    void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
-    check(api_.cuMemImportFromShareableHandle(&handle, shareable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-          "cuMemImportFromShareableHandle");
-    struct Release {
-      const DriverApi& api;
-      CUmemGenericAllocationHandle handle;
-      ~Release() { api.cuMemRelease(handle); }
-    } release{api_, handle};
+    const Imported imported = import_exported(fd);
+    const CUmemGenericAllocationHandle handle = imported.handle;
     CUmemAllocationProp prop;
     std::memset(&prop, 0, sizeof prop);
     check(api_.cuMemGetAllocationPropertiesFromHandle(&prop, handle), "cuMemGetAllocationPropertiesFromHandle");
@@ -616,6 +608,20 @@ class CudaBackend final : public Backend {
     const std::uint64_t address = map_handle(ordinal, handle, size, peers);
     mappings_[address].device = in;  // unmapped in the same context
     return address;
+  }
+
+  bool exported_larger_than(int ordinal, int fd, std::uint64_t size) override {
+    ContextScope scope(api_, context(ordinal));
+    const Imported imported = import_exported(fd);
+    const CUmemGenericAllocationHandle handle = imported.handle;
+    const std::uint64_t larger = size + allocation_granularity(ordinal);
+    CUdeviceptr ptr = 0;
+    check(api_.cuMemAddressReserve(&ptr, static_cast<size_t>(larger), 0, 0, 0), "cuMemAddressReserve");
+    // cuMemMap of more than the allocation fails (CUDA_ERROR_INVALID_VALUE, not sticky).
+    const bool fits = api_.cuMemMap(ptr, static_cast<size_t>(larger), 0, handle, 0) == CUDA_SUCCESS;
+    if (fits) api_.cuMemUnmap(ptr, static_cast<size_t>(larger));
+    api_.cuMemAddressFree(ptr, static_cast<size_t>(larger));
+    return fits;
   }
 
   void grant_exported_access(std::uint64_t address, int peer) override {
@@ -1111,6 +1117,24 @@ class CudaBackend final : public Backend {
 
   // Reserves `size` bytes of address space, maps `handle` there and gives `ordinal` and `peers`
   // read-write access; undoes what it did when a step fails.
+  // An exported allocation's descriptor imported as a handle (in the current context), released
+  // when this goes; the descriptor stays the caller's.
+  struct Imported {
+    const DriverApi& api;
+    CUmemGenericAllocationHandle handle;
+    Imported(const Imported&) = delete;
+    Imported& operator=(const Imported&) = delete;
+    ~Imported() { api.cuMemRelease(handle); }
+  };
+  Imported import_exported(int fd) {
+    CUmemGenericAllocationHandle handle = 0;
+    // The posix_fd handle is the fd itself, passed by value in the pointer argument.
+    void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
+    check(api_.cuMemImportFromShareableHandle(&handle, shareable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle");
+    return Imported{api_, handle};
+  }
+
   std::uint64_t map_handle(int ordinal, CUmemGenericAllocationHandle handle, std::uint64_t size,
                            const std::vector<int>& peers) {
     CUdeviceptr ptr = 0;

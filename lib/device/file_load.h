@@ -136,8 +136,8 @@ std::string file_ended(std::uint64_t at, std::uint64_t wanted);
 // path lookup); an empty Fd, errno set, where it cannot be (tmpfs, for one).
 Fd reopen_direct(int fd);
 
-// The share (0 to 1) of the ranges' pages that are in the page cache now (mincore on a mapping of
-// the file; 1 when that cannot be told).
+// The share (0 to 1) of the ranges' pages that are in the page cache now (mincore on mappings of
+// the ranges alone, sampled: at most 65,536 pages asked; 1 when that cannot be told).
 double resident_fraction(int fd, const std::vector<FileRange>& ranges);
 
 }  // namespace cupool

@@ -573,6 +573,15 @@ std::uint64_t SimBackend::map_exported(int dev, int fd, std::uint64_t size, cons
   return address;
 }
 
+bool SimBackend::exported_larger_than(int dev, int fd, std::uint64_t size) {
+  enter("exported_larger_than", std::to_string(dev) + "," + std::to_string(size));
+  device(dev, "cuMemImportFromShareableHandle");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) < kExportedPage)
+    throw invalid_value("cuMemImportFromShareableHandle", "the fd is not a simulated exported allocation");
+  return static_cast<std::uint64_t>(st.st_size) - kExportedPage > size;
+}
+
 void SimBackend::grant_exported_access(std::uint64_t address, int peer) {
   enter("grant_exported_access", std::to_string(peer));
   if (!mappings_.count(address)) throw invalid_value("cuMemSetAccess", "not an exported allocation mapped here");

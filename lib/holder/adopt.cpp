@@ -1,7 +1,10 @@
 // Custody: the descriptors of the holder's exported buffers, kept outside it (systemd's
 // file-descriptor store, or `cupool keeper`) with a manifest of what they are, so that a holder
 // that restarts, is upgraded or crashes finds its buffers again (docs/protocol.md, "The keeper").
+#include <linux/kcmp.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,57 +24,89 @@ void Holder::deposit_parts(const std::string& name) {
   if (!custody_) return;
   auto it = buffers_.find(name);
   if (it == buffers_.end() || !it->second.exported) return;
-  try {
-    for (std::size_t i = 0; i < it->second.parts.size(); ++i)
-      custody_->deposit(custody::part_fd_name(name, i), it->second.parts[i].fd.get());
-  } catch (const std::exception& e) {
-    custody_error_ = std::string("buffer ") + name + " could not be given to " + custody_->where() + ": " + e.what();
-    spdlog::error("{}; it will not outlive this holder", custody_error_);
-  }
+  custody_deposits_.insert(name);
   manifest_stale_ = true;
 }
 
-void Holder::sync_custody() noexcept {
-  if (!custody_ || (!manifest_stale_ && custody_removals_.empty())) return;
+bool Holder::held_in_custody(const std::string& name) const {
+  if (manifest_sequence_ && name == custody::manifest_fd_name(manifest_sequence_)) return true;
+  const auto part = custody::parse_part_fd_name(name);
+  if (!part) return false;
+  const auto it = buffers_.find(part->first);
+  return it != buffers_.end() && it->second.exported && part->second < it->second.parts.size();
+}
+
+void Holder::sync_custody(bool retry) noexcept {
+  if (!custody_ || (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty())) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!retry && now < custody_retry_at_) return;  // custody failed lately: the audit tries again
+  custody_->limit_time(now + std::chrono::milliseconds(custody_budget_ms_));
+  std::string what = "the manifest";
   try {
-    custody::Manifest m;
-    m.sequence = manifest_sequence_ + 1;
-    m.holder_uid = self_uid_;
-    m.holder_pid = ::getpid();
-    m.backend = backend_.simulated() ? "simulated" : "cuda";
-    for (const auto& [name, b] : buffers_) {
-      // A buffer half loaded is its loader's: if the holder goes first, it goes too.
-      if (!b.exported || b.loading) continue;
-      custody::ManifestBuffer mb;
-      mb.name = name;
-      mb.pool = b.want.pool;
-      mb.device = b.want.device;
-      mb.uuid = device_uuid(b.want.device);
-      mb.size = b.want.size;
-      for (const auto& part : b.parts) {
-        mb.parts.push_back(part.size);
-        mb.mapped.push_back(part.mapped);
+    // New buffers' parts first: a buffer that replaced one of its name (a reload or apply that
+    // resized it) takes over the names, which custody then keeps for the new allocation.
+    while (!custody_deposits_.empty()) {
+      const std::string name = *custody_deposits_.begin();
+      const auto it = buffers_.find(name);
+      if (it != buffers_.end() && it->second.exported) {
+        what = "buffer " + name;
+        for (std::size_t i = 0; i < it->second.parts.size(); ++i)
+          custody_->deposit(custody::part_fd_name(name, i), it->second.parts[i].fd.get());
       }
-      mb.owner = b.owner;
-      mb.origin = b.from_config ? "config" : "client";
-      if (b.index) mb.index = tensors::to_json(*b.index);
-      m.buffers.push_back(std::move(mb));
+      custody_deposits_.erase(custody_deposits_.begin());
     }
-    const Fd sealed = custody::seal_manifest(m);
-    custody_->deposit(custody::manifest_fd_name(m.sequence), sealed.get());
-    if (manifest_sequence_) custody_->remove(custody::manifest_fd_name(manifest_sequence_));
-    manifest_sequence_ = m.sequence;
-    manifest_stale_ = false;
-    // Only now that no manifest names them.
+    what = "the manifest";
+    if (manifest_stale_) {
+      custody::Manifest m;
+      m.sequence = manifest_sequence_ + 1;
+      m.holder_uid = self_uid_;
+      m.holder_pid = ::getpid();
+      m.backend = backend_.simulated() ? "simulated" : "cuda";
+      for (const auto& [name, b] : buffers_) {
+        // A buffer half loaded is its loader's: if the holder goes first, it goes too.
+        if (!b.exported || b.loading) continue;
+        custody::ManifestBuffer mb;
+        mb.name = name;
+        mb.pool = b.want.pool;
+        mb.device = b.want.device;
+        mb.uuid = device_uuid(b.want.device);
+        mb.size = b.want.size;
+        for (const auto& part : b.parts) {
+          mb.parts.push_back(part.size);
+          mb.mapped.push_back(part.mapped);
+        }
+        mb.owner = b.owner;
+        mb.origin = b.from_config ? "config" : "client";
+        if (b.index) mb.index = tensors::to_json(*b.index);
+        m.buffers.push_back(std::move(mb));
+      }
+      const Fd sealed = custody::seal_manifest(m);
+      custody_->deposit(custody::manifest_fd_name(m.sequence), sealed.get());
+      const std::uint64_t before = manifest_sequence_;
+      manifest_sequence_ = m.sequence;
+      manifest_stale_ = false;
+      if (before) custody_removals_.push_back(custody::manifest_fd_name(before));
+    }
+    // Only now that no manifest names them, and never what is held again under the same name.
     while (!custody_removals_.empty()) {
-      custody_->remove(custody_removals_.back());
+      const std::string name = custody_removals_.back();
+      if (!held_in_custody(name)) {
+        what = name;
+        custody_->remove(name);
+      }
       custody_removals_.pop_back();
     }
     custody_error_.clear();
+    custody_retry_at_ = {};
   } catch (const std::exception& e) {
-    custody_error_ = "the manifest could not be given to " + custody_->where() + ": " + e.what();
-    spdlog::error("{}; held buffers changed since the last manifest may not outlive this holder", custody_error_);
+    const std::string error = what + " could not be given to " + custody_->where() + ": " + e.what();
+    if (error != custody_error_)
+      spdlog::error("custody: {}; what changed since may not outlive this holder (tried again within {} s)", error,
+                    custody_retry_ms_ / 1000);
+    custody_error_ = error;
+    custody_retry_at_ = now + std::chrono::milliseconds(custody_retry_ms_);
   }
+  custody_->limit_time(std::nullopt);
 }
 
 namespace {
@@ -100,9 +135,23 @@ Json tensor_entries(const Json& index) {
   return tensors;
 }
 
+// Whether two descriptors are one allocation: the same file (a memfd, reopened or not), or the
+// same open file description (a descriptor passed twice). Descriptors of the driver's allocations
+// may share one anonymous inode, so for those only the kernel's comparison of the descriptions
+// (kcmp) says; where it can't be asked, they count as different.
+bool same_allocation(int a, int b) {
+  struct stat sa {};
+  struct stat sb {};
+  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
+  if (sa.st_dev != sb.st_dev || sa.st_ino != sb.st_ino) return false;
+  if (S_ISREG(sa.st_mode)) return true;
+  const pid_t self = ::getpid();
+  return ::syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
+}
+
 }  // namespace
 
-model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
+model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& want) {
   const auto started = std::chrono::steady_clock::now();
   model::Adoption report;
   std::map<std::string, Fd> by_name;
@@ -112,19 +161,25 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
   for (const auto& [name, fd] : by_name)
     if (const auto seq = custody::parse_manifest_fd_name(name)) manifests.emplace_back(*seq, name);
   std::sort(manifests.rbegin(), manifests.rend());
+  // Only a manifest that opens counts for the next sequence: junk named with a sequence that can't
+  // be followed must not stop this holder from writing its own.
   std::optional<custody::Manifest> manifest;
   std::uint64_t newest = 0;
   for (const auto& [seq, name] : manifests) {
-    newest = std::max(newest, seq);
-    if (manifest) continue;
+    if (manifest) {
+      newest = std::max(newest, seq);  // older, and opened by the holder that wrote the newest
+      continue;
+    }
     try {
       manifest = custody::open_manifest(by_name.at(name).get(), name);
+      newest = std::max(newest, seq);
     } catch (const std::exception& e) {
       spdlog::error("custody: refused {}: {}", name, e.what());
       report.refused.push_back({name, {"refused", e.what(), {}, {}}});
     }
   }
-  std::set<std::string> taken;  // descriptor names now held by adopted buffers
+  std::set<std::string> taken;                           // descriptor names now held by adopted buffers
+  std::vector<std::pair<std::string, int>> adopted_fds;  // and their descriptors
   if (manifest) {
     report.manifest_sequence = manifest->sequence;
     for (const custody::ManifestBuffer& mb : manifest->buffers) {
@@ -141,13 +196,33 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
         refuse("a buffer of that name is held already");
         continue;
       }
+      // Charged to a pool the config holds, where it could have been made: a device pool on its device.
+      const auto pool = std::find_if(want.pools.begin(), want.pools.end(),
+                                     [&](const PoolWant& p) { return p.name == mb.pool && p.device == device; });
+      if (pool == want.pools.end() || pool->props.location != PoolProps::Location::device) {
+        refuse("its pool " + mb.pool + " on device " + std::to_string(device) + " (" + mb.uuid +
+               ") is not a device pool of the config: nothing would account for it (put the pool back in the "
+               "config to keep such buffers)");
+        continue;
+      }
+      // Each part mapped whole: an allocation is its size rounded up to the granularity, as made.
+      std::string why;
+      const std::uint64_t granularity = backend_.allocation_granularity(device);
+      for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i)
+        if (granularity && mb.mapped[i] != (mb.parts[i] + granularity - 1) / granularity * granularity)
+          why = "part " + std::to_string(i) + " says " + std::to_string(mb.mapped[i]) + " bytes are mapped for " +
+                std::to_string(mb.parts[i]) + ", not the allocation of " + format_bytes(granularity) +
+                " granules that holds them";
+      if (!why.empty()) {
+        refuse(why);
+        continue;
+      }
       HeldBuffer b;
       b.want = BufferWant{mb.name, mb.pool, device, mb.size};
       b.exported = true;
       b.owner = mb.owner;
       b.from_config = mb.origin == "config";
       b.adopted = true;
-      std::string why;
       for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i) {
         const std::string fd_name = custody::part_fd_name(mb.name, i);
         auto fd = by_name.find(fd_name);
@@ -155,7 +230,21 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
           why = "part " + std::to_string(i) + " (" + fd_name + ") is not in custody";
           break;
         }
+        // One allocation is one buffer's: a descriptor kept under two names would be held twice.
+        for (const auto& [other, held] : adopted_fds)
+          if (same_allocation(fd->second.get(), held)) why = fd_name + " is the same allocation as " + other;
+        for (std::size_t j = 0; j < b.parts.size() && why.empty(); ++j)
+          if (same_allocation(fd->second.get(), b.parts[j].fd.get()))
+            why = fd_name + " is the same allocation as " + custody::part_fd_name(mb.name, j);
+        if (!why.empty()) break;
         try {
+          if (backend_.exported_larger_than(device, fd->second.get(), mb.mapped[i])) {
+            why = "part " + std::to_string(i) + " (" + fd_name + ") is a larger allocation than the " +
+                  format_bytes(mb.mapped[i]) +
+                  " the manifest says: adopted, the rest would be held by nobody's "
+                  "account";
+            break;
+          }
           HeldBuffer::Part part;
           part.allocation.address = backend_.map_exported(device, fd->second.get(), mb.mapped[i], {});
           part.size = mb.parts[i];
@@ -184,7 +273,10 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
         refuse(why);
         continue;
       }
-      for (std::size_t i = 0; i < mb.parts.size(); ++i) taken.insert(custody::part_fd_name(mb.name, i));
+      for (std::size_t i = 0; i < mb.parts.size(); ++i) {
+        taken.insert(custody::part_fd_name(mb.name, i));
+        adopted_fds.emplace_back(custody::part_fd_name(mb.name, i), b.parts[i].fd.get());
+      }
       spdlog::info("custody: adopted buffer {} ({}{}, pool {}, device {})", mb.name, format_bytes(mb.size),
                    b.index ? ", " + std::to_string(b.index->tensors.size()) + " tensors" : std::string(), mb.pool,
                    device);
@@ -213,16 +305,16 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept) {
 
 std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {
   std::size_t dropped = 0;
+  std::set<std::string> named;  // the buffers whose memory goes, as their parts name them
   for (auto& k : kept) {
-    if (custody_) {
-      try {
-        custody_->remove(k.name);
-      } catch (const std::exception& e) {
-        spdlog::error("custody: could not remove {}: {}", k.name, e.what());
-      }
-    }
-    if (!custody::parse_manifest_fd_name(k.name)) ++dropped;
+    custody_removals_.push_back(k.name);
+    if (custody::parse_manifest_fd_name(k.name)) continue;
+    ++dropped;
+    if (const auto part = custody::parse_part_fd_name(k.name)) named.insert(part->first);
   }
+  for (const std::string& name : named) spdlog::warn("--fresh: buffer {} goes (its memory is freed)", name);
+  sync_custody(/*retry=*/true);
+  kept.clear();  // this process's copies closed: nothing holds the memory any more
   adoption_ = model::Adoption{};
   adoption_->released_count = dropped;
   adoption_->fresh = true;
@@ -230,34 +322,40 @@ std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {
 }
 
 bool Holder::audit_custody() noexcept {
-  auto* keeper = dynamic_cast<custody::KeeperClient*>(custody_);
-  if (!keeper) return true;
+  if (!custody_) return true;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < custody_retry_at_) return false;  // it failed lately: left alone until then
+  custody_->limit_time(now + std::chrono::milliseconds(custody_budget_ms_));
+  bool answered = true;
   try {
-    const std::vector<std::string> names = keeper->list();
-    const std::set<std::string> kept(names.begin(), names.end());
-    bool missing = manifest_sequence_ && !kept.count(custody::manifest_fd_name(manifest_sequence_));
-    for (const auto& [name, b] : buffers_) {
-      if (!b.exported) continue;
-      bool all = true;
-      for (std::size_t i = 0; i < b.parts.size(); ++i) all = all && kept.count(custody::part_fd_name(name, i));
-      if (!all) {
-        spdlog::warn("custody: {} lost buffer {} (it restarted?): giving it again", custody_->where(), name);
-        deposit_parts(name);
-        missing = true;
+    if (const auto names = custody_->list()) {
+      const std::set<std::string> kept(names->begin(), names->end());
+      if (manifest_sequence_ && !kept.count(custody::manifest_fd_name(manifest_sequence_))) manifest_stale_ = true;
+      for (const auto& [name, b] : buffers_) {
+        if (!b.exported || custody_deposits_.count(name)) continue;
+        bool all = true;
+        for (std::size_t i = 0; i < b.parts.size(); ++i) all = all && kept.count(custody::part_fd_name(name, i));
+        if (!all) {
+          spdlog::warn("custody: {} lost buffer {} (it restarted?): giving it again", custody_->where(), name);
+          deposit_parts(name);
+        }
+      }
+      // It answered and has everything: a refusal before (another user's keeper, since gone) is over.
+      if (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty()) {
+        custody_error_.clear();
+        custody_retry_at_ = {};
       }
     }
-    if (missing) {
-      manifest_stale_ = true;
-      sync_custody();
-    } else if (!manifest_stale_ && custody_removals_.empty()) {
-      custody_error_.clear();  // it has everything
-    }
-    return true;
   } catch (const std::exception& e) {
-    if (custody_error_.empty()) spdlog::error("custody: {} does not answer: {}", custody_->where(), e.what());
-    custody_error_ = custody_->where() + " does not answer: " + e.what();
-    return false;
+    const std::string error = custody_->where() + " does not answer: " + e.what();
+    if (error != custody_error_) spdlog::error("custody: {}", error);
+    custody_error_ = error;
+    custody_retry_at_ = now + std::chrono::milliseconds(custody_retry_ms_);
+    answered = false;
   }
+  custody_->limit_time(std::nullopt);
+  if (answered) sync_custody(/*retry=*/true);
+  return custody_error_.empty();
 }
 
 model::Custody Holder::custody_status() const {

@@ -3,6 +3,7 @@
 // (server.h) moves frames, this class decides, so all of it is testable against a simulated node.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -18,6 +19,7 @@
 #include "custody/custody.h"
 #include "device/backend.h"
 #include "device/node.h"
+#include "holder/account_book.h"
 #include "model/model.h"
 #include "protocol/messages.h"
 #include "protocol/protocol.h"
@@ -88,6 +90,8 @@ class Holder {
   Holder& operator=(const Holder&) = delete;
   // Frees what is still held, in order (leases, buffers, pools).
   ~Holder();
+  // How plan and apply look up the users and groups a file names (tests give slow ones).
+  void set_account_book(AccountBook book) { accounts_ = std::move(book); }
 
   // What apply(want) would change; nothing is touched.
   std::vector<Change> plan(const Desired& want) const;
@@ -166,20 +170,30 @@ class Holder {
   // Where the descriptors of exported buffers go as soon as they exist, with a manifest of them
   // (none: the buffers die with this process). `custody` outlives the holder's use of it.
   void attach_custody(custody::Custody* custody);
-  // At start, before the first apply: adopts the buffers that custody kept (`kept`, what it
-  // withdrew) as the newest manifest that opens describes them, each checked against the node
-  // (its device's UUID) and the driver (its size, its device); refuses the rest and says why.
-  // Descriptors no manifest names, and those of refused buffers, are removed from custody. Writes
-  // a manifest of what it adopted. Returns the report `status` shows under custody.adopted.
-  model::Adoption adopt(std::vector<custody::Kept> kept);
+  // At start, before the first apply of `want`: adopts the buffers that custody kept (`kept`, what
+  // it withdrew) as the newest manifest that opens describes them, each checked against the config
+  // (its pool, a device pool on that device, is in `want`), the node (its device's UUID) and the
+  // driver (its device, its size: each part mapped whole at the device's granularity, no
+  // allocation under two names); refuses the rest and says why. Descriptors no manifest names, and
+  // those of refused buffers, are removed from custody. Writes a manifest of what it adopted.
+  // Returns the report `status` shows under custody.adopted.
+  model::Adoption adopt(std::vector<custody::Kept> kept, const Desired& want);
   // `hold --fresh`: removes everything custody kept (`kept`) and closes it: the memory goes.
   // Returns how many descriptors were dropped.
   std::size_t forget_custody(std::vector<custody::Kept> kept);
   // A keeper that restarted (a container restarted by Kubernetes) keeps nothing: asks it what it
-  // keeps and gives it again what is missing, then a new manifest. Nothing for systemd's store
-  // (it lives as long as the unit). The server calls it about once a second. Returns false when
-  // the keeper did not answer.
+  // keeps and gives it again what is missing, then a new manifest; after a failure, tries again
+  // what custody has not been given (systemd's store too). The server calls it about once a
+  // second. Returns false when custody did not answer or took nothing (the server asks again
+  // after 10 s).
   bool audit_custody() noexcept;
+  // What custody may cost the serving thread: every sync, audit or removal gives custody at most
+  // this long in all (kCustodyBudgetMs); after a failure, requests leave custody alone for
+  // kCustodyRetryMs and the audit tries again. The start, which serves nobody yet, sets more.
+  static constexpr int kCustodyBudgetMs = 500;
+  static constexpr int kCustodyRetryMs = 10000;
+  void set_custody_budget_ms(int ms) { custody_budget_ms_ = ms; }
+  void set_custody_retry_ms(int ms) { custody_retry_ms_ = ms; }  // (tests)
 
  private:
   struct HeldPool {
@@ -330,12 +344,18 @@ class Holder {
   void destroy_buffer(const std::string& name);
   // Bytes of exported allocations charged to a pool (its buffers').
   std::uint64_t buffer_bytes(const std::string& pool, int device) const;
-  // Custody after a change: every exported buffer's parts are deposited (create_buffer), then a
-  // new manifest of the ready ones, then what went away is removed. Failures are logged and shown
-  // in `status` (custody.error); the buffers stay held. Called at the end of each request, apply
-  // and disconnect (the manifest is rewritten only when something changed).
+  // Custody after a change: the parts of new exported buffers are deposited (deposit_parts marks
+  // them; a buffer that replaces one of its name takes over its names), then a new manifest of the
+  // ready ones, then what went away and is not held again is removed. Failures are logged and
+  // shown in `status` (custody.error), and what is left waits for the audit (`retry`: the audit's
+  // call, made even while requests leave custody alone); the buffers stay held. Called at the end
+  // of each request, apply and disconnect, before the reply: a buffer made or replaced is in
+  // custody when its client hears so (the manifest is rewritten only when something changed).
   void deposit_parts(const std::string& name);
-  void sync_custody() noexcept;
+  void sync_custody(bool retry = false) noexcept;
+  // Whether custody's descriptor `name` is one the holder holds now: the manifest written last, or
+  // a part of a buffer it holds (never removed as left over).
+  bool held_in_custody(const std::string& name) const;
   // Calls sync_custody() when it goes out of scope (at the end of a request, an apply, a disconnect).
   struct SyncCustodyAtEnd {
     Holder& holder;
@@ -350,6 +370,7 @@ class Holder {
 
   Backend& backend_;
   NodeReport node_;
+  AccountBook accounts_;
   std::uint32_t self_uid_;
   Limits limits_;
   HolderWant holder_;
@@ -378,9 +399,13 @@ class Holder {
   custody::Custody* custody_ = nullptr;
   std::uint64_t manifest_sequence_ = 0;        // the one in custody (0: none yet)
   bool manifest_stale_ = false;                // the ready buffers changed since it was written
+  std::set<std::string> custody_deposits_;     // buffers whose parts custody is still to be given
   std::vector<std::string> custody_removals_;  // descriptor names to remove once the manifest is new
   std::string custody_error_;                  // the last failure ("" when custody has it all)
-  std::optional<model::Adoption> adoption_;    // what adopt() reported (none: it did not run)
+  int custody_budget_ms_ = kCustodyBudgetMs;
+  int custody_retry_ms_ = kCustodyRetryMs;
+  std::chrono::steady_clock::time_point custody_retry_at_{};  // requests leave custody alone until
+  std::optional<model::Adoption> adoption_;                   // what adopt() reported (none: it did not run)
 };
 
 }  // namespace cupool

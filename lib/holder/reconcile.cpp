@@ -6,6 +6,7 @@
 #include <set>
 
 #include "base/error.h"
+#include "base/limits.h"
 #include "base/text.h"
 #include "base/units.h"
 #include "holder/holder.h"
@@ -327,6 +328,10 @@ void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>
   // A device pool's buffers are exported allocations charged to the pool: they outlive the holder.
   b.exported = held.want.props.location == PoolProps::Location::device;
   const std::vector<std::uint64_t> sizes = part_sizes.empty() ? std::vector<std::uint64_t>{w.size} : part_sizes;
+  // What custody's manifest records and a new holder adopts: one bound for all (base/limits.h).
+  if (sizes.size() > kMaxBufferParts)
+    throw Error(Errc::invalid_input, "buffer " + w.name + " would have " + std::to_string(sizes.size()) +
+                                         " parts; a buffer has at most " + std::to_string(kMaxBufferParts));
   if (b.exported && held.want.props.max_size) {
     const std::uint64_t granularity = backend_.allocation_granularity(w.device);
     std::uint64_t need = 0;

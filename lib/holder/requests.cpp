@@ -34,7 +34,7 @@ std::vector<std::uint64_t> part_sizes(const Json* parts, std::uint64_t size) {
     if (!count || p.get<std::uint64_t>() == 0 || p.get<std::uint64_t>() > proto::kMaxAllocation)
       fail("holds " + p.dump().substr(0, 40) + ", not a size");
     out.push_back(p.get<std::uint64_t>());
-    sum += out.back();  // at most 4096 x 2^48: no overflow
+    sum += out.back();  // at most kMaxBufferParts x 2^48: no overflow
   }
   if (sum != size) fail("add up to " + std::to_string(sum) + " bytes, not " + std::to_string(size));
   return out;
@@ -538,7 +538,11 @@ Json Holder::plan_or_apply(Request& r, bool apply) {
     require_not_draining("apply");
   }
   // A ConfigRejected goes up: the conversation answers invalid_config (or does_not_fit) with the findings.
-  const Loaded loaded = load_config(SourceFile(path, text), node_, Scope::all);
+  // The file's users and groups, looked up within this peer's time (holder/account_book.h).
+  CheckOptions accounts;
+  accounts.user_exists = [this, &c](const std::string& n) { return accounts_.user_exists(c.peer.uid, c.admin, n); };
+  accounts.group_exists = [this, &c](const std::string& n) { return accounts_.group_exists(c.peer.uid, c.admin, n); };
+  const Loaded loaded = load_config(SourceFile(path, text), node_, Scope::all, accounts);
   std::optional<std::string> user;
   if (!c.peer.user.empty()) user = c.peer.user;
   auto run = [this, apply, path, user, desired = loaded.desired, warnings = loaded.warnings,

@@ -67,8 +67,11 @@ struct Connection {
   bool dead = false;
 };
 
-// How long the holder waits for its keeper in one request (it asks from the serving thread).
+// How long the holder waits for its keeper in one request once it serves (it asks from the serving
+// thread; Holder::kCustodyBudgetMs bounds all of a request's custody work), and at its start, when
+// it serves nobody yet (--keeper-wait bounds the start's custody work).
 constexpr int kKeeperTimeoutMs = 500;
+constexpr int kKeeperStartTimeoutMs = 5000;
 
 class Server {
  public:
@@ -409,7 +412,7 @@ void Server::start_drain(const char* why) {
 std::unique_ptr<custody::Custody> Server::choose_custody() const {
   // The holder asks its keeper from the serving thread: a keeper that stops answering (SIGSTOP, a
   // frozen container) may hold it up at most this long a request (twice, with the one retry).
-  if (!options_.keeper.empty()) return std::make_unique<custody::KeeperClient>(options_.keeper, kKeeperTimeoutMs);
+  if (!options_.keeper.empty()) return std::make_unique<custody::KeeperClient>(options_.keeper, kKeeperStartTimeoutMs);
   if (const char* notify = std::getenv("NOTIFY_SOCKET"); notify && *notify) {
     // systemd 254 and later say how many descriptors the unit may store ($FDSTORE); 0 is none.
     if (const char* max = std::getenv("FDSTORE"); max && std::string(max) == "0") {
@@ -431,6 +434,12 @@ std::vector<custody::Kept> Server::withdraw_from_custody() {
     try {
       return custody_->withdraw();
     } catch (const Error& e) {
+      // A keeper that can't be trusted (another user's, or at a path others can take) is given
+      // nothing and nothing is taken from it: the holder runs without custody and says why.
+      if (e.code() == Errc::not_permitted) {
+        spdlog::error("custody is off: {}", e.what());
+        return {};
+      }
       if (e.code() != Errc::unreachable || Clock::now() >= deadline)
         throw Error(e.code(), "custody: " + custody_->where() + " did not answer (" + e.what() +
                                   "); start `cupool keeper` first, or hold with --fresh to start from nothing");
@@ -490,27 +499,32 @@ int Server::run() {
   if (!options_.socket.empty()) holder_->keep_socket_from_command_line();
   const auto custody_started = Clock::now();
   custody_ = choose_custody();
+  auto* keeper = dynamic_cast<custody::KeeperClient*>(custody_.get());
   if (custody_) {
     holder_->attach_custody(custody_.get());
+    holder_->set_custody_budget_ms(std::max(options_.keeper_wait_ms, Holder::kCustodyBudgetMs));
     std::vector<custody::Kept> kept = withdraw_from_custody();
     if (options_.fresh) {
       const std::size_t dropped = holder_->forget_custody(std::move(kept));
       spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,
                    dropped == 1 ? "" : "s", custody_->where());
     } else if (!kept.empty()) {
-      const model::Adoption report = holder_->adopt(std::move(kept));
+      const model::Adoption report = holder_->adopt(std::move(kept), want);
       spdlog::info("custody: adopted {} buffer{} from {} (manifest {}); {} refused, {} descriptor{} released",
                    report.buffers.size(), report.buffers.size() == 1 ? "" : "s", custody_->where(),
                    report.manifest_sequence ? std::to_string(*report.manifest_sequence) : std::string("none"),
                    report.refused.size(), report.released_count, report.released_count == 1 ? "" : "s");
     } else {
-      holder_->adopt({});
+      holder_->adopt({}, want);
     }
   }
   const double custody_ms = since(custody_started);
   const auto apply_started = Clock::now();
   holder_->apply(want);
   const double apply_ms = since(apply_started);
+  // Serving from here: custody may hold the serving thread up only this long.
+  holder_->set_custody_budget_ms(Holder::kCustodyBudgetMs);
+  if (keeper) keeper->set_timeout_ms(kKeeperTimeoutMs);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());
   // Notices come from inside a request (apply, reload): they are only queued here, never sent or
@@ -597,10 +611,10 @@ int Server::run() {
     }
     serve_requests();
     if (custody_ && Clock::now() >= next_audit_) {
-      // Once a second; a keeper that did not answer is asked again only after 10 s, so that one
-      // that hangs costs the serving thread at most 2 x kKeeperTimeoutMs every 10 s.
+      // Once a second; custody that failed is asked again only after 10 s, so that a keeper that
+      // hangs or answers late costs the serving thread at most Holder::kCustodyBudgetMs every 10 s.
       const bool answered = holder_->audit_custody();
-      next_audit_ = Clock::now() + std::chrono::seconds(answered ? 1 : 10);
+      next_audit_ = Clock::now() + std::chrono::milliseconds(answered ? 1000 : Holder::kCustodyRetryMs);
     }
     // Timeouts: a drop notice not answered in time; a frame started and not finished; replies
     // nobody reads.

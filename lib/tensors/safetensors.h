@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "base/limits.h"
 #include "model/model.h"
 
 namespace cupool::tensors {
@@ -23,11 +24,11 @@ using Json = nlohmann::ordered_json;
 
 inline constexpr std::uint64_t kMaxHeader = 100'000'000;  // bytes of header JSON (as the reference reader)
 inline constexpr std::size_t kMaxTensors = 100'000;
-inline constexpr std::size_t kMaxName = 1024;       // bytes of a tensor's name
-inline constexpr std::size_t kMaxRank = 16;         // dimensions of a shape
-inline constexpr std::size_t kMaxMetadata = 65536;  // bytes of __metadata__ keys and values together
-inline constexpr std::uint64_t kAlignment = 256;    // of each tensor in a buffer (what CUDA allocations give)
-inline constexpr std::size_t kMaxParts = 4096;      // allocations of one buffer
+inline constexpr std::size_t kMaxName = 1024;              // bytes of a tensor's name
+inline constexpr std::size_t kMaxRank = 16;                // dimensions of a shape
+inline constexpr std::size_t kMaxMetadata = 65536;         // bytes of __metadata__ keys and values together
+inline constexpr std::uint64_t kAlignment = 256;           // of each tensor in a buffer (what CUDA allocations give)
+inline constexpr std::size_t kMaxParts = kMaxBufferParts;  // allocations of one buffer (base/limits.h)
 // The largest part `cupool buffer load` makes by default: none, a set is one piece. A device
 // pool's buffer is an exported allocation (cuMemCreate), which importers map at any size (16 GiB in
 // one piece on an H200, driver 580). Parts remain for sets larger than one device's free memory

@@ -13,8 +13,10 @@ that resolves those symbols at run time.
   abi_test.py --client LIB --preload LIB --cupool BIN --root DIR --app BIN --control LIB [--sanitized]
 """
 import argparse
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,6 +107,7 @@ def main():
     else:
         profile = os.path.join(args.root, "configs", "profiles", "h100.yaml")
         tmp = tempfile.mkdtemp(prefix="cupool-abi-")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # also when a check fails
         config = os.path.join(tmp, "p.yaml")
         with open(config, "w") as f:
             f.write("version: 1\nprocess:\n  default_pool: {release_threshold: max, reuse: {allow_opportunistic: false}}\n")

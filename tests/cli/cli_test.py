@@ -609,6 +609,9 @@ def installed_hints(r):
         prefix = os.path.join(tmp, "usr")
         os.makedirs(os.path.join(prefix, "bin"))
         shutil.copy(r.cupool, os.path.join(prefix, "bin", "cupool"))
+        # The client library where the binary's RUNPATH finds it beside the binary ($ORIGIN).
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(r.cupool)), "libcupool-client.so.1"),
+                    os.path.join(prefix, "bin"))
         data = os.path.join(prefix, "share", "cupool", "configs", "profiles")
         os.makedirs(data)
         shutil.copy(os.path.join(r.root, PROFILE_DEFAULT), data)

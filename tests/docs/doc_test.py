@@ -18,7 +18,8 @@ with `build/` holding the binary and the client library under test. Each block r
 next one, and what a block starts in the background (`cupool hold ... &`) keeps serving the next
 ones. A python block runs as `python3 BLOCK` with python/ on PYTHONPATH and CUPOOL_CLIENT_LIB set
 (as python/cupool/_lib.py looks for the library). The environment is a fresh user's: PATH is the
-system's plus the binary's folder (cupool on it), HOME is an empty folder, no CUPOOL_* variable is
+system's plus the binary's folder (cupool on it), HOME is an empty folder, XDG_RUNTIME_DIR one of
+mode 0700 (as a login session has), no CUPOOL_* variable is
 set (CUPOOL_PROFILE only where the document itself exports it), and as root without sudo a `sudo`
 that runs its command with the environment kept (sudo -E; without root, help examples with
 sudo are skipped). At the end every process the session started is stopped (each carries
@@ -194,10 +195,14 @@ class Session:
             os.chmod(os.path.join(bindir, "sudo"), 0o755)
         home = os.path.join(self.state, "home")
         os.mkdir(home)
+        # A login session's runtime directory (pam_systemd's $XDG_RUNTIME_DIR: the user's, 0700),
+        # where the README keeps the keeper's socket of a user without root.
+        runtime = os.path.join(self.state, "run")
+        os.mkdir(runtime, 0o700)
         user = pwd.getpwuid(os.geteuid()).pw_name
         self.env = {
             "PATH": bindir + ":" + SYSTEM_PATH, "HOME": home, "USER": user, "LOGNAME": user,
-            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp",
+            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "XDG_RUNTIME_DIR": runtime,
             SESSION_VAR: self.id,
         }
         self.cwd = self.dir

@@ -8,6 +8,7 @@ its pool figures at exit.
                --fake-cuda build/tests/exec/libfakecuda.so
 """
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -52,6 +53,7 @@ def main():
         return 77
     profile = os.path.join(args.root, "configs", "profiles", "h100.yaml")
     tmp = tempfile.mkdtemp(prefix="cupool-exec-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # also when a check fails
     config = os.path.join(tmp, "p.yaml")
     with open(config, "w") as f:
         f.write(SECTION)

@@ -293,9 +293,11 @@ def setup(args, gpu):
     global ARGS, PROFILE
     ARGS = args
     ARGS.cupool = os.path.abspath(ARGS.cupool)
-    PROFILE = None if gpu else os.path.join(ARGS.root, "configs", "profiles", "h100.yaml")
     bindir = tempfile.mkdtemp(prefix="cupool-bin-")
     os.chmod(bindir, 0o755)
+    # The node profile too: a holder run as another user must read it, and a checkout may lie
+    # where only its owner can reach (a clone in a 0700 directory).
+    PROFILE = None if gpu else shutil.copy(os.path.join(ARGS.root, "configs", "profiles", "h100.yaml"), bindir)
     ARGS.testclient_copy = shutil.copy(ARGS.testclient, bindir)
     shutil.copy(os.path.realpath(ARGS.client_lib), os.path.join(bindir, "libcupool-client.so.1"))
     ARGS.client_lib_copy = os.path.join(bindir, "libcupool-client.so.1")

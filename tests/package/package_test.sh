@@ -93,6 +93,9 @@ installed_bytes=$(du -s --apparent-size -B1 "$root" | cut -f1)
 say "cupool installs $installed_bytes bytes"
 dpkg-deb -x "$dev" "$root"
 bin=$root/usr/bin/cupool
+# No installed binary searches the working directory for libraries (issue 34).
+"$python" "$(dirname "$0")/runpath_check.py" "$root" >"$work/runpath.log" || { cat "$work/runpath.log"; fail "unsafe RUNPATH"; }
+say "search paths: $(tail -1 "$work/runpath.log")"
 dbg=$work/dbgsym
 dpkg-deb -x "$dbgsym" "$dbg"
 
@@ -109,10 +112,11 @@ say "stripped: cupool, the client library and the preload; their debug informati
 soname=$(readelf -d "$root$lib/libcupool-client.so.1.0.0" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 [ "$soname" = libcupool-client.so.1 ] || fail "the client library's SONAME is '$soname'"
 [ "$(readlink "$root$lib/libcupool-client.so.1")" = libcupool-client.so.1.0.0 ] || fail "so.1 does not point at so.1.0.0"
-# The binary and the preload find the library through their RPATHs, wherever the tree lies.
+# The binary and the preload find the library through their RPATHs, wherever the tree lies (and
+# beside themselves, as in a build tree: CMakeLists.txt, cupool_runpath).
 runpath() { readelf -d "$1" | sed -n 's/.*(RUNPATH).*\[\(.*\)\]/\1/p'; }
-[ "$(runpath "$bin")" = "\$ORIGIN/../lib/$multiarch" ] || fail "cupool's RUNPATH is '$(runpath "$bin")'"
-[ "$(runpath "$root$lib/cupool/libcupool-preload.so")" = '$ORIGIN/..' ] ||
+[ "$(runpath "$bin")" = "\$ORIGIN/../lib/$multiarch:\$ORIGIN" ] || fail "cupool's RUNPATH is '$(runpath "$bin")'"
+[ "$(runpath "$root$lib/cupool/libcupool-preload.so")" = '$ORIGIN/..:$ORIGIN' ] ||
   fail "the preload's RUNPATH is '$(runpath "$root$lib/cupool/libcupool-preload.so")'"
 found=$(env -u LD_LIBRARY_PATH ldd "$root$lib/cupool/libcupool-preload.so" | awk '/libcupool-client/ {print $3}')
 [ "$found" = "$root$lib/cupool/../libcupool-client.so.1" ] || fail "the preload loads the client library from '$found'"

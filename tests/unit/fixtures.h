@@ -2,18 +2,39 @@
 #pragma once
 
 #include <stdlib.h>
+#include <sys/stat.h>
 
+#include <filesystem>
 #include <string>
 
 #include "device/node.h"
 
 namespace cupool::test {
 
-// A fresh path in a new temporary directory.
+// One directory of the test process's own in /tmp (not $TMPDIR: socket paths must stay short),
+// removed with all in it when the process exits, a failed test's included.
+inline const std::string& scratch_dir() {
+  struct Scratch {
+    std::string path;
+    Scratch() {
+      char dir[] = "/tmp/cupool-unit-XXXXXX";
+      if (mkdtemp(dir)) path = dir;
+      if (!path.empty()) (void)chmod(dir, 0755);  // tests that run a part as another user reach in
+    }
+    ~Scratch() {
+      std::error_code ignored;
+      if (!path.empty()) std::filesystem::remove_all(path, ignored);
+    }
+  };
+  static const Scratch scratch;
+  return scratch.path;
+}
+
+// A fresh path in a new directory of scratch_dir().
 inline std::string temp_path(const std::string& name) {
-  char dir[] = "/tmp/cupool-test-XXXXXX";
-  if (!mkdtemp(dir)) return "/tmp/cupool-test-" + name;
-  return std::string(dir) + "/" + name;
+  std::string dir = scratch_dir() + "/XXXXXX";
+  if (!mkdtemp(dir.data())) return scratch_dir() + "/" + name;
+  return dir + "/" + name;
 }
 
 inline DeviceReport device(int ordinal) {

@@ -94,13 +94,13 @@ TEST_SUITE("custody") {
     const Fd a = memfd("a"), b = memfd("b"), c = memfd("c");
     client.deposit("cupool-buffer.w.0", a.get());
     client.deposit("cupool-manifest.1", c.get());
-    CHECK(client.list() == std::vector<std::string>{"cupool-buffer.w.0", "cupool-manifest.1"});
+    CHECK(client.names() == std::vector<std::string>{"cupool-buffer.w.0", "cupool-manifest.1"});
     std::vector<Kept> back = client.withdraw();
     REQUIRE(back.size() == 2);
     CHECK(back[0].name == "cupool-buffer.w.0");
     CHECK(inode(back[0].fd.get()) == inode(a.get()));
     CHECK(inode(back[1].fd.get()) == inode(c.get()));
-    CHECK(client.list().size() == 2);  // withdrawing keeps them
+    CHECK(client.names().size() == 2);  // withdrawing keeps them
 
     client.deposit("cupool-buffer.w.0", b.get());  // replaces
     back = client.withdraw();
@@ -109,7 +109,7 @@ TEST_SUITE("custody") {
 
     client.remove("cupool-buffer.w.0");
     client.remove("cupool-buffer.w.0");  // nothing: fine
-    CHECK(client.list() == std::vector<std::string>{"cupool-manifest.1"});
+    CHECK(client.names() == std::vector<std::string>{"cupool-manifest.1"});
     const Json status = client.status();
     CHECK(status["kept_count"] == 1);
     CHECK(status["pid"] == ::getpid());
@@ -118,7 +118,7 @@ TEST_SUITE("custody") {
 
     client.deposit("x", a.get());
     CHECK(client.release() == 2);
-    CHECK(client.list().empty());
+    CHECK(client.names().empty());
     CHECK_THROWS_AS(client.deposit("a/b", a.get()), Error);
   }
 
@@ -188,7 +188,7 @@ TEST_SUITE("custody") {
     }
     // The first still serves.
     KeeperClient client(keeper.socket());
-    CHECK(client.list().empty());
+    CHECK(client.names().empty());
   }
 
   TEST_CASE("custody: a peer of another user is refused and closed") {
@@ -204,7 +204,7 @@ TEST_SUITE("custody") {
         if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
         try {
           KeeperClient client(keeper.socket(), 2000);
-          (void)client.list();
+          (void)client.names();
           ::_exit(1);
         } catch (const Error& e) {
           ::_exit(e.code() == Errc::not_permitted ? 0 : 2);
@@ -221,7 +221,7 @@ TEST_SUITE("custody") {
       Running keeper(options);
       KeeperClient client(keeper.socket(), 2000);
       try {
-        (void)client.list();
+        (void)client.names();
         FAIL("served");
       } catch (const Error& e) {
         CHECK(e.code() == Errc::not_permitted);
@@ -243,9 +243,9 @@ TEST_SUITE("custody") {
     const Json reply = proto::receive_frame(garbage.get(), got).second;
     CHECK(error_code(reply) == "bad_frame");
     CHECK(closed(garbage.get()));
-    CHECK(client.list() == std::vector<std::string>{"kept"});
+    CHECK(client.names() == std::vector<std::string>{"kept"});
     client.deposit("more", a.get());
-    CHECK(client.list().size() == 2);
+    CHECK(client.names().size() == 2);
   }
 
   TEST_CASE("custody: a frame not finished in time closes its connection") {
@@ -258,7 +258,7 @@ TEST_SUITE("custody") {
     CHECK(closed(slow.get()));
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(1));
     KeeperClient client(keeper.socket());
-    CHECK(client.list().empty());
+    CHECK(client.names().empty());
   }
 
   TEST_CASE("custody: when every connection is taken, the oldest idle one makes room") {
@@ -270,7 +270,7 @@ TEST_SUITE("custody") {
     const Fd second = connect_raw(keeper.socket());
     ask(second.get(), {{"id", 1}, {"op", "hello"}, {"keeper", 1}});
     KeeperClient client(keeper.socket());
-    CHECK(client.list().empty());
+    CHECK(client.names().empty());
     CHECK(closed(first.get()));
     CHECK(ask(second.get(), {{"id", 2}, {"op", "list"}})["ok"] == true);
   }
@@ -279,7 +279,7 @@ TEST_SUITE("custody") {
     const std::string socket = test::temp_path("keeper.sock");
     KeeperClient client(socket, 2000);
     try {
-      (void)client.list();
+      (void)client.names();
       FAIL("a keeper answered");
     } catch (const Error& e) {
       CHECK(e.code() == Errc::unreachable);
@@ -291,9 +291,9 @@ TEST_SUITE("custody") {
       client.deposit("x", a.get());
     }
     Running again({}, socket);
-    CHECK(client.list().empty());  // a new keeper: what the old one kept went with it
+    CHECK(client.names().empty());  // a new keeper: what the old one kept went with it
     client.deposit("y", a.get());
-    CHECK(client.list() == std::vector<std::string>{"y"});
+    CHECK(client.names() == std::vector<std::string>{"y"});
     CHECK(keeper_at(socket)->withdraw().size() == 1);
   }
 }
