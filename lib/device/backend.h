@@ -313,13 +313,10 @@ class Backend {
   // Maps the allocation behind `fd` (a descriptor create_exported gave, in this process or
   // another; not taken) here: all `size` bytes (its rounded size), read-write for `device`, where
   // the memory must be, and for each of `peers`. Throws CudaError when `fd` is no exported
-  // allocation, its memory is on another device, or it is smaller than `size`.
+  // allocation, its memory is on another device, or it is not `size` bytes: driver 580 maps an
+  // imported allocation whole or not at all (cuMemMap of 2 of its 3 granules fails; measured on an
+  // H200), so a size that says less than the descriptor holds can't hide memory from an account.
   virtual std::uint64_t map_exported(int device, int fd, std::uint64_t size, const std::vector<int>& peers) = 0;
-  // Whether the allocation behind `fd` (on `device`) is larger than `size` bytes: a custody
-  // manifest that says less than the descriptor holds would hide memory from every account. The
-  // driver says no size of an imported allocation; a mapping larger than it fails, so one of `size`
-  // plus a granule is tried and undone. Throws CudaError when `fd` is no exported allocation.
-  virtual bool exported_larger_than(int device, int fd, std::uint64_t size) = 0;
   // Gives `peer` read-write access to a mapping made here, after the fact (cuMemSetAccess).
   virtual void grant_exported_access(std::uint64_t address, int peer) = 0;
   // Unmaps an allocation that create_exported made or map_exported mapped here. The memory goes

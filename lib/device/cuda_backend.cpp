@@ -610,20 +610,6 @@ class CudaBackend final : public Backend {
     return address;
   }
 
-  bool exported_larger_than(int ordinal, int fd, std::uint64_t size) override {
-    ContextScope scope(api_, context(ordinal));
-    const Imported imported = import_exported(fd);
-    const CUmemGenericAllocationHandle handle = imported.handle;
-    const std::uint64_t larger = size + allocation_granularity(ordinal);
-    CUdeviceptr ptr = 0;
-    check(api_.cuMemAddressReserve(&ptr, static_cast<size_t>(larger), 0, 0, 0), "cuMemAddressReserve");
-    // cuMemMap of more than the allocation fails (CUDA_ERROR_INVALID_VALUE, not sticky).
-    const bool fits = api_.cuMemMap(ptr, static_cast<size_t>(larger), 0, handle, 0) == CUDA_SUCCESS;
-    if (fits) api_.cuMemUnmap(ptr, static_cast<size_t>(larger));
-    api_.cuMemAddressFree(ptr, static_cast<size_t>(larger));
-    return fits;
-  }
-
   void grant_exported_access(std::uint64_t address, int peer) override {
     auto it = mappings_.find(address);
     if (it == mappings_.end())

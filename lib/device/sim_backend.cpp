@@ -561,7 +561,8 @@ std::uint64_t SimBackend::map_exported(int dev, int fd, std::uint64_t size, cons
     throw CudaError(
         "cuMemGetAllocationPropertiesFromHandle", 101, "CUDA_ERROR_INVALID_DEVICE",
         "the allocation is on device " + std::to_string(get_u64(page, 16)) + ", not on device " + std::to_string(dev));
-  if (size == 0 || size > length - kExportedPage)
+  // As the driver: the whole allocation or nothing (cuMemMap of a part of it fails).
+  if (size != length - kExportedPage)
     throw invalid_value("cuMemMap", "the allocation has " + std::to_string(length - kExportedPage) + " bytes, not " +
                                         std::to_string(size));
   (void)peers;  // the importing side never consults the profile; any peer can address host memory
@@ -571,15 +572,6 @@ std::uint64_t SimBackend::map_exported(int dev, int fd, std::uint64_t size, cons
   const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base));
   mappings_[address] = Mapping{dev, size, false};
   return address;
-}
-
-bool SimBackend::exported_larger_than(int dev, int fd, std::uint64_t size) {
-  enter("exported_larger_than", std::to_string(dev) + "," + std::to_string(size));
-  device(dev, "cuMemImportFromShareableHandle");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) < kExportedPage)
-    throw invalid_value("cuMemImportFromShareableHandle", "the fd is not a simulated exported allocation");
-  return static_cast<std::uint64_t>(st.st_size) - kExportedPage > size;
 }
 
 void SimBackend::grant_exported_access(std::uint64_t address, int peer) {

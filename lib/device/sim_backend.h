@@ -102,7 +102,6 @@ class SimBackend final : public Backend {
   std::uint64_t allocation_granularity(int device) override;
   ExportedAllocation create_exported(int device, std::uint64_t bytes) override;
   std::uint64_t map_exported(int device, int fd, std::uint64_t size, const std::vector<int>& peers) override;
-  bool exported_larger_than(int device, int fd, std::uint64_t size) override;
   void grant_exported_access(std::uint64_t address, int peer) override;
   void unmap_exported(std::uint64_t address) override;
 

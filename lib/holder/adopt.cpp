@@ -238,13 +238,6 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
             why = fd_name + " is the same allocation as " + custody::part_fd_name(mb.name, j);
         if (!why.empty()) break;
         try {
-          if (backend_.exported_larger_than(device, fd->second.get(), mb.mapped[i])) {
-            why = "part " + std::to_string(i) + " (" + fd_name + ") is a larger allocation than the " +
-                  format_bytes(mb.mapped[i]) +
-                  " the manifest says: adopted, the rest would be held by nobody's "
-                  "account";
-            break;
-          }
           HeldBuffer::Part part;
           part.allocation.address = backend_.map_exported(device, fd->second.get(), mb.mapped[i], {});
           part.size = mb.parts[i];

@@ -255,8 +255,15 @@ def client(holder, *args, user=None, input_text=None, timeout=60):
     cmd = [ARGS.testclient_copy, holder.socket] + [str(a) for a in args]
     if user:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups"] + cmd
-    env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(ARGS.testclient_copy))
+    env = dict(os.environ, LD_LIBRARY_PATH=library_path())
     return subprocess.run(cmd, capture_output=True, text=True, input=input_text, timeout=timeout, env=env)
+
+
+def library_path():
+    """LD_LIBRARY_PATH for the copies in the shared folder (the client library beside them), keeping
+    what the environment had (a machine whose build found libraries outside the system's)."""
+    here = os.environ.get("LD_LIBRARY_PATH")
+    return os.path.dirname(ARGS.testclient_copy) + (":" + here if here else "")
 
 
 def status(holder):

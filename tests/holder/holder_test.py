@@ -87,7 +87,7 @@ def test_sigkill_frees_leases(tmp):
         before = pool_stat(h, "kv")["used_bytes"]
         p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "alloc", "kv", "0", str(64 << 20), "3"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
+                             env=dict(os.environ, LD_LIBRARY_PATH=H.library_path()))
         line = p.stdout.readline()
         check(line.startswith("testclient: ready") and len(line.split()) == 5, f"client did not allocate: {line!r}")
         s = status(h)
@@ -462,7 +462,7 @@ def test_verbs(tmp):
         # A pool with a lease is not removed, and the answer says so.
         holder_client = subprocess.Popen([H.ARGS.testclient_copy, sock, "alloc", "private", "0", str(1 << 20), "1"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
+                                         env=dict(os.environ, LD_LIBRARY_PATH=H.library_path()))
         check(holder_client.stdout.readline().startswith("testclient: ready"), "client did not allocate")
         without = os.path.join(tmp, "without.yaml")
         with open(without, "w") as f:
@@ -583,7 +583,7 @@ def test_single_instance_and_stale_socket(tmp):
     used_before = {(p["name"], p["device"]): p["used_bytes"] for p in stats(h)["pools"]}
     old_client = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "next", "kv", "0", str(16 << 20)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
+                                  env=dict(os.environ, LD_LIBRARY_PATH=H.library_path()))
     try:
         line = old_client.stdout.readline()
         check(line.startswith("testclient: ready"), f"the client did not allocate: {line!r}")
@@ -1215,7 +1215,7 @@ def test_load_256_clients(tmp):
         fds_before = h.idle_fds("load")
         fifo = os.path.join(tmp, "go")
         os.mkfifo(fifo)
-        env = dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy))
+        env = dict(os.environ, LD_LIBRARY_PATH=H.library_path())
         for _ in range(clients):
             procs.append(subprocess.Popen(
                 [H.ARGS.testclient_copy, h.socket, "load", "load", "0", str(LOAD_SIZE), str(LOAD_CYCLES), fifo],
@@ -1499,7 +1499,7 @@ def test_socket_directory_unusable(tmp):
     readonly = os.path.join(tmp, "root-only")
     os.mkdir(readonly, 0o755)
     bindir = os.path.dirname(H.ARGS.testclient_copy)
-    env = dict(os.environ, LD_LIBRARY_PATH=bindir)
+    env = dict(os.environ, LD_LIBRARY_PATH=H.library_path())
     as_user = ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups"]
     cupool_copy = shutil.copy(H.ARGS.cupool, bindir)
     for sock, expected in ((os.path.join(readonly, "cupool.sock"), f"can't open the lock file {readonly}/cupool.sock.lock"),
@@ -1748,7 +1748,7 @@ def keeping_client(h, pool, size, count, *extra):
     until a line comes on its standard input. Returns the process and the bytes it says are cached."""
     p = subprocess.Popen([H.ARGS.testclient_copy, h.socket, "keep", pool, "0", str(size), str(count), *extra],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy)))
+                         env=dict(os.environ, LD_LIBRARY_PATH=H.library_path()))
     line = p.stdout.readline()
     check(line.startswith("testclient: cached "), f"the client did not cache: {line!r} {p.stderr.read() if p.poll() is not None else ''}")
     # Its releases are quiet requests, not yet read by the holder perhaps: wait until it has them.
@@ -1789,7 +1789,7 @@ def test_cache_reuse_without_round_trip(tmp):
         out = finish_keeping_client(p)
         check("testclient: after CUPOOL_OK" in out, out)
 
-        env = dict(os.environ, CUPOOL_CLIENT_CACHE="0", LD_LIBRARY_PATH=os.path.dirname(H.ARGS.testclient_copy))
+        env = dict(os.environ, CUPOOL_CLIENT_CACHE="0", LD_LIBRARY_PATH=H.library_path())
         r = subprocess.run([H.ARGS.testclient_copy, h.socket, "cycle", "kv", "0", str(1 << 20), "5"],
                            capture_output=True, text=True, env=env, timeout=60)
         check(r.returncode == 0, r.stdout + r.stderr)

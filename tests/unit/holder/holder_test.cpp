@@ -330,6 +330,7 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
   CHECK_THROWS_WITH_AS(importer.map_exported(0, descriptor.get(), SimBackend::kGranule, {}),
                        doctest::Contains("on device 1, not on device 0"), CudaError);
   CHECK_THROWS_AS(importer.map_exported(1, descriptor.get(), 2 * SimBackend::kGranule, {}), CudaError);
+  CHECK_THROWS_AS(importer.map_exported(1, descriptor.get(), SimBackend::kGranule / 2, {}), CudaError);  // whole or not
   // A client of protocol 2 can't open it, and is told why.
   const auto old = f.holder.connect(peer(1001, "alice"));
   f.call(old, {{"op", "hello"}, {"protocol", 2}});
