@@ -71,7 +71,7 @@ class HolderClient {
 };
 
 // Throws the cupool::Error for a reply with "ok": false (Error::reported: its exit code is the
-// table's for an error a holder reports, lib/base/error.cpp); for invalid_config and does_not_fit it first writes
+// table's for an error a holder reports, core/base/error.cpp); for invalid_config and does_not_fit it first writes
 // the reply's rendered findings to stderr.
 [[noreturn]] void throw_reply_error(const nlohmann::ordered_json& reply);
 

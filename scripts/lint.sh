@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Hygiene that tools enforce (scripts/test.sh runs it; CI with it):
-#   clang-format (.clang-format) over every C and C++ file of lib/, cli/, include/ and tests/:
+#   clang-format (.clang-format) over every C and C++ file of core/, cli/, include/ and tests/:
 #     a file that is not formatted fails, with the diff (fix: clang-format -i FILE);
-#   clang-tidy (.clang-tidy) over the C++ sources of lib/ and cli/ changed since CUPOOL_TIDY_BASE
+#   clang-tidy (.clang-tidy) over the C++ sources of core/ and cli/ changed since CUPOOL_TIDY_BASE
 #     (default: the merge base with the upstream branch where there is one ahead of it, else the
 #     commit before HEAD), with BUILD_DIR's compile commands; any finding fails.
 # Usage: scripts/lint.sh [--all] [BUILD_DIR]   --all: clang-tidy over every source (minutes)
@@ -20,7 +20,7 @@ TIDY=${CLANG_TIDY:-clang-tidy}
 status=0
 
 # ---- clang-format ----
-mapfile -t sources < <(git ls-files 'lib/*.cpp' 'lib/*.h' 'lib/*.c' 'cli/*.cpp' 'cli/*.h' 'include/*.h' \
+mapfile -t sources < <(git ls-files 'core/*.cpp' 'core/*.h' 'core/*.c' 'cli/*.cpp' 'cli/*.h' 'include/*.h' \
   'tests/*.cpp' 'tests/*.h' 'tests/*.c')
 if ! command -v "$FORMAT" >/dev/null; then
   echo "lint: $FORMAT not found (Debian: clang-format; scripts/setup.sh installs it)" >&2
@@ -39,7 +39,7 @@ echo "lint: clang-format: ${#sources[@]} files, $unformatted not formatted"
 
 # ---- clang-tidy ----
 if [ "$all" -eq 1 ]; then
-  mapfile -t tidy < <(git ls-files 'lib/*.cpp' 'cli/*.cpp')
+  mapfile -t tidy < <(git ls-files 'core/*.cpp' 'cli/*.cpp')
 else
   base=${CUPOOL_TIDY_BASE:-}
   if [ -z "$base" ]; then
@@ -51,11 +51,11 @@ else
     fi
   fi
   # Changed since base, committed or not, and still there.
-  mapfile -t tidy < <({ git diff --name-only "$base" -- 'lib/*.cpp' 'cli/*.cpp'; \
-    git ls-files --others --exclude-standard 'lib/*.cpp' 'cli/*.cpp'; } | sort -u | while read -r f; do [ -f "$f" ] && echo "$f"; done)
+  mapfile -t tidy < <({ git diff --name-only "$base" -- 'core/*.cpp' 'cli/*.cpp'; \
+    git ls-files --others --exclude-standard 'core/*.cpp' 'cli/*.cpp'; } | sort -u | while read -r f; do [ -f "$f" ] && echo "$f"; done)
 fi
 if [ ${#tidy[@]} -eq 0 ]; then
-  echo "lint: clang-tidy: no C++ source of lib/ or cli/ changed${base:+ since $(git rev-parse --short "$base" 2>/dev/null || echo "$base")}"
+  echo "lint: clang-tidy: no C++ source of core/ or cli/ changed${base:+ since $(git rev-parse --short "$base" 2>/dev/null || echo "$base")}"
   exit $status
 fi
 if ! command -v "$TIDY" >/dev/null; then

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The direction rule of docs/architecture.md, tested against the sources and the build.
 
-1. Every `#include "PART/x.h"` in lib/PART/ and cli/ names a part that the including part uses,
+1. Every `#include "PART/x.h"` in core/PART/ and cli/ names a part that the including part uses,
    directly or through another part (the table CMakeLists.txt writes into probes.json), or the
    including part itself; `cupool/client.h` (the public C API) is open to all.
 2. Our headers are included only as "PART/x.h" (or "cupool/client.h"), never by a relative path

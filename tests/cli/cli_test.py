@@ -8,7 +8,7 @@ Cases:
         # profile: configs/profiles/synthetic-8gpu-mixed-peers.yaml
         # args: --deep            (optional)
         # exit: 0                 (optional)
-  - every check rule in lib/config/check.cpp and every parser code in lib/config/parser.cpp has at least
+  - every check rule in core/config/check.cpp and every parser code in core/config/parser.cpp has at least
     one bad file whose expected output names it (so a new rule cannot land untested);
   - shipped examples fit their profiles; JSON output parses; profiles round-trip; usage errors
     exit 2; the binary without a driver exits 3.
@@ -135,8 +135,8 @@ def bad_files(r):
 def rule_coverage(r, codes_seen):
     """Every finding code the source can emit appears in some bad file's expected output."""
     emitted = set()
-    for src, pattern in (("lib/config/check.cpp", r'd_\.(?:error|warning|note)\(\s*"([a-z-]+)"'),
-                         ("lib/config/parser.cpp", r'(?:d_|diags)\.invalid\(\s*"([a-z-]+)"')):
+    for src, pattern in (("core/config/check.cpp", r'd_\.(?:error|warning|note)\(\s*"([a-z-]+)"'),
+                         ("core/config/parser.cpp", r'(?:d_|diags)\.invalid\(\s*"([a-z-]+)"')):
         with open(os.path.join(r.root, src)) as f:
             emitted.update(re.findall(pattern, f.read()))
     # Limits the JSON schema has no words for (sizes, nesting, alias expansion) are tested in

@@ -56,7 +56,7 @@ void check_rendering(const cupool::Diagnostics& diags, const cupool::SourceFile&
   }
 }
 
-// SIGHUP with this file (lib/holder/server.cpp Server::reload): the holder applies what it asks.
+// SIGHUP with this file (core/holder/server.cpp Server::reload): the holder applies what it asks.
 void reload(const cupool::NodeReport& node, const cupool::Desired& want) {
   static const cupool::Desired base =
       cupool::load_config(

@@ -1,4 +1,4 @@
-// Fuzz target: bytes from a client -> the holder's Conversation (lib/holder/conversation.h: the
+// Fuzz target: bytes from a client -> the holder's Conversation (core/holder/conversation.h: the
 // frame decoder, the payload parser, Holder::handle and the reply frames, exactly what the server
 // runs for a connection), on a simulated two-GPU node holding a small config. The holder may refuse
 // anything, but only in the documented ways (an error reply with a code from docs/protocol.md);
@@ -12,7 +12,7 @@
 // Input: byte 0 picks the peer (bits 0-1: root, alice in share.users, bob in share.groups, eve a
 // stranger; bit 2: another client, alice (protocol 2), already holds a lease, keeps a block
 // cached and has the buffer open, and answers the holder's drop notices as the C library does).
-// The rest is fed to a Conversation as lib/holder/server.cpp read_from does; a reply that waited
+// The rest is fed to a Conversation as core/holder/server.cpp read_from does; a reply that waited
 // for cached blocks (Holder::on_deferred) goes back to it as the server does.
 #include <spdlog/spdlog.h>
 #include <unistd.h>

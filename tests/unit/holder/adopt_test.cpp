@@ -1,4 +1,4 @@
-// Custody as the holder uses it (lib/holder/adopt.cpp): what it gives custody and when, what a
+// Custody as the holder uses it (core/holder/adopt.cpp): what it gives custody and when, what a
 // custody that fails or is slow may cost the serving thread, and what it adopts at its start.
 #include <doctest/doctest.h>
 #include <fcntl.h>

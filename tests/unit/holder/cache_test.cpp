@@ -1,4 +1,4 @@
-// Cached blocks (lib/holder/cache.cpp, docs/protocol.md "Cached blocks"): a lease a client keeps
+// Cached blocks (core/holder/cache.cpp, docs/protocol.md "Cached blocks"): a lease a client keeps
 // mapped after releasing it stays charged to it, comes back with `reuse`, and is asked back with a
 // `drop` notice by trim, apply and allocations that do not fit; requests that need it wait.
 #include <doctest/doctest.h>

@@ -28,7 +28,7 @@ using cupool::client::read_typed;
 
 namespace {
 
-// The C status of an error code a holder sent (the table in lib/base/error.cpp).
+// The C status of an error code a holder sent (the table in core/base/error.cpp).
 int status_of(const std::string& code) { return cupool::c_status_of_wire(code); }
 
 // The Failure a reply whose "ok" is false stands for; nullopt for any other.

@@ -1,5 +1,5 @@
 // The C API's calls in this process, with no holder involved: cupool_configure applies a config's
-// process: section (lib/process), cupool_stats reports this process's pools.
+// process: section (core/process), cupool_stats reports this process's pools.
 #include <cstdlib>
 #include <memory>
 #include <mutex>

@@ -2,7 +2,7 @@
 // connection that the client library sends (hello, import_pool, alloc, free, reuse, dropped,
 // buffer_open, buffer_close), their replies and the notices, and the requests of the CLI's verbs
 // (list, status, stats, trim, plan, apply, export, buffer_create, buffer_ready, buffer_tensors,
-// buffer_remove: most of them an admin's; their replies are lib/model/'s) (docs/protocol.md). Each
+// buffer_remove: most of them an admin's; their replies are core/model/'s) (docs/protocol.md). Each
 // has its one JSON, in protocol 4's names (docs/naming.md): the sender writes it with to_json, the
 // receiver reads it with one reader, so the holder, the client library and the CLI spell every
 // field the same way because none of them spells it.
@@ -86,7 +86,7 @@ Dropped read_dropped(Args& a, std::size_t max_leases);
 BufferOpen read_buffer_open(Args& a);
 BufferClose read_buffer_close(Args& a);
 
-// ---- the CLI's requests (the verbs' own; their replies are lib/model/'s) ----
+// ---- the CLI's requests (the verbs' own; their replies are core/model/'s) ----
 //
 // A value the holder reads as JSON and checks itself (a buffer's index) is carried as JSON.
 
