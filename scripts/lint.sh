@@ -2,6 +2,8 @@
 # Hygiene that tools enforce (scripts/test.sh runs it; CI with it):
 #   clang-format (.clang-format) over every C and C++ file of core/, cli/, include/ and tests/:
 #     a file that is not formatted fails, with the diff (fix: clang-format -i FILE);
+#   ShellCheck (warnings and errors) over the shell scripts of scripts/, .ci/ and tests/;
+#   flake8's pyflakes checks (unused names, undefined names, ...) over python/ and tests/;
 #   clang-tidy (.clang-tidy) over the C++ sources of core/ and cli/ changed since CUPOOL_TIDY_BASE
 #     (default: the merge base with the upstream branch where there is one ahead of it, else the
 #     commit before HEAD), with BUILD_DIR's compile commands; any finding fails.
@@ -36,6 +38,22 @@ for f in "${sources[@]}"; do
 done
 echo "lint: clang-format: ${#sources[@]} files, $unformatted not formatted"
 [ "$unformatted" -eq 0 ] || status=1
+
+# ---- shellcheck and flake8 (Debian's packages; scripts/setup.sh installs them) ----
+for tool in shellcheck flake8; do
+  command -v "$tool" >/dev/null || { echo "lint: $tool not found (Debian: $tool; scripts/setup.sh installs it)" >&2; exit 1; }
+done
+mapfile -t shells < <(git ls-files 'scripts/*.sh' '.ci/run' 'tests/*.sh')
+if shellcheck -S warning "${shells[@]}"; then
+  echo "lint: shellcheck: ${#shells[@]} scripts, no findings"
+else
+  status=1
+fi
+if flake8 --select=F python tests; then
+  echo "lint: flake8 (pyflakes): python/ and tests/, no findings"
+else
+  status=1
+fi
 
 # ---- clang-tidy ----
 if [ "$all" -eq 1 ]; then

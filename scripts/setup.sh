@@ -10,7 +10,8 @@ BUILD=${1:-build}
 # (yaml-cpp is built from source by scripts/deps.sh: it goes statically into the client library.)
 PACKAGES=(cmake g++ ninja-build pkg-config curl xz-utils libcli11-dev libspdlog-dev doctest-dev
           nlohmann-json3-dev python3 python3-jsonschema python3-yaml python3-numpy zsh fish clang
-          libclang-rt-dev groff-base python3-prometheus-client clang-format clang-tidy python3-pip)
+          libclang-rt-dev groff-base python3-prometheus-client clang-format clang-tidy python3-pip
+          shellcheck flake8)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced: the scripts that source it use what it sets
 # The build trees of the test suite, configured in one place (sourced by scripts/test.sh and
 # scripts/fuzz.sh; run from the repository root).
 #
@@ -14,7 +15,8 @@ FUZZ_CC=${FUZZ_CC:-clang}
 FUZZ_CXX=${FUZZ_CXX:-clang++}
 # Unity batches in the scripted trees (CMakeLists.txt says why; a plain `cmake -B DIR` builds
 # every file on its own).
-TREE_OPTIONS=(-G Ninja -DCUPOOL_UNITY=ON ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"})
+# Warnings are errors there, for both compilers (gcc in build/ and build-tsan/, clang in build-san/).
+TREE_OPTIONS=(-G Ninja -DCUPOOL_UNITY=ON -DCUPOOL_WERROR=ON ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"})
 
 # What the sanitized ctest runs need from build-san/ (the GPU programs are left out by the option).
 configure_san() {

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by load-bench.sh and weights-proof.sh (with BUILD, TMP and say() set): a holder of their
 # own for `buffer load`, on a config in $TMP (socket $TMP/cupool.sock, mode 0600; one pool
 # "weights" on device 0, posix_fd).

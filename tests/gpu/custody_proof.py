@@ -19,10 +19,7 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile

@@ -20,7 +20,7 @@ import threading
 import time
 
 import harness as H
-from harness import Failure, check, cupool
+from harness import check, cupool
 
 KEEPER_CONFIG = """version: 1
 holder:

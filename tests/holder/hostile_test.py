@@ -19,7 +19,6 @@ import json
 import os
 import pwd
 import re
-import shutil
 import signal
 import socket
 import stat

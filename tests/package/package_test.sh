@@ -170,7 +170,8 @@ pc=$root$lib/pkgconfig/cupool-client.pc
 for line in 'prefix=/usr' 'libdir=${prefix}/lib/'"$multiarch" 'includedir=${prefix}/include'; do
   grep -qxF "$line" "$pc" || fail "cupool-client.pc lacks the line '$line':$(echo; cat "$pc")"
 done
-words() { echo $*; }  # pkg-config ends its output with a space
+# shellcheck disable=SC2048,SC2086  # split on purpose: pkg-config ends its output with a space
+words() { echo $*; }
 flags=$(words "$(env -u PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH=$root$lib/pkgconfig pkg-config --cflags --libs cupool-client)")
 [ "$flags" = "-lcupool-client" ] || fail "pkg-config --cflags --libs, as on the node: '$flags'"
 export PKG_CONFIG_SYSROOT_DIR=$root PKG_CONFIG_PATH=$root$lib/pkgconfig PKG_CONFIG_ALLOW_SYSTEM_CFLAGS=1 PKG_CONFIG_ALLOW_SYSTEM_LIBS=1

@@ -87,7 +87,7 @@ def check_installed(target, lib, version):
     info = os.path.join(target, f"cupool-{version}.dist-info")
     with open(os.path.join(info, "METADATA")) as f:
         meta = f.read()
-    check(f"\nName: cupool\n" in meta and f"\nVersion: {version}\n" in meta and "Requires-Python: >=3.9" in meta,
+    check("\nName: cupool\n" in meta and f"\nVersion: {version}\n" in meta and "Requires-Python: >=3.9" in meta,
           f"METADATA: {meta[:300]}")
     with open(os.path.join(info, "RECORD")) as f:
         rows = [line.rsplit(",", 2) for line in f.read().splitlines()]

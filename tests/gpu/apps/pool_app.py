@@ -60,8 +60,7 @@ def main():
         reported = pool.total_bytes
 
         def once():
-            a = cupy.empty(size, dtype=cupy.uint8)
-            del a
+            cupy.empty(size, dtype=cupy.uint8)  # allocated and dropped at once
             cupy.cuda.Device(0).synchronize()
         version = cupy.__version__
     elif framework == "cuda-runtime":
@@ -82,8 +81,7 @@ def main():
         torch.cuda.init()
 
         def once():
-            x = torch.empty(size, dtype=torch.uint8, device="cuda:0")
-            del x
+            torch.empty(size, dtype=torch.uint8, device="cuda:0")  # allocated and dropped at once
             torch.cuda.synchronize()
         version = torch.__version__ + " (allocator backend " + torch.cuda.get_allocator_backend() + ")"
         reported = lambda: torch.cuda.memory_reserved(0)
