@@ -15,12 +15,17 @@ FUZZ_CC=${FUZZ_CC:-clang}
 FUZZ_CXX=${FUZZ_CXX:-clang++}
 # Unity batches in the scripted trees (CMakeLists.txt says why; a plain `cmake -B DIR` builds
 # every file on its own).
-# Warnings are errors there, for both compilers (gcc in build/ and build-tsan/, clang in build-san/).
-TREE_OPTIONS=(-G Ninja -DCUPOOL_UNITY=ON -DCUPOOL_WERROR=ON ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"})
+TREE_OPTIONS=(-G Ninja -DCUPOOL_UNITY=ON ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"})
+# In CI (CI set, as .ci/run runs), warnings are errors in build/ (gcc, scripts/setup.sh) and
+# build-san/ (clang): one tree of each compiler. Not for a user's quick start (another compiler's
+# new warning must not stop a build), and not in build-tsan/: gcc 12 under -fsanitize=thread warns
+# falsely (-Warray-bounds in std::vector's insert, peer.cpp), a known false positive of that compiler.
+WERROR=()
+[ -z "${CI:-}" ] || WERROR=(-DCUPOOL_WERROR=ON)
 
 # What the sanitized ctest runs need from build-san/ (the GPU programs are left out by the option).
 configure_san() {
-  cmake -S . -B "$SAN_TREE" "${TREE_OPTIONS[@]}" -DCMAKE_BUILD_TYPE=Debug -DCUPOOL_FUZZ=ON -DCUPOOL_GPU_PROGRAMS=OFF \
+  cmake -S . -B "$SAN_TREE" "${TREE_OPTIONS[@]}" "${WERROR[@]}" -DCMAKE_BUILD_TYPE=Debug -DCUPOOL_FUZZ=ON -DCUPOOL_GPU_PROGRAMS=OFF \
     -DCMAKE_C_COMPILER="$FUZZ_CC" -DCMAKE_CXX_COMPILER="$FUZZ_CXX" >/dev/null
 }
 
