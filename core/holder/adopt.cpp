@@ -135,19 +135,48 @@ Json tensor_entries(const Json& index) {
   return tensors;
 }
 
-// Whether two descriptors are one allocation: the same file (a memfd, reopened or not), or the
-// same open file description (a descriptor passed twice). Descriptors of the driver's allocations
-// may share one anonymous inode, so for those only the kernel's comparison of the descriptions
-// (kcmp) says; where it can't be asked, they count as different.
-bool same_allocation(int a, int b) {
-  struct stat sa {};
-  struct stat sb {};
-  if (::fstat(a, &sa) != 0 || ::fstat(b, &sb) != 0) return false;
-  if (sa.st_dev != sb.st_dev || sa.st_ino != sb.st_ino) return false;
-  if (S_ISREG(sa.st_mode)) return true;
-  const pid_t self = ::getpid();
-  return ::syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
-}
+// The allocations adopted so far, so that one kept under two names is seen, each in logarithmic
+// time (custody may keep 8,192 descriptors: comparing every pair would cost tens of millions of
+// system calls at the start). A memfd (the simulated node) is one allocation per inode. The
+// driver's descriptors may share one anonymous inode: there the kernel orders their open file
+// descriptions (kcmp), which a descriptor passed twice shares; where kcmp can't be asked, the
+// descriptors' numbers order them (they count as different). Descriptors stay open while here.
+class Allocations {
+ public:
+  // The name kept for the allocation behind `fd`, or nullptr when none is.
+  const std::string* find(int fd) const {
+    const auto it = by_.find(key(fd));
+    return it == by_.end() ? nullptr : &it->second;
+  }
+  void add(int fd, const std::string& name) { by_.emplace(key(fd), name); }
+  void erase(int fd) { by_.erase(key(fd)); }
+
+ private:
+  struct Key {
+    dev_t dev = 0;
+    ino_t ino = 0;
+    int fd = -1;  // -1: a regular file, which its inode names alone
+  };
+  struct Less {
+    bool operator()(const Key& a, const Key& b) const {
+      if (a.dev != b.dev || a.ino != b.ino) return a.dev != b.dev ? a.dev < b.dev : a.ino < b.ino;
+      if (a.fd < 0 || b.fd < 0 || a.fd == b.fd) return false;
+      const pid_t self = ::getpid();
+      switch (::syscall(SYS_kcmp, self, self, KCMP_FILE, a.fd, b.fd)) {
+        case 0: return false;  // one open file description
+        case 1: return true;
+        case 2: return false;
+        default: return a.fd < b.fd;
+      }
+    }
+  };
+  static Key key(int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return Key{0, 0, fd};
+    return Key{st.st_dev, st.st_ino, S_ISREG(st.st_mode) ? -1 : fd};
+  }
+  std::map<Key, std::string, Less> by_;
+};
 
 }  // namespace
 
@@ -178,8 +207,8 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
       report.refused.push_back({name, {"refused", e.what(), {}, {}}});
     }
   }
-  std::set<std::string> taken;                           // descriptor names now held by adopted buffers
-  std::vector<std::pair<std::string, int>> adopted_fds;  // and their descriptors
+  std::set<std::string> taken;  // descriptor names now held by adopted buffers
+  Allocations allocations;      // the allocations of adopted buffers (and of the one being adopted)
   if (manifest) {
     report.manifest_sequence = manifest->sequence;
     for (const custody::ManifestBuffer& mb : manifest->buffers) {
@@ -231,18 +260,17 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
           break;
         }
         // One allocation is one buffer's: a descriptor kept under two names would be held twice.
-        for (const auto& [other, held] : adopted_fds)
-          if (same_allocation(fd->second.get(), held)) why = fd_name + " is the same allocation as " + other;
-        for (std::size_t j = 0; j < b.parts.size() && why.empty(); ++j)
-          if (same_allocation(fd->second.get(), b.parts[j].fd.get()))
-            why = fd_name + " is the same allocation as " + custody::part_fd_name(mb.name, j);
-        if (!why.empty()) break;
+        if (const std::string* other = allocations.find(fd->second.get())) {
+          why = fd_name + " is the same allocation as " + *other;
+          break;
+        }
         try {
           HeldBuffer::Part part;
           part.allocation.address = backend_.map_exported(device, fd->second.get(), mb.mapped[i], {});
           part.size = mb.parts[i];
           part.mapped = mb.mapped[i];
           part.fd = std::move(fd->second);
+          allocations.add(part.fd.get(), fd_name);
           b.parts.push_back(std::move(part));
         } catch (const std::exception& e) {
           why = "part " + std::to_string(i) + " (" + fd_name + ", " + format_bytes(mb.mapped[i]) + " on " + mb.uuid +
@@ -258,6 +286,7 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
       }
       if (!why.empty()) {
         for (const auto& part : b.parts) {
+          allocations.erase(part.fd.get());  // before it closes
           try {
             backend_.unmap_exported(part.allocation.address);
           } catch (...) {
@@ -266,10 +295,7 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
         refuse(why);
         continue;
       }
-      for (std::size_t i = 0; i < mb.parts.size(); ++i) {
-        taken.insert(custody::part_fd_name(mb.name, i));
-        adopted_fds.emplace_back(custody::part_fd_name(mb.name, i), b.parts[i].fd.get());
-      }
+      for (std::size_t i = 0; i < mb.parts.size(); ++i) taken.insert(custody::part_fd_name(mb.name, i));
       spdlog::info("custody: adopted buffer {} ({}{}, pool {}, device {})", mb.name, format_bytes(mb.size),
                    b.index ? ", " + std::to_string(b.index->tensors.size()) + " tensors" : std::string(), mb.pool,
                    device);

@@ -248,6 +248,13 @@ TEST_CASE("custody: one limit for the parts of a buffer, the manifest's") {
   CHECK(node.custody_error().empty());
   CHECK(custody.manifest().buffers.size() == 2);
   CHECK(custody.kept.count("cupool-buffer.p1024." + std::to_string(kMaxBufferParts - 1)));
+  // And the next holder adopts it, each part checked against every other once (not pair by pair).
+  CustodyHolder next(custody);
+  const auto start = Clock::now();
+  const model::Adoption adopted = next.holder.adopt(custody.withdraw(), CustodyHolder::want());
+  CHECK(adopted.buffers.size() == 2);
+  CHECK(adopted.refused.empty());
+  CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 2.0);
 }
 
 TEST_CASE("custody: adoption believes nothing custody says that the node, the driver and the config can't confirm") {
