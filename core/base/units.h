@@ -25,6 +25,16 @@ std::string format_threshold(std::uint64_t bytes);
 // "32GiB" when exact in a binary unit, else "<n>B": what a config file accepts and means exactly.
 std::string exact_size(std::uint64_t bytes);
 
+// Memory of a pool or of a device's graph memory, in bytes: now and the high-water marks (the
+// driver's {RESERVED,USED}_MEM_{CURRENT,HIGH}). The device seam returns it and the model prints it
+// (model::Usage), so neither needs the other.
+struct MemoryUsage {
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t reserved_peak_bytes = 0;
+  std::uint64_t used_bytes = 0;
+  std::uint64_t used_peak_bytes = 0;
+};
+
 // The valid units, for messages.
 extern const char* const kSizeUnitsHelp;
 

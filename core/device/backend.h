@@ -1,6 +1,7 @@
-// The one seam between cupool and CUDA. Everything cupool asks of the driver goes through
-// `Backend`; the real implementation (cuda_backend.cpp) is the only file that includes the CUDA
-// headers, and a simulated node (sim_backend.h) answers the same questions from a node profile.
+// The one seam between cupool and CUDA. Everything cupool asks of the driver goes through the
+// roles below (`Backend` is all of them); the real implementation (device/cuda/) is the only code
+// that includes the CUDA headers, and a simulated node (sim_backend.h) answers the same questions
+// from a node profile.
 #pragma once
 
 #include <array>
@@ -13,9 +14,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/units.h"
 #include "device/file_load.h"
 #include "device/gds.h"
-#include "model/model.h"
 
 namespace cupool {
 
@@ -121,9 +122,8 @@ struct SettingChange {
 // The settings that differ, in the config's order.
 std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSettings& to);
 
-// A pool's usage attributes, in bytes (CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}), as
-// cupool prints them (model::Usage).
-using PoolUsage = model::Usage;
+// A pool's usage attributes, in bytes (CU_MEMPOOL_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}).
+using PoolUsage = MemoryUsage;
 
 // A pool the backend created or imported; 0 is no pool.
 using PoolHandle = std::uint64_t;
@@ -148,7 +148,7 @@ struct ExportedAllocation {
 
 // Graph memory of one device (CU_GRAPH_MEM_ATTR_{USED,RESERVED}_MEM_{CURRENT,HIGH}), in bytes.
 // CU_GRAPH_MEM_ATTR_{RESERVED,USED}_MEM_{CURRENT,HIGH}: the same four figures.
-using GraphMemUsage = model::Usage;
+using GraphMemUsage = MemoryUsage;
 
 // One measured loop of `cupool bench` (see Backend::bench).
 struct BenchCase {
@@ -189,10 +189,17 @@ struct FileRange {
 // the file ends first or a read fails.
 void read_file_range(int fd, void* into, std::uint64_t bytes, std::uint64_t offset);
 
-class Backend {
- public:
-  virtual ~Backend() = default;
+// ---- the roles ----
+// What cupool asks of CUDA, split by who asks: each user takes the roles it needs (query only
+// NodeFacts, a client of the holder PoolImport and Transfers, ...). Backend is all of them; the
+// real one (device/cuda/) and the simulated node (sim_backend.h) implement each role in a file of
+// its own. Every call throws CudaError naming the driver call that failed, unless it says
+// otherwise; calls on a pool retain the primary context of the pool's device.
 
+// What the node is: its driver, its devices and what they support.
+class NodeFacts {
+ public:
+  virtual ~NodeFacts() = default;
   // Where the answers come from (every report and finding names it).
   virtual ReportSource source() const = 0;
   std::string describe() const { return source().description; }
@@ -219,10 +226,13 @@ class Backend {
   // GPUDirect Storage on this node (`query --deep`): loads cuFile and opens its driver, so only
   // asked for deep.
   virtual GdsReport gds_report() = 0;
+};
 
-  // ---- pools (these retain the primary context of the pool's device) ----
-  // Each throws CudaError naming the driver call that failed.
-
+// Pools this process creates (the holder's, cupool_configure's) or finds (a device's default
+// pool), their settings, usage and allocations.
+class Pools {
+ public:
+  virtual ~Pools() = default;
   // Creates a pool; `device` is the ordinal whose context serves it (its own location for
   // device pools). The backend destroys pools still alive when it is destroyed.
   virtual PoolHandle create_pool(int device, const PoolProps& props) = 0;
@@ -235,6 +245,8 @@ class Backend {
   virtual void reset_pool_peaks(PoolHandle pool) = 0;
   // Gives device `peer` read-write access to the pool's memory (cuMemPoolSetAccess).
   virtual void set_pool_access(PoolHandle pool, int peer) = 0;
+  // Whether `peer` may read and write the pool's memory (cuMemPoolGetAccess).
+  virtual bool pool_access(PoolHandle pool, int peer) = 0;
   // Allocates `bytes` from the pool, stream-ordered on the legacy stream and synchronised;
   // returns the device address.
   virtual std::uint64_t allocate(PoolHandle pool, std::uint64_t bytes) = 0;
@@ -242,9 +254,12 @@ class Backend {
   virtual void free(PoolHandle pool, std::uint64_t address) = 0;
   // Releases reserved memory beyond `keep` bytes (cuMemPoolTrimTo).
   virtual void trim_pool(PoolHandle pool, std::uint64_t keep) = 0;
+};
 
-  // ---- sharing: the exporting side (the holder) ----
-
+// Sharing pool memory, the exporting side (the holder).
+class PoolExport {
+ public:
+  virtual ~PoolExport() = default;
   // A new file descriptor for the pool's posix_fd shareable handle (the caller owns and closes
   // it). The pool must have been created with HandleType::posix_fd.
   virtual int export_pool_fd(PoolHandle pool) = 0;
@@ -266,16 +281,15 @@ class Backend {
   virtual void free_shared(PoolHandle pool, std::uint64_t address) = 0;
   // Waits until the device's stream is idle (before measuring usage).
   virtual void synchronize(int device) = 0;
-  // Graph memory of a device, and releasing its unused part (cuDeviceGraphMemTrim).
-  virtual GraphMemUsage graph_mem_usage(int device) = 0;
-  virtual void trim_graph_mem(int device) = 0;
-  virtual void reset_graph_mem_peaks(int device) = 0;
+};
 
-  // ---- sharing: the importing side (a client) ----
-
+// Sharing pool memory, the importing side (a client of the holder).
+class PoolImport {
+ public:
+  virtual ~PoolImport() = default;
   // Imports a pool from a posix_fd handle; `device` is this process's ordinal of the pool's
   // device (whose primary context is retained). Does not take ownership of `fd`.
-  // Release with destroy_pool once every imported pointer is freed.
+  // Release with Pools::destroy_pool once every imported pointer is freed.
   virtual PoolHandle import_pool_fd(int device, int fd) = 0;
   // Maps an exported allocation into this process; returns its address here.
   virtual std::uint64_t import_pointer(PoolHandle imported, const Blob64& export_data) = 0;
@@ -284,25 +298,26 @@ class Backend {
   virtual void wait_ready(int device, const Blob64& event) = 0;
   // Frees an imported mapping (synchronously: the exporter may free right after).
   virtual void free_imported(PoolHandle imported, std::uint64_t address) = 0;
-  // Copies between host memory and memory this process can address (allocated or imported).
-  virtual void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) = 0;
-  virtual void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) = 0;
-  // Copies each range of the file open at `fd` to memory this process can address on `device`:
-  // several threads read chunks into pinned staging slots of their own while asynchronous copies
-  // of the slots read before run (the simulated node copies the slots into its memory); see
-  // file_load.h. Where the node has GPUDirect Storage (options.gds), cuFile reads the chunks
-  // straight into device memory instead. Returns once the copies are done, with where the time
-  // went. `progress` (may be empty) is told the bytes read so far, about ten times a second. A file
-  // that ends early, or a read that fails, throws InputError (GdsError when cuFile said no).
-  virtual LoadReport load_file(int device, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
-                               const std::function<void(std::uint64_t)>& progress) = 0;
+};
 
-  // ---- exported allocations (VMM): held buffers ----
-  // A held buffer is physical memory of one device made for sharing (cuMemCreate, pinned, with a
-  // POSIX-fd shareable handle), not a pool allocation: whoever holds its descriptor keeps it alive
-  // (a process with no CUDA context too), so it outlives the process that made it, and an importer
-  // maps it whole at any size, for peer devices too.
+// A device's graph memory (CUDA graphs' allocations): its figures, releasing its unused part
+// (cuDeviceGraphMemTrim) and resetting its peaks.
+class GraphMemory {
+ public:
+  virtual ~GraphMemory() = default;
+  virtual GraphMemUsage graph_mem_usage(int device) = 0;
+  virtual void trim_graph_mem(int device) = 0;
+  virtual void reset_graph_mem_peaks(int device) = 0;
+};
 
+// Exported allocations (VMM): held buffers.
+// A held buffer is physical memory of one device made for sharing (cuMemCreate, pinned, with a
+// POSIX-fd shareable handle), not a pool allocation: whoever holds its descriptor keeps it alive
+// (a process with no CUDA context too), so it outlives the process that made it, and an importer
+// maps it whole at any size, for peer devices too.
+class ExportedMemory {
+ public:
+  virtual ~ExportedMemory() = default;
   // The allocation granularity of the device (cuMemGetAllocationGranularity, minimum): sizes of
   // exported allocations are multiples of it.
   virtual std::uint64_t allocation_granularity(int device) = 0;
@@ -322,9 +337,31 @@ class Backend {
   // Unmaps an allocation that create_exported made or map_exported mapped here. The memory goes
   // when its last mapping and descriptor, in any process, are gone.
   virtual void unmap_exported(std::uint64_t address) = 0;
+};
 
-  // ---- this process's own pools (cupool_configure, cupool_stats) ----
+// Moving bytes into and out of device memory this process can address (allocated, imported or
+// mapped): from host memory, and from files.
+class Transfers {
+ public:
+  virtual ~Transfers() = default;
+  // Copies between host memory and memory this process can address.
+  virtual void write(int device, std::uint64_t address, const void* source, std::uint64_t bytes) = 0;
+  virtual void read(int device, std::uint64_t address, void* target, std::uint64_t bytes) = 0;
+  // Copies each range of the file open at `fd` to memory this process can address on `device`:
+  // several threads read chunks into pinned staging slots of their own while asynchronous copies
+  // of the slots read before run (the simulated node copies the slots into its memory); see
+  // file_load.h. Where the node has GPUDirect Storage (options.gds), cuFile reads the chunks
+  // straight into device memory instead. Returns once the copies are done, with where the time
+  // went. `progress` (may be empty) is told the bytes read so far, about ten times a second. A file
+  // that ends early, or a read that fails, throws InputError (GdsError when cuFile said no).
+  virtual LoadReport load_file(int device, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                               const std::function<void(std::uint64_t)>& progress) = 0;
+};
 
+// This process's own pools (cupool_configure, cupool_stats): the pools CUDA's allocator uses.
+class ProcessPools {
+ public:
+  virtual ~ProcessPools() = default;
   // The device's default pool (cuDeviceGetDefaultMemPool). Creates no context. Works with the pool
   // calls that need none (settings, usage, peaks, access); never destroyed by the backend.
   virtual PoolHandle default_pool(int device) = 0;
@@ -339,17 +376,32 @@ class Backend {
   // The properties this backend's create_pool made the pool with; nullopt for a pool it did not
   // create (a device's default pool, a current pool someone else set, an imported pool).
   virtual std::optional<PoolProps> created_props(PoolHandle pool) = 0;
-  // Whether `peer` may read and write the pool's memory (cuMemPoolGetAccess).
-  virtual bool pool_access(PoolHandle pool, int peer) = 0;
   // Whether this process has an active primary context on the device (cuDevicePrimaryCtxGetState).
   virtual bool context_active(int device) = 0;
+};
 
-  // ---- measuring (cupool bench) ----
-
+// Measuring (cupool bench).
+class Bench {
+ public:
+  virtual ~Bench() = default;
   // Runs one measured loop on the device (its primary context) and returns each iteration's time
   // in nanoseconds. The default pool's settings are restored afterwards. A simulated node returns
   // figures from a model of measurements on a real H100 (see sim_backend.h), not measurements.
   virtual std::vector<double> bench(int device, const BenchCase& c) = 0;
+};
+
+// Every role: what a backend is. Code takes the roles it uses (a Backend& converts to each).
+class Backend : public NodeFacts,
+                public Pools,
+                public PoolExport,
+                public PoolImport,
+                public GraphMemory,
+                public ExportedMemory,
+                public Transfers,
+                public ProcessPools,
+                public Bench {
+ public:
+  using Readiness = PoolExport::Readiness;
 };
 
 // CUDA_VERSION of the headers cupool was built with (13000 for 13.0).

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "base/units.h"
+
 namespace cupool::model {
 
 using Json = nlohmann::ordered_json;
@@ -62,13 +64,8 @@ struct Threshold {
   static Threshold written(std::string text, std::uint64_t bytes);
 };
 
-// Memory of a pool or of a device's graph memory: now and the high-water marks.
-struct Usage {
-  std::uint64_t reserved_bytes = 0;
-  std::uint64_t reserved_peak_bytes = 0;
-  std::uint64_t used_bytes = 0;
-  std::uint64_t used_peak_bytes = 0;
-};
+// Memory of a pool or of a device's graph memory: now and the high-water marks (base/units.h).
+using Usage = MemoryUsage;
 
 struct Reuse {
   bool follow_event_dependencies = false;

@@ -1,0 +1,103 @@
+// The real backend, Bench: the measured loops of `cupool bench`.
+#include "device/cuda/driver.h"
+
+namespace cupool::cuda {
+
+std::vector<double> CudaBackend::bench(int ordinal, const BenchCase& c) {
+  using Clock = std::chrono::steady_clock;
+  ContextScope scope(api_, context(ordinal));
+  CUstream stream = device_stream(ordinal);
+  CUmemoryPool pool = nullptr;
+  check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
+  const auto saved = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+  struct Restore {
+    CudaBackend& b;
+    CUmemoryPool pool;
+    cuuint64_t value;
+    ~Restore() {
+      cuuint64_t v = value;
+      b.api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+    }
+  } restore{*this, pool, saved};
+  set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, c.threshold);
+  const auto bytes = static_cast<size_t>(c.bytes);
+  std::vector<double> ns;
+  ns.reserve(static_cast<std::size_t>(c.iterations));
+  auto since = [](Clock::time_point t0) {
+    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+  };
+  switch (c.kind) {
+    case BenchCase::Kind::malloc_free:
+      for (int i = 0; i < c.iterations; ++i) {
+        CUdeviceptr p = 0;
+        const auto t0 = Clock::now();
+        check(api_.cuMemAlloc(&p, bytes), "cuMemAlloc");
+        check(api_.cuMemFree(p), "cuMemFree");
+        ns.push_back(since(t0));
+      }
+      break;
+    case BenchCase::Kind::async_alloc_free:
+      for (int i = 0; i < c.iterations; ++i) {
+        CUdeviceptr p = 0;
+        const auto t0 = Clock::now();
+        check(api_.cuMemAllocAsync(&p, bytes, stream), "cuMemAllocAsync");
+        check(api_.cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+        ns.push_back(since(t0));
+        if (i % 256 == 255) check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");  // untimed drain
+      }
+      check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+      break;
+    case BenchCase::Kind::alloc_free_sync:
+      for (int i = 0; i < c.iterations; ++i) {
+        CUdeviceptr p = 0;
+        const auto t0 = Clock::now();
+        check(api_.cuMemAllocAsync(&p, bytes, stream), "cuMemAllocAsync");
+        check(api_.cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+        check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+        ns.push_back(since(t0));
+      }
+      break;
+    case BenchCase::Kind::trim:
+      for (int i = 0; i < c.iterations; ++i) {
+        CUdeviceptr p = 0;
+        check(api_.cuMemAllocAsync(&p, bytes, stream), "cuMemAllocAsync");
+        check(api_.cuMemFreeAsync(p, stream), "cuMemFreeAsync");
+        check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+        const auto t0 = Clock::now();
+        check(api_.cuMemPoolTrimTo(pool, 0), "cuMemPoolTrimTo");
+        ns.push_back(since(t0));
+      }
+      break;
+    case BenchCase::Kind::graph_alloc_free: {
+      CUgraph graph = nullptr;
+      CUgraphExec exec = nullptr;
+      check(api_.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+      CUdeviceptr p = 0;
+      CUresult r = api_.cuMemAllocAsync(&p, bytes, stream);
+      if (r == CUDA_SUCCESS) r = api_.cuMemFreeAsync(p, stream);
+      const CUresult end = api_.cuStreamEndCapture(stream, &graph);
+      check(r, "cuMemAllocAsync/cuMemFreeAsync (captured)");
+      check(end, "cuStreamEndCapture");
+      struct Graph {
+        const DriverApi& api;
+        CUgraph g;
+        CUgraphExec& e;
+        ~Graph() {
+          if (e) api.cuGraphExecDestroy(e);
+          if (g) api.cuGraphDestroy(g);
+        }
+      } owner{api_, graph, exec};
+      check(api_.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+      for (int i = 0; i < c.iterations; ++i) {
+        const auto t0 = Clock::now();
+        check(api_.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+        check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
+        ns.push_back(since(t0));
+      }
+      break;
+    }
+  }
+  return ns;
+}
+
+}  // namespace cupool::cuda

@@ -1,0 +1,343 @@
+// The real backend's insides, shared by its files (one per role of device/backend.h): the CUDA
+// driver API and NVML as loaded at run time, the RAII helpers over them, and the CudaBackend class.
+// Only device/cuda/ includes this header (and so cuda.h); everything else sees device/backend.h.
+#pragma once
+
+#include <cuda.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/error.h"
+#include "base/fd.h"
+#include "device/backend.h"
+#include "device/gds.h"
+
+namespace cupool::cuda {
+
+#define CUPOOL_STR2(x) #x
+#define CUPOOL_STR(x) CUPOOL_STR2(x)
+
+// The driver entry points cupool uses. Names go through cuda.h's macros, so dlsym asks for the
+// versioned symbol the header means (cuDeviceTotalMem -> cuDeviceTotalMem_v2).
+struct DriverApi {
+// (clang-format lays a list like this out differently on each pass)
+// clang-format off
+#define CUPOOL_DRIVER_FUNCTIONS(X)                                                                                     \
+  X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet)                                                   \
+  X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceTotalMem) X(cuDeviceGetAttribute)                                    \
+  X(cuDeviceGetPCIBusId) X(cuDeviceCanAccessPeer) X(cuGetErrorName) X(cuGetErrorString)                                \
+  X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease) X(cuCtxPushCurrent) X(cuCtxPopCurrent)                      \
+  X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolExportToShareableHandle) X(cuMemAllocFromPoolAsync)                \
+  X(cuMemFreeAsync) X(cuStreamSynchronize) X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)                           \
+  X(cuMemPoolSetAccess) X(cuMemPoolTrimTo) X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
+  X(cuMemPoolImportPointer) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamWaitEvent)                                  \
+  X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord) X(cuEventSynchronize)                                            \
+  X(cuIpcGetEventHandle) X(cuIpcOpenEventHandle) X(cuMemcpyHtoD) X(cuMemcpyDtoH)                                       \
+  X(cuDeviceGetGraphMemAttribute) X(cuDeviceSetGraphMemAttribute) X(cuDeviceGraphMemTrim) X(cuDeviceGetDefaultMemPool) \
+  X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) X(cuMemPoolGetAccess) X(cuDevicePrimaryCtxGetState)                      \
+  X(cuMemAlloc) X(cuMemFree) X(cuMemAllocAsync) X(cuStreamBeginCapture)                                                \
+  X(cuStreamEndCapture) X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphExecDestroy)                                   \
+  X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)                                       \
+  X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)                      \
+  X(cuMemImportFromShareableHandle) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve)                  \
+  X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)
+// clang-format on
+#define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;  // NOLINT(bugprone-macro-parentheses): a name
+  CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)
+#undef CUPOOL_DECLARE
+};
+
+// NVML, declared by hand: four calls of its stable C ABI, so no NVML headers are needed.
+struct NvmlMemory {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+using NvmlDevice = void*;
+struct NvmlApi {
+  int (*init)() = nullptr;
+  int (*shutdown)() = nullptr;
+  int (*by_uuid)(const char*, NvmlDevice*) = nullptr;
+  int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
+  int (*driver_version)(char*, unsigned) = nullptr;
+};
+
+// Owns a dlopen handle.
+class Library {
+ public:
+  Library() = default;
+  explicit Library(const char* name) : handle_(dlopen(name, RTLD_NOW | RTLD_LOCAL)) {}
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+  ~Library() {
+    if (handle_) dlclose(handle_);
+  }
+  bool loaded() const noexcept { return handle_ != nullptr; }
+  void* symbol(const char* name) const noexcept { return handle_ ? dlsym(handle_, name) : nullptr; }
+
+ private:
+  void* handle_ = nullptr;
+};
+
+// Makes `ctx` current for a scope (nothing when null); never throws.
+class ContextScope {
+ public:
+  ContextScope(const DriverApi& api, CUcontext ctx)
+      : api_(api), pushed_(ctx && api.cuCtxPushCurrent(ctx) == CUDA_SUCCESS) {}
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  ~ContextScope() {
+    CUcontext popped = nullptr;
+    if (pushed_) api_.cuCtxPopCurrent(&popped);
+  }
+
+ private:
+  const DriverApi& api_;
+  bool pushed_;
+};
+
+// An exported allocation's descriptor imported as a handle (in the current context), released
+// when this goes; the descriptor stays the caller's.
+struct Imported {
+  const DriverApi& api;
+  CUmemGenericAllocationHandle handle;
+  Imported(const Imported&) = delete;
+  Imported& operator=(const Imported&) = delete;
+  ~Imported() { api.cuMemRelease(handle); }
+};
+
+// Retains the primary context and makes it current for the probe's lifetime.
+class PrimaryContext {
+ public:
+  PrimaryContext(const DriverApi& api, CUdevice dev) : api_(api), dev_(dev) {
+    result_ = api_.cuDevicePrimaryCtxRetain(&ctx_, dev_);
+    if (result_ == CUDA_SUCCESS) {
+      result_ = api_.cuCtxPushCurrent(ctx_);
+      pushed_ = result_ == CUDA_SUCCESS;
+    }
+  }
+  PrimaryContext(const PrimaryContext&) = delete;
+  PrimaryContext& operator=(const PrimaryContext&) = delete;
+  ~PrimaryContext() {
+    CUcontext popped = nullptr;
+    if (pushed_) api_.cuCtxPopCurrent(&popped);
+    if (ctx_) api_.cuDevicePrimaryCtxRelease(dev_);
+  }
+  CUresult result() const noexcept { return result_; }
+
+ private:
+  const DriverApi& api_;
+  CUdevice dev_;
+  CUcontext ctx_ = nullptr;
+  CUresult result_ = CUDA_SUCCESS;
+  bool pushed_ = false;
+};
+
+class PoolGuard {
+ public:
+  PoolGuard(const DriverApi& api, CUmemoryPool pool) : api_(api), pool_(pool) {}
+  PoolGuard(const PoolGuard&) = delete;
+  PoolGuard& operator=(const PoolGuard&) = delete;
+  ~PoolGuard() {
+    if (pool_) api_.cuMemPoolDestroy(pool_);  // non-throwing: result ignored at teardown
+  }
+  void leak() noexcept { pool_ = nullptr; }
+
+ private:
+  const DriverApi& api_;
+  CUmemoryPool pool_;
+};
+
+// The backend over the driver. Its members are defined in one file per role: node.cpp (NodeFacts),
+// pools.cpp (Pools, ProcessPools, GraphMemory), sharing.cpp (PoolExport, PoolImport), exported.cpp
+// (ExportedMemory), transfers.cpp (Transfers), bench.cpp (Bench); backend.cpp has its life (init,
+// teardown) and the helpers they share.
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(DebugLog debug) : debug_(std::move(debug)) {}
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // NodeFacts (node.cpp; source and init: backend.cpp)
+  ReportSource source() const override;
+  void init() override;
+  int driver_version() override;
+  std::string kernel_driver_version() override;
+  int device_count() override;
+  DeviceInfo device_info(int ordinal) override;
+  std::optional<MemoryInfo> memory_info(int ordinal) override;
+  bool can_access_peer(int device_ordinal, int peer_ordinal) override;
+  std::vector<int> host_numa_nodes() override;
+  GdsReport gds_report() override;
+  ExportProbe probe_export(int ordinal, HandleType type) override;
+
+  // Pools, ProcessPools, GraphMemory (pools.cpp)
+  PoolHandle create_pool(int ordinal, const PoolProps& props) override;
+  void destroy_pool(PoolHandle handle) override;
+  void set_pool_settings(PoolHandle handle, const PoolSettings& s) override;
+  PoolSettings pool_settings(PoolHandle handle) override;
+  PoolUsage pool_usage(PoolHandle handle) override;
+  void reset_pool_peaks(PoolHandle handle) override;
+  void set_pool_access(PoolHandle handle, int peer) override;
+  bool pool_access(PoolHandle handle, int peer) override;
+  std::uint64_t allocate(PoolHandle handle, std::uint64_t bytes) override;
+  void free(PoolHandle handle, std::uint64_t address) override;
+  void trim_pool(PoolHandle handle, std::uint64_t keep) override;
+  PoolHandle default_pool(int ordinal) override;
+  PoolHandle current_pool(int ordinal) override;
+  void set_current_pool(int ordinal, PoolHandle handle) override;
+  std::optional<PoolProps> created_props(PoolHandle handle) override;
+  bool context_active(int ordinal) override;
+  GraphMemUsage graph_mem_usage(int ordinal) override;
+  void trim_graph_mem(int ordinal) override;
+  void reset_graph_mem_peaks(int ordinal) override;
+
+  // PoolExport, PoolImport (sharing.cpp)
+  int export_pool_fd(PoolHandle handle) override;
+  SharedAllocation allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) override;
+  Blob64 ready_event(int ordinal) override;
+  void free_shared(PoolHandle handle, std::uint64_t address) override;
+  void synchronize(int ordinal) override;
+  PoolHandle import_pool_fd(int ordinal, int fd) override;
+  std::uint64_t import_pointer(PoolHandle handle, const Blob64& export_data) override;
+  void wait_ready(int ordinal, const Blob64& event) override;
+  void free_imported(PoolHandle handle, std::uint64_t address) override;
+
+  // ExportedMemory (exported.cpp)
+  std::uint64_t allocation_granularity(int ordinal) override;
+  ExportedAllocation create_exported(int ordinal, std::uint64_t bytes) override;
+  std::uint64_t map_exported(int ordinal, int fd, std::uint64_t size, const std::vector<int>& peers) override;
+  void grant_exported_access(std::uint64_t address, int peer) override;
+  void unmap_exported(std::uint64_t address) override;
+
+  // Transfers (transfers.cpp)
+  void write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) override;
+  void read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) override;
+  LoadReport load_file(int ordinal, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                       const std::function<void(std::uint64_t)>& progress) override;
+
+  // Bench (bench.cpp)
+  std::vector<double> bench(int ordinal, const BenchCase& c) override;
+
+  // For the loader's sinks and readers (transfers.cpp): the loaded driver, and its error check
+  // (throws CudaError naming `api`).
+  const DriverApi& api() const noexcept { return api_; }
+  void check(CUresult r, const char* api) const;
+
+ private:
+  struct Pool {
+    CUmemoryPool pool = nullptr;
+    int device = 0;
+    bool imported = false;                    // from import_pool_fd
+    bool exported = false;                    // its shareable handle was made at least once
+    bool borrowed = false;                    // a device's default/current pool: never destroyed
+    bool current = false;                     // made current by set_current_pool: never destroyed
+    std::optional<PoolProps> props;           // what create_pool made it with (only those)
+    std::set<CUdeviceptr> allocations;        // allocate (legacy stream)
+    std::set<CUdeviceptr> shared;             // allocate_shared (the device's stream)
+    std::set<CUdeviceptr> imported_pointers;  // import_pointer
+  };
+  // What the backend orders work on, per device; each created on first use.
+  struct DeviceState {
+    CUstream stream = nullptr;           // non-blocking
+    CUevent event = nullptr;             // interprocess, recorded after each allocate_shared
+    std::optional<Blob64> event_handle;  // its cuIpcGetEventHandle bytes
+  };
+  // An exporter's event opened through its IPC handle, and the device whose context opened it.
+  struct OpenedEvent {
+    CUevent event = nullptr;
+    int device = 0;
+  };
+  CUmemoryPool driver_default_pool(int ordinal);
+  // A pool the driver owns (a device's default or current pool), recorded once.
+  PoolHandle borrow(CUmemoryPool pool, int ordinal);
+  PoolHandle add_pool(CUmemoryPool pool, int ordinal, bool imported);
+  // The device's stream; its context must be current.
+  CUstream device_stream(int ordinal);
+  CUstream stream_or_null(int ordinal) const;
+  // The device's ready event; its context must be current.
+  CUevent ready(int ordinal);
+  // Orders the current context's legacy stream (where cuMemcpyHtoD/DtoH run) after the last
+  // allocate_shared of the device, so a copy never races the stream-ordered allocation.
+  void after_shared_allocations(int ordinal);
+  cuuint64_t graph_attribute(CUdevice dev, CUgraphMem_attribute attr);
+  // What a held buffer's memory is made with: pinned memory of the device, exportable as a POSIX fd.
+  static CUmemAllocationProp exported_prop(int ordinal);
+  static CUmemAccessDesc access_desc(int ordinal);
+  Imported import_exported(int fd);
+  // Reserves `size` bytes of address space, maps `handle` there and gives `ordinal` and `peers`
+  // read-write access; undoes what it did when a step fails.
+  std::uint64_t map_handle(int ordinal, CUmemGenericAllocationHandle handle, std::uint64_t size,
+                           const std::vector<int>& peers);
+  // The device's primary context, retained once for the backend's lifetime.
+  CUcontext context(int ordinal);
+  CUcontext context_or_null(int ordinal) const;
+  CUdevice device_nothrow(int ordinal) const;
+  // Pool attributes are int (reuse flags) or cuuint64_t (threshold, usage) by the driver's table.
+  template <class T>
+  T get_attribute(CUmemoryPool pool, CUmemPool_attribute attr) {
+    T value{};
+    check(api_.cuMemPoolGetAttribute(pool, attr, &value), "cuMemPoolGetAttribute");
+    return value;
+  }
+  template <class T>
+  void set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, T value) {
+    check(api_.cuMemPoolSetAttribute(pool, attr, &value), "cuMemPoolSetAttribute");
+  }
+  Pool& find(PoolHandle handle);
+  // The driver's answer alone; build_report (query.cpp) says in words what it means.
+  ExportProbe failed(ExportProbe probe, const char* api, CUresult r);
+  CUdevice device(int ordinal);
+  std::string device_info_uuid(int ordinal);
+  int attribute(CUdevice dev, CUdevice_attribute attr);
+  // Attributes newer than some drivers: an older driver answers INVALID_VALUE, which means "no".
+  int attribute_or(CUdevice dev, CUdevice_attribute attr, int fallback);
+  int attribute_or_zero(CUdevice dev, CUdevice_attribute attr) { return attribute_or(dev, attr, 0); }
+  static std::string format_uuid(const CUuuid& uuid);
+  std::string error_name(CUresult r) const;
+  std::string error_string(CUresult r) const;
+  bool nvml_ready();
+  void load_nvml();
+  // A step of a probe, for --log-level debug.
+  void debug(const char* type, int ordinal, const char* step) const;
+  DebugLog debug_;
+  std::unique_ptr<Library> cuda_;
+  std::unique_ptr<Library> nvml_lib_;
+  DriverApi api_;
+  NvmlApi nvml_;
+  std::map<int, CUcontext> contexts_;
+  std::map<PoolHandle, Pool> pools_;
+  // Exported allocations mapped here (create_exported, map_exported): address -> the device whose
+  // context mapped it, and its size.
+  struct Mapping {
+    int device = 0;
+    std::uint64_t size = 0;
+  };
+  std::map<std::uint64_t, Mapping> mappings_;
+  std::map<int, DeviceState> device_states_;
+  std::map<Blob64, OpenedEvent> opened_events_;
+  PoolHandle last_handle_ = 0;
+  std::once_flag nvml_once_;
+  bool nvml_ready_ = false;  // set once, in nvml_ready()
+  bool initialised_ = false;
+};
+
+}  // namespace cupool::cuda
