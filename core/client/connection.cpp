@@ -190,7 +190,7 @@ Json cupool_conn::request(Json body, int* fd_out) {
   }
 }
 
-void cupool_conn::retire(const std::pair<std::string, int>& key) {
+void cupool_conn::retire(const std::pair<std::string, cupool::HolderDevice>& key) {
   auto it = pools.find(key);
   if (it == pools.end()) return;
   const cupool::PoolHandle handle = it->second.handle;
@@ -263,27 +263,28 @@ cupool::Backend& cupool_conn::backend() {
 }
 
 // This process's ordinal of the device with `uuid` (the holder's ordinal on a simulated node).
-int cupool_conn::local_device(const std::string& uuid, int holder_device) {
-  if (backend_kind == "simulated") return holder_device;
+cupool::ProcessDevice cupool_conn::local_device(const std::string& uuid, cupool::HolderDevice holder_device) {
+  // A simulated node's "devices" are the holder's own numbering: the memory is a memfd.
+  if (backend_kind == "simulated") return cupool::ProcessDevice{holder_device.index};
   cupool::Backend& b = backend();
   for (int i = 0; i < b.device_count(); ++i)
-    if (b.device_info(i).uuid == uuid) return i;
-  throw Failure{CUPOOL_E_NOT_FOUND, "device " + uuid + " (the holder's device " + std::to_string(holder_device) +
+    if (b.device_info(i).uuid == uuid) return cupool::ProcessDevice{i};
+  throw Failure{CUPOOL_E_NOT_FOUND, "device " + uuid + " (the holder's device " + std::to_string(holder_device.index) +
                                         ") is not visible in this process; check CUDA_VISIBLE_DEVICES"};
 }
 
-cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, int device) {
+cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, cupool::HolderDevice device) {
   for (auto& [key, imp] : pools)
-    if (key.first == pool && (device < 0 || key.second == device)) return imp;
+    if (key.first == pool && (device.index < 0 || key.second == device)) return imp;
   int fd_in = -1;
-  const Json body = call(cupool::proto::to_json(cupool::proto::ImportPool{pool, device}), &fd_in);
+  const Json body = call(cupool::proto::to_json(cupool::proto::ImportPool{pool, device.index}), &fd_in);
   const cupool::Fd closer(fd_in);
   if (fd_in < 0) throw Failure{CUPOOL_E_PROTOCOL, "the holder's import_pool reply carried no file descriptor"};
   const auto reply = read_typed("import_pool reply", cupool::proto::import_pool_reply_from_json, body);
-  const int holder_device = reply.id.device;
+  const cupool::HolderDevice holder_device{reply.id.device};
   Imported imp;
   imp.local_device = local_device(reply.id.uuid, holder_device);
-  imp.handle = backend().import_pool_fd(imp.local_device, fd_in);
+  imp.handle = backend().import_pool_fd(imp.local_device.ordinal, fd_in);
   imp.generation = reply.generation;
   Imported& kept = pools[{reply.pool, holder_device}] = imp;
   // An imported pool is reachable only from its own device until this process gives access:
@@ -292,7 +293,7 @@ cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, int dev
     for (const cupool::model::DeviceId& peer : reply.access) {
       cupool::Backend& b = backend();
       for (int i = 0; i < b.device_count(); ++i)
-        if (i != kept.local_device && b.device_info(i).uuid == peer.uuid) b.set_pool_access(kept.handle, i);
+        if (i != kept.local_device.ordinal && b.device_info(i).uuid == peer.uuid) b.set_pool_access(kept.handle, i);
     }
   return kept;
 }
@@ -317,7 +318,7 @@ void cupool_conn::map(cupool_lease& lease, const cupool::proto::Bytes64& export_
   lease.address = backend().import_pointer(imp.handle, export_data);
   if (ready) return;  // the holder waited for it
   try {
-    backend().wait_ready(imp.local_device, ready_event);
+    backend().wait_ready(imp.local_device.ordinal, ready_event);
   } catch (const cupool::CudaError& e) {
     backend().free_imported(imp.handle, lease.address);
     if (e.api() == "cuIpcOpenEventHandle") throw EventUnusable{e.what()};
@@ -329,26 +330,26 @@ void cupool_conn::map(cupool_lease& lease, const cupool::proto::Bytes64& export_
 }
 
 void cupool_conn::map_exported(cupool_lease& lease, const cupool::proto::BufferOpenReply& reply, int descriptor,
-                               int device) {
+                               std::optional<cupool::ProcessDevice> device) {
   const std::uint64_t mapped = reply.mapped_size_bytes;
   if (descriptor < 0 || mapped < lease.size || mapped == 0)
     throw Failure{CUPOOL_E_PROTOCOL, "the holder sent a buffer without its descriptor or size"};
-  const int home = local_device(reply.id.uuid, lease.holder_device);
+  const cupool::ProcessDevice home = local_device(reply.id.uuid, lease.holder_device);
   std::vector<int> peers;
-  if (device >= 0 && device != home) {
+  if (device && *device != home) {
     // Only where the pool's access lets a device use the buffer (the config's `access`).
-    const std::string uuid = backend().device_info(device).uuid;
+    const std::string uuid = backend().device_info(device->ordinal).uuid;
     bool allowed = false;
     for (const cupool::model::DeviceId& a : reply.access) allowed = allowed || a.uuid == uuid;
     if (!allowed)
       throw Failure{CUPOOL_E_REFUSED, "buffer " + lease.name + " is held on " + reply.id.uuid + " and its pool " +
                                           lease.pool + " gives no access to " + uuid + " (this process's device " +
-                                          std::to_string(device) + "); add it to the pool's access: list"};
-    peers.push_back(device);
+                                          std::to_string(device->ordinal) + "); add it to the pool's access: list"};
+    peers.push_back(device->ordinal);
   }
   lease.exported = true;
-  lease.address = backend().map_exported(home, descriptor, mapped, peers);
-  lease.local_device = peers.empty() ? home : device;
+  lease.address = backend().map_exported(home.ordinal, descriptor, mapped, peers);
+  lease.local_device = peers.empty() ? home : *device;
 }
 
 void cupool_conn::unmap(const cupool_lease& lease) {
@@ -361,15 +362,16 @@ void cupool_conn::unmap(const cupool_lease& lease) {
 // Allocates and maps a lease. The holder waits for the allocation before it answers (holder_waits);
 // were the library ever to ask without, and the ready event could not be used here, it asks the
 // holder to wait from then on, for this connection.
-std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, int device, std::uint64_t size) {
+std::unique_ptr<cupool_lease> cupool_conn::alloc(const std::string& pool, cupool::HolderDevice device,
+                                                 std::uint64_t size) {
   for (int attempt = 0;; ++attempt) {
-    const Json body = call(cupool::proto::to_json(cupool::proto::Alloc{pool, device, size, holder_waits}));
+    const Json body = call(cupool::proto::to_json(cupool::proto::Alloc{pool, device.index, size, holder_waits}));
     const auto reply = read_typed("alloc reply", cupool::proto::alloc_reply_from_json, body);
     auto lease = std::make_unique<cupool_lease>();
     lease->session = session;
     lease->id = reply.lease;
     lease->pool = reply.pool;
-    lease->holder_device = reply.id.device;
+    lease->holder_device = cupool::HolderDevice{reply.id.device};
     lease->size = reply.size_bytes;
     const cupool::proto::Free give_back{lease->id, false};
     try {
@@ -454,7 +456,7 @@ void cupool_conn::on_notice(Json notice) {
   if (what == "pool_gone") {
     // A pool we imported was replaced or removed: our import maps the old pool's memory.
     const auto gone = read_typed("pool_gone notice", cupool::proto::pool_gone_from_json, notice);
-    const std::pair<std::string, int> key{gone.pool, gone.id.device};
+    const std::pair<std::string, cupool::HolderDevice> key{gone.pool, cupool::HolderDevice{gone.id.device}};
     auto imp = pools.find(key);
     if (imp != pools.end() && imp->second.generation == gone.generation.value_or(imp->second.generation)) retire(key);
   }
@@ -484,7 +486,8 @@ void cupool_conn::on_notice(Json notice) {
   }
 }
 
-std::unique_ptr<cupool_lease> cupool_conn::reuse(const std::string& pool, int device, std::uint64_t size) {
+std::unique_ptr<cupool_lease> cupool_conn::reuse(const std::string& pool, cupool::HolderDevice device,
+                                                 std::uint64_t size) {
   for (auto it = cache.rbegin(); it != cache.rend(); ++it) {
     cupool_lease* lease = *it;
     if (lease->pool != pool || lease->size != size || lease->holder_device != device) continue;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "base/devices.h"
 #include "base/fd.h"
 #include "cupool/client.h"
 #include "device/backend.h"
@@ -61,8 +62,8 @@ struct cupool_lease {
   bool buffer = false;
   std::string name;  // buffer name
   std::string pool;
-  int holder_device = 0;
-  int local_device = 0;
+  cupool::HolderDevice holder_device;  // where the holder holds it, in the holder's numbering
+  cupool::ProcessDevice local_device;  // where this process uses it
   std::uint64_t address = 0;
   std::uint64_t size = 0;
   cupool::PoolHandle imported = 0;
@@ -98,11 +99,11 @@ struct cupool_conn {
   std::unique_ptr<cupool::Backend> importer;
   struct Imported {
     cupool::PoolHandle handle = 0;
-    int local_device = 0;
+    cupool::ProcessDevice local_device;
     std::uint64_t generation = 0;  // the holder's pool it came from (a replaced pool has another)
   };
-  std::map<std::pair<std::string, int>, Imported> pools;  // by (pool, holder device)
-  std::vector<cupool::PoolHandle> retired;                // imports of pools the holder no longer holds, still mapped
+  std::map<std::pair<std::string, cupool::HolderDevice>, Imported> pools;  // by (pool, holder device)
+  std::vector<cupool::PoolHandle> retired;  // imports of pools the holder no longer holds, still mapped
   std::set<cupool_lease*> leases;
 
   // ---- the cache (protocol 2): leases released here and still mapped, to be given out again ----
@@ -146,7 +147,7 @@ struct cupool_conn {
   // Stops the watcher (call without holding `mu`).
   void stop_watcher();
   // A cached lease for (pool, device, size), taken out of the cache and in use again; null when none.
-  std::unique_ptr<cupool_lease> reuse(const std::string& pool, int device, std::uint64_t size);
+  std::unique_ptr<cupool_lease> reuse(const std::string& pool, cupool::HolderDevice device, std::uint64_t size);
   // Unmaps cached leases (the oldest first) until at most `keep` bytes are cached, and tells the holder.
   void shrink_cache(std::uint64_t keep);
   // The error reply a holder sent before it closed the connection, if one is waiting.
@@ -155,24 +156,25 @@ struct cupool_conn {
   // simulated node (made on first use).
   cupool::Backend& backend();
   // This process's ordinal of the device with `uuid` (the holder's ordinal on a simulated node).
-  int local_device(const std::string& uuid, int holder_device);
+  cupool::ProcessDevice local_device(const std::string& uuid, cupool::HolderDevice holder_device);
   // The pool imported through this connection (asked of the holder the first time; -1: its first device).
-  Imported& import_pool(const std::string& pool, int device);
+  Imported& import_pool(const std::string& pool, cupool::HolderDevice device);
   // Forgets the import of a pool the holder replaced or removed: released now, or at disconnect
   // when a lease still maps memory through it.
-  void retire(const std::pair<std::string, int>& key);
+  void retire(const std::pair<std::string, cupool::HolderDevice>& key);
   // Imports an allocation of the lease's pool (its export data; `generation`: of the pool it is
   // in, when the holder said) and waits until it is ready (unless the holder did: `ready`).
   void map(cupool_lease& lease, const cupool::proto::Bytes64& export_data, std::optional<std::uint64_t> generation,
            bool ready, const cupool::proto::Bytes64& ready_event);
   // Maps an exported allocation (a buffer_open reply of protocol 3 and its descriptor) for this
   // process's device `device` (-1: where it is held).
-  void map_exported(cupool_lease& lease, const cupool::proto::BufferOpenReply& reply, int fd, int device);
+  void map_exported(cupool_lease& lease, const cupool::proto::BufferOpenReply& reply, int fd,
+                    std::optional<cupool::ProcessDevice> device);
   // Unmaps a lease here (an import of a pool's allocation, or an exported allocation).
   void unmap(const cupool_lease& lease);
   // Allocates and maps a lease; when the ready event can't be used here, asks the holder to
   // wait for its allocations instead (from then on, for this connection).
-  std::unique_ptr<cupool_lease> alloc(const std::string& pool, int device, std::uint64_t size);
+  std::unique_ptr<cupool_lease> alloc(const std::string& pool, cupool::HolderDevice device, std::uint64_t size);
   // Frees the mapping here, then tells the holder.
   void release(cupool_lease* lease);
 };

@@ -191,14 +191,16 @@ int cupool_alloc(cupool_conn* conn, const char* pool, int device, uint64_t size,
     if (!pool || !out) throw Failure{CUPOOL_E_INVALID, "pool and out must not be NULL"};
     if (size == 0) throw Failure{CUPOOL_E_INVALID, "size must be at least 1 byte"};
     // Import the pool before asking for memory, so a refusal costs the holder nothing.
-    cupool_conn::Imported& imp = conn->import_pool(pool, device);
+    // `device` is the holder's numbering (-1: the pool's first device).
+    const cupool::HolderDevice on{device};
+    cupool_conn::Imported& imp = conn->import_pool(pool, on);
     std::unique_ptr<cupool_lease> lease;
     if (!conn->cache.empty()) {
       // A block of this size released here before, still mapped: no holder round trip.
       for (const auto& [key, i] : conn->pools)
         if (&i == &imp) lease = conn->reuse(pool, key.second, size);
     }
-    if (!lease) lease = conn->alloc(pool, device, size);
+    if (!lease) lease = conn->alloc(pool, on, size);
     conn->leases.insert(lease.get());
     *out = lease.release();
   });
@@ -217,6 +219,9 @@ int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, in
   return guarded_session(conn, [&] {
     if (!name || !out) throw Failure{CUPOOL_E_INVALID, "name and out must not be NULL"};
     if (device < -1) throw Failure{CUPOOL_E_INVALID, "device must be a device of this process, or -1"};
+    // `device` is this process's numbering (-1: where the buffer is held).
+    const std::optional<cupool::ProcessDevice> here =
+        device < 0 ? std::nullopt : std::optional<cupool::ProcessDevice>(cupool::ProcessDevice{device});
     int received = -1;
     const Json body = conn->call(cupool::proto::to_json(cupool::proto::BufferOpen{name, part}), &received);
     cupool::Fd descriptor(received);
@@ -228,11 +233,11 @@ int cupool_open_buffer_on(cupool_conn* conn, const char* name, uint32_t part, in
       const auto reply =
           cupool::client::read_typed("buffer_open reply", cupool::proto::buffer_open_reply_from_json, body);
       lease->pool = reply.pool;
-      lease->holder_device = reply.id.device;
+      lease->holder_device = cupool::HolderDevice{reply.id.device};
       lease->size = reply.size_bytes;
       if (reply.exported)
-        conn->map_exported(*lease, reply, descriptor.get(), device);
-      else if (device >= 0 && device != conn->local_device(reply.id.uuid, lease->holder_device))
+        conn->map_exported(*lease, reply, descriptor.get(), here);
+      else if (here && *here != conn->local_device(reply.id.uuid, lease->holder_device))
         throw Failure{CUPOOL_E_INVALID, "this holder (protocol " + std::to_string(conn->protocol) +
                                             ") holds buffers in pools: open them on their own device"};
       else
@@ -273,14 +278,14 @@ uint64_t cupool_cached_bytes(const cupool_conn* conn) {
 uint64_t cupool_lease_address(const cupool_lease* lease) { return lease ? lease->address : 0; }
 uint64_t cupool_lease_size(const cupool_lease* lease) { return lease ? lease->size : 0; }
 uint64_t cupool_lease_id(const cupool_lease* lease) { return lease ? lease->id : 0; }
-int cupool_lease_device(const cupool_lease* lease) { return lease ? lease->local_device : -1; }
+int cupool_lease_device(const cupool_lease* lease) { return lease ? lease->local_device.ordinal : -1; }
 
 int cupool_write(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, const void* source, uint64_t bytes) {
   return guarded(conn, [&] {
     if (!lease || (!source && bytes)) throw Failure{CUPOOL_E_INVALID, "lease and source must not be NULL"};
     if (offset > lease->size || bytes > lease->size - offset)
       throw Failure{CUPOOL_E_INVALID, "the range is outside the lease (" + std::to_string(lease->size) + " bytes)"};
-    if (bytes) conn->backend().write(lease->local_device, lease->address + offset, source, bytes);
+    if (bytes) conn->backend().write(lease->local_device.ordinal, lease->address + offset, source, bytes);
   });
 }
 
@@ -289,7 +294,7 @@ int cupool_read(cupool_conn* conn, const cupool_lease* lease, uint64_t offset, v
     if (!lease || (!target && bytes)) throw Failure{CUPOOL_E_INVALID, "lease and target must not be NULL"};
     if (offset > lease->size || bytes > lease->size - offset)
       throw Failure{CUPOOL_E_INVALID, "the range is outside the lease (" + std::to_string(lease->size) + " bytes)"};
-    if (bytes) conn->backend().read(lease->local_device, lease->address + offset, target, bytes);
+    if (bytes) conn->backend().read(lease->local_device.ordinal, lease->address + offset, target, bytes);
   });
 }
 
@@ -352,7 +357,7 @@ int cupool_load_file_gds(cupool_conn* conn, const cupool_lease* lease, int fd, c
     if (progress) told = [&](std::uint64_t done) { progress(done, total, arg); };
     cupool::LoadReport done;
     try {
-      done = conn->backend().load_file(lease->local_device, fd, copies, how, told);
+      done = conn->backend().load_file(lease->local_device.ordinal, fd, copies, how, told);
     } catch (const cupool::InputError& e) {
       throw Failure{CUPOOL_E_INVALID, e.what()};
     }
