@@ -148,7 +148,7 @@ std::string exact_size(std::uint64_t bytes) {
 }
 
 std::string format_threshold(std::uint64_t bytes) {
-  return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : format_bytes(bytes);
+  return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : exact_size(bytes);
 }
 
 }  // namespace cupool

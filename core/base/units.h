@@ -19,7 +19,8 @@ std::optional<double> parse_percent(std::string_view text);
 // "32 GiB", "1.5 MiB", "512 B": the largest binary unit that keeps the number >= 1.
 std::string format_bytes(std::uint64_t bytes);
 
-// A release threshold: "max" for 2^64-1 (the config's `max`), else format_bytes.
+// A release threshold as a config writes it: "max" for 2^64-1 (the config's `max`), else
+// exact_size ("0B", "512MiB"). The one spelling of a threshold in bytes, in every report.
 std::string format_threshold(std::uint64_t bytes);
 
 // "32GiB" when exact in a binary unit, else "<n>B": what a config file accepts and means exactly.

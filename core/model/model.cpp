@@ -42,13 +42,13 @@ std::optional<std::string> optional_text(const Json& j, const char* name) {
 }  // namespace
 
 Threshold Threshold::of_bytes(std::uint64_t bytes) {
-  if (bytes == kMax) return {"max", std::nullopt};
-  return {exact_size(bytes), bytes};
+  if (bytes == kMax) return {format_threshold(bytes), std::nullopt};
+  return {format_threshold(bytes), bytes};
 }
 
 Threshold Threshold::written(std::string text, std::uint64_t bytes) {
   if (bytes == kMax) return {"max", std::nullopt};
-  if (text.empty()) text = exact_size(bytes);
+  if (text.empty()) text = format_threshold(bytes);
   return {std::move(text), bytes};
 }
 

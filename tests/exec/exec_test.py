@@ -128,7 +128,7 @@ def main():
                        capture_output=True, text=True, timeout=60)
     check(r.returncode == 7, f"the command's exit status comes through (got {r.returncode})")
     check(r.stdout == "inside\n", f"the command ran unmodified: {r.stdout!r}")
-    check("device 0: release_threshold 0 B -> max" in r.stderr, f"the change is reported: {r.stderr}")
+    check("device 0: release_threshold 0B -> max" in r.stderr, f"the change is reported: {r.stderr}")
     machine_output.check_exec_report(report)
     lines = [json.loads(line) for line in open(report)]
     check(len(lines) >= 1, f"one report line per process: {len(lines)}")

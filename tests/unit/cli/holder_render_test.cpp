@@ -86,8 +86,9 @@ TEST_CASE("reply_body drops the envelope, puts schema_version first and keeps th
 
 TEST_CASE("thresholds and durations") {
   CHECK(format_threshold(18446744073709551615ULL) == "max");
-  CHECK(format_threshold(0) == "0 B");
-  CHECK(format_threshold(512ULL << 20) == "512 MiB");
+  CHECK(format_threshold(0) == "0B");
+  CHECK(format_threshold(512ULL << 20) == "512MiB");
+  CHECK(format_threshold((512ULL << 20) + 1) == "536870913B");
   CHECK(format_duration(0) == "0s");
   CHECK(format_duration(59) == "59s");
   CHECK(format_duration(125) == "2m 5s");

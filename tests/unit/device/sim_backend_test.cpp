@@ -540,7 +540,7 @@ TEST_CASE("pool settings: one equality, one diff in the config's words") {
   const auto diff = diff_settings(a, b);
   REQUIRE(diff.size() == 2);
   CHECK(diff[0].field == "release_threshold");
-  CHECK(diff[0].from == "0 B");
+  CHECK(diff[0].from == "0B");
   CHECK(diff[0].to == "max");
   CHECK(diff[1].field == "reuse.allow_internal_dependencies");
   CHECK(diff[1].from == "true");
