@@ -121,8 +121,8 @@ Verb add_bench(CLI::App& app) {
             const auto report = run_bench(*backend, o);
             switch (format) {
               case Format::table: std::cout << render_bench_table(report); break;
-              case Format::json: std::cout << dump_json(versioned(report)) << "\n"; break;
-              case Format::yaml: std::cout << to_yaml(versioned(report)); break;
+              case Format::json: std::cout << dump_json(versioned(model::to_json(report))) << "\n"; break;
+              case Format::yaml: std::cout << to_yaml(versioned(model::to_json(report))); break;
             }
             return 0;
           }};
