@@ -29,9 +29,6 @@ struct BenchOptions {
 // Runs every case for every size; returns the report (cases, comparisons, node).
 model::BenchReport run_bench(Backend& backend, const BenchOptions& options);
 
-// The report for people.
-std::string render_bench_table(const model::BenchReport& report);
-
 // Median, p99 (nearest rank) and mean of `ns`, in microseconds.
 struct Summary {
   double median_us = 0, p99_us = 0, mean_us = 0, min_us = 0;
