@@ -17,6 +17,33 @@
 
 namespace cupool::cli {
 
+std::string render_bench_table(const model::BenchReport& r) {
+  std::ostringstream out;
+  out << "cupool bench on device " << r.gpu.device << " (" << r.gpu_name << "), " << r.source.backend << "\n";
+  if (r.note) out << "NOTE: " << *r.note << "\n";
+  out << "release threshold under test: " << r.release_threshold.text << (r.config ? " (from " + *r.config + ")" : "")
+      << "; " << r.iteration_count << " iterations per case; seed " << r.seed << "\n\n";
+  Table t({"CASE", "SIZE", "N", "MEDIAN us", "P99 us", "MIN us"});
+  auto us = [](double seconds) {
+    const double v = seconds * 1e6;
+    char buf[32];
+    std::snprintf(buf, sizeof buf, v < 10 ? "%.2f" : "%.1f", v);
+    return std::string(buf);
+  };
+  for (const model::BenchCase& c : r.cases)
+    t.add({c.description, format_bytes(c.size_bytes), std::to_string(c.iteration_count), us(c.median_seconds),
+           us(c.p99_seconds), us(c.min_seconds)});
+  out << t.str() << "\n";
+  Table cmp({"SIZE", "COMPARISON (ratio of medians)", "RATIO"});
+  for (const model::BenchComparison& c : r.comparisons) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1fx", c.ratio);
+    cmp.add({format_bytes(c.size_bytes), c.description, buf});
+  }
+  out << cmp.str();
+  return out.str();
+}
+
 namespace {
 
 struct BenchArgs {
@@ -121,8 +148,8 @@ Verb add_bench(CLI::App& app) {
             const auto report = run_bench(*backend, o);
             switch (format) {
               case Format::table: std::cout << render_bench_table(report); break;
-              case Format::json: std::cout << dump_json(versioned(report)) << "\n"; break;
-              case Format::yaml: std::cout << to_yaml(versioned(report)); break;
+              case Format::json: std::cout << dump_json(versioned(model::to_json(report))) << "\n"; break;
+              case Format::yaml: std::cout << to_yaml(versioned(model::to_json(report))); break;
             }
             return 0;
           }};

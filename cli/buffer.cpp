@@ -10,6 +10,7 @@
 #include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "model/fields.h"
 #include "protocol/messages.h"
 
 namespace cupool::cli {
@@ -73,11 +74,11 @@ int run_create(const BufferArgs& args) {
     // No --device: fine for a pool on one device; for a pool on several, guessing one would put
     // the buffer where its users may not look. (No such pool: the holder says so.)
     std::vector<int> devices;
-    const json status = holder.request(proto::to_json(proto::Status{}));
-    if (status.contains("pools") && status["pools"].is_array())
-      for (const json& p : status["pools"])
-        if (p.value("name", "") == args.pool && p.contains("device") && p["device"].is_number_integer())
-          devices.push_back(p["device"].get<int>());
+    model::Status status;
+    model::Seen seen;
+    model::read_json_lenient(holder.request(proto::to_json(proto::Status{})), status, seen);
+    for (const model::PoolStatus& p : status.pools)
+      if (p.pool.name == args.pool && seen.has(p.pool.id.device)) devices.push_back(p.pool.id.device);
     if (devices.size() > 1) {
       std::string list;
       for (int d : devices) list += (list.empty() ? "" : ", ") + std::to_string(d);
@@ -101,9 +102,9 @@ int run_load(const BufferArgs& args) {
     if (*parsed < (1ULL << 20)) throw InputError("--part-size: a part is at least 1MiB");
     part_size = *parsed;
   }
-  const json reply = load_buffer({args.socket, args.name, args.file, args.pool, args.device, part_size,
-                                  args.read_threads, args.direct_io, args.gds});
-  print_reply(format, reply, render_loaded);
+  const model::BufferMade loaded = load_buffer({args.socket, args.name, args.file, args.pool, args.device, part_size,
+                                                args.read_threads, args.direct_io, args.gds});
+  print_reply(format, model::to_json(loaded), [&](const json&) { return render_loaded(loaded); });
   return static_cast<int>(ExitCode::ok);
 }
 

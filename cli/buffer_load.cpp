@@ -19,6 +19,7 @@
 #include "cli/holder_client.h"
 #include "cli/verbs.h"
 #include "cupool/client.h"
+#include "model/fields.h"
 #include "model/model.h"
 #include "protocol/messages.h"
 #include "protocol/protocol.h"
@@ -89,7 +90,7 @@ cupool_direct_io direct_io_of(const std::string& how) {
 
 }  // namespace
 
-json load_buffer(const LoadArgs& args) {
+model::BufferMade load_buffer(const LoadArgs& args) {
   if (args.gds != "never") (void)place_cufile_log();  // cuFile may be opened
   const auto started = Clock::now();
   model::LoadStages stages;
@@ -171,9 +172,13 @@ json load_buffer(const LoadArgs& args) {
   for (const auto& t : placed.tensors) bytes += t.size;
   model::BufferMade out;
   out.name = args.name;
-  out.pool = created.value("pool", args.pool);
-  out.id = {created.value("device", args.device), created.value("uuid", std::string()),
-            created.value("pci_bus_id", std::string())};
+  // Where the holder put it (its reply to buffer_create: the buffer's pool and device).
+  model::BufferMade where;
+  where.pool = args.pool;
+  where.id.device = args.device;
+  model::read_json(created, where);
+  out.pool = where.pool;
+  out.id = where.id;
   out.size_bytes = size;
   out.part_count = placed.parts.size();
   out.tensor_count = placed.tensors.size();
@@ -187,48 +192,46 @@ json load_buffer(const LoadArgs& args) {
   out.page_cache_ratio = bytes ? std::clamp(cached_pages / static_cast<double>(bytes), 0.0, 1.0) : 1.0;
   out.read_method = method;
   if (!gds_note.empty()) out.gds_note = gds_note;
-  return model::to_json(out);
+  return out;
 }
 
 namespace {
 
 // "  time: index 0.01 s, create 0.21 s, load 1.52 s (reads 1.47 s, waits for copies 0.01 s, 8
 // threads, O_DIRECT), ready 0.00 s": which stage bounds the load.
-std::string render_stages(const json& r) {
-  const auto st = r.find("stages");
-  if (st == r.end() || !st->is_object()) return "";
-  auto sec = [&](const char* key) {
+std::string render_stages(const model::BufferMade& r) {
+  if (!r.stages) return "";
+  const model::LoadStages& st = *r.stages;
+  auto sec = [](double seconds) {
     char text[32];
-    std::snprintf(text, sizeof text, "%.2f s", st->value(key, 0.0));
+    std::snprintf(text, sizeof text, "%.2f s", seconds);
     return std::string(text);
   };
-  const auto threads = r.value("read_thread_count", std::uint64_t{0});
+  const std::uint64_t threads = r.read_thread_count.value_or(0);
   auto via = [](const std::string& method) -> std::string {
     if (method == "gpudirect") return ", GPUDirect Storage";
     if (method == "gpudirect_compatibility") return ", cuFile in compatibility mode";
     return "";
   };
-  return "  time: index " + sec("index_seconds") + ", create " + sec("create_seconds") + ", load " +
-         sec("load_seconds") + " (reads " + sec("read_seconds") + ", waits for copies " + sec("copy_wait_seconds") +
+  return "  time: index " + sec(st.index_seconds) + ", create " + sec(st.create_seconds) + ", load " +
+         sec(st.load_seconds) + " (reads " + sec(st.read_seconds) + ", waits for copies " + sec(st.copy_wait_seconds) +
          ", " + std::to_string(threads) + (threads == 1 ? " thread" : " threads") +
-         (r.value("direct_io", false) ? ", O_DIRECT" : "") + via(r.value("read_method", std::string("staged"))) +
-         "), ready " + sec("ready_seconds") + "\n";
+         (r.direct_io.value_or(false) ? ", O_DIRECT" : "") + via(r.read_method.value_or("staged")) + "), ready " +
+         sec(st.ready_seconds) + "\n";
 }
 
 }  // namespace
 
-std::string render_loaded(const json& r) {
-  const auto count = r.value("tensor_count", std::uint64_t{0});
+std::string render_loaded(const model::BufferMade& r) {
+  const std::uint64_t count = r.tensor_count.value_or(0);
+  const std::uint64_t parts = r.part_count.value_or(1);
   char rate[64];
-  std::snprintf(rate, sizeof rate, "%.1f s", r.value("elapsed_seconds", 0.0));
-  return "loaded buffer " + r.value("name", std::string()) + ": " + std::to_string(count) +
-         (count == 1 ? " tensor, " : " tensors, ") + format_bytes(r.value("tensor_bytes", std::uint64_t{0})) +
-         " from " + r.value("file", std::string()) + " in " + rate + " (" +
-         format_bytes(r.value("bytes_per_second", std::uint64_t{0})) + "/s), pool " + r.value("pool", std::string()) +
-         " on device " + std::to_string(r.value("device", 0)) +
-         (r.value("part_count", 1) > 1 ? ", in " + std::to_string(r.value("part_count", 1)) + " parts"
-                                       : std::string()) +
-         "\n" + render_stages(r);
+  std::snprintf(rate, sizeof rate, "%.1f s", r.elapsed_seconds.value_or(0.0));
+  return "loaded buffer " + r.name + ": " + std::to_string(count) + (count == 1 ? " tensor, " : " tensors, ") +
+         format_bytes(r.tensor_bytes.value_or(0)) + " from " + r.file.value_or("") + " in " + rate + " (" +
+         format_bytes(r.bytes_per_second.value_or(0)) + "/s), pool " + r.pool + " on device " +
+         std::to_string(r.id.device) + (parts > 1 ? ", in " + std::to_string(parts) + " parts" : std::string()) + "\n" +
+         render_stages(r);
 }
 
 }  // namespace cupool::cli

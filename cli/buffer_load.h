@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "model/model.h"
+
 namespace cupool::cli {
 
 struct LoadArgs {
@@ -22,8 +24,8 @@ struct LoadArgs {
 // Reads the safetensors file `args.file` into a new buffer `args.name` and keeps its tensor index
 // there; returns what was loaded (name, pool, device, size, tensors, seconds, ...). A bad file
 // throws InputError before anything is made; a failure later removes the half-made buffer.
-nlohmann::ordered_json load_buffer(const LoadArgs& args);
+model::BufferMade load_buffer(const LoadArgs& args);
 // "loaded buffer model: 203 tensors, 8.6 GiB from model.safetensors in 3.1 s (2.8 GiB/s), ..."
-std::string render_loaded(const nlohmann::ordered_json& reply);
+std::string render_loaded(const model::BufferMade& loaded);
 
 }  // namespace cupool::cli

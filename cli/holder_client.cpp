@@ -15,6 +15,7 @@
 #include "cupool/client.h"
 #include "device/node.h"
 #include "device/query.h"
+#include "model/fields.h"
 #include "model/model.h"
 #include "protocol/messages.h"
 
@@ -185,10 +186,11 @@ NodeLabels read_node_labels(HolderClient& holder, const Context& ctx) {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) == 0) labels.hostname = host;
   try {
-    const json reply = holder.request(proto::to_json(proto::Status{}));
-    const json source = reply.value("source", json::object());
-    const bool simulated = source.is_object() && source.value("simulated", false);
-    const std::string profile = simulated ? source.value("profile", std::string()) : std::string();
+    model::Status status;
+    model::Seen seen;
+    model::read_json_lenient(holder.request(proto::to_json(proto::Status{})), status, seen);
+    const bool simulated = status.source.simulated;
+    const std::string profile = simulated ? status.source.profile.value_or("") : std::string();
     if (simulated && profile.empty()) return labels;
     const NodeReport node = simulated ? load_profile(profile) : build_report(*ctx.make_backend(""));
     for (const DeviceReport& d : node.devices) {

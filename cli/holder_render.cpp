@@ -13,6 +13,7 @@
 #include "base/units.h"
 #include "config/diagnostics.h"
 #include "device/node.h"
+#include "model/fields.h"
 #include "model/model.h"
 
 namespace cupool {
@@ -51,13 +52,6 @@ std::optional<std::uint64_t> u64(const json& j, const char* key) {
   return std::nullopt;
 }
 
-std::optional<std::int64_t> i64(const json& j, const char* key) {
-  const json* v = field(j, key);
-  if (!v) return std::nullopt;
-  if (v->is_number_integer()) return v->get<std::int64_t>();  // also true for unsigned values
-  return std::nullopt;
-}
-
 std::optional<bool> boolean(const json& j, const char* key) {
   const json* v = field(j, key);
   if (!v || !v->is_boolean()) return std::nullopt;
@@ -76,28 +70,10 @@ std::string text(const json& j, const char* key) {
   return v->dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string number(const json& j, const char* key) {
-  if (auto n = i64(j, key)) return std::to_string(*n);
-  if (auto n = u64(j, key)) return std::to_string(*n);
-  return kNone;
-}
-
-std::string bytes(const json& j, const char* key) {
-  auto n = u64(j, key);
-  return n ? format_bytes(*n) : kNone;
-}
-
 const json& list(const json& j, const char* key) {
   static const json empty = json::array();
   const json* v = field(j, key);
   return v && v->is_array() ? *v : empty;
-}
-
-// "3 (192 MiB)": a count and the bytes behind it.
-std::string count_and_bytes(const json& j, const char* count_key, const char* bytes_key) {
-  std::string out = number(j, count_key);
-  if (auto b = u64(j, bytes_key)) out += " (" + format_bytes(*b) + ")";
-  return out;
 }
 
 std::string plural(std::uint64_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
@@ -250,6 +226,54 @@ std::string device_phrase(const json& change) {
   return field(change, "device") ? " on device " + text(change, "device") : "";
 }
 
+// A member of a reply read into its model object, for people: "-" where the reply did not have
+// it (or had it ill-typed: model::read_json_lenient passes such a value over).
+class Shown {
+ public:
+  explicit Shown(const model::Seen& seen) : seen_(seen) {}
+  template <class T>
+  bool has(const T& member) const {
+    return seen_.has(member);
+  }
+  std::string text(const std::string& v) const { return has(v) ? valid_utf8(v) : kNone; }
+  std::string text(const std::optional<std::string>& v) const { return has(v) && v ? valid_utf8(*v) : kNone; }
+  template <class N>
+  std::string number(const N& v) const {
+    return has(v) ? std::to_string(v) : kNone;
+  }
+  template <class N>
+  std::string number(const std::optional<N>& v) const {
+    return has(v) && v ? std::to_string(*v) : kNone;
+  }
+  std::string bytes(const std::uint64_t& v) const { return has(v) ? format_bytes(v) : kNone; }
+  // "3 (192 MiB)": a count and the bytes behind it.
+  std::string count_and_bytes(const std::uint64_t& count, const std::uint64_t& bytes) const {
+    return number(count) + (has(bytes) ? " (" + format_bytes(bytes) + ")" : "");
+  }
+
+ private:
+  const model::Seen& seen_;
+};
+
+// A reply read once into its model object, with what it had; it stays where it is (Seen holds the
+// members' addresses).
+template <class T>
+struct Read {
+  explicit Read(const json& reply) : shown(seen) { model::read_json_lenient(reply, value, seen); }
+  Read(const Read&) = delete;
+  Read& operator=(const Read&) = delete;
+  T value;
+  model::Seen seen;
+  Shown shown;
+};
+
+// A buffer made or removed: its name, size, pool and device.
+std::vector<std::string> buffer_made(const json& reply) {
+  const Read<model::BufferMade> r(reply);
+  const model::BufferMade& b = r.value;
+  return {r.shown.text(b.name), r.shown.bytes(b.size_bytes), r.shown.text(b.pool), r.shown.number(b.id.device)};
+}
+
 }  // namespace
 
 json reply_body(const json& reply) {
@@ -272,123 +296,128 @@ std::string format_duration(std::uint64_t seconds) {
 }
 
 std::string render_status(const json& reply) {
+  const Read<model::Status> read(reply);
+  const model::Status& st = read.value;
+  const Shown& shown = read.shown;
+  const model::HolderInfo& holder = st.holder;
   std::ostringstream out;
-  const json* holder_ptr = field(reply, "holder");
-  const json& holder = holder_ptr ? *holder_ptr : json::object();
 
   Table head({"", ""});
-  std::string line = text(holder, "version");
+  std::string line = shown.text(holder.version);
   std::vector<std::string> about;
-  if (field(holder, "pid")) about.push_back("pid " + number(holder, "pid"));
-  if (const json* source = field(reply, "source"); source && field(*source, "simulated"))
-    about.push_back(boolean(*source, "simulated").value_or(false) ? "simulated backend" : "cuda backend");
+  if (shown.has(holder.pid)) about.push_back("pid " + shown.number(holder.pid));
+  if (shown.has(st.source.simulated)) about.push_back(st.source.simulated ? "simulated backend" : "cuda backend");
   if (!about.empty()) line += " (" + join(about, ", ") + ")";
   head.add({"holder", line});
-  if (auto up = u64(holder, "uptime_seconds")) {
-    std::string uptime = format_duration(*up);
-    if (field(holder, "started")) uptime += " (since " + text(holder, "started") + ")";
+  if (shown.has(holder.uptime_seconds) && holder.uptime_seconds >= 0) {
+    std::string uptime = format_duration(static_cast<std::uint64_t>(holder.uptime_seconds));
+    if (shown.has(holder.started)) uptime += " (since " + shown.text(holder.started) + ")";
     head.add({"uptime", uptime});
   }
-  std::string config = text(holder, "config");
+  std::string config = shown.text(holder.config);
   std::vector<std::string> counts;
-  if (auto reloads = u64(holder, "reload_count")) counts.push_back(plural(*reloads, "reload"));
-  if (auto applies = u64(holder, "apply_count"); applies && *applies > 0) counts.push_back(plural(*applies, "apply"));
+  if (shown.has(holder.reload_count)) counts.push_back(plural(holder.reload_count, "reload"));
+  if (holder.apply_count > 0) counts.push_back(plural(holder.apply_count, "apply"));
   if (!counts.empty()) config += " (" + join(counts, ", ") + ")";
   head.add({"config", config});
   // What `cupool apply` put in place instead, until a reload or a restart reads the file again.
-  if (const json* applied = field(holder, "applied_config"); applied && applied->is_object())
-    head.add({"applied", text(*applied, "path") + " since " + text(*applied, "since") + " by " +
-                             text(*applied, "user") + " (a reload or a restart goes back to the config)"});
-  head.add({"socket", text(holder, "socket")});
-  const auto draining = boolean(holder, "draining");
-  head.add({"state", !draining ? kNone : *draining ? "draining (stopping; takes no new allocations)" : "serving"});
+  if (const auto& applied = holder.applied_config)
+    head.add({"applied", shown.text(applied->path) + " since " + shown.text(applied->since) + " by " +
+                             shown.text(applied->user) + " (a reload or a restart goes back to the config)"});
+  head.add({"socket", shown.text(holder.socket)});
+  head.add({"state", !shown.has(holder.draining) ? kNone
+                     : holder.draining           ? "draining (stopping; takes no new allocations)"
+                                                 : "serving"});
   const std::string head_text = head.str();
   out << head_text.substr(head_text.find('\n') + 1);
 
   // Devices: the ordinal-to-UUID map, which clients need (ordinals differ per process).
   std::vector<std::pair<std::string, std::string>> devices;
-  for (const auto& p : list(reply, "pools")) {
-    std::pair<std::string, std::string> d{text(p, "device"), text(p, "uuid")};
-    bool seen = false;
-    for (const auto& e : devices) seen = seen || e == d;
-    if (!seen) devices.push_back(d);
+  for (const model::PoolStatus& p : st.pools) {
+    std::pair<std::string, std::string> d{shown.number(p.pool.id.device), shown.text(p.pool.id.uuid)};
+    bool seen_before = false;
+    for (const auto& e : devices) seen_before = seen_before || e == d;
+    if (!seen_before) devices.push_back(d);
   }
   Table dt({"DEVICE", "UUID"});
   for (const auto& [device, uuid] : devices) dt.add({device, uuid});
   out << "\n" << section("Devices", dt, devices.size());
 
-  const json& pools = list(reply, "pools");
   Table pt(
       {"POOL", "DEVICE", "LOCATION", "HANDLE TYPES", "MAX SIZE", "RELEASE THRESHOLD", "LEASES", "CACHED", "BUFFERS"});
-  for (const auto& p : pools) {
+  for (const model::PoolStatus& p : st.pools) {
     std::vector<std::string> types;
-    for (const auto& t : list(p, "handle_types")) types.push_back(value_text(t));
-    const json* max_size = field(p, "max_size_bytes");
-    pt.add({text(p, "name"), text(p, "device"), text(p, "location"), types.empty() ? "none" : join(types, ", "),
-            !max_size             ? kNone
-            : max_size->is_null() ? "default"
-                                  : bytes(p, "max_size_bytes"),
-            text(p, "release_threshold"), count_and_bytes(p, "lease_count", "leased_bytes"),
-            count_and_bytes(p, "cached_count", "cached_bytes"), count_and_bytes(p, "buffer_count", "buffer_bytes")});
+    for (const std::string& t : p.pool.handle_types) types.push_back(valid_utf8(t));
+    const auto& max_size = p.pool.max_size_bytes;
+    pt.add({shown.text(p.pool.name), shown.number(p.pool.id.device), shown.text(p.pool.location),
+            types.empty() ? "none" : join(types, ", "),
+            !shown.has(max_size) ? kNone
+            : !max_size          ? "default"
+                                 : format_bytes(*max_size),
+            shown.text(p.release_threshold.text), shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
+            shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes),
+            shown.count_and_bytes(p.buffer_count, p.buffer_bytes)});
   }
-  out << "\n" << section("Pools", pt, pools.size());
+  out << "\n" << section("Pools", pt, st.pools.size());
 
-  const json& buffers = list(reply, "buffers");
   Table bt({"BUFFER", "POOL", "DEVICE", "SIZE", "OPENS", "KEPT"});
-  for (const auto& b : buffers) {
+  for (const model::BufferInfo& b : st.buffers) {
     // KEPT: whether it outlives the holder (custody has it), and whether this holder adopted it.
-    std::string kept = b.value("kept", false) ? "yes" : b.value("allocation", "") == "pool" ? "no (host pool)" : "no";
-    if (b.value("adopted", false)) kept += ", adopted";
-    bt.add(
-        {text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size_bytes"), number(b, "open_count"), kept});
+    std::string kept = b.kept ? "yes" : b.allocation == "pool" ? "no (host pool)" : "no";
+    if (b.adopted) kept += ", adopted";
+    bt.add({shown.text(b.name), shown.text(b.pool), shown.number(b.id.device), shown.bytes(b.size_bytes),
+            shown.number(b.open_count), kept});
   }
-  out << "\n" << section("Buffers", bt, buffers.size());
-  if (reply.contains("custody") && reply["custody"].is_object()) {
-    const json& c = reply["custody"];
-    out << "\nCustody: " << (c.value("kind", "none") == "none" ? "none" : c.value("where", std::string()));
-    if (c.contains("manifest_sequence") && c["manifest_sequence"].is_number())
-      out << " (manifest " << c["manifest_sequence"].dump() << ")";
-    out << ". A restart keeps " << c.value("survives_restart", std::string())
-        << "; made again: " << c.value("made_again", std::string()) << ".\n";
-    if (const json* error = field(c, "error"); error && error->is_object())
-      out << "Custody error: " << text(*error, "message") << "\n";
-    if (c.contains("adoption") && c["adoption"].is_object())
-      for (const auto& r : list(c["adoption"], "refused"))
-        out << "Not adopted at start: " << text(r, "name") << ": " << text(r, "error.message") << "\n";
+  out << "\n" << section("Buffers", bt, st.buffers.size());
+  if (shown.has(st.custody)) {
+    const model::Custody& c = st.custody;
+    const std::string kind = shown.has(c.kind) ? c.kind : "none";
+    out << "\nCustody: " << (kind == "none" ? "none" : c.where.value_or(""));
+    if (c.manifest_sequence) out << " (manifest " << *c.manifest_sequence << ")";
+    out << ". A restart keeps " << c.survives_restart << "; made again: " << c.made_again << ".\n";
+    if (c.error) out << "Custody error: " << shown.text(c.error->message) << "\n";
+    if (c.adoption)
+      for (const model::RefusedBuffer& r : c.adoption->refused)
+        out << "Not adopted at start: " << shown.text(r.name) << ": " << shown.text(r.error.message) << "\n";
   }
 
-  const json& clients = list(reply, "clients");
   Table ct({"CLIENT", "PID", "UID", "USER", "NAME", "LEASES", "CACHED", "OPEN BUFFERS", "CONNECTED"});
-  for (const auto& c : clients) {
-    const auto connected = u64(c, "connected_seconds");
-    ct.add({number(c, "id"), number(c, "pid"), number(c, "uid"), text(c, "user"), text(c, "name"),
-            count_and_bytes(c, "lease_count", "leased_bytes"), count_and_bytes(c, "cached_count", "cached_bytes"),
-            number(c, "open_buffer_count"), connected ? format_duration(*connected) : kNone});
+  for (const model::ClientInfo& c : st.clients) {
+    const bool connected = shown.has(c.connected_seconds) && c.connected_seconds >= 0;
+    ct.add({shown.number(c.id), shown.number(c.pid), shown.number(c.uid), shown.text(c.user), shown.text(c.name),
+            shown.count_and_bytes(c.leases.lease_count, c.leases.leased_bytes),
+            shown.count_and_bytes(c.leases.cached_count, c.leases.cached_bytes), shown.number(c.open_buffer_count),
+            connected ? format_duration(static_cast<std::uint64_t>(c.connected_seconds)) : kNone});
   }
-  out << "\n" << section("Clients", ct, clients.size());
-  if (const auto total = u64(reply, "client_count"); total && *total > clients.size())
-    out << "(" << clients.size() << " of " << *total << " clients shown)\n";
+  out << "\n" << section("Clients", ct, st.clients.size());
+  // client_count is written from the list (model/fields.h), so it is read here: a holder may list fewer.
+  if (const auto total = u64(reply, "client_count"); total && *total > st.clients.size())
+    out << "(" << st.clients.size() << " of " << *total << " clients shown)\n";
   return out.str();
 }
 
 std::string render_stats(const json& reply) {
+  const Read<model::Stats> read(reply);
+  const model::Stats& st = read.value;
+  const Shown& shown = read.shown;
   std::ostringstream out;
-  const json& pools = list(reply, "pools");
   Table pt(
       {"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES", "CACHED"});
-  for (const auto& p : pools) {
-    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_bytes"), bytes(p, "reserved_peak_bytes"),
-            bytes(p, "used_bytes"), bytes(p, "used_peak_bytes"), text(p, "release_threshold"),
-            count_and_bytes(p, "lease_count", "leased_bytes"), count_and_bytes(p, "cached_count", "cached_bytes")});
+  for (const model::PoolStats& p : st.pools) {
+    pt.add({shown.text(p.name), shown.number(p.id.device), shown.bytes(p.usage.reserved_bytes),
+            shown.bytes(p.usage.reserved_peak_bytes), shown.bytes(p.usage.used_bytes),
+            shown.bytes(p.usage.used_peak_bytes), shown.text(p.release_threshold.text),
+            shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
+            shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes)});
   }
-  out << section("Pools", pt, pools.size());
+  out << section("Pools", pt, st.pools.size());
 
-  const json& devices = list(reply, "devices");
   Table dt({"DEVICE", "UUID", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH"});
-  for (const auto& d : devices)
-    dt.add({text(d, "device"), text(d, "uuid"), bytes(d, "graph.reserved_bytes"), bytes(d, "graph.reserved_peak_bytes"),
-            bytes(d, "graph.used_bytes"), bytes(d, "graph.used_peak_bytes")});
-  out << "\n" << section("Graph memory", dt, devices.size());
+  for (const model::DeviceGraph& d : st.devices)
+    dt.add({shown.number(d.id.device), shown.text(d.id.uuid), shown.bytes(d.graph.reserved_bytes),
+            shown.bytes(d.graph.reserved_peak_bytes), shown.bytes(d.graph.used_bytes),
+            shown.bytes(d.graph.used_peak_bytes)});
+  out << "\n" << section("Graph memory", dt, st.devices.size());
   return out.str();
 }
 
@@ -425,26 +454,26 @@ std::string prometheus_build_info() {
 }
 
 std::string render_trim(const json& reply) {
+  const Read<model::Trim> read(reply);
+  const model::Trim& tr = read.value;
+  const Shown& shown = read.shown;
   std::ostringstream out;
-  const json& pools = list(reply, "pools");
   Table pt({"POOL", "DEVICE", "RESERVED BEFORE", "RESERVED AFTER", "RELEASED"});
-  for (const auto& p : pools)
-    pt.add({text(p, "name"), text(p, "device"), bytes(p, "reserved_before_bytes"), bytes(p, "reserved_after_bytes"),
-            bytes(p, "released_bytes")});
-  out << section("Pools", pt, pools.size());
+  for (const model::PoolTrim& p : tr.pools)
+    pt.add({shown.text(p.name), shown.number(p.id.device), shown.bytes(p.reserved_before_bytes),
+            shown.bytes(p.reserved_after_bytes), shown.bytes(p.released_bytes)});
+  out << section("Pools", pt, tr.pools.size());
 
   // No devices: graph memory was not trimmed (--no-graph).
-  const json& devices = list(reply, "devices");
-  if (!devices.empty()) {
+  if (!tr.devices.empty()) {
     Table dt({"DEVICE", "RESERVED BEFORE", "RESERVED AFTER", "RELEASED"});
-    for (const auto& d : devices)
-      dt.add({text(d, "device"), bytes(d, "graph.reserved_before_bytes"), bytes(d, "graph.reserved_after_bytes"),
-              bytes(d, "graph.released_bytes")});
-    out << "\n" << section("Graph memory", dt, devices.size());
+    for (const model::GraphTrim& d : tr.devices)
+      dt.add({shown.number(d.id.device), shown.bytes(d.reserved_before_bytes), shown.bytes(d.reserved_after_bytes),
+              shown.bytes(d.released_bytes)});
+    out << "\n" << section("Graph memory", dt, tr.devices.size());
   }
-  if (const auto dropped = u64(reply, "dropped_bytes"); dropped && *dropped)
-    out << "\nClients dropped " << format_bytes(*dropped) << " of cached blocks first.";
-  out << "\nReleased " << bytes(reply, "released_bytes") << " in total.\n";
+  if (tr.dropped_bytes) out << "\nClients dropped " << format_bytes(tr.dropped_bytes) << " of cached blocks first.";
+  out << "\nReleased " << shown.bytes(tr.released_bytes) << " in total.\n";
   return out.str();
 }
 
@@ -570,29 +599,32 @@ std::string render_findings(const json& findings, const SourceFile& file) {
 }
 
 std::string render_buffers(const json& buffers) {
-  if (!buffers.is_array() || buffers.empty()) return "no buffers\n";
+  const Read<model::ListReply> read(json{{"buffers", buffers}});  // the buffers of a list reply
+  const model::ListReply& listed = read.value;
+  const Shown& shown = read.shown;
+  if (listed.buffers.empty()) return "no buffers\n";
   Table t({"BUFFER", "POOL", "DEVICE", "SIZE", "STATE", "TENSORS", "OPENS", "PERMITTED"});
-  for (const auto& b : buffers) {
-    const auto permitted = boolean(b, "permitted");
-    t.add({text(b, "name"), text(b, "pool"), text(b, "device"), bytes(b, "size_bytes"), text(b, "state"),
-           number(b, "tensor_count"), number(b, "open_count"),
-           !permitted   ? kNone
-           : *permitted ? "yes"
-                        : "no"});
+  for (const model::BufferInfo& b : listed.buffers) {
+    t.add({shown.text(b.name), shown.text(b.pool), shown.number(b.id.device), shown.bytes(b.size_bytes),
+           shown.text(b.state), shown.number(b.tensor_count), shown.number(b.open_count),
+           !b.permitted   ? kNone
+           : *b.permitted ? "yes"
+                          : "no"});
   }
   return t.str();
 }
 
 std::string render_buffer_tensors(const json& reply) {
-  const auto it = reply.find("tensors");
-  const std::size_t count = it != reply.end() && it->is_array() ? it->size() : 0;
-  const auto parts = reply.find("parts");
-  const std::size_t part_count = parts != reply.end() && parts->is_array() ? parts->size() : 1;
-  std::string out = "buffer " + text(reply, "name") + ": " + bytes(reply, "size_bytes") +
+  const Read<model::BufferTensors> read(reply);
+  const model::BufferTensors& bt = read.value;
+  const Shown& shown = read.shown;
+  const std::size_t count = bt.tensors.size();
+  const std::size_t part_count = shown.has(bt.part_sizes) ? bt.part_sizes.size() : 1;
+  std::string out = "buffer " + shown.text(bt.name) + ": " + shown.bytes(bt.size_bytes) +
                     (part_count > 1 ? " in " + std::to_string(part_count) + " parts" : std::string()) + ", " +
                     std::to_string(count) + (count == 1 ? " tensor\n" : " tensors\n");
   if (!count) {
-    if (boolean(reply, "indexed") == std::optional<bool>(false))
+    if (shown.has(bt.indexed) && !bt.indexed)
       out += "(no tensor index: made with `cupool buffer create`, not `cupool buffer load`)\n";
     return out;
   }
@@ -600,27 +632,26 @@ std::string render_buffer_tensors(const json& reply) {
   const bool by_part = part_count > 1;
   Table t(by_part ? std::vector<std::string>{"TENSOR", "DTYPE", "SHAPE", "PART", "OFFSET", "SIZE"}
                   : std::vector<std::string>{"TENSOR", "DTYPE", "SHAPE", "OFFSET", "SIZE"});
-  for (const auto& tensor : *it) {
+  for (const model::TensorEntry& tensor : bt.tensors) {
     std::string shape = "[";
-    if (tensor.contains("shape") && tensor["shape"].is_array())
-      for (const auto& d : tensor["shape"]) shape += (shape.size() > 1 ? ", " : "") + d.dump();
-    std::vector<std::string> row{text(tensor, "name"), text(tensor, "dtype"), shape + "]"};
-    if (by_part) row.push_back(number(tensor, "part"));
-    row.push_back(number(tensor, "offset_bytes"));
-    row.push_back(bytes(tensor, "size_bytes"));
+    for (const std::uint64_t d : tensor.shape) shape += (shape.size() > 1 ? ", " : "") + std::to_string(d);
+    std::vector<std::string> row{shown.text(tensor.name), shown.text(tensor.dtype), shape + "]"};
+    if (by_part) row.push_back(shown.number(tensor.part));
+    row.push_back(shown.number(tensor.offset_bytes));
+    row.push_back(shown.bytes(tensor.size_bytes));
     t.add(row);
   }
   return out + t.str();
 }
 
 std::string render_buffer_created(const json& reply) {
-  return "created buffer " + text(reply, "name") + ": " + bytes(reply, "size_bytes") + " in pool " +
-         text(reply, "pool") + " on device " + text(reply, "device") + "\n";
+  const std::vector<std::string> b = buffer_made(reply);
+  return "created buffer " + b[0] + ": " + b[1] + " in pool " + b[2] + " on device " + b[3] + "\n";
 }
 
 std::string render_buffer_removed(const json& reply) {
-  return "removed buffer " + text(reply, "name") + " (" + bytes(reply, "size_bytes") + " in pool " +
-         text(reply, "pool") + " on device " + text(reply, "device") + ")\n";
+  const std::vector<std::string> b = buffer_made(reply);
+  return "removed buffer " + b[0] + " (" + b[1] + " in pool " + b[2] + " on device " + b[3] + ")\n";
 }
 
 }  // namespace cupool

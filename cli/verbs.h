@@ -8,6 +8,7 @@
 #include <string>
 
 #include "device/backend.h"
+#include "model/model.h"
 
 namespace cupool::cli {
 
@@ -31,6 +32,8 @@ Verb add_check(CLI::App& app);
 Verb add_hold(CLI::App& app);
 Verb add_exec(CLI::App& app);
 Verb add_bench(CLI::App& app);
+// `cupool bench`'s report for people: the settings, a row per case (microseconds), the ratios.
+std::string render_bench_table(const model::BenchReport& report);
 Verb add_completion(CLI::App& app);
 // The command line's own documentation: 'cupool help [VERB...]' (what --help prints) and 'cupool
 // man' (the manual page, through man on a terminal). Both are in cli/completion.cpp.

@@ -4,9 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
-#include <sstream>
 
-#include "base/output.h"
 #include "base/units.h"
 #include "device/node.h"
 #include "model/model.h"
@@ -43,7 +41,7 @@ model::Threshold threshold_of(std::uint64_t t, const std::string& text) { return
 
 }  // namespace
 
-Json run_bench(Backend& backend, const BenchOptions& o) {
+model::BenchReport run_bench(Backend& backend, const BenchOptions& o) {
   const DeviceInfo info = backend.device_info(o.device);
   std::vector<Run> runs;
   const model::Threshold tested = threshold_of(o.threshold, o.threshold_text);
@@ -121,39 +119,7 @@ Json run_bench(Backend& backend, const BenchOptions& o) {
           "alloc_free_sync_configured");
     ratio("direct alloc/free/sync / captured graph launch", "alloc_free_sync_configured", "graph_alloc_free");
   }
-  return model::to_json(report);
-}
-
-std::string render_bench_table(const Json& r) {
-  std::ostringstream out;
-  const Json& gpu = r["gpu"];
-  out << "cupool bench on device " << gpu.value("device", 0) << " (" << gpu.value("name", "") << "), "
-      << r["source"].value("backend", "") << "\n";
-  if (r.contains("note")) out << "NOTE: " << r["note"].get<std::string>() << "\n";
-  const Json& s = r["settings"];
-  out << "release threshold under test: " << s.value("release_threshold", "")
-      << (s["config"].is_string() ? " (from " + s["config"].get<std::string>() + ")" : "") << "; "
-      << s.value("iteration_count", 0) << " iterations per case; seed " << s.value("seed", 0) << "\n\n";
-  Table t({"CASE", "SIZE", "N", "MEDIAN us", "P99 us", "MIN us"});
-  auto us = [](const Json& c, const char* key) {
-    const double v = c.value(key, 0.0) * 1e6;
-    char buf[32];
-    std::snprintf(buf, sizeof buf, v < 10 ? "%.2f" : "%.1f", v);
-    return std::string(buf);
-  };
-  for (const auto& c : r["cases"])
-    t.add({c.value("description", ""), format_bytes(c.value("size_bytes", std::uint64_t{0})),
-           std::to_string(c.value("iteration_count", 0)), us(c, "median_seconds"), us(c, "p99_seconds"),
-           us(c, "min_seconds")});
-  out << t.str() << "\n";
-  Table cmp({"SIZE", "COMPARISON (ratio of medians)", "RATIO"});
-  for (const auto& c : r["comparisons"]) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1fx", c.value("ratio", 0.0));
-    cmp.add({format_bytes(c.value("size_bytes", std::uint64_t{0})), c.value("description", ""), buf});
-  }
-  out << cmp.str();
-  return out.str();
+  return report;
 }
 
 }  // namespace cupool

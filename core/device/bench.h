@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "device/backend.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -26,10 +27,7 @@ struct BenchOptions {
 };
 
 // Runs every case for every size; returns the report (cases, comparisons, node).
-nlohmann::ordered_json run_bench(Backend& backend, const BenchOptions& options);
-
-// The report for people.
-std::string render_bench_table(const nlohmann::ordered_json& report);
+model::BenchReport run_bench(Backend& backend, const BenchOptions& options);
 
 // Median, p99 (nearest rank) and mean of `ns`, in microseconds.
 struct Summary {

@@ -3,7 +3,8 @@
 // schemas/cupool-common-v1.schema.json describes the shared objects: every quantity carries its
 // unit (_bytes, _seconds, _count), a plain plural is an array, every per-device object has the
 // same identity, no sentinels. A verb, the holder, the process stats and the exporter build their
-// output from these; none writes a key of these objects by hand.
+// output from these; none writes a key of these objects by hand. Each object's fields and JSON
+// names are declared once, in fields.h, and its to_json and readers are made from there.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,814 @@
+// Each object's fields and their JSON names, declared once (docs/naming.md): model.cpp makes its
+// writer (to_json) and its reader (from_json) from the declaration, and tests/unit/model holds the
+// names against the schemas. A new field is one line here.
+//
+// A declaration is a function over a visitor `f` and the object `v` (const when written):
+//   f("name", v.member)              a value: scalars, strings, arrays, declared objects; an empty
+//                                    optional is written as null
+//   f("name", v.member, omit_empty)  an optional left out when empty
+//   f.flat(v.member)                 a declared object whose fields sit in this object (identity)
+//   f.object("name", [&](auto& g))   a nested object made of this struct's own members
+//   f.computed("name", value)        written, never read (a count of an array beside it)
+//   f.custom("name", v.member, write, read)  a member with a shape of its own, converted by hand
+//   f.only_if(cond, "name", v.member)  a value written, and read, only where `cond` holds (a
+//                                    member declared before it); listed among the names always
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <typeindex>
+#include <utility>
+#include <vector>
+
+#include "model/model.h"
+
+namespace cupool::model {
+
+struct OmitEmpty {};
+inline constexpr OmitEmpty omit_empty{};
+
+// `template <class F> void fields(F& f, X& v)` for X and const X.
+#define CUPOOL_FIELDS(T)                                                                            \
+  template <class F, class V, std::enable_if_t<std::is_same_v<std::remove_const_t<V>, T>, int> = 0> \
+  void fields(F& f, V& v)
+
+// ---- shared objects ----
+
+CUPOOL_FIELDS(DeviceId) {
+  f("device", v.device);
+  f("uuid", v.uuid);
+  f("pci_bus_id", v.pci_bus_id);
+}
+CUPOOL_FIELDS(ProcessDeviceId) {
+  f("process_device", v.process_device);
+  f("uuid", v.uuid);
+  f("pci_bus_id", v.pci_bus_id);
+}
+CUPOOL_FIELDS(Source) {
+  f("simulated", v.simulated);
+  f("backend", v.backend);
+  f("profile", v.profile, omit_empty);
+  f("synthetic", v.synthetic, omit_empty);
+  f("recorded", v.recorded, omit_empty);
+  f("recorded_host", v.recorded_host, omit_empty);
+}
+CUPOOL_FIELDS(ErrorInfo) {
+  f("code", v.code);
+  f("message", v.message);
+  f("api", v.api, omit_empty);
+  f("result", v.result, omit_empty);
+}
+CUPOOL_FIELDS(Threshold) {
+  f("release_threshold", v.text);
+  f("release_threshold_bytes", v.bytes);  // null: max
+}
+CUPOOL_FIELDS(Usage) {
+  f("reserved_bytes", v.reserved_bytes);
+  f("reserved_peak_bytes", v.reserved_peak_bytes);
+  f("used_bytes", v.used_bytes);
+  f("used_peak_bytes", v.used_peak_bytes);
+}
+CUPOOL_FIELDS(Reuse) {
+  f("follow_event_dependencies", v.follow_event_dependencies);
+  f("allow_opportunistic", v.allow_opportunistic);
+  f("allow_internal_dependencies", v.allow_internal_dependencies);
+}
+CUPOOL_FIELDS(Finding) {
+  f("file", v.file);
+  f("line", v.line);
+  f("column", v.column);
+  f("severity", v.severity);
+  f("code", v.code);
+  f("message", v.message);
+  f("invalid_input", v.invalid_input);
+  f("fact", v.fact);
+  f("help", v.help);
+}
+
+// ---- the holder's objects ----
+
+CUPOOL_FIELDS(PoolInfo) {
+  f("name", v.name);
+  f.flat(v.id);
+  f("location", v.location);
+  f("handle_types", v.handle_types);
+  f("max_size_bytes", v.max_size_bytes);  // null: the driver's default
+}
+CUPOOL_FIELDS(LeaseTotals) {
+  f("lease_count", v.lease_count);
+  f("leased_bytes", v.leased_bytes);
+  f("cached_count", v.cached_count);
+  f("cached_bytes", v.cached_bytes);
+}
+CUPOOL_FIELDS(PoolStatus) {
+  f.flat(v.pool);
+  f.flat(v.release_threshold);
+  f.flat(v.leases);
+  f("buffer_count", v.buffer_count);
+  f("buffer_bytes", v.buffer_bytes);
+}
+CUPOOL_FIELDS(PoolListed) {
+  f.flat(v.pool);
+  f("permitted", v.permitted);
+}
+CUPOOL_FIELDS(BufferInfo) {
+  f("name", v.name);
+  f("pool", v.pool);
+  f.flat(v.id);
+  f("size_bytes", v.size_bytes);
+  f("part_count", v.part_count);
+  f("open_count", v.open_count);
+  f("state", v.state);
+  f("tensor_count", v.tensor_count);
+  f("allocation", v.allocation);
+  f("kept", v.kept);
+  f("adopted", v.adopted);
+  f("permitted", v.permitted, omit_empty);
+}
+CUPOOL_FIELDS(ClientInfo) {
+  f("id", v.id);
+  f("pid", v.pid);
+  f("uid", v.uid);
+  f("user", v.user);
+  f("name", v.name);
+  f.flat(v.leases);
+  f("asked_to_drop_count", v.asked_to_drop_count);
+  f("protocol", v.protocol);
+  f("open_buffer_count", v.open_buffer_count);
+  f("connected_seconds", v.connected_seconds);
+}
+CUPOOL_FIELDS(AdoptedBuffer) {
+  f("name", v.name);
+  f("pool", v.pool);
+  f.flat(v.id);
+  f("size_bytes", v.size_bytes);
+}
+CUPOOL_FIELDS(RefusedBuffer) {
+  f("name", v.name);
+  f("error", v.error);
+}
+CUPOOL_FIELDS(Adoption) {
+  f("manifest_sequence", v.manifest_sequence);
+  f("buffers", v.buffers);
+  f("refused", v.refused);
+  f("released_count", v.released_count);
+  f("fresh", v.fresh);
+  f("elapsed_seconds", v.elapsed_seconds);
+}
+CUPOOL_FIELDS(Custody) {
+  f("kind", v.kind);
+  f("where", v.where);
+  f("manifest_sequence", v.manifest_sequence);
+  f("kept_buffer_count", v.kept_buffer_count);
+  f("error", v.error);
+  f("adoption", v.adoption);
+  f("survives_restart", v.survives_restart);
+  f("made_again", v.made_again);
+}
+CUPOOL_FIELDS(AppliedConfig) {
+  f("path", v.path);
+  f("since", v.since);
+  f("user", v.user);
+}
+CUPOOL_FIELDS(HolderInfo) {
+  f("pid", v.pid);
+  f("version", v.version);
+  f("config", v.config);
+  f("socket", v.socket);
+  f("started", v.started);
+  f("reload_count", v.reload_count);
+  f("apply_count", v.apply_count);
+  f("applied_config", v.applied_config);
+  f("draining", v.draining);
+  f("uptime_seconds", v.uptime_seconds);
+}
+CUPOOL_FIELDS(Status) {
+  f("source", v.source);
+  f("holder", v.holder);
+  f("pools", v.pools);
+  f("buffers", v.buffers);
+  f("custody", v.custody);
+  f("clients", v.clients);
+  f.computed("client_count", v.clients.size());
+}
+CUPOOL_FIELDS(PoolStats) {
+  f("name", v.name);
+  f.flat(v.id);
+  f.flat(v.usage);
+  f.flat(v.release_threshold);
+  f.flat(v.leases);
+}
+CUPOOL_FIELDS(DeviceGraph) {
+  f.flat(v.id);
+  f("graph", v.graph);
+}
+CUPOOL_FIELDS(Stats) {
+  f("pools", v.pools);
+  f("dropped_bytes", v.dropped_bytes);
+  f("devices", v.devices);
+}
+CUPOOL_FIELDS(PoolTrim) {
+  f("name", v.name);
+  f.flat(v.id);
+  f("reserved_before_bytes", v.reserved_before_bytes);
+  f("reserved_after_bytes", v.reserved_after_bytes);
+  f("released_bytes", v.released_bytes);
+}
+CUPOOL_FIELDS(GraphTrim) {
+  f.flat(v.id);
+  f.object("graph", [&](auto& g) {
+    g("reserved_before_bytes", v.reserved_before_bytes);
+    g("reserved_after_bytes", v.reserved_after_bytes);
+    g("released_bytes", v.released_bytes);
+  });
+}
+CUPOOL_FIELDS(Trim) {
+  f("released_bytes", v.released_bytes);
+  f("dropped_bytes", v.dropped_bytes);
+  f("pools", v.pools);
+  f("devices", v.devices);
+}
+CUPOOL_FIELDS(TensorEntry) {
+  f("name", v.name);
+  f("dtype", v.dtype);
+  f("shape", v.shape);
+  f("part", v.part);
+  f("offset_bytes", v.offset_bytes);
+  f("size_bytes", v.size_bytes);
+}
+// A buffer's part sizes as `parts`: [{part, size_bytes}], the part its index.
+Json parts_to_json(const std::vector<std::uint64_t>& sizes);
+std::vector<std::uint64_t> parts_from_json(const Json& parts);
+CUPOOL_FIELDS(BufferTensors) {
+  f("name", v.name);
+  f("size_bytes", v.size_bytes);
+  f("indexed", v.indexed);
+  f.custom("parts", v.part_sizes, parts_to_json, parts_from_json);
+  f("tensors", v.tensors);
+  f("metadata", v.metadata);
+}
+CUPOOL_FIELDS(LoadStages) {
+  f("index_seconds", v.index_seconds);
+  f("create_seconds", v.create_seconds);
+  f("load_seconds", v.load_seconds);
+  f("read_seconds", v.read_seconds);
+  f("copy_wait_seconds", v.copy_wait_seconds);
+  f("ready_seconds", v.ready_seconds);
+}
+CUPOOL_FIELDS(BufferMade) {
+  f("name", v.name);
+  f("pool", v.pool);
+  f.flat(v.id);
+  f("size_bytes", v.size_bytes);
+  f("part_count", v.part_count, omit_empty);
+  f("loading", v.loading, omit_empty);
+  f("tensor_count", v.tensor_count, omit_empty);
+  f("file", v.file, omit_empty);
+  f("tensor_bytes", v.tensor_bytes, omit_empty);
+  f("elapsed_seconds", v.elapsed_seconds, omit_empty);
+  f("bytes_per_second", v.bytes_per_second, omit_empty);
+  f("stages", v.stages, omit_empty);
+  f("read_thread_count", v.read_thread_count, omit_empty);
+  f("direct_io", v.direct_io, omit_empty);
+  f("page_cache_ratio", v.page_cache_ratio, omit_empty);
+  f("read_method", v.read_method, omit_empty);
+  f.only_if(v.read_method.has_value(), "gds_note", v.gds_note);  // null when GPUDirect Storage was used
+}
+
+// ---- in a process ----
+
+CUPOOL_FIELDS(ProcessPool) {
+  f("role", v.role);
+  f.flat(v.release_threshold);
+  f("reuse", v.reuse);
+  f.flat(v.usage);
+}
+CUPOOL_FIELDS(ProcessDevice) {
+  f.flat(v.id);
+  f("pools", v.pools);
+  f("graph", v.graph);
+}
+
+// ---- plan / apply ----
+
+CUPOOL_FIELDS(PlanChange) {
+  f("action", v.action);
+  f("object", v.object);
+  f("name", v.name);
+  f.flat(v.id);  // pools and buffers only
+  f("field", v.field, omit_empty);
+  f("from", v.from, omit_empty);
+  f.only_if(v.from.has_value(), "from_value", v.from_value);
+  f("to", v.to, omit_empty);
+  f.only_if(v.to.has_value(), "to_value", v.to_value);
+  f("blocked", v.blocked, omit_empty);
+}
+
+// ---- bench ----
+
+CUPOOL_FIELDS(BenchCase) {
+  f("name", v.name);
+  f("description", v.description);
+  f("size_bytes", v.size_bytes);
+  f.flat(v.release_threshold);
+  f("iteration_count", v.iteration_count);
+  f("median_seconds", v.median_seconds);
+  f("p99_seconds", v.p99_seconds);
+  f("mean_seconds", v.mean_seconds);
+  f("min_seconds", v.min_seconds);
+}
+CUPOOL_FIELDS(BenchComparison) {
+  f("size_bytes", v.size_bytes);
+  f("description", v.description);
+  f("ratio", v.ratio);
+}
+
+// ---- query ----
+
+CUPOOL_FIELDS(HandleProbe) {
+  f("handle_type", v.handle_type);
+  f("ok", v.ok);
+  f("error", v.error);
+}
+CUPOOL_FIELDS(DeviceFacts) {
+  f.flat(v.id);
+  f("name", v.name);
+  f("compute_capability", v.compute_capability);
+  f.object("memory", [&](auto& g) {
+    g("total_bytes", v.memory_total_bytes);
+    g("free_bytes", v.memory_free_bytes);
+  });
+  f("memory_pools", v.memory_pools);
+  f("pool_handle_types", v.pool_handle_types);
+  f("fabric_handle", v.fabric_handle);
+  f("host_memory_pools", v.host_memory_pools);
+  f("host_numa_memory_pools", v.host_numa_memory_pools);
+  f("host_numa_id", v.host_numa_id);
+  f("managed_memory", v.managed_memory);
+  f("managed_pools", v.managed_pools);
+  f("concurrent_managed_access", v.concurrent_managed_access);
+  f("pageable_memory_access", v.pageable_memory_access);
+  f("vmm", v.vmm);
+  f("ipc_events", v.ipc_events);
+  f("gpu_direct_rdma", v.gpu_direct_rdma);
+  f("probes", v.probes, omit_empty);  // with --deep
+}
+CUPOOL_FIELDS(GdsFacts) {
+  f("mode", v.mode);
+  f("library_version", v.library_version);
+  f("nvidia_fs_version", v.nvidia_fs_version);
+  f("file_systems", v.file_systems);
+  f("note", v.note);
+  f("error", v.error);
+}
+CUPOOL_FIELDS(NodeFacts) {
+  f("source", v.source);
+  f.object("driver", [&](auto& g) {
+    g("cuda_version", v.cuda_version);
+    g("cuda_version_int", v.cuda_version_int);
+    g("kernel_module", v.kernel_module);
+  });
+  f("built_with_cuda", v.built_with_cuda);
+  f.object("host", [&](auto& g) { g("numa_nodes", v.numa_nodes); });
+  f("devices", v.devices);
+  f("peer_access", v.peer_access);
+  f("deep", v.deep);
+  f("gds", v.gds, omit_empty);  // with --deep
+}
+
+// ---- check ----
+
+CUPOOL_FIELDS(CheckReport) {
+  f("file", v.file);
+  f("verdict", v.verdict);
+  f("exit_code", v.exit_code);
+  f("source", v.source);
+  f.object("summary", [&](auto& g) {
+    g("error_count", v.error_count);
+    g("warning_count", v.warning_count);
+    g("note_count", v.note_count);
+    g("not_listed_count", v.not_listed_count);
+  });
+  f("findings", v.findings);
+}
+
+// ---- the holder's other replies ----
+
+CUPOOL_FIELDS(ListReply) {
+  f("pools", v.pools);
+  f("buffers", v.buffers);
+}
+CUPOOL_FIELDS(PlanReply) {
+  f("applied", v.applied);
+  f("changes", v.changes);
+  f("warnings", v.warnings);
+  f("warnings_rendered", v.warnings_rendered);
+  f("holder_config", v.holder_config);
+}
+CUPOOL_FIELDS(KeeperList) {
+  f("socket", v.socket);
+  f("names", v.names);
+}
+CUPOOL_FIELDS(BenchReport) {
+  f("source", v.source);
+  f.object("gpu", [&](auto& g) {
+    g.flat(v.gpu);
+    g("name", v.gpu_name);
+  });
+  f("note", v.note, omit_empty);
+  f.object("settings", [&](auto& g) {
+    g("config", v.config);
+    g.flat(v.release_threshold);
+    g("iteration_count", v.iteration_count);
+    g("seed", v.seed);
+    g("sizes_bytes", v.sizes_bytes);
+  });
+  f("cases", v.cases);
+  f("comparisons", v.comparisons);
+}
+
+// ---- the machinery: one writer, one reader, the list of names ----
+
+// What a reader found in its input: the members it read (by address and type, so a struct and
+// its first member differ). A renderer asks it whether a reply had a field at all.
+class Seen {
+ public:
+  template <class T>
+  void add(const T& member) {
+    had_.emplace(static_cast<const void*>(&member), std::type_index(typeid(T)));
+  }
+  template <class T>
+  bool has(const T& member) const {
+    return had_.count({static_cast<const void*>(&member), std::type_index(typeid(T))}) > 0;
+  }
+
+ private:
+  std::set<std::pair<const void*, std::type_index>> had_;
+};
+
+namespace io {
+
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+
+// Whether T has a declaration above.
+struct AnyVisitor {
+  template <class... A>
+  void operator()(const char*, A&&...) {}
+  template <class T>
+  void flat(T&) {}
+  template <class B>
+  void object(const char*, B&&) {}
+  template <class T>
+  void computed(const char*, const T&) {}
+  template <class T, class W, class R>
+  void custom(const char*, T&, W, R) {}
+  template <class T>
+  void only_if(bool, const char*, T&) {}
+};
+template <class T, class = void>
+struct declared : std::false_type {};
+template <class T>
+struct declared<T, std::void_t<decltype(fields(std::declval<AnyVisitor&>(), std::declval<T&>()))>> : std::true_type {};
+
+class Writer {
+ public:
+  explicit Writer(Json& out) : out_(out) {}
+  template <class T>
+  void operator()(const char* name, const T& v) {
+    out_[name] = value(v);
+  }
+  template <class T>
+  void operator()(const char* name, const std::optional<T>& v, OmitEmpty) {
+    if (v) out_[name] = value(*v);
+  }
+  template <class T>
+  void flat(const T& v) {
+    if constexpr (is_optional<T>::value) {
+      if (v) fields(*this, *v);
+    } else {
+      fields(*this, v);
+    }
+  }
+  template <class Body>
+  void object(const char* name, Body&& body) {
+    Json sub = Json::object();
+    Writer w(sub);
+    body(w);
+    out_[name] = std::move(sub);
+  }
+  template <class T>
+  void computed(const char* name, const T& v) {
+    out_[name] = value(v);
+  }
+  template <class T, class W, class R>
+  void custom(const char* name, const T& v, W write, R) {
+    out_[name] = write(v);
+  }
+  template <class T>
+  void only_if(bool cond, const char* name, const T& v) {
+    if (cond) (*this)(name, v);
+  }
+
+  template <class T>
+  static Json value(const T& v) {
+    if constexpr (is_optional<T>::value) {
+      return v ? value(*v) : Json(nullptr);
+    } else if constexpr (is_vector<T>::value) {
+      Json out = Json::array();
+      for (const auto& e : v) out.push_back(value(e));
+      return out;
+    } else if constexpr (declared<T>::value) {
+      Json out = Json::object();
+      Writer w(out);
+      fields(w, v);
+      return out;
+    } else {
+      return Json(v);
+    }
+  }
+
+ private:
+  Json& out_;
+};
+
+// Reads what a Writer wrote. Unknown keys are ignored. Tolerant: a missing key keeps the member's
+// default (a holder of another version may omit it); strict: a missing key that is not optional is
+// an error. Either way an ill-typed value throws std::invalid_argument naming the key, except when
+// lenient (for display): there an ill-typed value is passed over as if it were missing.
+// With `seen`, every member read is recorded there (what the input had).
+class Reader {
+ public:
+  enum class Mode { tolerant, strict, lenient };
+  Reader(const Json& in, Mode mode, std::string prefix = {}, Seen* seen = nullptr)
+      : in_(in), mode_(mode), prefix_(std::move(prefix)), seen_(seen) {}
+
+  template <class T>
+  void operator()(const char* name, T& v) {
+    const Json* j = find(name, !is_optional<T>::value);
+    if (!j) return;
+    if (mode_ != Mode::lenient) return read(*j, v, prefix_ + name);
+    try {
+      read(*j, v, prefix_ + name);
+    } catch (const std::invalid_argument&) {
+      // passed over: shown as missing
+    }
+  }
+  template <class T>
+  void operator()(const char* name, std::optional<T>& v, OmitEmpty) {
+    (*this)(name, v);
+  }
+  template <class T>
+  void flat(T& v) {
+    if constexpr (is_optional<T>::value) {
+      // Present when any of its keys is.
+      typename T::value_type probe{};
+      Reader any(in_, Mode::tolerant, prefix_);
+      fields(any, probe);
+      if (any.found_ == 0) return;
+      v.emplace();
+      fields(*this, *v);
+    } else {
+      fields(*this, v);
+    }
+  }
+  template <class Body>
+  void object(const char* name, Body&& body) {
+    const Json* j = find(name, true);
+    if (!j) return;
+    if (!j->is_object()) {
+      if (mode_ == Mode::lenient) return;
+      fail(prefix_ + name, "an object");
+    }
+    Reader sub(*j, mode_, prefix_ + name + ".", seen_);
+    body(sub);
+  }
+  template <class T>
+  void computed(const char*, const T&) {}
+  template <class T>
+  void only_if(bool cond, const char* name, T& v) {
+    if (cond) (*this)(name, v);
+  }
+  template <class T, class W, class R>
+  void custom(const char* name, T& v, W, R read_custom) {
+    const Json* j = find(name, true);
+    if (!j) return;
+    try {
+      v = read_custom(*j);
+    } catch (const std::exception& e) {
+      if (mode_ == Mode::lenient) return;
+      throw std::invalid_argument("\"" + prefix_ + name + "\": " + e.what());
+    }
+    mark(v);
+  }
+
+ private:
+  const Json* find(const char* name, bool required) {
+    if (!in_.is_object())
+      fail(prefix_.empty() ? std::string("the reply") : prefix_.substr(0, prefix_.size() - 1), "an object");
+    const auto it = in_.find(name);
+    if (it == in_.end()) {
+      if (required && mode_ == Mode::strict) throw std::invalid_argument("missing \"" + prefix_ + name + "\"");
+      return nullptr;
+    }
+    ++found_;
+    return &*it;
+  }
+  [[noreturn]] static void fail(const std::string& where, const char* what) {
+    throw std::invalid_argument("\"" + where + "\" is not " + what);
+  }
+  template <class T>
+  void mark(const T& v) {
+    if (seen_) seen_->add(v);
+  }
+
+  template <class T>
+  void read(const Json& j, T& v, const std::string& where) {
+    if constexpr (is_optional<T>::value) {
+      if (j.is_null()) {
+        v.reset();
+      } else {
+        read(j, v.emplace(), where);
+      }
+    } else if constexpr (is_vector<T>::value) {
+      if (!j.is_array()) fail(where, "an array");
+      T out(j.size());
+      for (std::size_t i = 0; i < j.size(); ++i) {
+        if constexpr (std::is_same_v<typename T::value_type, bool>) {
+          bool x = false;
+          read(j[i], x, where + "[" + std::to_string(i) + "]");
+          out[i] = x;
+        } else {
+          read(j[i], out[i], where + "[" + std::to_string(i) + "]");  // in place: `seen` keeps its address
+        }
+      }
+      v = std::move(out);
+    } else if constexpr (declared<T>::value) {
+      if (!j.is_object()) fail(where, "an object");
+      Reader sub(j, mode_, where + ".", seen_);
+      fields(sub, v);
+    } else if constexpr (std::is_same_v<T, Json>) {
+      v = j;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      if (!j.is_boolean()) fail(where, "a boolean");
+      v = j.get<bool>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!j.is_string()) fail(where, "a string");
+      v = j.get<std::string>();
+    } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
+      if (!j.is_object()) fail(where, "an object");
+      T out;
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!it.value().is_string()) fail(where + "." + it.key(), "a string");
+        out[it.key()] = it.value().template get<std::string>();
+      }
+      v = std::move(out);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!j.is_number()) fail(where, "a number");
+      v = j.get<T>();
+    } else if constexpr (std::is_unsigned_v<T>) {
+      if (!(j.is_number_unsigned() || (j.is_number_integer() && j.get<std::int64_t>() >= 0)) ||
+          j.get<std::uint64_t>() > std::numeric_limits<T>::max())
+        fail(where, "a non-negative integer");
+      v = static_cast<T>(j.get<std::uint64_t>());
+    } else {
+      static_assert(std::is_integral_v<T>, "a member of a type the reader does not know");
+      if (!j.is_number_integer() ||
+          (j.is_number_unsigned() &&
+           j.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) ||
+          (!j.is_number_unsigned() && (j.get<std::int64_t>() < std::numeric_limits<T>::min() ||
+                                       j.get<std::int64_t>() > std::numeric_limits<T>::max())))
+        fail(where, "an integer");
+      v = static_cast<T>(j.get<std::int64_t>());
+    }
+    mark(v);
+  }
+
+  const Json& in_;
+  Mode mode_;
+  std::string prefix_;
+  Seen* seen_;
+  std::size_t found_ = 0;
+};
+
+// The JSON names of T in their order (a flat member's names in place; a nested object's name, not
+// its members'), or with `inside`, the names of its nested object of that name.
+class Names {
+ public:
+  explicit Names(const char* inside = nullptr) : inside_(inside) {}
+  template <class... A>
+  void operator()(const char* name, A&&...) {
+    add(name);
+  }
+  template <class T>
+  void flat(T&) {
+    if constexpr (is_optional<T>::value) {
+      typename T::value_type probe{};
+      fields(*this, probe);
+    } else {
+      std::remove_const_t<T> probe{};
+      fields(*this, probe);
+    }
+  }
+  template <class B>
+  void object(const char* name, B&& body) {
+    add(name);
+    if (inside_ && std::string(inside_) == name) {
+      Names sub;
+      body(sub);
+      names = std::move(sub.names);
+    }
+  }
+  template <class T>
+  void computed(const char* name, const T&) {
+    add(name);
+  }
+  template <class T, class W, class R>
+  void custom(const char* name, T&, W, R) {
+    add(name);
+  }
+  template <class T>
+  void only_if(bool, const char* name, T&) {
+    add(name);
+  }
+  std::vector<std::string> names;
+
+ private:
+  void add(const char* name) {
+    if (!inside_) names.emplace_back(name);
+  }
+  const char* inside_;
+};
+
+}  // namespace io
+
+// Each declared object's JSON names, in order, or those of its nested object `inside` (tests hold
+// them against the schemas).
+template <class T>
+std::vector<std::string> json_names(const char* inside = nullptr) {
+  io::Names n(inside);
+  T probe{};
+  fields(n, probe);
+  return n.names;
+}
+
+// A declared object from JSON our own holder or tool wrote: unknown keys ignored, missing ones
+// kept at their defaults; throws std::invalid_argument naming an ill-typed key. With `seen`, what
+// the input had is recorded there (out must then stay where it is).
+template <class T>
+void read_json(const Json& j, T& out, Seen* seen = nullptr) {
+  io::Reader r(j, io::Reader::Mode::tolerant, {}, seen);
+  fields(r, out);
+}
+template <class T>
+T read_json(const Json& j) {
+  T out{};
+  read_json(j, out);
+  return out;
+}
+// For display: what the input had, each ill-typed value passed over as if missing (never throws
+// on content); `seen` says which members it had.
+template <class T>
+void read_json_lenient(const Json& j, T& out, Seen& seen) {
+  if (!j.is_object()) return;
+  io::Reader r(j, io::Reader::Mode::lenient, {}, &seen);
+  fields(r, out);
+}
+// The same, with every key that is not optional required.
+template <class T>
+T read_json_strict(const Json& j) {
+  T out{};
+  io::Reader r(j, io::Reader::Mode::strict);
+  fields(r, out);
+  return out;
+}
+// A declared object's JSON.
+template <class T>
+Json write_json(const T& v) {
+  return io::Writer::value(v);
+}
+// The reader in nlohmann's form (read_json), so `j.get<model::X>()` works too.
+template <class T, std::enable_if_t<io::declared<T>::value, int> = 0>
+void from_json(const Json& j, T& v) {
+  v = read_json<T>(j);
+}
+
+}  // namespace cupool::model
+
+namespace cupool {
+// model::Usage is base's MemoryUsage (so the device seam needs no model): nlohmann looks for its
+// reader in the type's own namespace.
+inline void from_json(const model::Json& j, MemoryUsage& v) { v = model::read_json<MemoryUsage>(j); }
+}  // namespace cupool

@@ -1,0 +1,254 @@
+#include "model/fields.h"
+
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace cupool::model;
+
+namespace {
+
+// ---- the schemas' properties, $ref and allOf followed ----
+
+Json load_schema(const std::string& file) {
+  std::ifstream in(std::string(CUPOOL_SOURCE_DIR) + "/schemas/" + file);
+  REQUIRE_MESSAGE(in, "cannot read schemas/" << file);
+  return Json::parse(in);
+}
+
+void schema_properties(const std::string& file, const Json& node, std::set<std::string>& out) {
+  if (!node.is_object()) return;
+  if (const auto ref = node.find("$ref"); ref != node.end()) {
+    const std::string r = ref->get<std::string>();
+    const std::size_t hash = r.find('#');
+    const std::string target = hash == 0 ? file : r.substr(0, hash);
+    const Json doc = load_schema(target);
+    schema_properties(target, doc.at(Json::json_pointer(r.substr(hash + 1))), out);
+  }
+  if (const auto props = node.find("properties"); props != node.end())
+    for (auto it = props->begin(); it != props->end(); ++it) out.insert(it.key());
+  if (const auto all = node.find("allOf"); all != node.end())
+    for (const Json& part : *all) schema_properties(file, part, out);
+}
+
+// The names a schema gives an object: the union over `where` ("FILE#/pointer").
+std::set<std::string> schema_names(std::initializer_list<const char*> where) {
+  std::set<std::string> out;
+  for (const std::string w : where) {
+    const std::size_t hash = w.find('#');
+    const std::string file = w.substr(0, hash);
+    const Json doc = load_schema(file);
+    const Json& node = hash == std::string::npos ? doc : doc.at(Json::json_pointer(w.substr(hash + 1)));
+    schema_properties(file, node, out);
+  }
+  out.erase("schema_version");  // written by base/output.h's versioned(), not by the object
+  return out;
+}
+
+// Whether the declared names equal the schema's; each missing piece is said.
+template <class T>
+void check_agrees(const char* type, std::initializer_list<const char*> where, const char* object = nullptr,
+                  std::set<std::string> written_elsewhere = {}) {
+  const std::vector<std::string> list = json_names<T>(object);
+  const std::set<std::string> declared(list.begin(), list.end());
+  CHECK_MESSAGE(declared.size() == list.size(), type << " declares a name twice");
+  std::set<std::string> schema = schema_names(where);
+  for (const std::string& n : written_elsewhere) schema.erase(n);
+  const std::string what = std::string(type) + (object ? std::string(".") + object : "");
+  for (const std::string& n : declared)
+    CHECK_MESSAGE(schema.count(n),
+                  what << " declares \"" << n << "\", which " << std::string(*where.begin()) << " lacks");
+  for (const std::string& n : schema)
+    CHECK_MESSAGE(declared.count(n), std::string(*where.begin())
+                                         << " has \"" << n << "\", which " << what << " does not declare");
+}
+
+// Written, read back and written again: the same JSON.
+template <class T>
+void check_round_trip(const T& v) {
+  const Json j = write_json(v);
+  CHECK(write_json(read_json<T>(j)) == j);
+}
+
+}  // namespace
+
+TEST_CASE("the declared names are the schemas' properties") {
+  check_agrees<DeviceId>("DeviceId", {"cupool-common-v1.schema.json#/$defs/identity"});
+  check_agrees<ProcessDeviceId>("ProcessDeviceId", {"cupool-common-v1.schema.json#/$defs/process_identity"});
+  check_agrees<Source>("Source", {"cupool-common-v1.schema.json#/$defs/source"});
+  check_agrees<ErrorInfo>("ErrorInfo", {"cupool-common-v1.schema.json#/$defs/error"});
+  check_agrees<Finding>("Finding", {"cupool-common-v1.schema.json#/$defs/finding"});
+  check_agrees<Usage>("Usage", {"cupool-common-v1.schema.json#/$defs/usage"});
+  check_agrees<cupool::model::Threshold>("Threshold", {"cupool-common-v1.schema.json#/$defs/threshold"});
+  check_agrees<cupool::model::Reuse>("Reuse", {"cupool-common-v1.schema.json#/$defs/reuse"});
+  check_agrees<LeaseTotals>("LeaseTotals", {"cupool-common-v1.schema.json#/$defs/lease_totals"});
+  check_agrees<PoolStatus>("PoolStatus", {"cupool-common-v1.schema.json#/$defs/pool"});
+  check_agrees<AdoptedBuffer>("AdoptedBuffer", {"cupool-common-v1.schema.json#/$defs/buffer_summary"});
+  check_agrees<TensorEntry>("TensorEntry", {"cupool-common-v1.schema.json#/$defs/tensor"});
+  // status
+  check_agrees<Status>("Status", {"cupool-status-v1.schema.json"});
+  check_agrees<HolderInfo>("HolderInfo", {"cupool-status-v1.schema.json#/$defs/holder"});
+  check_agrees<AppliedConfig>("AppliedConfig",
+                              {"cupool-status-v1.schema.json#/$defs/holder/properties/applied_config"});
+  check_agrees<ClientInfo>("ClientInfo", {"cupool-status-v1.schema.json#/$defs/client"});
+  check_agrees<Custody>("Custody", {"cupool-status-v1.schema.json#/$defs/custody"});
+  check_agrees<Adoption>("Adoption", {"cupool-status-v1.schema.json#/$defs/adoption"});
+  check_agrees<RefusedBuffer>("RefusedBuffer",
+                              {"cupool-status-v1.schema.json#/$defs/adoption/properties/refused/items"});
+  // stats, trim
+  check_agrees<Stats>("Stats", {"cupool-stats-v1.schema.json"});
+  check_agrees<PoolStats>("PoolStats", {"cupool-stats-v1.schema.json#/$defs/pool_usage"});
+  check_agrees<DeviceGraph>("DeviceGraph", {"cupool-stats-v1.schema.json#/$defs/device_graph"});
+  check_agrees<Trim>("Trim", {"cupool-trim-v1.schema.json"});
+  check_agrees<PoolTrim>("PoolTrim", {"cupool-trim-v1.schema.json#/$defs/pool_trim"});
+  check_agrees<GraphTrim>("GraphTrim", {"cupool-trim-v1.schema.json#/$defs/device_trim"});
+  check_agrees<GraphTrim>("GraphTrim", {"cupool-trim-v1.schema.json#/$defs/trimmed"}, "graph");
+  // the buffer verbs
+  check_agrees<BufferInfo>("BufferInfo", {"cupool-buffer-ls-v1.schema.json#/$defs/listed_buffer"});
+  check_agrees<BufferTensors>("BufferTensors", {"cupool-buffer-ls-v1.schema.json#/$defs/buffer_tensors"});
+  check_agrees<BufferMade>("BufferMade", {"cupool-buffer-load-v1.schema.json", "cupool-buffer-create-v1.schema.json",
+                                          "cupool-buffer-rm-v1.schema.json"});
+  check_agrees<LoadStages>("LoadStages", {"cupool-buffer-load-v1.schema.json#/properties/stages"});
+  // exec --report
+  check_agrees<ProcessPool>("ProcessPool", {"cupool-exec-report-v1.schema.json#/$defs/process_pool"});
+  check_agrees<ProcessDevice>("ProcessDevice", {"cupool-exec-report-v1.schema.json#/$defs/process_device_stats"});
+  // plan / apply: the refusal (`error`) is written by the verb, not by the reply
+  check_agrees<PlanReply>("PlanReply", {"cupool-plan-v1.schema.json"}, nullptr, {"error"});
+  check_agrees<PlanChange>("PlanChange", {"cupool-plan-v1.schema.json#/$defs/change"});
+  // bench
+  check_agrees<BenchReport>("BenchReport", {"cupool-bench-v1.schema.json"});
+  check_agrees<BenchReport>("BenchReport", {"cupool-bench-v1.schema.json#/properties/gpu"}, "gpu");
+  check_agrees<BenchReport>("BenchReport", {"cupool-bench-v1.schema.json#/properties/settings"}, "settings");
+  check_agrees<cupool::model::BenchCase>("BenchCase", {"cupool-bench-v1.schema.json#/$defs/case"});
+  check_agrees<BenchComparison>("BenchComparison", {"cupool-bench-v1.schema.json#/properties/comparisons/items"});
+  // query
+  check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json"});
+  check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json#/properties/driver"}, "driver");
+  check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json#/properties/host"}, "host");
+  check_agrees<DeviceFacts>("DeviceFacts", {"cupool-query-v1.schema.json#/$defs/device_facts"});
+  check_agrees<DeviceFacts>("DeviceFacts", {"cupool-query-v1.schema.json#/$defs/device_facts/properties/memory"},
+                            "memory");
+  check_agrees<HandleProbe>("HandleProbe", {"cupool-query-v1.schema.json#/$defs/deep_result"});
+  check_agrees<GdsFacts>("GdsFacts", {"cupool-query-v1.schema.json#/properties/gds"});
+  // check, keeper --list
+  check_agrees<CheckReport>("CheckReport", {"cupool-check-v1.schema.json"});
+  check_agrees<CheckReport>("CheckReport", {"cupool-check-v1.schema.json#/properties/summary"}, "summary");
+  check_agrees<KeeperList>("KeeperList", {"cupool-keeper-list-v1.schema.json"});
+}
+
+TEST_CASE("every declared object reads back what it wrote") {
+  Status s;
+  s.source = {true, "simulated node (h100.yaml)", std::string("h100.yaml"), false, std::nullopt, std::nullopt};
+  s.holder.pid = 42;
+  s.holder.applied_config = AppliedConfig{"/tmp/x.yaml", "2026-01-01T00:00:00Z", std::nullopt};
+  PoolStatus p;
+  p.pool = {"kv", {1, "GPU-1", "0000:1b:00.0"}, "device", {"posix_fd"}, 64ULL << 30};
+  p.release_threshold = cupool::model::Threshold::of_bytes(std::numeric_limits<std::uint64_t>::max());
+  p.leases = {2, 128, 1, 64};
+  s.pools.push_back(p);
+  BufferInfo b;
+  b.name = "w";
+  b.tensor_count = 3;
+  b.permitted = true;
+  s.buffers.push_back(b);
+  s.custody.kind = "keeper";
+  s.custody.error = ErrorInfo{"x", "y", std::string("cuMemMap"), std::nullopt};
+  s.custody.adoption = Adoption{
+      7, {AdoptedBuffer{"w", "kv", {1, "u", "p"}, 9}}, {RefusedBuffer{"z", {"a", "b", {}, {}}}}, 1, false, 0.5};
+  s.clients.push_back(ClientInfo{});
+  s.clients.back().user = "ana";
+  s.clients.back().protocol = 4;
+  check_round_trip(s);
+  CHECK(read_json<Status>(write_json(s)).custody.adoption->buffers.at(0).id.device == 1);
+
+  PlanChange c;
+  c.action = "update";
+  c.object = "pool";
+  c.name = "kv";
+  c.id = DeviceId{0, "GPU-0", "p"};
+  c.field = "max_size";
+  c.from = "";
+  c.to = "8GiB";
+  c.to_value = 8ULL << 30;
+  check_round_trip(c);
+  const PlanChange back = read_json<PlanChange>(write_json(c));
+  CHECK(back.id);
+  CHECK(back.from_value.is_null());
+  CHECK(!read_json<PlanChange>(Json{{"action", "create"}, {"object", "holder"}}).id);
+
+  BufferTensors t;
+  t.name = "w";
+  t.part_sizes = {4096, 8192};
+  t.tensors.push_back({"a", "F16", {2, 3}, 1, 0, 12});
+  t.metadata["format"] = "pt";
+  check_round_trip(t);
+  CHECK(read_json<BufferTensors>(write_json(t)).part_sizes == t.part_sizes);
+
+  BufferMade m;
+  m.stages = LoadStages{1, 2, 3, 4, 5, 6};
+  m.read_method = "staged";
+  check_round_trip(m);
+  CHECK(write_json(m).contains("gds_note"));
+
+  NodeFacts n;
+  n.devices.emplace_back();
+  n.devices.back().probes = std::vector<HandleProbe>{{"fabric", false, ErrorInfo{"cuda_error", "no", {}, {}}}};
+  n.peer_access = {{true, false}, {false, true}};
+  n.gds = GdsFacts{};
+  check_round_trip(n);
+
+  BenchReport r;
+  r.note = "n";
+  r.sizes_bytes = {1, 2};
+  r.cases.emplace_back();
+  r.comparisons.emplace_back();
+  check_round_trip(r);
+
+  check_round_trip(Stats{{PoolStats{}}, 5, {DeviceGraph{}}});
+  check_round_trip(Trim{1, 2, {PoolTrim{}}, {GraphTrim{{0, "u", "p"}, 3, 2, 1}}});
+  check_round_trip(CheckReport{"f", "fits", 0, Source{}, 1, 2, 3, 4, {Finding{}}});
+  check_round_trip(ProcessDevice{{0, "u", "p"}, {ProcessPool{}}, Usage{1, 2, 3, 4}});
+  check_round_trip(PlanReply{true, {c}, {Finding{}}, "w", std::string("/etc/cupool.yaml")});
+  check_round_trip(ListReply{{PoolListed{}}, {b}});
+  check_round_trip(KeeperList{"s", {"a", "b"}});
+}
+
+TEST_CASE("a reader keeps defaults for what is missing and names what is ill-typed") {
+  // An older holder omits a field: its default stays.
+  const Stats st = read_json<Stats>(Json::parse(R"({"pools": [{"name": "kv", "future_field": 1}]})"));
+  CHECK(st.pools.at(0).name == "kv");
+  CHECK(st.pools.at(0).usage.used_bytes == 0);
+  CHECK(st.devices.empty());
+  // An ill-typed value is an error naming where it is.
+  CHECK_THROWS_WITH_AS(read_json<Stats>(Json::parse(R"({"pools": [{"used_bytes": "x"}]})")),
+                       "\"pools[0].used_bytes\" is not a non-negative integer", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_json<Status>(Json::parse(R"({"holder": {"pid": true}})")),
+                       "\"holder.pid\" is not an integer", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_json<DeviceFacts>(Json::parse(R"({"memory": {"total_bytes": -1}})")),
+                       "\"memory.total_bytes\" is not a non-negative integer", std::invalid_argument);
+  CHECK_THROWS_AS(read_json<Usage>(Json::parse("[]")), std::invalid_argument);
+  // Strict: what is not optional must be there.
+  CHECK_THROWS_WITH_AS(read_json_strict<ErrorInfo>(Json{{"code", "x"}}), "missing \"message\"", std::invalid_argument);
+  CHECK(!read_json_strict<ErrorInfo>(Json{{"code", "x"}, {"message", "y"}}).api);
+  // nlohmann's form reads the same way.
+  CHECK(Json{{"reserved_bytes", 5}}.get<Usage>().reserved_bytes == 5);
+}
+
+TEST_CASE("the reader records what a reply had") {
+  Status s;
+  Seen seen;
+  read_json(Json::parse(R"({"source": {"backend": "x"}, "holder": {"pid": 7}, "pools": [{"name": "p"}, {}]})"), s,
+            &seen);
+  CHECK(s.holder.pid == 7);
+  CHECK(seen.has(s.holder.pid));
+  CHECK(!seen.has(s.holder.socket));
+  CHECK(seen.has(s.source));
+  CHECK(!seen.has(s.source.simulated));  // the object is there, its first member is not
+  CHECK(seen.has(s.pools.at(0).pool.name));
+  CHECK(!seen.has(s.pools.at(1).pool.name));
+  CHECK(!seen.has(s.custody));
+}
