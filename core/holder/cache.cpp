@@ -95,7 +95,7 @@ std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)
   return waits;
 }
 
-void Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
+Reply Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
   // The reply comes later, in the names of the connection's protocol as an answer now would.
   if (r.client.protocol < proto::kNamedProtocol)
     then = [op = r.op, then = std::move(then)] {
@@ -104,7 +104,7 @@ void Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function
       return out;
     };
   waiters_.push_back(Waiter{r.id, r.request_id, std::move(asks), std::move(then)});
-  throw Deferred{};
+  return Reply::later();
 }
 
 void Holder::notify(std::uint64_t client, Json notice) {
@@ -208,7 +208,7 @@ bool Holder::apply_after_drops(const Desired& want, std::function<void(const std
 
 // ---- requests ----
 
-Json Holder::op_reuse(Request& r) {
+Reply Holder::op_reuse(Request& r) {
   const std::uint64_t lease = proto::read_reuse(r.args).lease;
   r.args.finish();
   auto it = leases_.find(lease);
@@ -218,7 +218,7 @@ Json Holder::op_reuse(Request& r) {
   return proto::to_json(proto::ReuseReply{lease, it->second.size});
 }
 
-Json Holder::op_dropped(Request& r) {
+Reply Holder::op_dropped(Request& r) {
   const proto::Dropped answer = proto::read_dropped(r.args, limits_.max_leases_per_client);
   r.args.finish();
   const std::uint64_t ask = answer.ask;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/fd.h"
@@ -20,6 +21,7 @@
 #include "device/backend.h"
 #include "device/node.h"
 #include "holder/account_book.h"
+#include "holder/reply.h"
 #include "model/model.h"
 #include "protocol/messages.h"
 #include "protocol/protocol.h"
@@ -117,9 +119,6 @@ class Holder {
   // Where a deferred reply goes (a request that waited for clients to drop cached blocks): the
   // whole reply body, "id" and "ok" included. Queued by the server like a notice.
   void on_deferred(std::function<void(std::uint64_t client, const Json& reply)> send) { deferred_ = std::move(send); }
-  // Thrown by handle() when the request's reply comes later, through on_deferred: the request
-  // waits for clients to answer `drop` notices (docs/protocol.md, "Cached blocks").
-  struct Deferred {};
   // How long a client has to answer a `drop` notice before its connection is closed.
   void set_drop_timeout_ms(std::int64_t ms) { drop_timeout_ms_ = ms; }
   // The connections that did not answer a `drop` notice in time (the server closes them, which
@@ -138,9 +137,11 @@ class Holder {
   bool admin(std::uint64_t client) const;
 
   // Handles one request (the payload's JSON) from `client`. Returns the reply's fields (the
-  // server adds "id" and "ok"). A reply that carries a descriptor sets `fd_out` (the server
-  // sends, then closes it). Throws cupool::Error with the document's error codes.
-  Json handle(std::uint64_t client, const Json& request, int& fd_out);
+  // server adds "id" and "ok") and the descriptor that rides with it, or Reply::later() when the
+  // request waits for clients to answer `drop` notices (docs/protocol.md, "Cached blocks"): its
+  // reply comes through on_deferred. Throws cupool::Error with the document's error codes.
+  // Custody is synced before it returns or throws.
+  Reply handle(std::uint64_t client, const Json& request);
 
   // ---- for the server and the verbs ----
   void set_draining(bool draining) { draining_ = draining; }
@@ -265,6 +266,9 @@ class Holder {
   using PoolKey = std::pair<std::string, int>;
 
   Client& client(std::uint64_t id);
+  // disconnect() and apply() but for custody, which they sync.
+  void forget_client(std::uint64_t id);
+  std::vector<Change> make_changes(const Desired& want);
   HeldPool& pool_for(const Client& c, const std::string& name, int device, bool for_use);
   bool permitted(const Client& c, const HeldPool& p) const;
   void require_admin(const Client& c, const char* op) const;
@@ -273,44 +277,45 @@ class Holder {
   model::DeviceId device_id(int device) const;      // ordinal, UUID and PCI bus id
   std::string device_pci_bus_id(int device) const;  // "0000:1b:00.0"
 
-  // One request being served: its connection, its arguments, and where a reply's descriptor goes.
+  // One request being served: its connection and its arguments.
   struct Request {
     std::uint64_t id;
     const Json& request_id;  // the request's "id", for a deferred reply
     Client& client;
     proto::Args& args;
-    int& fd_out;
     const std::string& op;
   };
   // A row of the request table (requests.cpp): an operation's name and the member that serves it.
   struct Operation {
     const char* name;
-    Json (Holder::*serve)(Request&);
+    Reply (Holder::*serve)(Request&);
   };
   static const std::vector<Operation>& operations();
 
-  Json op_hello(Request& r);
-  Json op_list(Request& r);
-  Json op_import_pool(Request& r);
-  Json op_alloc(Request& r);
-  Json op_free(Request& r);
-  Json op_reuse(Request& r);
-  Json op_dropped(Request& r);
-  Json op_buffer_open(Request& r);
-  Json op_buffer_close(Request& r);
-  Json op_status(Request& r);
-  Json op_stats(Request& r);
-  Json op_trim(Request& r);
-  Json op_plan(Request& r);
-  Json op_apply(Request& r);
-  Json op_export(Request& r);
-  Json op_buffer_create(Request& r);
-  Json op_buffer_remove(Request& r);
-  Json op_buffer_ready(Request& r);
-  Json op_buffer_tensors(Request& r);
+  Reply op_hello(Request& r);
+  Reply op_list(Request& r);
+  Reply op_import_pool(Request& r);
+  Reply op_alloc(Request& r);
+  Reply op_free(Request& r);
+  Reply op_reuse(Request& r);
+  Reply op_dropped(Request& r);
+  Reply op_buffer_open(Request& r);
+  Reply op_buffer_close(Request& r);
+  Reply op_status(Request& r);
+  Reply op_stats(Request& r);
+  Reply op_trim(Request& r);
+  Reply op_plan(Request& r);
+  Reply op_apply(Request& r);
+  Reply op_export(Request& r);
+  Reply op_buffer_create(Request& r);
+  Reply op_buffer_remove(Request& r);
+  Reply op_buffer_ready(Request& r);
+  Reply op_buffer_tensors(Request& r);
   // The buffer `name` for client `id` to read: not_found, or busy while another client loads it.
   HeldBuffer& readable_buffer(std::uint64_t id, const std::string& name);
-  Json plan_or_apply(Request& r, bool apply);
+  Reply plan_or_apply(Request& r, bool apply);
+  // handle() but for custody, which it syncs.
+  Reply serve(std::uint64_t client, const Json& request);
 
   // Allocates for client `id` from `p` and records the lease (leases.cpp); returns its id and the
   // allocation. Throws limit_exceeded, quota_exceeded, out_of_memory or CudaError.
@@ -331,8 +336,9 @@ class Holder {
                                     const char* reason);
   // Asks back the cached blocks that alone keep `want` from replacing or removing a pool.
   std::set<std::uint64_t> ask_drops_for(const Desired& want);
-  // Makes the current request's reply wait for `asks`, then answers with `then()`.
-  [[noreturn]] void defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then);
+  // Makes the current request's reply wait for `asks`, then answers with `then()`; returns
+  // Reply::later() for the handler to return.
+  Reply defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then);
   // An ask was answered or its client left: requests that waited only on it are answered.
   void finish_ask(std::uint64_t ask);
   void run_ready_waiters();
@@ -356,11 +362,24 @@ class Holder {
   // Whether custody's descriptor `name` is one the holder holds now: the manifest written last, or
   // a part of a buffer it holds (never removed as left over).
   bool held_in_custody(const std::string& name) const;
-  // Calls sync_custody() when it goes out of scope (at the end of a request, an apply, a disconnect).
-  struct SyncCustodyAtEnd {
-    Holder& holder;
-    ~SyncCustodyAtEnd() { holder.sync_custody(); }
-  };
+  // Runs `body` then sync_custody(), on its exception path too: the end of a request, an apply,
+  // a disconnect.
+  template <class Body>
+  auto then_sync_custody(Body&& body) -> decltype(body()) {
+    try {
+      if constexpr (std::is_void_v<decltype(body())>) {
+        body();
+        sync_custody();
+      } else {
+        auto out = body();
+        sync_custody();
+        return out;
+      }
+    } catch (...) {
+      sync_custody();
+      throw;
+    }
+  }
   model::Custody custody_status() const;
   // Sends `notice` to `client` in the names its protocol speaks (proto::to_old_names below 4).
   void notify(std::uint64_t client, Json notice);

@@ -34,7 +34,10 @@ std::uint64_t Holder::connect(const Peer& peer) {
 }
 
 void Holder::disconnect(std::uint64_t id) {
-  const SyncCustodyAtEnd sync{*this};
+  then_sync_custody([&] { forget_client(id); });
+}
+
+void Holder::forget_client(std::uint64_t id) {
   auto it = clients_.find(id);
   if (it == clients_.end()) return;
   // A request of its own that waited for drops is answered to nobody.

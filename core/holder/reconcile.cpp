@@ -186,7 +186,10 @@ std::vector<Change> Holder::plan(const Desired& want) const {
 }
 
 std::vector<Change> Holder::apply(const Desired& want) {
-  const SyncCustodyAtEnd sync{*this};
+  return then_sync_custody([&] { return make_changes(want); });
+}
+
+std::vector<Change> Holder::make_changes(const Desired& want) {
   std::vector<Change> changes = plan(want);
   auto find_want = [&](const std::string& name, int device) -> const PoolWant* {
     for (const auto& pw : want.pools)
