@@ -109,8 +109,8 @@ Reply Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::functio
 
 void Holder::notify(std::uint64_t client, Json notice) {
   if (!notice_) return;
-  const auto c = clients_.find(client);
-  if (c != clients_.end() && c->second.protocol < proto::kNamedProtocol)
+  const HeldClient* c = clients_.find(client);
+  if (c && c->protocol < proto::kNamedProtocol)
     proto::to_old_names(proto::Message::notice, notice.value("notice", ""), notice);
   notice_(client, notice);
 }
@@ -148,7 +148,7 @@ void Holder::run_ready_waiters() {
     }
     if (w.client == 0) {
       if (!reply.value("ok", false)) spdlog::error("after cached blocks were dropped: {}", reply["error"].dump());
-    } else if (clients_.count(w.client) && deferred_) {
+    } else if (clients_.find(w.client) && deferred_) {
       deferred_(w.client, reply);
     }
   }

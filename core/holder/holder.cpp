@@ -9,7 +9,12 @@ namespace cupool {
 // ---- Holder ----
 
 Holder::Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits limits)
-    : backend_(backend), node_(std::move(node)), self_uid_(self_uid), limits_(limits), created_at_(now_s()) {}
+    : backend_(backend),
+      node_(std::move(node)),
+      self_uid_(self_uid),
+      limits_(limits),
+      clients_(self_uid, limits),
+      created_at_(now_s()) {}
 
 Holder::~Holder() { shutdown(); }
 

@@ -21,6 +21,7 @@
 #include "device/backend.h"
 #include "device/node.h"
 #include "holder/account_book.h"
+#include "holder/client_table.h"
 #include "holder/reply.h"
 #include "model/model.h"
 #include "protocol/messages.h"
@@ -30,15 +31,6 @@
 namespace cupool {
 
 using Json = nlohmann::ordered_json;
-
-// Who is on the other end of a connection, as the kernel says (SO_PEERCRED, SO_PEERGROUPS).
-struct Peer {
-  int pid = 0;
-  std::uint32_t uid = 0;
-  std::uint32_t gid = 0;
-  std::string user;                      // name of uid ("" when unknown)
-  std::vector<std::string> group_names;  // names of the primary and supplementary groups
-};
 
 // One difference between what is held and what a config asks for.
 // A value before or after a change: as the config writes it, and typed (null where absent).
@@ -67,19 +59,6 @@ class SocketPermissions {
   // reads them back.
   // Throws cupool::Error saying what could not be done.
   virtual void set(unsigned mode, const std::string& group) = 0;
-};
-
-// Bounds on what clients can make the holder keep.
-struct HolderLimits {
-  std::size_t max_leases_per_client = 65536;
-  std::size_t max_open_buffers_per_client = 4096;
-  std::size_t max_clients = 1024;
-  // Connections of one user (by the kernel's word, SO_PEERCRED) who is not an admin, so that one
-  // user can't take every connection.
-  std::size_t max_clients_per_user = 256;
-  // Admins (root, the holder's user) may connect beyond max_clients by this many, so the operator
-  // can always run `cupool status` on a full holder; they have no per-user limit.
-  std::size_t admin_reserve = 16;
 };
 
 class Holder {
@@ -251,18 +230,7 @@ class Holder {
     std::set<std::uint64_t> asks;
     std::function<Json()> then;
   };
-  struct Client {
-    Peer peer;
-    bool admin = false;
-    bool greeted = false;
-    int protocol = 0;  // the version hello agreed on
-    std::string name;
-    std::int64_t connected_at = 0;  // steady clock, seconds
-    std::set<std::uint64_t> leases;
-    std::map<std::pair<std::string, int>, std::uint64_t> bytes_in_pool;
-    std::map<std::string, std::uint64_t> open_buffers;              // name -> opens
-    std::map<std::pair<std::string, int>, std::uint64_t> imported;  // pools it imported -> generation
-  };
+  using Client = HeldClient;
   using PoolKey = std::pair<std::string, int>;
 
   Client& client(std::uint64_t id);
@@ -406,8 +374,7 @@ class Holder {
   std::map<PoolKey, HeldPool> pools_;
   std::map<std::string, HeldBuffer> buffers_;
   std::map<std::uint64_t, Lease> leases_;
-  std::map<std::uint64_t, Client> clients_;
-  std::uint64_t next_client_ = 0;
+  ClientTable clients_;
   std::uint64_t next_lease_ = 0;
   bool draining_ = false;
   std::int64_t created_at_ = 0;
