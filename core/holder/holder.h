@@ -22,6 +22,7 @@
 #include "device/node.h"
 #include "holder/account_book.h"
 #include "holder/client_table.h"
+#include "holder/drop_asks.h"
 #include "holder/reply.h"
 #include "model/model.h"
 #include "protocol/messages.h"
@@ -99,7 +100,7 @@ class Holder {
   // whole reply body, "id" and "ok" included. Queued by the server like a notice.
   void on_deferred(std::function<void(std::uint64_t client, const Json& reply)> send) { deferred_ = std::move(send); }
   // How long a client has to answer a `drop` notice before its connection is closed.
-  void set_drop_timeout_ms(std::int64_t ms) { drop_timeout_ms_ = ms; }
+  void set_drop_timeout_ms(std::int64_t ms) { drops_.set_timeout_ms(ms); }
   // The connections that did not answer a `drop` notice in time (the server closes them, which
   // frees their leases); `now_ms` is the steady clock's.
   std::vector<std::uint64_t> overdue(std::int64_t now_ms) const;
@@ -216,19 +217,6 @@ class Holder {
     std::uint64_t address = 0;
     bool cached = false;    // released by the client into its cache: still mapped there, still charged
     std::uint64_t ask = 0;  // the `drop` notice that asked for it back (0: none)
-  };
-  // A `drop` notice: the cached leases a client was asked to unmap, and by when.
-  struct Ask {
-    std::uint64_t client = 0;
-    std::set<std::uint64_t> leases;
-    std::int64_t deadline_ms = 0;
-  };
-  // A request whose reply waits for `drop` answers (`asks`), then runs `then` for its reply.
-  struct Waiter {
-    std::uint64_t client = 0;  // 0: nobody waits for the reply (a reload); it is logged
-    Json id;
-    std::set<std::uint64_t> asks;
-    std::function<Json()> then;
   };
   using Client = HeldClient;
   using PoolKey = std::pair<std::string, int>;
@@ -365,10 +353,7 @@ class Holder {
   SocketPermissions* socket_ = nullptr;
   std::function<void(std::uint64_t, const Json&)> notice_;
   std::function<void(std::uint64_t, const Json&)> deferred_;
-  std::int64_t drop_timeout_ms_ = 5000;
-  std::map<std::uint64_t, Ask> asks_;
-  std::uint64_t next_ask_ = 0;
-  std::vector<Waiter> waiters_;
+  DropAsks drops_;                   // `drop` asks and the requests waiting on them
   std::uint64_t dropped_bytes_ = 0;  // cached bytes clients gave back when asked, ever
   std::uint64_t next_generation_ = 0;
   std::map<PoolKey, HeldPool> pools_;

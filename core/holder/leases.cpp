@@ -21,14 +21,10 @@ void Holder::forget_client(std::uint64_t id) {
   HeldClient* gone = clients_.find(id);
   if (!gone) return;
   // A request of its own that waited for drops is answered to nobody.
-  waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.client == id; }),
-                 waiters_.end());
+  drops_.forget_waiters_of(id);
   const std::set<std::uint64_t> leases = gone->leases;
   for (std::uint64_t l : leases) free_lease(l);  // answers its drop notices: requests waiting on them go on
-  std::vector<std::uint64_t> left;
-  for (const auto& [ask, a] : asks_)
-    if (a.client == id) left.push_back(ask);
-  for (std::uint64_t ask : left) finish_ask(ask);
+  for (std::uint64_t ask : drops_.of(id)) finish_ask(ask);
   for (const auto& [name, opens] : gone->open_buffers) {
     auto b = buffers_.find(name);
     if (b != buffers_.end()) b->second.opens -= std::min(b->second.opens, opens);

@@ -168,7 +168,7 @@ Reply Holder::op_hello(Request& r) {
   out.limits.max_open_buffer_count = limits_.max_open_buffers_per_client;
   out.limits.frame_timeout_seconds = 5.0;
   out.limits.max_queued_bytes = 1 << 20;
-  out.limits.drop_timeout_seconds = static_cast<double>(drop_timeout_ms_) / 1000.0;
+  out.limits.drop_timeout_seconds = static_cast<double>(drops_.timeout_ms()) / 1000.0;
   return proto::to_json(out);
 }
 
