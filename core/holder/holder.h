@@ -298,6 +298,15 @@ class Holder {
   // An ask was answered or its client left: requests that waited only on it are answered.
   void finish_ask(std::uint64_t ask);
   void run_ready_waiters();
+  // The steps of plan(): the holder section, the buffers that go or change, each held pool, and a
+  // pool name replaced on all its devices or none.
+  void plan_holder(const Desired& want, std::vector<Change>& changes) const;
+  void plan_buffers_out(const Desired& want, std::vector<Change>& changes) const;
+  void plan_pool(const PoolKey& key, const HeldPool& h, const Desired& want, std::vector<Change>& changes) const;
+  static void keep_pools_whole(std::vector<Change>& changes);
+  std::string lease_note(const HeldPool& h) const;
+  std::vector<std::string> buffers_in(const PoolKey& key, const Desired* keep) const;
+  std::string blocked_reason(const PoolKey& key, const HeldPool& h, const Desired& want) const;
   void create_pool(const PoolWant& w);
   void update_pool(HeldPool& held, const PoolWant& w);
   void destroy_pool(const PoolKey& key);
