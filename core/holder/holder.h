@@ -31,6 +31,10 @@
 
 namespace cupool {
 
+namespace adoption {
+class Allocations;  // adopt.cpp
+}  // namespace adoption
+
 using Json = nlohmann::ordered_json;
 
 // One difference between what is held and what a config asks for.
@@ -345,6 +349,10 @@ class Holder {
       throw;
     }
   }
+  // The steps of adopt() for one buffer of the manifest (adopt.cpp).
+  std::string adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const;
+  std::string adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+                          adoption::Allocations& allocations, HeldBuffer& b);
   model::Custody custody_status() const;
   // Sends `notice` to `client` in the names its protocol speaks (proto::to_old_names below 4).
   void notify(std::uint64_t client, Json notice);
