@@ -135,6 +135,10 @@ Json tensor_entries(const Json& index) {
   return tensors;
 }
 
+}  // namespace
+
+namespace adoption {
+
 // The allocations adopted so far, so that one kept under two names is seen, each in logarithmic
 // time (custody may keep 8,192 descriptors: comparing every pair would cost tens of millions of
 // system calls at the start). A memfd (the simulated node) is one allocation per inode. The
@@ -178,14 +182,14 @@ class Allocations {
   std::map<Key, std::string, Less> by_;
 };
 
-}  // namespace
+}  // namespace adoption
 
-model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& want) {
-  const auto started = std::chrono::steady_clock::now();
-  model::Adoption report;
-  std::map<std::string, Fd> by_name;
-  for (auto& k : kept) by_name[k.name] = std::move(k.fd);
-  // The newest manifest that opens; the others (older, or refused) are removed.
+namespace {
+
+// The newest manifest of `by_name` that opens (none: none does), and in `newest` the highest
+// sequence of those that open or are older than it; those that don't open are in `report` as refused.
+std::optional<custody::Manifest> newest_manifest(const std::map<std::string, Fd>& by_name, model::Adoption& report,
+                                                 std::uint64_t& newest) {
   std::vector<std::pair<std::uint64_t, std::string>> manifests;
   for (const auto& [name, fd] : by_name)
     if (const auto seq = custody::parse_manifest_fd_name(name)) manifests.emplace_back(*seq, name);
@@ -193,7 +197,6 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
   // Only a manifest that opens counts for the next sequence: junk named with a sequence that can't
   // be followed must not stop this holder from writing its own.
   std::optional<custody::Manifest> manifest;
-  std::uint64_t newest = 0;
   for (const auto& [seq, name] : manifests) {
     if (manifest) {
       newest = std::max(newest, seq);  // older, and opened by the holder that wrote the newest
@@ -207,8 +210,21 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
       report.refused.push_back({name, {"refused", e.what(), {}, {}}});
     }
   }
-  std::set<std::string> taken;  // descriptor names now held by adopted buffers
-  Allocations allocations;      // the allocations of adopted buffers (and of the one being adopted)
+  return manifest;
+}
+
+}  // namespace
+
+model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& want) {
+  const auto started = std::chrono::steady_clock::now();
+  model::Adoption report;
+  std::map<std::string, Fd> by_name;
+  for (auto& k : kept) by_name[k.name] = std::move(k.fd);
+  // The newest manifest that opens; the others (older, or refused) are removed.
+  std::uint64_t newest = 0;
+  const std::optional<custody::Manifest> manifest = newest_manifest(by_name, report, newest);
+  std::set<std::string> taken;        // descriptor names now held by adopted buffers
+  adoption::Allocations allocations;  // the allocations of adopted buffers (and of the one being adopted)
   if (manifest) {
     report.manifest_sequence = manifest->sequence;
     for (const custody::ManifestBuffer& mb : manifest->buffers) {
@@ -221,28 +237,7 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
         refuse("its device " + mb.uuid + " is not on this node");
         continue;
       }
-      if (buffers_.count(mb.name)) {
-        refuse("a buffer of that name is held already");
-        continue;
-      }
-      // Charged to a pool the config holds, where it could have been made: a device pool on its device.
-      const auto pool = std::find_if(want.pools.begin(), want.pools.end(),
-                                     [&](const PoolWant& p) { return p.name == mb.pool && p.device == device; });
-      if (pool == want.pools.end() || pool->props.location != PoolProps::Location::device) {
-        refuse("its pool " + mb.pool + " on device " + std::to_string(device) + " (" + mb.uuid +
-               ") is not a device pool of the config: nothing would account for it (put the pool back in the "
-               "config to keep such buffers)");
-        continue;
-      }
-      // Each part mapped whole: an allocation is its size rounded up to the granularity, as made.
-      std::string why;
-      const std::uint64_t granularity = backend_.allocation_granularity(device);
-      for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i)
-        if (granularity && mb.mapped[i] != (mb.parts[i] + granularity - 1) / granularity * granularity)
-          why = "part " + std::to_string(i) + " says " + std::to_string(mb.mapped[i]) + " bytes are mapped for " +
-                std::to_string(mb.parts[i]) + ", not the allocation of " + format_bytes(granularity) +
-                " granules that holds them";
-      if (!why.empty()) {
+      if (const std::string why = adoption_refusal(mb, device, want); !why.empty()) {
         refuse(why);
         continue;
       }
@@ -252,46 +247,7 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
       b.owner = mb.owner;
       b.from_config = mb.origin == "config";
       b.adopted = true;
-      for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i) {
-        const std::string fd_name = custody::part_fd_name(mb.name, i);
-        auto fd = by_name.find(fd_name);
-        if (fd == by_name.end() || !fd->second) {
-          why = "part " + std::to_string(i) + " (" + fd_name + ") is not in custody";
-          break;
-        }
-        // One allocation is one buffer's: a descriptor kept under two names would be held twice.
-        if (const std::string* other = allocations.find(fd->second.get())) {
-          why = fd_name + " is the same allocation as " + *other;
-          break;
-        }
-        try {
-          HeldBuffer::Part part;
-          part.allocation.address = backend_.map_exported(device, fd->second.get(), mb.mapped[i], {});
-          part.size = mb.parts[i];
-          part.mapped = mb.mapped[i];
-          part.fd = std::move(fd->second);
-          allocations.add(part.fd.get(), fd_name);
-          b.parts.push_back(std::move(part));
-        } catch (const std::exception& e) {
-          why = "part " + std::to_string(i) + " (" + fd_name + ", " + format_bytes(mb.mapped[i]) + " on " + mb.uuid +
-                ") does not match what custody holds: " + e.what();
-        }
-      }
-      if (why.empty() && !mb.index.is_null()) {
-        try {
-          b.index = tensors::from_json(tensor_entries(mb.index), mb.index.value("metadata", Json::object()), mb.parts);
-        } catch (const std::exception& e) {
-          why = std::string("its tensor index is not valid: ") + e.what();
-        }
-      }
-      if (!why.empty()) {
-        for (const auto& part : b.parts) {
-          allocations.erase(part.fd.get());  // before it closes
-          try {
-            backend_.unmap_exported(part.allocation.address);
-          } catch (...) {
-          }
-        }
+      if (const std::string why = adopt_parts(mb, device, by_name, allocations, b); !why.empty()) {
         refuse(why);
         continue;
       }
@@ -320,6 +276,77 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();  // manifest included
   adoption_ = report;
   return report;
+}
+
+// Why the manifest's buffer `mb` on `device` is not adopted before its parts are looked at ("": it
+// may be): a buffer of its name is held, its pool is not a device pool of `want` there, or its
+// parts are not mapped whole.
+std::string Holder::adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const {
+  if (buffers_.count(mb.name)) return "a buffer of that name is held already";
+  // Charged to a pool the config holds, where it could have been made: a device pool on its device.
+  const auto pool = std::find_if(want.pools.begin(), want.pools.end(),
+                                 [&](const PoolWant& p) { return p.name == mb.pool && p.device == device; });
+  if (pool == want.pools.end() || pool->props.location != PoolProps::Location::device)
+    return "its pool " + mb.pool + " on device " + std::to_string(device) + " (" + mb.uuid +
+           ") is not a device pool of the config: nothing would account for it (put the pool back in the "
+           "config to keep such buffers)";
+  // Each part mapped whole: an allocation is its size rounded up to the granularity, as made.
+  std::string why;
+  const std::uint64_t granularity = backend_.allocation_granularity(device);
+  for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i)
+    if (granularity && mb.mapped[i] != (mb.parts[i] + granularity - 1) / granularity * granularity)
+      why = "part " + std::to_string(i) + " says " + std::to_string(mb.mapped[i]) + " bytes are mapped for " +
+            std::to_string(mb.parts[i]) + ", not the allocation of " + format_bytes(granularity) +
+            " granules that holds them";
+  return why;
+}
+
+// Maps the parts of `mb` from custody's descriptors (`by_name`, taken from there) into `b`, and its
+// tensor index. Returns why not ("" when done); then what it mapped is unmapped again.
+std::string Holder::adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+                                adoption::Allocations& allocations, HeldBuffer& b) {
+  std::string why;
+  for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i) {
+    const std::string fd_name = custody::part_fd_name(mb.name, i);
+    auto fd = by_name.find(fd_name);
+    if (fd == by_name.end() || !fd->second) {
+      why = "part " + std::to_string(i) + " (" + fd_name + ") is not in custody";
+      break;
+    }
+    // One allocation is one buffer's: a descriptor kept under two names would be held twice.
+    if (const std::string* other = allocations.find(fd->second.get())) {
+      why = fd_name + " is the same allocation as " + *other;
+      break;
+    }
+    try {
+      HeldBuffer::Part part;
+      part.allocation.address = backend_.map_exported(device, fd->second.get(), mb.mapped[i], {});
+      part.size = mb.parts[i];
+      part.mapped = mb.mapped[i];
+      part.fd = std::move(fd->second);
+      allocations.add(part.fd.get(), fd_name);
+      b.parts.push_back(std::move(part));
+    } catch (const std::exception& e) {
+      why = "part " + std::to_string(i) + " (" + fd_name + ", " + format_bytes(mb.mapped[i]) + " on " + mb.uuid +
+            ") does not match what custody holds: " + e.what();
+    }
+  }
+  if (why.empty() && !mb.index.is_null()) {
+    try {
+      b.index = tensors::from_json(tensor_entries(mb.index), mb.index.value("metadata", Json::object()), mb.parts);
+    } catch (const std::exception& e) {
+      why = std::string("its tensor index is not valid: ") + e.what();
+    }
+  }
+  if (!why.empty())
+    for (const auto& part : b.parts) {
+      allocations.erase(part.fd.get());  // before it closes
+      try {
+        backend_.unmap_exported(part.allocation.address);
+      } catch (...) {
+      }
+    }
+  return why;
 }
 
 std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {

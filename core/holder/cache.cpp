@@ -46,11 +46,12 @@ void Holder::uncache_lease(std::uint64_t id) noexcept {
     p->second.cached_bytes -= std::min(p->second.cached_bytes, l.size);
   }
   if (l.ask) {
-    auto a = asks_.find(l.ask);
+    const std::uint64_t ask = l.ask;
+    DropAsk* a = drops_.find(ask);
     l.ask = 0;
-    if (a != asks_.end()) {
-      a->second.leases.erase(id);
-      if (a->second.leases.empty()) finish_ask(a->first);
+    if (a) {
+      a->leases.erase(id);
+      if (a->leases.empty()) finish_ask(ask);
     }
   }
 }
@@ -74,28 +75,25 @@ std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)
     else
       fresh[l->client].push_back(id);
   }
-  const std::int64_t deadline = now_ms() + drop_timeout_ms_;
+  const std::int64_t now = now_ms();
   for (const auto& [client_id, ids] : fresh) {
-    const std::uint64_t ask = ++next_ask_;
-    Ask a{client_id, {}, deadline};
+    const std::uint64_t ask = drops_.open(client_id, {ids.begin(), ids.end()}, now);
     std::uint64_t sum = 0;
     for (std::uint64_t id : ids) {
       Lease& l = leases_.at(id);
       l.ask = ask;
-      a.leases.insert(id);
       sum += l.size;
     }
-    asks_[ask] = std::move(a);
     waits.insert(ask);
     spdlog::info("asking client {} to drop {} cached block{} ({} bytes) for {}", client_id, ids.size(),
                  ids.size() == 1 ? "" : "s", sum, reason);
     notify(client_id,
-           proto::to_json(proto::Drop{ask, ids, sum, reason, static_cast<double>(drop_timeout_ms_) / 1000.0}));
+           proto::to_json(proto::Drop{ask, ids, sum, reason, static_cast<double>(drops_.timeout_ms()) / 1000.0}));
   }
   return waits;
 }
 
-void Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
+Reply Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
   // The reply comes later, in the names of the connection's protocol as an answer now would.
   if (r.client.protocol < proto::kNamedProtocol)
     then = [op = r.op, then = std::move(then)] {
@@ -103,37 +101,30 @@ void Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function
       proto::to_old_names(proto::Message::reply, op, out);
       return out;
     };
-  waiters_.push_back(Waiter{r.id, r.request_id, std::move(asks), std::move(then)});
-  throw Deferred{};
+  drops_.wait(DropWaiter{r.id, r.request_id, std::move(asks), std::move(then)});
+  return Reply::later();
 }
 
 void Holder::notify(std::uint64_t client, Json notice) {
   if (!notice_) return;
-  const auto c = clients_.find(client);
-  if (c != clients_.end() && c->second.protocol < proto::kNamedProtocol)
+  const HeldClient* c = clients_.find(client);
+  if (c && c->protocol < proto::kNamedProtocol)
     proto::to_old_names(proto::Message::notice, notice.value("notice", ""), notice);
   notice_(client, notice);
 }
 
 void Holder::finish_ask(std::uint64_t ask) {
-  auto it = asks_.find(ask);
-  if (it == asks_.end()) return;
-  for (std::uint64_t id : it->second.leases) {
+  for (std::uint64_t id : drops_.close(ask)) {
     auto l = leases_.find(id);
     if (l != leases_.end() && l->second.ask == ask) l->second.ask = 0;
   }
-  asks_.erase(it);
-  for (Waiter& w : waiters_) w.asks.erase(ask);
 }
 
 void Holder::run_ready_waiters() {
   // A waiter's reply may free leases or send notices, never start another wait (then() runs with
   // waiting off), so this ends.
-  while (true) {
-    auto it = std::find_if(waiters_.begin(), waiters_.end(), [](const Waiter& w) { return w.asks.empty(); });
-    if (it == waiters_.end()) return;
-    Waiter w = std::move(*it);
-    waiters_.erase(it);
+  while (std::optional<DropWaiter> ready = drops_.take_ready()) {
+    DropWaiter& w = *ready;
     Json reply;
     reply["id"] = w.id;
     try {
@@ -148,25 +139,15 @@ void Holder::run_ready_waiters() {
     }
     if (w.client == 0) {
       if (!reply.value("ok", false)) spdlog::error("after cached blocks were dropped: {}", reply["error"].dump());
-    } else if (clients_.count(w.client) && deferred_) {
+    } else if (clients_.find(w.client) && deferred_) {
       deferred_(w.client, reply);
     }
   }
 }
 
-std::vector<std::uint64_t> Holder::overdue(std::int64_t now) const {
-  std::set<std::uint64_t> late;
-  for (const auto& [id, a] : asks_)
-    if (a.deadline_ms <= now) late.insert(a.client);
-  return {late.begin(), late.end()};
-}
+std::vector<std::uint64_t> Holder::overdue(std::int64_t now) const { return drops_.overdue(now); }
 
-std::optional<std::int64_t> Holder::next_deadline() const {
-  std::optional<std::int64_t> first;
-  for (const auto& [id, a] : asks_)
-    if (!first || a.deadline_ms < *first) first = a.deadline_ms;
-  return first;
-}
+std::optional<std::int64_t> Holder::next_deadline() const { return drops_.next_deadline(); }
 
 std::size_t Holder::cached_count() const {
   std::size_t n = 0;
@@ -199,16 +180,16 @@ bool Holder::apply_after_drops(const Desired& want, std::function<void(const std
     done(apply(want));
     return false;
   }
-  waiters_.push_back(Waiter{0, Json(), std::move(asks), [this, want, done = std::move(done)] {
-                              done(apply(want));
-                              return Json::object();
-                            }});
+  drops_.wait(DropWaiter{0, Json(), std::move(asks), [this, want, done = std::move(done)] {
+                           done(apply(want));
+                           return Json::object();
+                         }});
   return true;
 }
 
 // ---- requests ----
 
-Json Holder::op_reuse(Request& r) {
+Reply Holder::op_reuse(Request& r) {
   const std::uint64_t lease = proto::read_reuse(r.args).lease;
   r.args.finish();
   auto it = leases_.find(lease);
@@ -218,7 +199,7 @@ Json Holder::op_reuse(Request& r) {
   return proto::to_json(proto::ReuseReply{lease, it->second.size});
 }
 
-Json Holder::op_dropped(Request& r) {
+Reply Holder::op_dropped(Request& r) {
   const proto::Dropped answer = proto::read_dropped(r.args, limits_.max_leases_per_client);
   r.args.finish();
   const std::uint64_t ask = answer.ask;
@@ -235,11 +216,11 @@ Json Holder::op_dropped(Request& r) {
     dropped_bytes_ += leases_.at(id).size;
     free_lease(id);
   }
-  auto a = asks_.find(ask);
-  if (a != asks_.end() && a->second.client == r.id) {
+  const DropAsk* a = drops_.find(ask);
+  if (a && a->client == r.id) {
     // What it did not drop it reused (its `reuse` came first on the same socket), or it keeps
     // against the protocol; either way the ask is answered.
-    for (std::uint64_t id : a->second.leases)
+    for (std::uint64_t id : a->leases)
       if (leases_.count(id) && leases_.at(id).cached)
         spdlog::warn("client {} answered drop {} but kept cached lease {}", r.id, ask, id);
     finish_ask(ask);

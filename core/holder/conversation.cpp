@@ -132,16 +132,18 @@ void Conversation::handle(const std::string& payload) {
       return;
     }
   }
-  int fd = -1;
+  Fd fd;
   Json reply;
   try {
-    Json body = holder_.handle(client_, request, fd);
+    Reply answer = holder_.handle(client_, request);
+    if (answer.waits) {
+      waiting_ = true;  // Holder::on_deferred brings the reply (answer())
+      return;
+    }
+    fd = std::move(answer.fd);
     reply["id"] = id;
     reply["ok"] = true;
-    for (auto& [k, v] : body.items()) reply[k] = v;
-  } catch (const Holder::Deferred&) {
-    waiting_ = true;  // Holder::on_deferred brings the reply (answer())
-    return;
+    for (auto& [k, v] : answer.body.items()) reply[k] = v;
   } catch (const ConfigRejected& e) {
     reply = rejected_body(id, e);
   } catch (const Error& e) {
@@ -151,13 +153,10 @@ void Conversation::handle(const std::string& payload) {
     reply = error_body(id, errc_info(Errc::internal).wire, e.what());
   }
   const bool ok = reply.value("ok", false);
-  if (!ok && fd >= 0) {
-    ::close(fd);
-    fd = -1;
-  }
+  if (!ok) fd.reset();
   if (on_reply) on_reply(request, reply);
   if (quiet && ok) return;  // a quiet request is answered only when it fails
-  queue(reply, proto::Kind::reply, fd);
+  queue(reply, proto::Kind::reply, std::move(fd));
 }
 
 void Conversation::answer(const Json& reply) {
@@ -175,11 +174,11 @@ void Conversation::refuse(const std::string& why) {
   parts_started_ = false;
 }
 
-void Conversation::queue(const Json& body, proto::Kind kind, int fd) {
+void Conversation::queue(const Json& body, proto::Kind kind, Fd fd) {
   OutFrame f;
-  f.fd.reset(fd);
+  f.fd = std::move(fd);
   try {
-    f.bytes = proto::encode(kind, body, fd >= 0 ? 1 : 0);
+    f.bytes = proto::encode(kind, body, f.fd ? 1 : 0);
   } catch (const Error& e) {
     f.fd.reset();
     f.bytes = proto::encode(kind, error_body(body.value("id", Json()), errc_info(Errc::internal).wire, e.what()));

@@ -53,7 +53,7 @@ class Conversation {
   // A whole request is waiting and may be handled now: not while kMaxQueuedFds replies that carry
   // a descriptor wait for the peer to read them (a peer that asks for descriptors and never reads
   // can't make the holder keep more).
-  // While a request waits for cached blocks (Holder::Deferred), quiet `dropped`, `free` and
+  // While a request waits for cached blocks (Reply::later()), quiet `dropped`, `free` and
   // `reuse` are served at once; other requests are held (up to kMaxInbox bytes) and served in
   // order once the waiting one is answered, so replies keep the order of requests.
   bool has_work() const {
@@ -67,7 +67,7 @@ class Conversation {
   void refuse(const std::string& why);
   // Queues a reply or notice. A body that does not fit a frame is replaced by an "internal" error
   // (and `fd` is closed).
-  void queue(const nlohmann::ordered_json& body, proto::Kind kind = proto::Kind::reply, int fd = -1);
+  void queue(const nlohmann::ordered_json& body, proto::Kind kind = proto::Kind::reply, Fd fd = {});
 
   // Frames waiting to be sent, oldest first, and their unsent bytes.
   std::deque<OutFrame>& out() { return out_; }
@@ -109,7 +109,7 @@ class Conversation {
   std::size_t fds_queued_ = 0;
   bool closing_ = false;
   std::string parts_;             // the payloads of the parts of a request so far
-  bool waiting_ = false;          // a request's reply waits for cached blocks (Holder::Deferred)
+  bool waiting_ = false;          // a request's reply waits for cached blocks (Reply::later())
   std::deque<std::string> held_;  // payloads of requests that came while one waited
   std::size_t held_bytes_ = 0;
   bool parts_started_ = false;

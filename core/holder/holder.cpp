@@ -9,7 +9,12 @@ namespace cupool {
 // ---- Holder ----
 
 Holder::Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits limits)
-    : backend_(backend), node_(std::move(node)), self_uid_(self_uid), limits_(limits), created_at_(now_s()) {}
+    : backend_(backend),
+      node_(std::move(node)),
+      self_uid_(self_uid),
+      limits_(limits),
+      clients_(self_uid, limits),
+      created_at_(now_s()) {}
 
 Holder::~Holder() { shutdown(); }
 
@@ -46,7 +51,7 @@ void Holder::shutdown() noexcept {
   custody_ = nullptr;  // what custody keeps stays there: the next holder adopts it
   notice_ = nullptr;   // the holder is ending: nobody to tell, and the owner may be half gone
   deferred_ = nullptr;
-  waiters_.clear();
+  drops_.forget_waiters();
   std::vector<std::uint64_t> ids;
   for (const auto& [id, l] : leases_) ids.push_back(id);
   for (auto id : ids) free_lease(id);

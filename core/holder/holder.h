@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/fd.h"
@@ -20,6 +21,9 @@
 #include "device/backend.h"
 #include "device/node.h"
 #include "holder/account_book.h"
+#include "holder/client_table.h"
+#include "holder/drop_asks.h"
+#include "holder/reply.h"
 #include "model/model.h"
 #include "protocol/messages.h"
 #include "protocol/protocol.h"
@@ -27,16 +31,11 @@
 
 namespace cupool {
 
-using Json = nlohmann::ordered_json;
+namespace adoption {
+class Allocations;  // adopt.cpp
+}  // namespace adoption
 
-// Who is on the other end of a connection, as the kernel says (SO_PEERCRED, SO_PEERGROUPS).
-struct Peer {
-  int pid = 0;
-  std::uint32_t uid = 0;
-  std::uint32_t gid = 0;
-  std::string user;                      // name of uid ("" when unknown)
-  std::vector<std::string> group_names;  // names of the primary and supplementary groups
-};
+using Json = nlohmann::ordered_json;
 
 // One difference between what is held and what a config asks for.
 // A value before or after a change: as the config writes it, and typed (null where absent).
@@ -65,19 +64,6 @@ class SocketPermissions {
   // reads them back.
   // Throws cupool::Error saying what could not be done.
   virtual void set(unsigned mode, const std::string& group) = 0;
-};
-
-// Bounds on what clients can make the holder keep.
-struct HolderLimits {
-  std::size_t max_leases_per_client = 65536;
-  std::size_t max_open_buffers_per_client = 4096;
-  std::size_t max_clients = 1024;
-  // Connections of one user (by the kernel's word, SO_PEERCRED) who is not an admin, so that one
-  // user can't take every connection.
-  std::size_t max_clients_per_user = 256;
-  // Admins (root, the holder's user) may connect beyond max_clients by this many, so the operator
-  // can always run `cupool status` on a full holder; they have no per-user limit.
-  std::size_t admin_reserve = 16;
 };
 
 class Holder {
@@ -117,11 +103,8 @@ class Holder {
   // Where a deferred reply goes (a request that waited for clients to drop cached blocks): the
   // whole reply body, "id" and "ok" included. Queued by the server like a notice.
   void on_deferred(std::function<void(std::uint64_t client, const Json& reply)> send) { deferred_ = std::move(send); }
-  // Thrown by handle() when the request's reply comes later, through on_deferred: the request
-  // waits for clients to answer `drop` notices (docs/protocol.md, "Cached blocks").
-  struct Deferred {};
   // How long a client has to answer a `drop` notice before its connection is closed.
-  void set_drop_timeout_ms(std::int64_t ms) { drop_timeout_ms_ = ms; }
+  void set_drop_timeout_ms(std::int64_t ms) { drops_.set_timeout_ms(ms); }
   // The connections that did not answer a `drop` notice in time (the server closes them, which
   // frees their leases); `now_ms` is the steady clock's.
   std::vector<std::uint64_t> overdue(std::int64_t now_ms) const;
@@ -138,9 +121,11 @@ class Holder {
   bool admin(std::uint64_t client) const;
 
   // Handles one request (the payload's JSON) from `client`. Returns the reply's fields (the
-  // server adds "id" and "ok"). A reply that carries a descriptor sets `fd_out` (the server
-  // sends, then closes it). Throws cupool::Error with the document's error codes.
-  Json handle(std::uint64_t client, const Json& request, int& fd_out);
+  // server adds "id" and "ok") and the descriptor that rides with it, or Reply::later() when the
+  // request waits for clients to answer `drop` notices (docs/protocol.md, "Cached blocks"): its
+  // reply comes through on_deferred. Throws cupool::Error with the document's error codes.
+  // Custody is synced before it returns or throws.
+  Reply handle(std::uint64_t client, const Json& request);
 
   // ---- for the server and the verbs ----
   void set_draining(bool draining) { draining_ = draining; }
@@ -237,34 +222,13 @@ class Holder {
     bool cached = false;    // released by the client into its cache: still mapped there, still charged
     std::uint64_t ask = 0;  // the `drop` notice that asked for it back (0: none)
   };
-  // A `drop` notice: the cached leases a client was asked to unmap, and by when.
-  struct Ask {
-    std::uint64_t client = 0;
-    std::set<std::uint64_t> leases;
-    std::int64_t deadline_ms = 0;
-  };
-  // A request whose reply waits for `drop` answers (`asks`), then runs `then` for its reply.
-  struct Waiter {
-    std::uint64_t client = 0;  // 0: nobody waits for the reply (a reload); it is logged
-    Json id;
-    std::set<std::uint64_t> asks;
-    std::function<Json()> then;
-  };
-  struct Client {
-    Peer peer;
-    bool admin = false;
-    bool greeted = false;
-    int protocol = 0;  // the version hello agreed on
-    std::string name;
-    std::int64_t connected_at = 0;  // steady clock, seconds
-    std::set<std::uint64_t> leases;
-    std::map<std::pair<std::string, int>, std::uint64_t> bytes_in_pool;
-    std::map<std::string, std::uint64_t> open_buffers;              // name -> opens
-    std::map<std::pair<std::string, int>, std::uint64_t> imported;  // pools it imported -> generation
-  };
+  using Client = HeldClient;
   using PoolKey = std::pair<std::string, int>;
 
   Client& client(std::uint64_t id);
+  // disconnect() and apply() but for custody, which they sync.
+  void forget_client(std::uint64_t id);
+  std::vector<Change> make_changes(const Desired& want);
   HeldPool& pool_for(const Client& c, const std::string& name, int device, bool for_use);
   bool permitted(const Client& c, const HeldPool& p) const;
   void require_admin(const Client& c, const char* op) const;
@@ -273,44 +237,45 @@ class Holder {
   model::DeviceId device_id(int device) const;      // ordinal, UUID and PCI bus id
   std::string device_pci_bus_id(int device) const;  // "0000:1b:00.0"
 
-  // One request being served: its connection, its arguments, and where a reply's descriptor goes.
+  // One request being served: its connection and its arguments.
   struct Request {
     std::uint64_t id;
     const Json& request_id;  // the request's "id", for a deferred reply
     Client& client;
     proto::Args& args;
-    int& fd_out;
     const std::string& op;
   };
   // A row of the request table (requests.cpp): an operation's name and the member that serves it.
   struct Operation {
     const char* name;
-    Json (Holder::*serve)(Request&);
+    Reply (Holder::*serve)(Request&);
   };
   static const std::vector<Operation>& operations();
 
-  Json op_hello(Request& r);
-  Json op_list(Request& r);
-  Json op_import_pool(Request& r);
-  Json op_alloc(Request& r);
-  Json op_free(Request& r);
-  Json op_reuse(Request& r);
-  Json op_dropped(Request& r);
-  Json op_buffer_open(Request& r);
-  Json op_buffer_close(Request& r);
-  Json op_status(Request& r);
-  Json op_stats(Request& r);
-  Json op_trim(Request& r);
-  Json op_plan(Request& r);
-  Json op_apply(Request& r);
-  Json op_export(Request& r);
-  Json op_buffer_create(Request& r);
-  Json op_buffer_remove(Request& r);
-  Json op_buffer_ready(Request& r);
-  Json op_buffer_tensors(Request& r);
+  Reply op_hello(Request& r);
+  Reply op_list(Request& r);
+  Reply op_import_pool(Request& r);
+  Reply op_alloc(Request& r);
+  Reply op_free(Request& r);
+  Reply op_reuse(Request& r);
+  Reply op_dropped(Request& r);
+  Reply op_buffer_open(Request& r);
+  Reply op_buffer_close(Request& r);
+  Reply op_status(Request& r);
+  Reply op_stats(Request& r);
+  Reply op_trim(Request& r);
+  Reply op_plan(Request& r);
+  Reply op_apply(Request& r);
+  Reply op_export(Request& r);
+  Reply op_buffer_create(Request& r);
+  Reply op_buffer_remove(Request& r);
+  Reply op_buffer_ready(Request& r);
+  Reply op_buffer_tensors(Request& r);
   // The buffer `name` for client `id` to read: not_found, or busy while another client loads it.
   HeldBuffer& readable_buffer(std::uint64_t id, const std::string& name);
-  Json plan_or_apply(Request& r, bool apply);
+  Reply plan_or_apply(Request& r, bool apply);
+  // handle() but for custody, which it syncs.
+  Reply serve(std::uint64_t client, const Json& request);
 
   // Allocates for client `id` from `p` and records the lease (leases.cpp); returns its id and the
   // allocation. Throws limit_exceeded, quota_exceeded, out_of_memory or CudaError.
@@ -331,11 +296,21 @@ class Holder {
                                     const char* reason);
   // Asks back the cached blocks that alone keep `want` from replacing or removing a pool.
   std::set<std::uint64_t> ask_drops_for(const Desired& want);
-  // Makes the current request's reply wait for `asks`, then answers with `then()`.
-  [[noreturn]] void defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then);
+  // Makes the current request's reply wait for `asks`, then answers with `then()`; returns
+  // Reply::later() for the handler to return.
+  Reply defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then);
   // An ask was answered or its client left: requests that waited only on it are answered.
   void finish_ask(std::uint64_t ask);
   void run_ready_waiters();
+  // The steps of plan(): the holder section, the buffers that go or change, each held pool, and a
+  // pool name replaced on all its devices or none.
+  void plan_holder(const Desired& want, std::vector<Change>& changes) const;
+  void plan_buffers_out(const Desired& want, std::vector<Change>& changes) const;
+  void plan_pool(const PoolKey& key, const HeldPool& h, const Desired& want, std::vector<Change>& changes) const;
+  static void keep_pools_whole(std::vector<Change>& changes);
+  std::string lease_note(const HeldPool& h) const;
+  std::vector<std::string> buffers_in(const PoolKey& key, const Desired* keep) const;
+  std::string blocked_reason(const PoolKey& key, const HeldPool& h, const Desired& want) const;
   void create_pool(const PoolWant& w);
   void update_pool(HeldPool& held, const PoolWant& w);
   void destroy_pool(const PoolKey& key);
@@ -356,11 +331,28 @@ class Holder {
   // Whether custody's descriptor `name` is one the holder holds now: the manifest written last, or
   // a part of a buffer it holds (never removed as left over).
   bool held_in_custody(const std::string& name) const;
-  // Calls sync_custody() when it goes out of scope (at the end of a request, an apply, a disconnect).
-  struct SyncCustodyAtEnd {
-    Holder& holder;
-    ~SyncCustodyAtEnd() { holder.sync_custody(); }
-  };
+  // Runs `body` then sync_custody(), on its exception path too: the end of a request, an apply,
+  // a disconnect.
+  template <class Body>
+  auto then_sync_custody(Body&& body) -> decltype(body()) {
+    try {
+      if constexpr (std::is_void_v<decltype(body())>) {
+        body();
+        sync_custody();
+      } else {
+        auto out = body();
+        sync_custody();
+        return out;
+      }
+    } catch (...) {
+      sync_custody();
+      throw;
+    }
+  }
+  // The steps of adopt() for one buffer of the manifest (adopt.cpp).
+  std::string adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const;
+  std::string adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+                          adoption::Allocations& allocations, HeldBuffer& b);
   model::Custody custody_status() const;
   // Sends `notice` to `client` in the names its protocol speaks (proto::to_old_names below 4).
   void notify(std::uint64_t client, Json notice);
@@ -378,17 +370,13 @@ class Holder {
   SocketPermissions* socket_ = nullptr;
   std::function<void(std::uint64_t, const Json&)> notice_;
   std::function<void(std::uint64_t, const Json&)> deferred_;
-  std::int64_t drop_timeout_ms_ = 5000;
-  std::map<std::uint64_t, Ask> asks_;
-  std::uint64_t next_ask_ = 0;
-  std::vector<Waiter> waiters_;
+  DropAsks drops_;                   // `drop` asks and the requests waiting on them
   std::uint64_t dropped_bytes_ = 0;  // cached bytes clients gave back when asked, ever
   std::uint64_t next_generation_ = 0;
   std::map<PoolKey, HeldPool> pools_;
   std::map<std::string, HeldBuffer> buffers_;
   std::map<std::uint64_t, Lease> leases_;
-  std::map<std::uint64_t, Client> clients_;
-  std::uint64_t next_client_ = 0;
+  ClientTable clients_;
   std::uint64_t next_lease_ = 0;
   bool draining_ = false;
   std::int64_t created_at_ = 0;

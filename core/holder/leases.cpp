@@ -11,42 +11,21 @@
 
 namespace cupool {
 
-std::uint64_t Holder::connect(const Peer& peer) {
-  const bool admin = peer.uid == 0 || peer.uid == self_uid_;
-  if (clients_.size() >= limits_.max_clients + (admin ? limits_.admin_reserve : 0))
-    throw Error(Errc::limit_exceeded,
-                "the holder serves at most " + std::to_string(limits_.max_clients) + " connections" +
-                    (admin ? " (and " + std::to_string(limits_.admin_reserve) + " more for admins)" : ""));
-  if (!admin) {
-    const auto same_user =
-        std::count_if(clients_.begin(), clients_.end(), [&](const auto& kv) { return kv.second.peer.uid == peer.uid; });
-    if (static_cast<std::size_t>(same_user) >= limits_.max_clients_per_user)
-      throw Error(Errc::limit_exceeded, "the holder serves at most " + std::to_string(limits_.max_clients_per_user) +
-                                            " connections per user, and user " + peer.user + " (uid " +
-                                            std::to_string(peer.uid) + ") has them all");
-  }
-  Client c;
-  c.peer = peer;
-  c.admin = admin;
-  c.connected_at = now_s();
-  clients_[++next_client_] = std::move(c);
-  return next_client_;
-}
+std::uint64_t Holder::connect(const Peer& peer) { return clients_.connect(peer); }
 
 void Holder::disconnect(std::uint64_t id) {
-  const SyncCustodyAtEnd sync{*this};
-  auto it = clients_.find(id);
-  if (it == clients_.end()) return;
+  then_sync_custody([&] { forget_client(id); });
+}
+
+void Holder::forget_client(std::uint64_t id) {
+  HeldClient* gone = clients_.find(id);
+  if (!gone) return;
   // A request of its own that waited for drops is answered to nobody.
-  waiters_.erase(std::remove_if(waiters_.begin(), waiters_.end(), [&](const Waiter& w) { return w.client == id; }),
-                 waiters_.end());
-  const std::set<std::uint64_t> leases = it->second.leases;
+  drops_.forget_waiters_of(id);
+  const std::set<std::uint64_t> leases = gone->leases;
   for (std::uint64_t l : leases) free_lease(l);  // answers its drop notices: requests waiting on them go on
-  std::vector<std::uint64_t> left;
-  for (const auto& [ask, a] : asks_)
-    if (a.client == id) left.push_back(ask);
-  for (std::uint64_t ask : left) finish_ask(ask);
-  for (const auto& [name, opens] : it->second.open_buffers) {
+  for (std::uint64_t ask : drops_.of(id)) finish_ask(ask);
+  for (const auto& [name, opens] : gone->open_buffers) {
     auto b = buffers_.find(name);
     if (b != buffers_.end()) b->second.opens -= std::min(b->second.opens, opens);
   }
@@ -55,26 +34,19 @@ void Holder::disconnect(std::uint64_t id) {
   for (const auto& [name, b] : buffers_)
     if (b.loading == id) unfinished.push_back(name);
   for (const std::string& name : unfinished) {
-    spdlog::warn("client {} (pid {}) left before buffer {} was loaded; removing it", id, it->second.peer.pid, name);
+    spdlog::warn("client {} (pid {}) left before buffer {} was loaded; removing it", id, gone->peer.pid, name);
     destroy_buffer(name);
   }
   if (!leases.empty())
-    spdlog::info("client {} (pid {}) left; freed {} lease{}", id, it->second.peer.pid, leases.size(),
+    spdlog::info("client {} (pid {}) left; freed {} lease{}", id, gone->peer.pid, leases.size(),
                  leases.size() == 1 ? "" : "s");
-  clients_.erase(it);
+  clients_.erase(id);
   run_ready_waiters();
 }
 
-bool Holder::admin(std::uint64_t id) const {
-  auto it = clients_.find(id);
-  return it != clients_.end() && it->second.admin;
-}
+bool Holder::admin(std::uint64_t id) const { return clients_.admin(id); }
 
-Holder::Client& Holder::client(std::uint64_t id) {
-  auto it = clients_.find(id);
-  if (it == clients_.end()) throw Error(Errc::internal, "unknown connection");
-  return it->second;
-}
+Holder::Client& Holder::client(std::uint64_t id) { return clients_.at(id); }
 
 // Allocates `size` bytes from `p` for client `id` and records the lease: counted against the
 // client's lease limit and the pool's quota, freed when the client frees it or leaves.
@@ -138,10 +110,9 @@ void Holder::free_lease(std::uint64_t id) noexcept {
     p->second.leases -= 1;
     p->second.leased_bytes -= l.size;
   }
-  auto c = clients_.find(l.client);
-  if (c != clients_.end()) {
-    c->second.leases.erase(id);
-    auto& bytes = c->second.bytes_in_pool[{l.pool, l.device}];
+  if (HeldClient* c = clients_.find(l.client)) {
+    c->leases.erase(id);
+    auto& bytes = c->bytes_in_pool[{l.pool, l.device}];
     bytes -= std::min(bytes, l.size);
   }
 }

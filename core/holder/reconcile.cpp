@@ -46,44 +46,65 @@ ChangeValue share_value(const ShareRule& s) {
 
 std::vector<Change> Holder::plan(const Desired& want) const {
   std::vector<Change> changes;
-  auto lease_note = [&](const HeldPool& h) {
-    std::set<std::uint64_t> holders;
-    for (const auto& [id, l] : leases_)
-      if (l.pool == h.want.name && l.device == h.want.device) holders.insert(l.client);
-    std::string why;
-    if (h.leases)
-      why = std::to_string(h.leases) + (h.leases == 1 ? " lease" : " leases") + " held by " +
-            std::to_string(holders.size()) + (holders.size() == 1 ? " client" : " clients");
-    if (h.cached == h.leases && h.cached)
-      why += " (all cached: apply asks for them back first)";
-    else if (h.cached)
-      why += " (" + std::to_string(h.cached) + " of them cached)";
-    return why;
-  };
-  auto buffers_in = [&](const PoolKey& key, const Desired* keep) {
-    std::vector<std::string> names;
-    for (const auto& [name, b] : buffers_) {
-      if (b.want.pool != key.first || b.want.device != key.second) continue;
-      // A buffer the new config drops (and nobody has open) goes before its pool does.
-      bool kept = false;
-      if (keep)
-        for (const auto& bw : keep->buffers)
-          if (bw.name == name && bw.pool == b.want.pool && bw.device == b.want.device && bw.size == b.want.size)
-            kept = true;
-      if (kept || b.opens > 0 || b.index || !b.from_config || !keep) names.push_back(name);
-    }
-    return names;
-  };
-  auto blocked_reason = [&](const PoolKey& key, const HeldPool& h) {
-    std::vector<std::string> why;
-    const std::string leases = lease_note(h);
-    if (!leases.empty()) why.push_back(leases);
-    const auto names = buffers_in(key, &want);
-    if (!names.empty())
-      why.push_back("buffer" + std::string(names.size() == 1 ? " " : "s ") + join(names, ", ") + " in it");
-    return join(why, "; ");
-  };
+  plan_holder(want, changes);
+  plan_buffers_out(want, changes);
+  for (const auto& [key, h] : pools_) plan_pool(key, h, want, changes);
+  keep_pools_whole(changes);
+  for (const auto& w : want.pools)
+    if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", {}, {}, ""});
+  for (const auto& w : want.buffers) {
+    auto it = buffers_.find(w.name);
+    if (it == buffers_.end()) changes.push_back({"create", "buffer", w.name, w.device, "", {}, {}, ""});
+  }
+  return changes;
+}
 
+// Why `h` is in use: its leases, by how many clients, and how many of them are cached ("" when none).
+std::string Holder::lease_note(const HeldPool& h) const {
+  std::set<std::uint64_t> holders;
+  for (const auto& [id, l] : leases_)
+    if (l.pool == h.want.name && l.device == h.want.device) holders.insert(l.client);
+  std::string why;
+  if (h.leases)
+    why = std::to_string(h.leases) + (h.leases == 1 ? " lease" : " leases") + " held by " +
+          std::to_string(holders.size()) + (holders.size() == 1 ? " client" : " clients");
+  if (h.cached == h.leases && h.cached)
+    why += " (all cached: apply asks for them back first)";
+  else if (h.cached)
+    why += " (" + std::to_string(h.cached) + " of them cached)";
+  return why;
+}
+
+// The buffers in the pool `key` that keep it: those `keep` keeps or that are in use, a client's or
+// a tensor set (all of them without `keep`).
+std::vector<std::string> Holder::buffers_in(const PoolKey& key, const Desired* keep) const {
+  std::vector<std::string> names;
+  for (const auto& [name, b] : buffers_) {
+    if (b.want.pool != key.first || b.want.device != key.second) continue;
+    // A buffer the new config drops (and nobody has open) goes before its pool does.
+    bool kept = false;
+    if (keep)
+      for (const auto& bw : keep->buffers)
+        if (bw.name == name && bw.pool == b.want.pool && bw.device == b.want.device && bw.size == b.want.size)
+          kept = true;
+    if (kept || b.opens > 0 || b.index || !b.from_config || !keep) names.push_back(name);
+  }
+  return names;
+}
+
+// Why the pool `key` can't be replaced or removed for `want` ("" when it can).
+std::string Holder::blocked_reason(const PoolKey& key, const HeldPool& h, const Desired& want) const {
+  std::vector<std::string> why;
+  const std::string leases = lease_note(h);
+  if (!leases.empty()) why.push_back(leases);
+  const auto names = buffers_in(key, &want);
+  if (!names.empty())
+    why.push_back("buffer" + std::string(names.size() == 1 ? " " : "s ") + join(names, ", ") + " in it");
+  return join(why, "; ");
+}
+
+// The holder section's changes: socket, mode, group.
+void Holder::plan_holder(const Desired& want, std::vector<Change>& changes) const {
   if (!socket_from_command_line_ && want.holder.socket != holder_.socket)
     changes.push_back({"update", "holder", "holder", -1, "socket", text_value(holder_.socket),
                        text_value(want.holder.socket), "the socket path changes only when the holder restarts"});
@@ -96,7 +117,9 @@ std::vector<Change> Holder::plan(const Desired& want) const {
   if (want.holder.group != holder_.group)
     changes.push_back({"update", "holder", "holder", -1, "group", optional_text(holder_.group),
                        optional_text(want.holder.group), ""});
+}
 
+void Holder::plan_buffers_out(const Desired& want, std::vector<Change>& changes) const {
   // Buffers that go away or change (before pools, so their pools can go).
   for (const auto& [name, b] : buffers_) {
     // A held tensor set (`cupool buffer load`), or any buffer a client made (`cupool buffer
@@ -114,57 +137,58 @@ std::vector<Change> Holder::plan(const Desired& want) const {
           {"replace", "buffer", name, w->device, "size", size_value(b.want.size), size_value(w->size), busy});
     }
   }
+}
 
-  for (const auto& entry : pools_) {
-    // Named references, not a structured binding: the lambdas below capture them (C++17 doesn't
-    // allow capturing structured bindings; clang refuses it).
-    const PoolKey& key = entry.first;
-    const HeldPool& h = entry.second;
-    const PoolWant* w = nullptr;
-    for (const auto& pw : want.pools)
-      if (pw.name == key.first && pw.device == key.second) w = &pw;
-    if (!w) {
-      changes.push_back({"remove", "pool", key.first, key.second, "", {}, {}, blocked_reason(key, h)});
-      continue;
-    }
-    const PoolProps& a = h.want.props;
-    const PoolProps& b = w->props;
-    auto replace = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
-      changes.push_back({"replace", "pool", key.first, key.second, field, from, to, blocked_reason(key, h)});
-    };
-    if (a.location != b.location || a.location_id != b.location_id)
-      replace("location", text_value(location_text(a)), text_value(location_text(b)));
-    else if (a.managed != b.managed)
-      replace("alloc_type", text_value(a.managed ? "managed" : "pinned"), text_value(b.managed ? "managed" : "pinned"));
-    else if (a.handle_types != b.handle_types)
-      replace("handle_types", handles_value(a.handle_types), handles_value(b.handle_types));
-    else if (a.max_size != b.max_size)
-      replace("max_size", a.max_size ? size_value(a.max_size) : ChangeValue{"", nullptr},
-              b.max_size ? size_value(b.max_size) : ChangeValue{"", nullptr});
-    else {
-      auto update = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
-        changes.push_back({"update", "pool", key.first, key.second, field, from, to, ""});
-      };
-      for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
-        // The threshold as the files wrote it ("75%"), not only its bytes.
-        if (ch.field == "release_threshold")
-          update("release_threshold", threshold_value(h.want), threshold_value(*w));
-        else  // the reuse flags
-          update(ch.field.c_str(), {ch.from, ch.from == "true"}, {ch.to, ch.to == "true"});
-      }
-      if (h.want.access != w->access) {
-        // Access can be given but not taken back from memory already handed out.
-        bool revokes = false;
-        for (int peer : h.want.access)
-          if (std::find(w->access.begin(), w->access.end(), peer) == w->access.end()) revokes = true;
-        changes.push_back({"update", "pool", key.first, key.second, "access", access_value(h.want.access),
-                           access_value(w->access),
-                           revokes ? "peer access is not revoked from a live pool; remove and recreate the pool" : ""});
-      }
-      if (!(h.want.share == w->share)) update("share", share_value(h.want.share), share_value(w->share));
-      if (h.want.reserve != w->reserve) update("reserve", size_value(h.want.reserve), size_value(w->reserve));
-    }
+// The held pool `key` against `want`: removed, replaced (the first property that differs) or
+// updated in place.
+void Holder::plan_pool(const PoolKey& key, const HeldPool& h, const Desired& want, std::vector<Change>& changes) const {
+  const PoolWant* w = nullptr;
+  for (const auto& pw : want.pools)
+    if (pw.name == key.first && pw.device == key.second) w = &pw;
+  if (!w) {
+    changes.push_back({"remove", "pool", key.first, key.second, "", {}, {}, blocked_reason(key, h, want)});
+    return;
   }
+  const PoolProps& a = h.want.props;
+  const PoolProps& b = w->props;
+  auto replace = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
+    changes.push_back({"replace", "pool", key.first, key.second, field, from, to, blocked_reason(key, h, want)});
+  };
+  if (a.location != b.location || a.location_id != b.location_id)
+    replace("location", text_value(location_text(a)), text_value(location_text(b)));
+  else if (a.managed != b.managed)
+    replace("alloc_type", text_value(a.managed ? "managed" : "pinned"), text_value(b.managed ? "managed" : "pinned"));
+  else if (a.handle_types != b.handle_types)
+    replace("handle_types", handles_value(a.handle_types), handles_value(b.handle_types));
+  else if (a.max_size != b.max_size)
+    replace("max_size", a.max_size ? size_value(a.max_size) : ChangeValue{"", nullptr},
+            b.max_size ? size_value(b.max_size) : ChangeValue{"", nullptr});
+  else {
+    auto update = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
+      changes.push_back({"update", "pool", key.first, key.second, field, from, to, ""});
+    };
+    for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
+      // The threshold as the files wrote it ("75%"), not only its bytes.
+      if (ch.field == "release_threshold")
+        update("release_threshold", threshold_value(h.want), threshold_value(*w));
+      else  // the reuse flags
+        update(ch.field.c_str(), {ch.from, ch.from == "true"}, {ch.to, ch.to == "true"});
+    }
+    if (h.want.access != w->access) {
+      // Access can be given but not taken back from memory already handed out.
+      bool revokes = false;
+      for (int peer : h.want.access)
+        if (std::find(w->access.begin(), w->access.end(), peer) == w->access.end()) revokes = true;
+      changes.push_back({"update", "pool", key.first, key.second, "access", access_value(h.want.access),
+                         access_value(w->access),
+                         revokes ? "peer access is not revoked from a live pool; remove and recreate the pool" : ""});
+    }
+    if (!(h.want.share == w->share)) update("share", share_value(h.want.share), share_value(w->share));
+    if (h.want.reserve != w->reserve) update("reserve", size_value(h.want.reserve), size_value(w->reserve));
+  }
+}
+
+void Holder::keep_pools_whole(std::vector<Change>& changes) {
   // A pool name is one unit: if its replacement is blocked on one device, it is kept on all of
   // them, so the pool's devices never end up with different properties (export writes one entry).
   for (Change& c : changes) {
@@ -176,17 +200,13 @@ std::vector<Change> Holder::plan(const Desired& want) const {
         break;
       }
   }
-  for (const auto& w : want.pools)
-    if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", {}, {}, ""});
-  for (const auto& w : want.buffers) {
-    auto it = buffers_.find(w.name);
-    if (it == buffers_.end()) changes.push_back({"create", "buffer", w.name, w.device, "", {}, {}, ""});
-  }
-  return changes;
 }
 
 std::vector<Change> Holder::apply(const Desired& want) {
-  const SyncCustodyAtEnd sync{*this};
+  return then_sync_custody([&] { return make_changes(want); });
+}
+
+std::vector<Change> Holder::make_changes(const Desired& want) {
   std::vector<Change> changes = plan(want);
   auto find_want = [&](const std::string& name, int device) -> const PoolWant* {
     for (const auto& pw : want.pools)

@@ -68,9 +68,11 @@ const std::vector<Holder::Operation>& Holder::operations() {
   return table;
 }
 
-Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
-  fd_out = -1;
-  const SyncCustodyAtEnd sync{*this};
+Reply Holder::handle(std::uint64_t id, const Json& request) {
+  return then_sync_custody([&] { return serve(id, request); });
+}
+
+Reply Holder::serve(std::uint64_t id, const Json& request) {
   Client& c = client(id);
   auto op_it = request.find("op");
   if (op_it == request.end() || !op_it->is_string()) throw Error(Errc::bad_request, "a request needs \"op\", a string");
@@ -107,14 +109,15 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   // client's cache sends on its own, so the warm path never waits for the holder.
   if (a.boolean("quiet", false) && op != "free" && op != "reuse" && op != "dropped")
     throw Error(Errc::bad_request, "\"quiet\" is for free, reuse and dropped only");
-  Request r{id, request["id"], c, a, fd_out, op};
-  Json out;
+  Request r{id, request["id"], c, a, op};
+  Reply out;
   try {
     out = (this->*(it->serve))(r);
+    if (out.waits) {
+      run_ready_waiters();
+      return out;
+    }
     a.finish();
-  } catch (const Deferred&) {
-    run_ready_waiters();
-    throw;
   } catch (const Error& e) {
     // An argument named in a refusal is named as this connection sent it.
     if (old_names && e.code() == Errc::bad_request) throw Error(e.code(), proto::in_old_names(op, e.what()));
@@ -122,11 +125,11 @@ Json Holder::handle(std::uint64_t id, const Json& request, int& fd_out) {
   }
   // An answer to a drop notice may be what another request waited for.
   run_ready_waiters();
-  if (c.protocol < proto::kNamedProtocol) proto::to_old_names(proto::Message::reply, op, out);  // hello too
+  if (c.protocol < proto::kNamedProtocol) proto::to_old_names(proto::Message::reply, op, out.body);  // hello too
   return out;
 }
 
-Json Holder::op_hello(Request& r) {
+Reply Holder::op_hello(Request& r) {
   Client& c = r.client;
   const proto::Hello hello = proto::read_hello(r.args);
   r.args.finish();
@@ -165,11 +168,11 @@ Json Holder::op_hello(Request& r) {
   out.limits.max_open_buffer_count = limits_.max_open_buffers_per_client;
   out.limits.frame_timeout_seconds = 5.0;
   out.limits.max_queued_bytes = 1 << 20;
-  out.limits.drop_timeout_seconds = static_cast<double>(drop_timeout_ms_) / 1000.0;
+  out.limits.drop_timeout_seconds = static_cast<double>(drops_.timeout_ms()) / 1000.0;
   return proto::to_json(out);
 }
 
-Json Holder::op_list(Request& r) {
+Reply Holder::op_list(Request& r) {
   Client& c = r.client;
   proto::read_list(r.args);
   r.args.finish();
@@ -192,7 +195,7 @@ std::vector<model::DeviceId> Holder::access_of(const HeldPool& p) const {
   return out;
 }
 
-Json Holder::op_import_pool(Request& r) {
+Reply Holder::op_import_pool(Request& r) {
   Client& c = r.client;
   const proto::ImportPool want = proto::read_import_pool(r.args);
   r.args.finish();
@@ -204,12 +207,12 @@ Json Holder::op_import_pool(Request& r) {
   out.access = access_of(p);
   out.generation = p.generation;
   out.ready_event = backend_.ready_event(p.want.device);
-  r.fd_out = backend_.export_pool_fd(p.handle);
+  Fd descriptor(backend_.export_pool_fd(p.handle));
   c.imported[{p.want.name, p.want.device}] = p.generation;
-  return proto::to_json(out);
+  return {proto::to_json(out), std::move(descriptor)};
 }
 
-Json Holder::op_alloc(Request& r) {
+Reply Holder::op_alloc(Request& r) {
   const proto::Alloc want = proto::read_alloc(r.args);
   r.args.finish();
   const std::string& name = want.pool;
@@ -259,11 +262,11 @@ Json Holder::op_alloc(Request& r) {
         },
         need, quota ? "quota" : "pressure");
     if (asks.empty()) throw;
-    defer(r, asks, attempt);
+    return defer(r, asks, attempt);
   }
 }
 
-Json Holder::op_free(Request& r) {
+Reply Holder::op_free(Request& r) {
   Client& c = r.client;
   // With "cache" (protocol 2) the client keeps its mapping of the block to use it again (op
   // reuse); the holder keeps it allocated and charged to this connection (docs/protocol.md,
@@ -287,7 +290,7 @@ Json Holder::op_free(Request& r) {
   return proto::to_json(proto::FreeReply{lease, size, false});
 }
 
-Json Holder::op_buffer_open(Request& r) {
+Reply Holder::op_buffer_open(Request& r) {
   Client& c = r.client;
   const proto::BufferOpen want = proto::read_buffer_open(r.args);
   r.args.finish();
@@ -329,8 +332,7 @@ Json Holder::op_buffer_open(Request& r) {
     out.exported = true;
     out.mapped_size_bytes = b.parts[part].mapped;
     out.access = access_of(p);  // the devices that may map it besides its own (the pool's access)
-    r.fd_out = descriptor.release();
-    return proto::to_json(out);
+    return {proto::to_json(out), std::move(descriptor)};
   }
   out.generation = p.generation;
   out.export_data = b.parts[part].allocation.export_data;
@@ -349,7 +351,7 @@ Holder::HeldBuffer& Holder::readable_buffer(std::uint64_t id, const std::string&
   return it->second;
 }
 
-Json Holder::op_buffer_close(Request& r) {
+Reply Holder::op_buffer_close(Request& r) {
   Client& c = r.client;
   const std::string name = proto::read_buffer_close(r.args).name;
   r.args.finish();
@@ -362,7 +364,7 @@ Json Holder::op_buffer_close(Request& r) {
   return proto::to_json(proto::BufferCloseReply{name});
 }
 
-Json Holder::op_buffer_create(Request& r) {
+Reply Holder::op_buffer_create(Request& r) {
   Client& c = r.client;
   const proto::BufferCreate want = proto::read_buffer_create(r.args);
   r.args.finish();
@@ -410,7 +412,7 @@ Json Holder::op_buffer_create(Request& r) {
   return model::to_json(out);
 }
 
-Json Holder::op_buffer_ready(Request& r) {
+Reply Holder::op_buffer_ready(Request& r) {
   const std::string name = proto::read_buffer_ready(r.args).name;
   r.args.finish();
   require_admin(r.client, "buffer_ready");
@@ -425,10 +427,10 @@ Json Holder::op_buffer_ready(Request& r) {
   manifest_stale_ = true;  // ready now: in the next manifest
   const std::size_t count = b.index ? b.index->tensors.size() : 0;
   spdlog::info("buffer {} is ready ({}, {} tensor{})", name, format_bytes(b.want.size), count, count == 1 ? "" : "s");
-  return {{"name", name}, {"tensor_count", b.index ? Json(count) : Json(nullptr)}};  // null: no index
+  return Json{{"name", name}, {"tensor_count", b.index ? Json(count) : Json(nullptr)}};  // null: no index
 }
 
-Json Holder::op_buffer_tensors(Request& r) {
+Reply Holder::op_buffer_tensors(Request& r) {
   Client& c = r.client;
   const std::string name = proto::read_buffer_tensors(r.args).name;
   r.args.finish();
@@ -446,7 +448,7 @@ Json Holder::op_buffer_tensors(Request& r) {
   return model::to_json(out);
 }
 
-Json Holder::op_buffer_remove(Request& r) {
+Reply Holder::op_buffer_remove(Request& r) {
   Client& c = r.client;
   const proto::BufferRemove want = proto::read_buffer_remove(r.args);
   r.args.finish();
@@ -469,20 +471,20 @@ Json Holder::op_buffer_remove(Request& r) {
   return model::to_json(out);
 }
 
-Json Holder::op_status(Request& r) {
+Reply Holder::op_status(Request& r) {
   proto::read_status(r.args);
   r.args.finish();
   return model::to_json(status());
 }
 
-Json Holder::op_stats(Request& r) {
+Reply Holder::op_stats(Request& r) {
   const bool reset = proto::read_stats(r.args).reset_peaks;
   if (reset) require_admin(r.client, "stats with reset_peaks");
   r.args.finish();
   return model::to_json(stats(reset));
 }
 
-Json Holder::op_trim(Request& r) {
+Reply Holder::op_trim(Request& r) {
   require_admin(r.client, "trim");  // before its arguments are read
   const proto::Trim want = proto::read_trim(r.args);
   r.args.finish();
@@ -511,21 +513,21 @@ Json Holder::op_trim(Request& r) {
     out.dropped_bytes = dropped_bytes_ - dropped_before;
     return model::to_json(out);
   };
-  if (!asks.empty()) defer(r, asks, run);
+  if (!asks.empty()) return defer(r, asks, run);
   return run();
 }
 
-Json Holder::op_export(Request& r) {
+Reply Holder::op_export(Request& r) {
   proto::read_export(r.args);
   r.args.finish();
-  return {{"config", export_config()}};
+  return Json{{"config", export_config()}};
 }
 
-Json Holder::op_plan(Request& r) { return plan_or_apply(r, false); }
+Reply Holder::op_plan(Request& r) { return plan_or_apply(r, false); }
 
-Json Holder::op_apply(Request& r) { return plan_or_apply(r, true); }
+Reply Holder::op_apply(Request& r) { return plan_or_apply(r, true); }
 
-Json Holder::plan_or_apply(Request& r, bool apply) {
+Reply Holder::plan_or_apply(Request& r, bool apply) {
   Client& c = r.client;
   // The config at most as long as what `cupool check` reads of a file.
   const proto::Plan want = proto::read_plan(r.args, apply, kMaxConfigBytes);
@@ -566,7 +568,7 @@ Json Holder::plan_or_apply(Request& r, bool apply) {
   // Pools that only cached blocks keep from being replaced or removed: asked back first.
   if (apply) {
     const std::set<std::uint64_t> asks = ask_drops_for(loaded.desired);
-    if (!asks.empty()) defer(r, asks, run);
+    if (!asks.empty()) return defer(r, asks, run);
   }
   return run();
 }

@@ -80,6 +80,27 @@ class Server {
   int run();
 
  private:
+  // The steps of run(): the start (signals, open files, config, custody, pools and buffers, the
+  // socket), one turn of the loop after another until drained, then the stop.
+  static Fd take_signals();
+  static void raise_file_limit();
+  void start();
+  static Desired load_held_config(const SourceFile& file, const NodeReport& node);
+  // Attaches custody (if any) and adopts or forgets what it kept; returns the keeper, if that is it.
+  custody::KeeperClient* take_custody(const Desired& want);
+  // Where the holder's notices and deferred replies go: the connections' queues.
+  void wire_holder();
+  // One turn: poll, take signals, connections and bytes, serve requests, audit custody, enforce
+  // deadlines, let dead connections go.
+  void turn(const Fd& signals, std::vector<pollfd>& fds);
+  // Fills `fds` with what to poll; returns whether requests wait to be served.
+  bool watch(const Fd& signals, std::vector<pollfd>& fds);
+  int poll_timeout(bool work_waiting) const;
+  void read_signals(const Fd& signals);
+  void on_connection_event(const pollfd& p);
+  void audit_custody_when_due();
+  void enforce_deadlines();
+  void stop();
   void accept_clients();
   // Hands a socket of a peer of `uid` to the closer (it may hold descriptors the peer sent).
   void let_go(uid_t uid, Fd fd);
@@ -452,6 +473,16 @@ std::vector<custody::Kept> Server::withdraw_from_custody() {
 
 int Server::run() {
   started_ = iso_now();
+  const Fd signals = take_signals();
+  raise_file_limit();
+  start();
+  std::vector<pollfd> fds;
+  while (!(draining_ && (connections_.empty() || Clock::now() >= drain_deadline_))) turn(signals, fds);
+  stop();
+  return exit_code_;
+}
+
+Fd Server::take_signals() {
   // Signals arrive through a descriptor, so the loop sees them between requests. They are blocked
   // before the driver starts its threads (at cuInit): a thread that doesn't block SIGTERM would
   // take it and the process would die without draining (measured on a real driver).
@@ -464,6 +495,10 @@ int Server::run() {
   Fd signals(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!signals) throw std::runtime_error("signalfd: " + errno_text());
   ::signal(SIGPIPE, SIG_IGN);
+  return signals;
+}
+
+void Server::raise_file_limit() {
   // Every connection is a descriptor: the usual soft limit (1024) is below what the holder serves
   // (1024 connections, plus its pools' descriptors). Raise it as far as the hard limit allows.
   rlimit files{};
@@ -473,22 +508,16 @@ int Server::run() {
     if (files.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &files) != 0)
       spdlog::warn("can't raise the open-files limit from {}: {}", before, errno_text());
   }
+}
 
+void Server::start() {
   // How long each step of the start takes (the log says it once the holder listens).
   const auto run_started = Clock::now();
   auto since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
   const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
   const NodeReport node = build_report(backend_);
   const double node_ms = since(run_started);
-  Desired want;
-  try {
-    Loaded loaded = load_config(file, node, Scope::all);
-    if (!loaded.warnings.empty()) std::fputs(loaded.warnings.c_str(), stderr);
-    want = std::move(loaded.desired);
-  } catch (const ConfigRejected& e) {
-    std::fputs(e.rendered().c_str(), stderr);
-    throw Error(e.code(), file.path() + " can't be held (" + e.what() + ")");
-  }
+  Desired want = load_held_config(file, node);
   if (!options_.socket.empty()) want.holder.socket = options_.socket;
 
   socket_ = std::make_unique<SocketFile>(want.holder.socket);
@@ -498,26 +527,7 @@ int Server::run() {
   holder_->adopt_holder_settings(want.holder);
   if (!options_.socket.empty()) holder_->keep_socket_from_command_line();
   const auto custody_started = Clock::now();
-  custody_ = choose_custody();
-  auto* keeper = dynamic_cast<custody::KeeperClient*>(custody_.get());
-  if (custody_) {
-    holder_->attach_custody(custody_.get());
-    holder_->set_custody_budget_ms(std::max(options_.keeper_wait_ms, Holder::kCustodyBudgetMs));
-    std::vector<custody::Kept> kept = withdraw_from_custody();
-    if (options_.fresh) {
-      const std::size_t dropped = holder_->forget_custody(std::move(kept));
-      spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,
-                   dropped == 1 ? "" : "s", custody_->where());
-    } else if (!kept.empty()) {
-      const model::Adoption report = holder_->adopt(std::move(kept), want);
-      spdlog::info("custody: adopted {} buffer{} from {} (manifest {}); {} refused, {} descriptor{} released",
-                   report.buffers.size(), report.buffers.size() == 1 ? "" : "s", custody_->where(),
-                   report.manifest_sequence ? std::to_string(*report.manifest_sequence) : std::string("none"),
-                   report.refused.size(), report.released_count, report.released_count == 1 ? "" : "s");
-    } else {
-      holder_->adopt({}, want);
-    }
-  }
+  custody::KeeperClient* keeper = take_custody(want);
   const double custody_ms = since(custody_started);
   const auto apply_started = Clock::now();
   holder_->apply(want);
@@ -527,6 +537,53 @@ int Server::run() {
   if (keeper) keeper->set_timeout_ms(kKeeperTimeoutMs);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());
+  wire_holder();
+  update_identity();
+  const model::Status held = holder_->status();
+  spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", held.pools.size(),
+               held.pools.size() == 1 ? "" : "s", held.buffers.size(), held.buffers.size() == 1 ? "" : "s",
+               options_.config_path, socket_->path());
+  spdlog::info(
+      "listening {:.0f} ms after the start of the holder's work: node report {:.0f} ms, custody {:.0f} ms "
+      "(adoption with the device's first context), pools and buffers {:.0f} ms",
+      since(run_started), node_ms, custody_ms, apply_ms);
+  sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() + "\nMAINPID=" + std::to_string(::getpid()));
+}
+
+Desired Server::load_held_config(const SourceFile& file, const NodeReport& node) {
+  try {
+    Loaded loaded = load_config(file, node, Scope::all);
+    if (!loaded.warnings.empty()) std::fputs(loaded.warnings.c_str(), stderr);
+    return std::move(loaded.desired);
+  } catch (const ConfigRejected& e) {
+    std::fputs(e.rendered().c_str(), stderr);
+    throw Error(e.code(), file.path() + " can't be held (" + e.what() + ")");
+  }
+}
+
+custody::KeeperClient* Server::take_custody(const Desired& want) {
+  custody_ = choose_custody();
+  if (!custody_) return nullptr;
+  holder_->attach_custody(custody_.get());
+  holder_->set_custody_budget_ms(std::max(options_.keeper_wait_ms, Holder::kCustodyBudgetMs));
+  std::vector<custody::Kept> kept = withdraw_from_custody();
+  if (options_.fresh) {
+    const std::size_t dropped = holder_->forget_custody(std::move(kept));
+    spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,
+                 dropped == 1 ? "" : "s", custody_->where());
+  } else if (!kept.empty()) {
+    const model::Adoption report = holder_->adopt(std::move(kept), want);
+    spdlog::info("custody: adopted {} buffer{} from {} (manifest {}); {} refused, {} descriptor{} released",
+                 report.buffers.size(), report.buffers.size() == 1 ? "" : "s", custody_->where(),
+                 report.manifest_sequence ? std::to_string(*report.manifest_sequence) : std::string("none"),
+                 report.refused.size(), report.released_count, report.released_count == 1 ? "" : "s");
+  } else {
+    holder_->adopt({}, want);
+  }
+  return dynamic_cast<custody::KeeperClient*>(custody_.get());
+}
+
+void Server::wire_holder() {
   // Notices come from inside a request (apply, reload): they are only queued here, never sent or
   // dropped on the spot, which could disconnect a client while the holder walks its clients.
   holder_->on_notice([this](std::uint64_t client, const Json& notice) {
@@ -547,107 +604,120 @@ int Server::run() {
         c.sending = true;
       }
   });
-  update_identity();
-  const model::Status held = holder_->status();
-  spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", held.pools.size(),
-               held.pools.size() == 1 ? "" : "s", held.buffers.size(), held.buffers.size() == 1 ? "" : "s",
-               options_.config_path, socket_->path());
-  spdlog::info(
-      "listening {:.0f} ms after the start of the holder's work: node report {:.0f} ms, custody {:.0f} ms "
-      "(adoption with the device's first context), pools and buffers {:.0f} ms",
-      since(run_started), node_ms, custody_ms, apply_ms);
-  sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() + "\nMAINPID=" + std::to_string(::getpid()));
+}
 
-  std::vector<pollfd> fds;
-  while (true) {
-    if (draining_ && (connections_.empty() || Clock::now() >= drain_deadline_)) break;
-    fds.clear();
-    fds.push_back({signals.get(), POLLIN, 0});
-    if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
-    bool work_waiting = false;
-    const std::set<uid_t> over_budget = users_waiting_to_read();  // their requests wait for POLLOUT
-    for (auto& [fd, c] : connections_) {
-      // POLLIN only while the connection is read: one that is not (closing after a malformed frame,
-      // its inbox full, its user's descriptors still closing) would wake the loop for every byte.
-      fds.push_back({fd, static_cast<short>((reading(c) ? POLLIN : 0) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
-      work_waiting = work_waiting || (c.talk.has_work() && !over_budget.count(c.uid)) || (c.peer_gone && !c.dead);
-    }
-    // Requests already received and a user's closes to wait for: look again soon. Drop notices
-    // have deadlines.
-    int timeout = work_waiting ? 0 : closer_.pending() > 0 ? 50 : 250;
-    if (const auto due = holder_->next_deadline()) {
-      const auto left = *due - steady_ms() + 1;
-      timeout = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(timeout, left)));
-    }
-    const int n = ::poll(fds.data(), fds.size(), timeout);
-    if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
-    for (const pollfd& p : fds) {
-      if (p.revents == 0) continue;
-      if (p.fd == signals.get()) {
-        signalfd_siginfo si{};
-        while (::read(signals.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
-          if (si.ssi_signo == SIGHUP) {
-            if (!draining_) reload();
-          } else {
-            if (si.ssi_signo == SIGINT) exit_code_ = static_cast<int>(ExitCode::interrupted);
-            start_drain(si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
-          }
-        }
-      } else if (socket_->listening() && p.fd == socket_->fd()) {
-        accept_clients();
-      } else {
-        auto it = connections_.find(p.fd);
-        if (it == connections_.end()) continue;
-        Connection& c = it->second;
-        if (p.revents & POLLOUT) pump(c);
-        if (c.talk.closing()) {
-          if (p.revents & (POLLHUP | POLLERR)) drop(c, "");  // it will never read the rest
-        } else if (p.revents & POLLIN) {
-          read_from(c);
-        } else if (p.revents & (POLLHUP | POLLERR)) {
-          c.peer_gone = true;  // serve what it sent (a last "free"), then drop it
-        }
-      }
-    }
-    serve_requests();
-    if (custody_ && Clock::now() >= next_audit_) {
-      // Once a second; custody that failed is asked again only after 10 s, so that a keeper that
-      // hangs or answers late costs the serving thread at most Holder::kCustodyBudgetMs every 10 s.
-      const bool answered = holder_->audit_custody();
-      next_audit_ = Clock::now() + std::chrono::milliseconds(answered ? 1000 : Holder::kCustodyRetryMs);
-    }
-    // Timeouts: a drop notice not answered in time; a frame started and not finished; replies
-    // nobody reads.
-    for (std::uint64_t late : holder_->overdue(steady_ms()))
-      for (auto& [fd, c] : connections_)
-        if (c.talk.client() == late && !c.dead) {
-          const std::string why = "it did not answer the holder's request to drop cached blocks within " +
-                                  std::to_string(options_.drop_timeout_ms) + " ms";
-          c.talk.queue(error_body(Json(), errc_info(Errc::limit_exceeded).wire,
-                                  "the holder closed this connection: " + why + "; its leases are freed"));
-          flush(c);
-          drop(c, why);
-        }
-    const auto now = Clock::now();
-    for (auto& [fd, c] : connections_) {
-      if (!c.dead && c.talk.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))
-        drop(c, "a frame was not completed within " + std::to_string(options_.frame_timeout_ms / 1000) + " s");
-      if (!c.dead && !c.talk.out().empty() &&
-          now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
-        drop(c, "it did not read its replies for " + std::to_string(options_.write_stall_timeout_ms / 1000) + " s");
-    }
-    for (auto& [fd, c] : connections_)
-      if (c.peer_gone && !c.dead && !c.talk.has_work()) drop(c, "");
-    for (auto it = connections_.begin(); it != connections_.end();) {
-      if (it->second.dead) {
-        let_go(it->second.uid, std::move(it->second.fd));
-        it = connections_.erase(it);
-      } else {
-        ++it;
-      }
+void Server::turn(const Fd& signals, std::vector<pollfd>& fds) {
+  const bool work_waiting = watch(signals, fds);
+  const int n = ::poll(fds.data(), fds.size(), poll_timeout(work_waiting));
+  if (n < 0 && errno != EINTR) throw std::runtime_error("poll: " + errno_text());
+  for (const pollfd& p : fds) {
+    if (p.revents == 0) continue;
+    if (p.fd == signals.get())
+      read_signals(signals);
+    else if (socket_->listening() && p.fd == socket_->fd())
+      accept_clients();
+    else
+      on_connection_event(p);
+  }
+  serve_requests();
+  audit_custody_when_due();
+  enforce_deadlines();
+  for (auto& [fd, c] : connections_)
+    if (c.peer_gone && !c.dead && !c.talk.has_work()) drop(c, "");
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->second.dead) {
+      let_go(it->second.uid, std::move(it->second.fd));
+      it = connections_.erase(it);
+    } else {
+      ++it;
     }
   }
+}
 
+bool Server::watch(const Fd& signals, std::vector<pollfd>& fds) {
+  fds.clear();
+  fds.push_back({signals.get(), POLLIN, 0});
+  if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
+  bool work_waiting = false;
+  const std::set<uid_t> over_budget = users_waiting_to_read();  // their requests wait for POLLOUT
+  for (auto& [fd, c] : connections_) {
+    // POLLIN only while the connection is read: one that is not (closing after a malformed frame,
+    // its inbox full, its user's descriptors still closing) would wake the loop for every byte.
+    fds.push_back({fd, static_cast<short>((reading(c) ? POLLIN : 0) | (c.talk.out().empty() ? 0 : POLLOUT)), 0});
+    work_waiting = work_waiting || (c.talk.has_work() && !over_budget.count(c.uid)) || (c.peer_gone && !c.dead);
+  }
+  return work_waiting;
+}
+
+int Server::poll_timeout(bool work_waiting) const {
+  // Requests already received and a user's closes to wait for: look again soon. Drop notices
+  // have deadlines.
+  int timeout = work_waiting ? 0 : closer_.pending() > 0 ? 50 : 250;
+  if (const auto due = holder_->next_deadline()) {
+    const auto left = *due - steady_ms() + 1;
+    timeout = static_cast<int>(std::max<std::int64_t>(0, std::min<std::int64_t>(timeout, left)));
+  }
+  return timeout;
+}
+
+void Server::read_signals(const Fd& signals) {
+  signalfd_siginfo si{};
+  while (::read(signals.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+    if (si.ssi_signo == SIGHUP) {
+      if (!draining_) reload();
+    } else {
+      if (si.ssi_signo == SIGINT) exit_code_ = static_cast<int>(ExitCode::interrupted);
+      start_drain(si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");
+    }
+  }
+}
+
+void Server::on_connection_event(const pollfd& p) {
+  auto it = connections_.find(p.fd);
+  if (it == connections_.end()) return;
+  Connection& c = it->second;
+  if (p.revents & POLLOUT) pump(c);
+  if (c.talk.closing()) {
+    if (p.revents & (POLLHUP | POLLERR)) drop(c, "");  // it will never read the rest
+  } else if (p.revents & POLLIN) {
+    read_from(c);
+  } else if (p.revents & (POLLHUP | POLLERR)) {
+    c.peer_gone = true;  // serve what it sent (a last "free"), then drop it
+  }
+}
+
+void Server::audit_custody_when_due() {
+  if (!custody_ || Clock::now() < next_audit_) return;
+  // Once a second; custody that failed is asked again only after 10 s, so that a keeper that
+  // hangs or answers late costs the serving thread at most Holder::kCustodyBudgetMs every 10 s.
+  const bool answered = holder_->audit_custody();
+  next_audit_ = Clock::now() + std::chrono::milliseconds(answered ? 1000 : Holder::kCustodyRetryMs);
+}
+
+void Server::enforce_deadlines() {
+  // Timeouts: a drop notice not answered in time; a frame started and not finished; replies
+  // nobody reads.
+  for (std::uint64_t late : holder_->overdue(steady_ms()))
+    for (auto& [fd, c] : connections_)
+      if (c.talk.client() == late && !c.dead) {
+        const std::string why = "it did not answer the holder's request to drop cached blocks within " +
+                                std::to_string(options_.drop_timeout_ms) + " ms";
+        c.talk.queue(error_body(Json(), errc_info(Errc::limit_exceeded).wire,
+                                "the holder closed this connection: " + why + "; its leases are freed"));
+        flush(c);
+        drop(c, why);
+      }
+  const auto now = Clock::now();
+  for (auto& [fd, c] : connections_) {
+    if (!c.dead && c.talk.mid_frame() && now - c.frame_started > std::chrono::milliseconds(options_.frame_timeout_ms))
+      drop(c, "a frame was not completed within " + std::to_string(options_.frame_timeout_ms / 1000) + " s");
+    if (!c.dead && !c.talk.out().empty() &&
+        now - c.last_progress > std::chrono::milliseconds(options_.write_stall_timeout_ms))
+      drop(c, "it did not read its replies for " + std::to_string(options_.write_stall_timeout_ms / 1000) + " s");
+  }
+}
+
+void Server::stop() {
   // Drained (or timed out): free what is left in order, then the pools.
   const std::size_t left = holder_->lease_count();
   for (auto& [fd, c] : connections_) {
@@ -660,7 +730,6 @@ int Server::run() {
   holder_.reset();
   socket_->close();
   spdlog::info("stopped");
-  return exit_code_;
 }
 
 }  // namespace

@@ -206,13 +206,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::uint64_t bystander = 0;
   if (data[0] & 4) {
     bystander = holder.connect(peer(1001, "alice", {"alice"}));
-    int fd = -1;
-    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 3}}, fd);
-    holder.handle(bystander, {{"id", 2}, {"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}}, fd);
-    holder.handle(bystander, {{"id", 3}, {"op", "buffer_open"}, {"name", "weights"}}, fd);
-    if (fd >= 0) ::close(fd);  // the buffer's descriptor (protocol 3): the mapping is not needed here
-    holder.handle(bystander, {{"id", 4}, {"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 2 << 20}}, fd);
-    holder.handle(bystander, {{"id", 5}, {"op", "free"}, {"lease", 2}, {"cache", true}}, fd);
+    // The buffer's descriptor (protocol 3) is closed with its reply: the mapping is not needed here.
+    holder.handle(bystander, {{"id", 1}, {"op", "hello"}, {"protocol", 3}});
+    holder.handle(bystander, {{"id", 2}, {"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size", 1 << 20}});
+    holder.handle(bystander, {{"id", 3}, {"op", "buffer_open"}, {"name", "weights"}});
+    holder.handle(bystander, {{"id", 4}, {"op", "alloc"}, {"pool", "kv"}, {"device", 0}, {"size", 2 << 20}});
+    holder.handle(bystander, {{"id", 5}, {"op", "free"}, {"lease", 2}, {"cache", true}});
   }
   // Drop notices to the bystander, answered after each step (never from inside the holder).
   std::vector<Json> bystander_drops;
@@ -227,10 +226,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     while (!bystander_drops.empty()) {
       const Json notice = bystander_drops.front();
       bystander_drops.erase(bystander_drops.begin());
-      int fd = -1;
       holder.handle(
           bystander,
-          {{"id", 6}, {"op", "dropped"}, {"ask", notice["ask"]}, {"leases", notice["leases"]}, {"quiet", true}}, fd);
+          {{"id", 6}, {"op", "dropped"}, {"ask", notice["ask"]}, {"leases", notice["leases"]}, {"quiet", true}});
     }
   };
   static const cupool::Peer peers[4] = {peer(0, "root", {"root"}), peer(1001, "alice", {"alice"}),

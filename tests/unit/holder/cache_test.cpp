@@ -68,14 +68,9 @@ struct CacheFixture {
   Json call(std::uint64_t id, Json req, std::int64_t request_id = 1) {
     return test::call(holder, id, std::move(req), request_id);
   }
-  // The request's reply waits for drops (Holder::Deferred).
+  // The request's reply waits for drops (Reply::later()).
   bool waits(std::uint64_t id, Json req, std::int64_t request_id) {
-    try {
-      call(id, std::move(req), request_id);
-    } catch (const Holder::Deferred&) {
-      return true;
-    }
-    return false;
+    return test::waits(holder, id, std::move(req), request_id);
   }
   std::string error_code(std::uint64_t id, Json req) { return test::error_code(holder, id, std::move(req)); }
   std::uint64_t alloc(std::uint64_t id, const std::string& pool, std::uint64_t size) {

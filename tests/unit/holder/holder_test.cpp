@@ -223,13 +223,10 @@ TEST_CASE("share: users, groups, admins; everyone else is refused") {
   CHECK(f.error_code(alice, {{"op", "stats"}, {"reset_peaks", true}}) == "not_permitted");
   CHECK(f.error_code(alice, {{"op", "stats"}}) == "ok");
   // An importer gets the pool's descriptor; a refused one gets none.
-  int fd = -1;
-  CHECK_NOTHROW(f.holder.handle(alice, {{"id", 2}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}, fd));
-  CHECK(fd >= 0);
-  ::close(fd);
-  fd = -1;
-  CHECK_THROWS_AS(f.holder.handle(eve, {{"id", 3}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}, fd), Error);
-  CHECK(fd == -1);
+  Reply imported;
+  CHECK_NOTHROW(imported = f.holder.handle(alice, {{"id", 2}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}));
+  CHECK(imported.fd);
+  CHECK_THROWS_AS(f.holder.handle(eve, {{"id", 3}, {"op", "import_pool"}, {"pool", "kv"}, {"device", 0}}), Error);
 }
 
 TEST_CASE("quota per client and pool") {
@@ -309,9 +306,9 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
         "not_found");
   // The buffer is an exported allocation: its descriptor rides with the reply, and what this
   // process maps from it is the holder's memory (another process's map shares it).
-  int fd = -1;
-  const Json open = f.holder.handle(alice, {{"op", "buffer_open"}, {"name", "scratch"}, {"id", 1}}, fd);
-  Fd descriptor(fd);
+  Reply opened = f.holder.handle(alice, {{"op", "buffer_open"}, {"name", "scratch"}, {"id", 1}});
+  const Json& open = opened.body;
+  const Fd descriptor = std::move(opened.fd);
   REQUIRE(descriptor);
   CHECK(open["size_bytes"] == 1 << 20);
   CHECK(open["mapping"] == "exported");

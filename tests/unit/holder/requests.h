@@ -1,9 +1,8 @@
 // Requests to a Holder in unit tests, as a connection would make them (the reply's descriptor,
-// if any, closed).
+// if any, closed; a reply that waits for drops is a std::logic_error here: test::waits asks).
 #pragma once
 
-#include <unistd.h>
-
+#include <stdexcept>
 #include <string>
 
 #include "base/error.h"
@@ -13,10 +12,15 @@ namespace cupool::test {
 
 inline Json call(Holder& holder, std::uint64_t client, Json request, std::int64_t request_id = 1) {
   request["id"] = request_id;
-  int fd = -1;
-  Json out = holder.handle(client, request, fd);
-  if (fd >= 0) ::close(fd);
-  return out;
+  Reply out = holder.handle(client, request);
+  if (out.waits) throw std::logic_error("the reply to " + request.dump() + " waits for drops");
+  return std::move(out.body);
+}
+
+// Whether the request's reply waits for clients to drop cached blocks (Reply::later()).
+inline bool waits(Holder& holder, std::uint64_t client, Json request, std::int64_t request_id = 1) {
+  request["id"] = request_id;
+  return holder.handle(client, request).waits;
 }
 
 // "ok", or the error code the request was refused with.
