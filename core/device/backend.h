@@ -191,15 +191,15 @@ void read_file_range(int fd, void* into, std::uint64_t bytes, std::uint64_t offs
 
 // ---- the roles ----
 // What cupool asks of CUDA, split by who asks: each user takes the roles it needs (query only
-// NodeFacts, a client of the holder PoolImport and Transfers, ...). Backend is all of them; the
+// NodeQuery, a client of the holder PoolImport and Transfers, ...). Backend is all of them; the
 // real one (device/cuda/) and the simulated node (sim_backend.h) implement each role in a file of
 // its own. Every call throws CudaError naming the driver call that failed, unless it says
 // otherwise; calls on a pool retain the primary context of the pool's device.
 
 // What the node is: its driver, its devices and what they support.
-class NodeFacts {
+class NodeQuery {
  public:
-  virtual ~NodeFacts() = default;
+  virtual ~NodeQuery() = default;
   // Where the answers come from (every report and finding names it).
   virtual ReportSource source() const = 0;
   std::string describe() const { return source().description; }
@@ -391,7 +391,7 @@ class Bench {
 };
 
 // Every role: what a backend is. Code takes the roles it uses (a Backend& converts to each).
-class Backend : public NodeFacts,
+class Backend : public NodeQuery,
                 public Pools,
                 public PoolExport,
                 public PoolImport,

@@ -50,7 +50,7 @@ std::string explain_probe(const ExportProbe& probe) {
   return probe.description.empty() ? probe.error : probe.description;
 }
 
-NodeReport build_report(NodeFacts& backend, const QueryOptions& options) {
+NodeReport build_report(NodeQuery& backend, const QueryOptions& options) {
   backend.init();
   NodeReport report;
   // A simulated node says which profile it answers from (findings name it).

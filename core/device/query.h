@@ -17,7 +17,7 @@ struct QueryOptions {
 
 // Asks the backend everything `query` reports. Creates no context unless `deep`.
 // Throws NoDriverError, CudaError, or InputError for a selector that names no device.
-NodeReport build_report(NodeFacts& backend, const QueryOptions& options = {});
+NodeReport build_report(NodeQuery& backend, const QueryOptions& options = {});
 
 // A failed probe in plain words: what the driver's answer means here and what would fix it.
 std::string explain_probe(const ExportProbe& probe);

@@ -165,7 +165,7 @@ class PoolGuard {
   CUmemoryPool pool_;
 };
 
-// The backend over the driver. Its members are defined in one file per role: node.cpp (NodeFacts),
+// The backend over the driver. Its members are defined in one file per role: node.cpp (NodeQuery),
 // pools.cpp (Pools, ProcessPools, GraphMemory), sharing.cpp (PoolExport, PoolImport), exported.cpp
 // (ExportedMemory), transfers.cpp (Transfers), bench.cpp (Bench); backend.cpp has its life (init,
 // teardown) and the helpers they share.
@@ -176,7 +176,7 @@ class CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
-  // NodeFacts (node.cpp; source and init: backend.cpp)
+  // NodeQuery (node.cpp; source and init: backend.cpp)
   ReportSource source() const override;
   void init() override;
   int driver_version() override;

@@ -1,4 +1,4 @@
-// The real backend, NodeFacts: the driver, the devices and what they support (export probes, GPUDirect Storage).
+// The real backend, NodeQuery: the driver, the devices and what they support (export probes, GPUDirect Storage).
 #include "device/cuda/driver.h"
 
 namespace cupool::cuda {

@@ -1,4 +1,4 @@
-// The simulated node, NodeFacts: what the profile says the node is.
+// The simulated node, NodeQuery: what the profile says the node is.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
