@@ -11,10 +11,11 @@
 
 #include "base/error.h"
 #include "base/output.h"
+#include "cli/nfd.h"
 #include "cli/options.h"
+#include "cli/query_table.h"
 #include "cli/verbs.h"
 #include "custody/custody.h"
-#include "device/nfd.h"
 
 namespace cupool::cli {
 

@@ -22,7 +22,4 @@ NodeReport build_report(NodeQuery& backend, const QueryOptions& options = {});
 // A failed probe in plain words: what the driver's answer means here and what would fix it.
 std::string explain_probe(const ExportProbe& probe);
 
-// The human-readable report.
-std::string render_report_table(const NodeReport& report);
-
 }  // namespace cupool

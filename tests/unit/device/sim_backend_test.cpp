@@ -112,18 +112,6 @@ TEST_CASE("a device selector that names no device is an input error") {
   CHECK_THROWS_AS(build_report(sim, o), InputError);
 }
 
-TEST_CASE("the table names a simulated node and shows the peer matrix") {
-  NodeReport node = test::two_gpu_node();
-  node.peer_access[0][1] = false;
-  SimBackend sim(node);
-  NodeReport r = build_report(sim);
-  r.source.profile_path = "p.yaml";
-  const std::string t = render_report_table(r);
-  CHECK(t.find("Simulated node from p.yaml") == 0);
-  CHECK(t.find("  GPU0  -     no\n") != std::string::npos);
-  CHECK(t.find("  GPU1  yes   -\n") != std::string::npos);
-}
-
 TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
   SimBackend sim(test::two_gpu_node());
   const std::uint64_t mib = 1ULL << 20;

@@ -1,4 +1,4 @@
-#include "device/nfd.h"
+#include "cli/nfd.h"
 
 #include <cctype>
 #include <cstdint>
