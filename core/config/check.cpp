@@ -233,12 +233,35 @@ class Checker {
   void check_pool(const PoolSpec& p, std::size_t entry) {
     const std::string what = p.name.set ? "pool '" + p.name.value + "'" : "this pool";
     const std::vector<int> devices = resolve(p.devices);
-    const PoolLocation location = p.location.set ? p.location.value : PoolLocation{};
-    const bool managed = p.alloc_type.set && p.alloc_type.value == AllocType::managed;
-    const std::uint32_t ipc = p.handle_mask();
-
+    const PoolShape shape{p.location.set ? p.location.value : PoolLocation{},
+                          p.alloc_type.set && p.alloc_type.value == AllocType::managed, p.handle_mask(),
+                          Sizes{p.reserve, p.max_size, p.release_threshold}};
     // Rules that need no node.
-    const Sizes sizes{p.reserve, p.max_size, p.release_threshold};
+    check_pool_shape(p, what, shape);
+    if (p.access) resolve(*p.access);
+    PoolReported reported;
+    for (int d : devices) check_pool_on(d, p, entry, what, shape, reported);
+  }
+
+  // What a pool entry is, as its rules need it.
+  struct PoolShape {
+    PoolLocation location;
+    bool managed = false;
+    std::uint32_t ipc = 0;  // its IPC handle types
+    Sizes sizes;
+  };
+  // Rules reported once per pool, not once per device.
+  struct PoolReported {
+    bool threshold = false;
+    bool quota = false;
+    bool max = false;
+  };
+
+  // The rules that need no device: sizes against each other, sharing, the host's NUMA nodes.
+  void check_pool_shape(const PoolSpec& p, const std::string& what, const PoolShape& shape) {
+    const PoolLocation& location = shape.location;
+    const std::uint32_t ipc = shape.ipc;
+    const Sizes& sizes = shape.sizes;
     check_reserve_vs_max(sizes, what);
     if (p.share && ipc == 0)
       d_.error("share-without-handle-type", p.share->loc,
@@ -260,78 +283,80 @@ class Checker {
               " (/sys/devices/system/node/online)",
           ids.empty() ? "use location: host" : "use location: host_numa:" + ids.front());
     }
-    if (p.access) resolve(*p.access);
-    bool reported_threshold = false;
-    bool reported_quota = false;
-    bool reported_max = false;
-    for (int d : devices) {
-      const DeviceInfo& dev = info(d);
-      const Loc devices_loc = p.devices.loc;
-      if (!require_pools(d, devices_loc, what)) continue;
+  }
 
-      if (location.kind == PoolLocation::Kind::host && !dev.host_memory_pools)
-        d_.error("host-pools-unsupported", p.location.loc,
-                 label(d) + " does not support host-located pools (" + what + ")",
-                 "CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED = 0 for " + label(d) + " on " + where_);
-      if (location.kind == PoolLocation::Kind::host_numa) {
-        if (!dev.host_numa_memory_pools)
-          d_.error("host-numa-pools-unsupported", p.location.loc,
-                   label(d) + " does not support host-NUMA pools (" + what + ")",
-                   "CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED = 0 for " + label(d) + " on " + where_);
-      }
+  // The rules of one of the pool's devices: what the device supports, its memory, its reservations.
+  void check_pool_on(int d, const PoolSpec& p, std::size_t entry, const std::string& what, const PoolShape& shape,
+                     PoolReported& reported) {
+    const PoolLocation& location = shape.location;
+    const bool managed = shape.managed;
+    const Sizes& sizes = shape.sizes;
+    const DeviceInfo& dev = info(d);
+    const Loc devices_loc = p.devices.loc;
+    if (!require_pools(d, devices_loc, what)) return;
 
-      if (managed) {
-        if (n_.driver_version < 13000)
-          d_.error("managed-pools-unsupported", p.alloc_type.loc,
-                   "managed pools need a CUDA 13.0 driver; " + where_ + " has CUDA " +
-                       cuda_version_string(n_.driver_version) + " (" + what + ")",
-                   "cuDriverGetVersion = " + std::to_string(n_.driver_version),
-                   "use alloc_type: pinned, or update the driver");
-        else if (!dev.managed_memory)
-          d_.error("managed-pools-unsupported", p.alloc_type.loc,
-                   label(d) + " cannot allocate managed memory (" + what + ")",
-                   "CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 0 for " + label(d) + " on " + where_);
-      }
-
-      for (const auto& h : p.handle_types) {
-        if (h.value == HandleType::none || location.kind == PoolLocation::Kind::host) continue;
-        const auto bit = static_cast<std::uint32_t>(h.value);
-        const std::string type = handle_type_name(h.value);
-        if ((dev.pool_handle_types & bit) == 0) {
-          const auto supported = handle_type_names(dev.pool_handle_types);
-          d_.error("handle-type-unsupported", h.loc,
-                   label(d) + " does not support " + type + " handles for pools (" + what + ")",
-                   "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = " + hex(dev.pool_handle_types) + " (" +
-                       (supported.empty() ? "none" : join(supported, ", ")) + ") for " + label(d) + " on " + where_);
-          continue;
-        }
-        if (h.value == HandleType::fabric) check_fabric(d, h.loc, what);
-      }
-
-      if (p.access && location.kind == PoolLocation::Kind::device) check_access(*p.access, d, what);
-
-      const std::uint64_t memory = dev.total_memory;
-      check_sizes(sizes, want(entry, d).settings.release_threshold, d, what,
-                  location.kind == PoolLocation::Kind::device, reported_threshold, reported_max);
-      if (p.share && p.share->quota_per_client.set && !reported_quota) {
-        const std::uint64_t quota = p.share->quota_per_client.value;
-        if (p.max_size.set && quota > p.max_size.value) {
-          reported_quota = true;
-          d_.error("quota-above-size", p.share->quota_per_client.loc,
-                   "quota_per_client (" + format_bytes(quota) + ") is above the pool's max_size (" +
-                       format_bytes(p.max_size.value) + ") in " + what,
-                   "", "lower quota_per_client to at most max_size");
-        } else if (!p.max_size.set && location.kind == PoolLocation::Kind::device && quota > memory) {
-          reported_quota = true;
-          d_.error("quota-above-size", p.share->quota_per_client.loc,
-                   "quota_per_client (" + format_bytes(quota) + ") is above " + label(d) + "'s memory (" +
-                       format_bytes(memory) + "), the most the pool can hold (" + what + ")",
-                   "cuDeviceTotalMem = " + std::to_string(memory) + " on " + where_);
-        }
-      }
-      if (p.reserve.set && p.reserve.value > 0 && location.kind == PoolLocation::Kind::device)
-        reservations_[d].push_back({what + " reserve", p.reserve.value, p.reserve.loc});
+    if (location.kind == PoolLocation::Kind::host && !dev.host_memory_pools)
+      d_.error("host-pools-unsupported", p.location.loc,
+               label(d) + " does not support host-located pools (" + what + ")",
+               "CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED = 0 for " + label(d) + " on " + where_);
+    if (location.kind == PoolLocation::Kind::host_numa) {
+      if (!dev.host_numa_memory_pools)
+        d_.error("host-numa-pools-unsupported", p.location.loc,
+                 label(d) + " does not support host-NUMA pools (" + what + ")",
+                 "CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED = 0 for " + label(d) + " on " + where_);
     }
+
+    if (managed) {
+      if (n_.driver_version < 13000)
+        d_.error("managed-pools-unsupported", p.alloc_type.loc,
+                 "managed pools need a CUDA 13.0 driver; " + where_ + " has CUDA " +
+                     cuda_version_string(n_.driver_version) + " (" + what + ")",
+                 "cuDriverGetVersion = " + std::to_string(n_.driver_version),
+                 "use alloc_type: pinned, or update the driver");
+      else if (!dev.managed_memory)
+        d_.error("managed-pools-unsupported", p.alloc_type.loc,
+                 label(d) + " cannot allocate managed memory (" + what + ")",
+                 "CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 0 for " + label(d) + " on " + where_);
+    }
+
+    for (const auto& h : p.handle_types) {
+      if (h.value == HandleType::none || location.kind == PoolLocation::Kind::host) continue;
+      const auto bit = static_cast<std::uint32_t>(h.value);
+      const std::string type = handle_type_name(h.value);
+      if ((dev.pool_handle_types & bit) == 0) {
+        const auto supported = handle_type_names(dev.pool_handle_types);
+        d_.error("handle-type-unsupported", h.loc,
+                 label(d) + " does not support " + type + " handles for pools (" + what + ")",
+                 "CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = " + hex(dev.pool_handle_types) + " (" +
+                     (supported.empty() ? "none" : join(supported, ", ")) + ") for " + label(d) + " on " + where_);
+        continue;
+      }
+      if (h.value == HandleType::fabric) check_fabric(d, h.loc, what);
+    }
+
+    if (p.access && location.kind == PoolLocation::Kind::device) check_access(*p.access, d, what);
+
+    const std::uint64_t memory = dev.total_memory;
+    check_sizes(sizes, want(entry, d).settings.release_threshold, d, what, location.kind == PoolLocation::Kind::device,
+                reported.threshold, reported.max);
+    if (p.share && p.share->quota_per_client.set && !reported.quota) {
+      const std::uint64_t quota = p.share->quota_per_client.value;
+      if (p.max_size.set && quota > p.max_size.value) {
+        reported.quota = true;
+        d_.error("quota-above-size", p.share->quota_per_client.loc,
+                 "quota_per_client (" + format_bytes(quota) + ") is above the pool's max_size (" +
+                     format_bytes(p.max_size.value) + ") in " + what,
+                 "", "lower quota_per_client to at most max_size");
+      } else if (!p.max_size.set && location.kind == PoolLocation::Kind::device && quota > memory) {
+        reported.quota = true;
+        d_.error("quota-above-size", p.share->quota_per_client.loc,
+                 "quota_per_client (" + format_bytes(quota) + ") is above " + label(d) + "'s memory (" +
+                     format_bytes(memory) + "), the most the pool can hold (" + what + ")",
+                 "cuDeviceTotalMem = " + std::to_string(memory) + " on " + where_);
+      }
+    }
+    if (p.reserve.set && p.reserve.value > 0 && location.kind == PoolLocation::Kind::device)
+      reservations_[d].push_back({what + " reserve", p.reserve.value, p.reserve.loc});
   }
 
   // The users and groups the file names are this machine's facts (a profile describes devices,

@@ -3,8 +3,52 @@
 
 namespace cupool::cuda {
 
+namespace bench_loops {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// A captured graph of cuMemAllocAsync + cuMemFreeAsync, launched and synchronised `iterations` times.
+std::vector<double> graph_alloc_free(const CudaBackend& b, CUstream stream, size_t bytes, int iterations) {
+  const DriverApi& api = b.api();
+  CUgraph graph = nullptr;
+  CUgraphExec exec = nullptr;
+  b.check(api.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+  CUdeviceptr p = 0;
+  CUresult r = api.cuMemAllocAsync(&p, bytes, stream);
+  if (r == CUDA_SUCCESS) r = api.cuMemFreeAsync(p, stream);
+  const CUresult end = api.cuStreamEndCapture(stream, &graph);
+  b.check(r, "cuMemAllocAsync/cuMemFreeAsync (captured)");
+  b.check(end, "cuStreamEndCapture");
+  struct Graph {
+    const DriverApi& api;
+    CUgraph g;
+    CUgraphExec& e;
+    ~Graph() {
+      if (e) api.cuGraphExecDestroy(e);
+      if (g) api.cuGraphDestroy(g);
+    }
+  } owner{api, graph, exec};
+  b.check(api.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
+  std::vector<double> ns;
+  ns.reserve(static_cast<std::size_t>(iterations));
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = Clock::now();
+    b.check(api.cuGraphLaunch(exec, stream), "cuGraphLaunch");
+    b.check(api.cuStreamSynchronize(stream), "cuStreamSynchronize");
+    ns.push_back(since(t0));
+  }
+  return ns;
+}
+
+}  // namespace bench_loops
+
 std::vector<double> CudaBackend::bench(int ordinal, const BenchCase& c) {
-  using Clock = std::chrono::steady_clock;
+  using bench_loops::Clock;
+  using bench_loops::since;
   ContextScope scope(api_, context(ordinal));
   CUstream stream = device_stream(ordinal);
   CUmemoryPool pool = nullptr;
@@ -23,9 +67,6 @@ std::vector<double> CudaBackend::bench(int ordinal, const BenchCase& c) {
   const auto bytes = static_cast<size_t>(c.bytes);
   std::vector<double> ns;
   ns.reserve(static_cast<std::size_t>(c.iterations));
-  auto since = [](Clock::time_point t0) {
-    return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-  };
   switch (c.kind) {
     case BenchCase::Kind::malloc_free:
       for (int i = 0; i < c.iterations; ++i) {
@@ -68,34 +109,9 @@ std::vector<double> CudaBackend::bench(int ordinal, const BenchCase& c) {
         ns.push_back(since(t0));
       }
       break;
-    case BenchCase::Kind::graph_alloc_free: {
-      CUgraph graph = nullptr;
-      CUgraphExec exec = nullptr;
-      check(api_.cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
-      CUdeviceptr p = 0;
-      CUresult r = api_.cuMemAllocAsync(&p, bytes, stream);
-      if (r == CUDA_SUCCESS) r = api_.cuMemFreeAsync(p, stream);
-      const CUresult end = api_.cuStreamEndCapture(stream, &graph);
-      check(r, "cuMemAllocAsync/cuMemFreeAsync (captured)");
-      check(end, "cuStreamEndCapture");
-      struct Graph {
-        const DriverApi& api;
-        CUgraph g;
-        CUgraphExec& e;
-        ~Graph() {
-          if (e) api.cuGraphExecDestroy(e);
-          if (g) api.cuGraphDestroy(g);
-        }
-      } owner{api_, graph, exec};
-      check(api_.cuGraphInstantiate(&exec, graph, 0), "cuGraphInstantiate");
-      for (int i = 0; i < c.iterations; ++i) {
-        const auto t0 = Clock::now();
-        check(api_.cuGraphLaunch(exec, stream), "cuGraphLaunch");
-        check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
-        ns.push_back(since(t0));
-      }
+    case BenchCase::Kind::graph_alloc_free:
+      ns = bench_loops::graph_alloc_free(*this, stream, bytes, c.iterations);
       break;
-    }
   }
   return ns;
 }
