@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-using namespace cupool::model;
+namespace cupool::model::fields_test {
 
 namespace {
 
@@ -252,3 +252,5 @@ TEST_CASE("the reader records what a reply had") {
   CHECK(!seen.has(s.pools.at(1).pool.name));
   CHECK(!seen.has(s.custody));
 }
+
+}  // namespace cupool::model::fields_test

@@ -116,7 +116,8 @@ TEST_CASE("every request the client library writes is what the holder reads") {
 TEST_CASE("the holder's readers bound what a request says") {
   CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", "kv"}, {"size_bytes", 0}}), Error);
   CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", "kv"}, {"size_bytes", kMaxAllocation + 1}}), Error);
-  CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", std::string(kMaxName + 1, 'a')}, {"size_bytes", 1}}), Error);
+  CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", std::string(proto::kMaxName + 1, 'a')}, {"size_bytes", 1}}),
+                  Error);
   CHECK_THROWS_AS(at_holder(read_alloc, Json{{"pool", "kv"}, {"size", 1}}), Error);  // protocol 3's name
   CHECK_THROWS_AS(at_holder(read_free, Json{{"lease", 0}}), Error);
   CHECK_THROWS_AS(at_holder(read_buffer_open, Json{{"name", "w"}, {"part", kMaxPartNumber + 1}}), Error);
@@ -242,7 +243,8 @@ TEST_CASE("the holder's readers of the CLI's requests refuse what is unknown, il
 
   CHECK(refusal(read_trim, Json{{"keep_bytes", -1}}) == "\"keep_bytes\" must be a non-negative integer");
   CHECK(refusal(read_trim, Json{{"keep", 1}}).find("unknown argument \"keep\"") == 0);  // protocol 3's name
-  CHECK(refusal(read_trim, Json{{"pool", std::string(kMaxName + 1, 'a')}}) == "\"pool\" is longer than 64 bytes");
+  CHECK(refusal(read_trim, Json{{"pool", std::string(proto::kMaxName + 1, 'a')}}) ==
+        "\"pool\" is longer than 64 bytes");
   CHECK(refusal(read_trim, Json{{"pool", 3}}) == "\"pool\" must be a string");
   CHECK(refusal(read_trim, Json{{"graph", "no"}}) == "\"graph\" must be true or false");
   CHECK(refusal(read_trim, Json{{"cached", nullptr}}) == "\"cached\" must be true or false");
@@ -265,7 +267,7 @@ TEST_CASE("the holder's readers of the CLI's requests refuse what is unknown, il
   CHECK(refusal(read_buffer_create, changed("size_bytes", kMaxAllocation + 1)).find("\"size_bytes\"") == 0);
   CHECK(refusal(read_buffer_create, changed("device", -2)).find("\"device\" must be a device ordinal") == 0);
   CHECK(refusal(read_buffer_create, changed("loading", "yes")) == "\"loading\" must be true or false");
-  CHECK(refusal(read_buffer_create, changed("name", std::string(kMaxName + 1, 'w'))) ==
+  CHECK(refusal(read_buffer_create, changed("name", std::string(proto::kMaxName + 1, 'w'))) ==
         "\"name\" is longer than 64 bytes");
   CHECK(refusal(read_buffer_create, changed("size", 64)).find("unknown argument \"size\"") == 0);
   CHECK(refusal(read_buffer_create, changed("parts", Json::array({64}))).find("unknown argument \"parts\"") == 0);
