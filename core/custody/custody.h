@@ -152,6 +152,11 @@ struct ListenEnv {
 // env.pid is not `self` or env.fds is not a count; descriptors that are not open are left out.
 std::vector<Kept> adopt_listen_fds(const ListenEnv& env, pid_t self, int first_fd);
 
+// The keeper protocol's messages (custody/fields.h).
+struct KeeperRequest;
+struct KeeperStatusReply;
+constexpr int kKeeperProtocolVersion = 1;  // hello's "keeper"
+
 // A connection to a keeper (docs/protocol.md, "The keeper"). Connects on first use; when a request on
 // an open connection fails for want of the keeper (it restarted), connects once more and repeats it.
 // Each connection is checked first: the socket's place (unsafe_keeper_path) and the kernel's word
@@ -174,16 +179,15 @@ class KeeperClient final : public Custody {
   std::vector<std::string> names();
   // Drops everything kept (the memory goes): how many descriptors were released.
   std::size_t release();
-  // The keeper's status reply: pid, socket, started, uptime_seconds, kept_count, max_kept_count,
-  // connection_count, max_connection_count, names (docs/naming.md).
-  nlohmann::ordered_json status();
+  // The keeper's status reply (custody/fields.h).
+  KeeperStatusReply status();
 
  private:
   // Sends `request` (with `fd` when >= 0) and returns the successful reply; a descriptor that came
   // with it goes to `received`.
-  nlohmann::ordered_json call(const nlohmann::ordered_json& request, int fd = -1, Fd* received = nullptr);
+  nlohmann::ordered_json call(const KeeperRequest& request, int fd = -1, Fd* received = nullptr);
   // One request and its reply on the open connection, no retry.
-  nlohmann::ordered_json exchange(nlohmann::ordered_json request, int fd, Fd* received);
+  nlohmann::ordered_json exchange(KeeperRequest request, int fd, Fd* received);
   void connect();
   // Sets the socket's time-outs for the next wait: timeout_ms_, or less to meet deadline_ (throws
   // Error(unreachable) once it has passed).

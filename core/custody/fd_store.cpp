@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/text.h"
 #include "custody/custody.h"
+#include "custody/fields.h"
 #include "protocol/protocol.h"
 
 namespace cupool::custody {
@@ -187,8 +188,8 @@ void KeeperClient::arm(int socket) {
   (void)::setsockopt(socket, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-Json KeeperClient::exchange(Json request, int fd, Fd* received) {
-  request["id"] = next_id_++;
+Json KeeperClient::exchange(KeeperRequest request, int fd, Fd* received) {
+  request.id = next_id_++;
   try {
     arm(socket_.get());
   } catch (const Error& e) {
@@ -198,7 +199,8 @@ Json KeeperClient::exchange(Json request, int fd, Fd* received) {
   // its reply is read all the same.
   std::string unsent;
   try {
-    proto::send_all(socket_.get(), proto::encode(proto::Kind::request, request, fd >= 0 ? 1 : 0), fd);
+    proto::send_all(socket_.get(), proto::encode(proto::Kind::request, model::write_json(request), fd >= 0 ? 1 : 0),
+                    fd);
   } catch (const std::system_error& e) {
     unsent = std::string("sending failed: ") + std::strerror(e.code().value());
   }
@@ -217,33 +219,28 @@ Json KeeperClient::exchange(Json request, int fd, Fd* received) {
   }
   Fd in(got);
   const Json& reply = frame.second;
-  const auto text = [](const Json& object, const char* key) {
-    const auto it = object.find(key);
-    return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
-  };
-  const auto ok = reply.find("ok");
-  if (ok == reply.end() || *ok != true) {
-    const auto error = reply.find("error");
-    const Json& e = error != reply.end() && error->is_object() ? *error : Json::object();
-    throw Error::reported(text(e, "code"),
-                          "the keeper at " + path_ + " refused: " + safe_for_display(text(e, "message")));
+  KeeperReplyHead head;
+  model::Seen seen;
+  model::read_json_lenient(reply, head, seen);
+  if (!head.ok) {
+    const model::ErrorInfo e = head.error.value_or(model::ErrorInfo{});
+    throw Error::reported(e.code, "the keeper at " + path_ + " refused: " + safe_for_display(e.message));
   }
-  const auto id = reply.find("id");
   if (!unsent.empty()) throw Lost(unsent);
-  if (frame.first.kind != proto::Kind::reply || id == reply.end() || *id != request["id"])
+  if (frame.first.kind != proto::Kind::reply || !seen.has(head.id) || head.id != Json(request.id))
     throw Lost("it answered out of turn");
   if (received) *received = std::move(in);
   return reply;
 }
 
-Json KeeperClient::call(const Json& request, int fd, Fd* received) {
+Json KeeperClient::call(const KeeperRequest& request, int fd, Fd* received) {
   const bool had_connection = static_cast<bool>(socket_);
   for (int attempt = 0;; ++attempt) {
     try {
       if (!socket_) {
         connect();
         try {
-          (void)exchange({{"op", "hello"}, {"keeper", 1}}, -1, nullptr);
+          (void)exchange(KeeperRequest{0, "hello", kKeeperProtocolVersion, std::nullopt}, -1, nullptr);
         } catch (...) {
           socket_.reset();  // refused or lost: the next call connects again
           throw;
@@ -258,24 +255,21 @@ Json KeeperClient::call(const Json& request, int fd, Fd* received) {
 }
 
 std::vector<std::string> KeeperClient::names() {
-  const Json reply = call({{"op", "list"}});
-  std::vector<std::string> names;
-  for (const Json& n : reply.value("names", Json::array()))
-    if (n.is_string()) names.push_back(n.get<std::string>());
-  return names;
+  KeeperNamesReply list;
+  model::Seen seen;
+  model::read_json_lenient(call(KeeperRequest{0, "list", std::nullopt, std::nullopt}), list, seen);
+  return list.names;
 }
 
 std::size_t KeeperClient::release() {
-  const Json reply = call({{"op", "release"}});
-  const Json released = reply.value("released_count", Json(0));
-  return released.is_number_unsigned() ? released.get<std::size_t>() : 0;
+  KeeperReleaseReply released;
+  model::Seen seen;
+  model::read_json_lenient(call(KeeperRequest{0, "release", std::nullopt, std::nullopt}), released, seen);
+  return released.released_count;
 }
 
-Json KeeperClient::status() {
-  Json reply = call({{"op", "status"}});
-  reply.erase("id");
-  reply.erase("ok");
-  return reply;
+KeeperStatusReply KeeperClient::status() {
+  return model::read_json<KeeperStatusReply>(call(KeeperRequest{0, "status", std::nullopt, std::nullopt}));
 }
 
 std::vector<Kept> KeeperClient::withdraw() {
@@ -283,7 +277,7 @@ std::vector<Kept> KeeperClient::withdraw() {
   for (const std::string& name : names()) {
     Fd fd;
     try {
-      (void)call({{"op", "withdraw"}, {"name", name}}, -1, &fd);
+      (void)call(KeeperRequest{0, "withdraw", std::nullopt, name}, -1, &fd);
     } catch (const Error& e) {
       if (e.code() == Errc::not_found) continue;  // removed since the list
       throw;
@@ -297,12 +291,12 @@ std::vector<Kept> KeeperClient::withdraw() {
 void KeeperClient::deposit(const std::string& name, int fd) {
   check_name(name);
   if (fd < 0) throw Error(Errc::invalid_input, "no descriptor to keep under " + name);
-  (void)call({{"op", "deposit"}, {"name", name}}, fd);
+  (void)call(KeeperRequest{0, "deposit", std::nullopt, name}, fd);
 }
 
 void KeeperClient::remove(const std::string& name) {
   check_name(name);
-  (void)call({{"op", "remove"}, {"name", name}});
+  (void)call(KeeperRequest{0, "remove", std::nullopt, name});
 }
 
 std::unique_ptr<Custody> keeper_at(const std::string& socket_path) {

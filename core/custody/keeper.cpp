@@ -24,6 +24,7 @@
 #include "base/error.h"
 #include "base/lock_file.h"
 #include "base/text.h"
+#include "custody/fields.h"
 #include "protocol/protocol.h"
 
 namespace cupool::custody {
@@ -35,10 +36,9 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::size_t kMaxInbox = std::size_t{64} << 10;  // received bytes kept before reading stops
 constexpr std::size_t kMaxWaitingFds = 4;                 // received descriptors whose frames are not handled yet
-constexpr int kKeeperProtocol = 1;                        // hello's "keeper"
 
 Json error_reply(const Json& id, Errc code, const std::string& message) {
-  return {{"id", id}, {"ok", false}, {"error", {{"code", errc_info(code).wire}, {"message", message}}}};
+  return model::write_json(KeeperReplyHead{id, false, model::ErrorInfo{errc_info(code).wire, message, {}, {}}});
 }
 
 }  // namespace
@@ -170,7 +170,7 @@ struct Keeper::Impl {
   void refuse(Connection& c, Errc code, const std::string& why);
   void drop(Connection& c, const std::string& why);
   void timeouts();
-  Json status() const;
+  KeeperStatusReply status() const;
 
   KeeperOptions options;
   uid_t user;
@@ -312,7 +312,7 @@ void Keeper::Impl::answer(Connection& c, const std::string& payload, Fd fd) {
   Json reply;
   try {
     Json body = handle(c, request, std::move(fd), reply_fd);
-    reply = {{"id", id}, {"ok", true}};
+    reply = model::write_json(KeeperReplyHead{id, true, std::nullopt});
     for (auto& [key, value] : body.items()) reply[key] = std::move(value);
   } catch (const Error& e) {
     reply = error_reply(id, e.code(), e.what());
@@ -340,11 +340,11 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
   if (op == "hello") {
     const Json* version = args.value("keeper");
     args.finish();
-    if (!version || !version->is_number_integer() || version->get<std::int64_t>() != kKeeperProtocol)
-      throw Error(Errc::unsupported_protocol, "this keeper speaks version " + std::to_string(kKeeperProtocol) +
+    if (!version || !version->is_number_integer() || version->get<std::int64_t>() != kKeeperProtocolVersion)
+      throw Error(Errc::unsupported_protocol, "this keeper speaks version " + std::to_string(kKeeperProtocolVersion) +
                                                   " of the keeper protocol (\"keeper\": 1)");
     c.greeted = true;
-    return {{"keeper", kKeeperProtocol}, {"pid", ::getpid()}, {"kept_count", kept.size()}};
+    return model::write_json(KeeperHelloReply{kKeeperProtocolVersion, ::getpid(), kept.size()});
   }
   if (op == "deposit") {
     const std::string name = name_argument();
@@ -357,13 +357,13 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
     const bool replaced = it != kept.end();
     kept[name] = std::move(fd);
     spdlog::debug("{} kept {}{}", c.who(), name, replaced ? " (replacing the one before)" : "");
-    return {{"name", name}, {"replaced", replaced}, {"kept_count", kept.size()}};
+    return model::write_json(KeeperDepositReply{name, replaced, kept.size()});
   }
   if (op == "remove") {
     const std::string name = name_argument();
     args.finish();
     const bool removed = kept.erase(name) > 0;
-    return {{"name", name}, {"removed", removed}, {"kept_count", kept.size()}};
+    return model::write_json(KeeperRemoveReply{name, removed, kept.size()});
   }
   if (op == "withdraw") {
     const std::string name = name_argument();
@@ -372,13 +372,13 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
     if (it == kept.end()) throw Error(Errc::not_found, "nothing is kept under " + name);
     reply_fd.reset(::fcntl(it->second.get(), F_DUPFD_CLOEXEC, 3));
     if (!reply_fd) throw Error(Errc::limit_exceeded, "can't pass " + name + " on: " + errno_text());
-    return {{"name", name}};
+    return model::write_json(KeeperWithdrawReply{name});
   }
   if (op == "list") {
     args.finish();
-    Json names = Json::array();
-    for (const auto& [name, kept_fd] : kept) names.push_back(name);
-    return {{"names", std::move(names)}};
+    KeeperNamesReply list;
+    for (const auto& [name, kept_fd] : kept) list.names.push_back(name);
+    return model::write_json(list);
   }
   if (op == "release") {
     args.finish();
@@ -388,30 +388,28 @@ Json Keeper::Impl::handle(Connection& c, const Json& request, Fd fd, Fd& reply_f
         "released {} descriptor{} at the request of {}: the memory they held is gone unless another "
         "process holds them",
         released, released == 1 ? "" : "s", c.who());
-    return {{"released_count", released}};
+    return model::write_json(KeeperReleaseReply{released});
   }
   if (op == "status") {
     args.finish();
-    return status();
+    return model::write_json(status());
   }
   throw Error(Errc::unknown_op, "unknown operation \"" + safe_for_display(op) +
                                     "\" (the keeper has hello, deposit, remove, list, withdraw, release, status)");
 }
 
-Json Keeper::Impl::status() const {
-  Json names = Json::array();
-  for (const auto& [name, fd] : kept) names.push_back(name);
-  std::size_t live = 0;
-  for (const auto& [key, c] : connections) live += c.dead ? 0 : 1;
-  return {{"pid", ::getpid()},
-          {"socket", options.socket},
-          {"started", started},
-          {"uptime_seconds", std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - started_at).count()},
-          {"kept_count", kept.size()},
-          {"max_kept_count", options.max_kept},
-          {"connection_count", live},
-          {"max_connection_count", options.max_connections},
-          {"names", std::move(names)}};
+KeeperStatusReply Keeper::Impl::status() const {
+  KeeperStatusReply out;
+  out.pid = ::getpid();
+  out.socket = options.socket;
+  out.started = started;
+  out.uptime_seconds = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - started_at).count();
+  out.kept_count = kept.size();
+  out.max_kept_count = options.max_kept;
+  for (const auto& [key, c] : connections) out.connection_count += c.dead ? 0 : 1;
+  out.max_connection_count = options.max_connections;
+  for (const auto& [name, fd] : kept) out.names.push_back(name);
+  return out;
 }
 
 void Keeper::Impl::queue(Connection& c, const Json& body, Fd fd) {

@@ -17,6 +17,7 @@
 #include "base/sha256.h"
 #include "base/text.h"
 #include "custody/custody.h"
+#include "custody/fields.h"
 #include "protocol/protocol.h"
 
 namespace cupool::custody {
@@ -66,11 +67,12 @@ bool iso_utc(std::string_view s) {
          std::all_of(rest.begin() + 1, rest.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// The strict reader of one JSON object of a manifest: every key it holds must be read, each value
-// within its bounds. Messages are "manifest NAME: PATH.KEY: what is wrong".
-class Reader {
+// The strict reader of one JSON object of a manifest, a visitor of its declaration (fields.h):
+// every key it holds must be read, each value by its rule. Messages are "manifest NAME: PATH.KEY:
+// what is wrong".
+class ManifestReader {
  public:
-  Reader(const Json& object, std::string path, const std::string& subject)
+  ManifestReader(const Json& object, std::string path, const std::string& subject)
       : object_(object), path_(std::move(path)), subject_(subject) {
     if (!object_.is_object()) fail(path_.empty() ? "the manifest is not a JSON object" : path_ + ": is not an object");
   }
@@ -80,14 +82,76 @@ class Reader {
   }
   std::string where(const char* key) const { return path_.empty() ? key : path_ + "." + key; }
 
+  template <class T>
+  void operator()(const char* key, T& v, Within range) {
+    v = static_cast<T>(number(get(key), where(key), range.min, range.max));
+  }
+  void operator()(const char* key, std::string& v, ObjectName) {
+    v = text(key);
+    if (!valid_object_name(v))
+      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(v, 80)) +
+           "\" is not a name ([a-z0-9][a-z0-9._-]*, at most 64 bytes)");
+  }
+  void operator()(const char* key, std::string& v, DeviceUuid) {
+    v = text(key);
+    const bool uuid_chars = std::all_of(v.begin(), v.end(), [](char c) {
+      return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '/';
+    });
+    if (!(starts_with(v, "GPU-") || starts_with(v, "MIG-")) || v.size() <= 4 || v.size() > kMaxUuid || !uuid_chars)
+      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(v, 100)) +
+           "\" is not a device's UUID (GPU-... or MIG-..., at most 96 characters)");
+  }
+  void operator()(const char* key, std::string& v, const OneOf& rule) {
+    v = text(key);
+    if (std::find(rule.words.begin(), rule.words.end(), v) == rule.words.end())
+      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(v, 64)) + "\" is not " + list_or(rule.words));
+  }
+  void operator()(const char* key, std::string& v, UtcTime) {
+    v = text(key);
+    if (!iso_utc(v))
+      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(v, 40)) +
+           "\" is not a UTC time in ISO 8601 (2025-01-31T12:00:00Z)");
+  }
+  void operator()(const char* key, std::vector<std::uint64_t>& v, Sizes rule) {
+    const Json& j = get(key);
+    if (!j.is_array() || j.empty() || j.size() > rule.max_count)
+      fail(where(key) + ": must be an array of 1 to " + std::to_string(rule.max_count) + " sizes");
+    v.clear();
+    for (std::size_t i = 0; i < j.size(); ++i)
+      v.push_back(number(j[i], where(key) + "[" + std::to_string(i) + "]", 1, UINT64_MAX));
+  }
+  void operator()(const char* key, Json& v, TensorIndex) {
+    v = get(key);
+    if (!v.is_null() && !v.is_object()) fail(where(key) + ": must be an object (a tensor index) or null");
+  }
+  void operator()(const char* key, std::vector<ManifestBuffer>& v, Buffers rule);
+  // The one computed field, the manifest's version: only this holder's is read.
+  void computed(const char* key, int version) {
+    const Json& j = get(key);
+    if (!j.is_number_integer() || j.get<std::int64_t>() != version)
+      fail("manifest version " + safe_for_display(utf8_prefix(j.dump(), 32)) +
+           " is not supported (this holder reads version " + std::to_string(version) + ")");
+  }
+  template <class Body>
+  void object(const char* key, Body&& body) {
+    ManifestReader sub(get(key), where(key), subject_);
+    body(sub);
+    sub.finish();
+  }
+  // Every key was read.
+  void finish() const {
+    for (const auto& item : object_.items())
+      if (!read_.count(item.key()))
+        fail((path_.empty() ? "" : path_ + ": ") + "unknown key \"" + safe_for_display(utf8_prefix(item.key(), 64)) +
+             "\"");
+  }
+
+ private:
   const Json& get(const char* key) {
     read_.insert(key);
     const auto it = object_.find(key);
     if (it == object_.end()) fail(where(key) + ": missing");
     return *it;
-  }
-  std::uint64_t u64(const char* key, std::uint64_t min, std::uint64_t max) {
-    return number(get(key), where(key), min, max);
   }
   std::uint64_t number(const Json& v, const std::string& at, std::uint64_t min, std::uint64_t max) const {
     if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
@@ -102,60 +166,19 @@ class Reader {
     if (!v.is_string()) fail(where(key) + ": must be a string");
     return v.get<std::string>();
   }
-  std::string one_of(const char* key, const std::vector<std::string>& choices) {
-    std::string s = text(key);
-    if (std::find(choices.begin(), choices.end(), s) == choices.end())
-      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(s, 64)) + "\" is not " + list_or(choices));
-    return s;
-  }
-  std::string name(const char* key) {
-    std::string s = text(key);
-    if (!valid_object_name(s))
-      fail(where(key) + ": \"" + safe_for_display(utf8_prefix(s, 80)) +
-           "\" is not a name ([a-z0-9][a-z0-9._-]*, at most 64 bytes)");
-    return s;
-  }
-  std::vector<std::uint64_t> sizes(const char* key, std::size_t max_items) {
-    const Json& v = get(key);
-    if (!v.is_array() || v.empty() || v.size() > max_items)
-      fail(where(key) + ": must be an array of 1 to " + std::to_string(max_items) + " sizes");
-    std::vector<std::uint64_t> out;
-    for (std::size_t i = 0; i < v.size(); ++i)
-      out.push_back(number(v[i], where(key) + "[" + std::to_string(i) + "]", 1, UINT64_MAX));
-    return out;
-  }
-  // Every key was read.
-  void finish() const {
-    for (const auto& item : object_.items())
-      if (!read_.count(item.key()))
-        fail((path_.empty() ? "" : path_ + ": ") + "unknown key \"" + safe_for_display(utf8_prefix(item.key(), 64)) +
-             "\"");
-  }
 
- private:
   const Json& object_;
   std::string path_;
   const std::string& subject_;
   std::set<std::string> read_;
 };
 
+// One buffer of a manifest: its fields, then what they say together.
 ManifestBuffer read_buffer(const Json& j, const std::string& path, const std::string& subject) {
-  Reader r(j, path, subject);
+  ManifestReader r(j, path, subject);
   ManifestBuffer b;
-  b.name = r.name("name");
-  b.pool = r.name("pool");
-  b.device = static_cast<int>(r.u64("device", 0, proto::kMaxDevice));
-  b.uuid = r.text("uuid");
-  const bool uuid_chars = std::all_of(b.uuid.begin(), b.uuid.end(), [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' || c == '/';
-  });
-  if (!(starts_with(b.uuid, "GPU-") || starts_with(b.uuid, "MIG-")) || b.uuid.size() <= 4 || b.uuid.size() > kMaxUuid ||
-      !uuid_chars)
-    r.fail(r.where("uuid") + ": \"" + safe_for_display(utf8_prefix(b.uuid, 100)) +
-           "\" is not a device's UUID (GPU-... or MIG-..., at most 96 characters)");
-  b.size = r.u64("size", 1, UINT64_MAX);
-  b.parts = r.sizes("parts", kMaxParts);
-  b.mapped = r.sizes("mapped", kMaxParts);
+  fields(r, b);
+  r.finish();
   std::uint64_t sum = 0;
   for (std::uint64_t p : b.parts) {
     if (p > UINT64_MAX - sum) r.fail(r.where("parts") + ": the sizes add up to more than 2^64-1 bytes");
@@ -171,28 +194,26 @@ ManifestBuffer read_buffer(const Json& j, const std::string& path, const std::st
     if (b.mapped[i] < b.parts[i])
       r.fail(r.where("mapped") + "[" + std::to_string(i) + "]: " + std::to_string(b.mapped[i]) +
              " bytes mapped for a part of " + std::to_string(b.parts[i]));
-  b.owner = static_cast<std::uint32_t>(r.u64("owner", 0, UINT32_MAX));
-  b.origin = r.one_of("origin", {"config", "client"});
-  b.index = r.get("index");
-  if (!b.index.is_null() && !b.index.is_object())
-    r.fail(r.where("index") + ": must be an object (a tensor index) or null");
-  r.finish();
   return b;
 }
 
-Json buffer_json(const ManifestBuffer& b) {
-  Json j;
-  j["name"] = b.name;
-  j["pool"] = b.pool;
-  j["device"] = b.device;
-  j["uuid"] = b.uuid;
-  j["size"] = b.size;
-  j["parts"] = b.parts;
-  j["mapped"] = b.mapped;
-  j["owner"] = b.owner;
-  j["origin"] = b.origin;
-  j["index"] = b.index;
-  return j;
+void ManifestReader::operator()(const char* key, std::vector<ManifestBuffer>& v, Buffers rule) {
+  const Json& buffers = get(key);
+  if (!buffers.is_array() || buffers.size() > rule.max_count)
+    fail(where(key) + ": must be an array of at most " + std::to_string(rule.max_count) + " buffers");
+  std::set<std::string> names;
+  std::size_t parts = 0;
+  v.clear();
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    const std::string path = where(key) + "[" + std::to_string(i) + "]";
+    ManifestBuffer b = read_buffer(buffers[i], path, subject_);
+    if (!names.insert(b.name).second) fail(path + ".name: the buffer " + b.name + " is listed twice");
+    parts += b.parts.size();
+    if (parts > rule.max_count)
+      fail(where(key) + ": more than " + std::to_string(rule.max_count) +
+           " parts in all (custody keeps at most that many)");
+    v.push_back(std::move(b));
+  }
 }
 
 [[noreturn]] void refuse(const std::string& fd_name, const std::string& what) {
@@ -266,63 +287,27 @@ std::optional<std::uint64_t> parse_manifest_fd_name(const std::string& name) {
   return parse_decimal(std::string_view(name).substr(kManifestPrefix.size()), UINT64_MAX);
 }
 
-Json to_json(const Manifest& m) {
-  Json j;
-  j["manifest"] = kManifestVersion;
-  j["sequence"] = m.sequence;
-  j["holder"] = {{"uid", m.holder_uid}, {"pid", m.holder_pid}};
-  j["written"] = m.written;
-  j["backend"] = m.backend;
-  j["buffers"] = Json::array();
-  for (const ManifestBuffer& b : m.buffers) j["buffers"].push_back(buffer_json(b));
-  return j;
-}
+Json to_json(const Manifest& m) { return model::write_json(m); }
 
 std::string manifest_digest(const Json& body) {
   return "sha256:" + sha256_hex(body.dump(-1, ' ', false, Json::error_handler_t::strict));
 }
 
 Manifest manifest_from_json(const Json& j, const std::string& fd_name) {
-  Reader r(j, "", fd_name);
-  const Json& version = r.get("manifest");
-  if (!version.is_number_integer() || version.get<std::int64_t>() != kManifestVersion)
-    r.fail("manifest version " + safe_for_display(utf8_prefix(version.dump(), 32)) +
-           " is not supported (this holder reads version " + std::to_string(kManifestVersion) + ")");
+  ManifestReader r(j, "", fd_name);
   Manifest m;
-  m.sequence = r.u64("sequence", 1, kMaxManifestSequence);
+  fields(r, m);
+  r.finish();
   if (const auto named = parse_manifest_fd_name(fd_name); named && *named != m.sequence)
     r.fail("it says it is sequence " + std::to_string(m.sequence) + ", its name says " + std::to_string(*named));
-  Reader holder(r.get("holder"), "holder", fd_name);
-  m.holder_uid = static_cast<std::uint32_t>(holder.u64("uid", 0, UINT32_MAX));
-  m.holder_pid = static_cast<std::int64_t>(holder.u64("pid", 1, INT32_MAX));
-  holder.finish();
-  m.written = r.text("written");
-  if (!iso_utc(m.written))
-    r.fail("written: \"" + safe_for_display(utf8_prefix(m.written, 40)) +
-           "\" is not a UTC time in ISO 8601 (2025-01-31T12:00:00Z)");
-  m.backend = r.one_of("backend", {"cuda", "simulated"});
-  const Json& buffers = r.get("buffers");
-  if (!buffers.is_array() || buffers.size() > kMaxKept)
-    r.fail("buffers: must be an array of at most " + std::to_string(kMaxKept) + " buffers");
-  std::set<std::string> names;
-  std::size_t parts = 0;
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    const std::string path = "buffers[" + std::to_string(i) + "]";
-    ManifestBuffer b = read_buffer(buffers[i], path, fd_name);
-    if (!names.insert(b.name).second) r.fail(path + ".name: the buffer " + b.name + " is listed twice");
-    parts += b.parts.size();
-    if (parts > kMaxKept)
-      r.fail("buffers: more than " + std::to_string(kMaxKept) + " parts in all (custody keeps at most that many)");
-    m.buffers.push_back(std::move(b));
-  }
-  r.finish();
   return m;
 }
 
 Fd seal_manifest(const Manifest& m) {
   const std::string name = manifest_fd_name(m.sequence);
-  Json j = to_json(m);
-  if (m.written.empty()) j["written"] = iso_utc_now();
+  Manifest stamped = m;
+  if (stamped.written.empty()) stamped.written = iso_utc_now();
+  Json j = to_json(stamped);
   try {
     (void)manifest_from_json(j, name);  // never write what a holder would refuse to read
   } catch (const Error& e) {
@@ -363,14 +348,13 @@ Manifest open_manifest(int fd, const std::string& fd_name) {
   j.erase("digest");
   if (manifest_digest(j) != claimed) {
     // Who wrote it, as it says (not verified: that is the point).
-    const auto holder = j.find("holder");
-    const Json* pid = holder != j.end() && holder->is_object() && holder->contains("pid") ? &(*holder)["pid"] : nullptr;
-    const auto written = j.find("written");
+    Manifest said;
+    model::Seen seen;
+    model::read_json_lenient(j, said, seen);
     std::string by;
-    if (pid && pid->is_number_integer()) by += "pid " + std::to_string(pid->get<std::int64_t>());
-    if (written != j.end() && written->is_string())
-      by +=
-          (by.empty() ? "" : " ") + std::string("at ") + safe_for_display(utf8_prefix(written->get<std::string>(), 40));
+    if (seen.has(said.holder_pid)) by += "pid " + std::to_string(said.holder_pid);
+    if (seen.has(said.written))
+      by += (by.empty() ? "" : " ") + std::string("at ") + safe_for_display(utf8_prefix(said.written, 40));
     refuse(fd_name,
            "the digest does not match its contents" + (by.empty() ? std::string() : " (written by " + by + ")"));
   }

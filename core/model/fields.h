@@ -6,6 +6,9 @@
 //   f("name", v.member)              a value: scalars, strings, arrays, declared objects; an empty
 //                                    optional is written as null
 //   f("name", v.member, omit_empty)  an optional left out when empty
+//   f("name", v.member, rule)        a value with a rule (bounds, a name's shape) that a strict
+//                                    reader of its own checks (custody's manifest reader); the
+//                                    writer and the readers here pass over it
 //   f.flat(v.member)                 a declared object whose fields sit in this object (identity)
 //   f.object("name", [&](auto& g))   a nested object made of this struct's own members
 //   f.computed("name", value)        written, never read (a count of an array beside it)
@@ -494,6 +497,11 @@ class Writer {
   void operator()(const char* name, const std::optional<T>& v, OmitEmpty) {
     if (v) out_[name] = value(*v);
   }
+  template <class T, class Rule>
+  void operator()(const char* name, const T& v, const Rule&) {
+    static_assert(!std::is_same_v<Rule, OmitEmpty>, "omit_empty is for an optional");
+    (*this)(name, v);
+  }
   template <class T>
   void flat(const T& v) {
     if constexpr (is_optional<T>::value) {
@@ -568,6 +576,11 @@ class Reader {
   }
   template <class T>
   void operator()(const char* name, std::optional<T>& v, OmitEmpty) {
+    (*this)(name, v);
+  }
+  template <class T, class Rule>
+  void operator()(const char* name, T& v, const Rule&) {
+    static_assert(!std::is_same_v<Rule, OmitEmpty>, "omit_empty is for an optional");
     (*this)(name, v);
   }
   template <class T>

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "custody/fields.h"
 #include "protocol/protocol.h"
 #include "tests/unit/custody/fds.h"
 #include "tests/unit/fixtures.h"
@@ -110,11 +111,11 @@ TEST_SUITE("custody") {
     client.remove("cupool-buffer.w.0");
     client.remove("cupool-buffer.w.0");  // nothing: fine
     CHECK(client.names() == std::vector<std::string>{"cupool-manifest.1"});
-    const Json status = client.status();
-    CHECK(status["kept_count"] == 1);
-    CHECK(status["pid"] == ::getpid());
-    CHECK(status["names"] == Json::array({"cupool-manifest.1"}));
-    CHECK(status["max_kept_count"] == kMaxKept);
+    const KeeperStatusReply status = client.status();
+    CHECK(status.kept_count == 1);
+    CHECK(status.pid == ::getpid());
+    CHECK(status.names == std::vector<std::string>{"cupool-manifest.1"});
+    CHECK(status.max_kept_count == kMaxKept);
 
     client.deposit("x", a.get());
     CHECK(client.release() == 2);
