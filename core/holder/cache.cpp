@@ -24,35 +24,14 @@ std::int64_t now_ms() {
 
 }  // namespace
 
-void Holder::cache_lease(std::uint64_t id) {
-  Lease& l = leases_.at(id);
-  if (l.cached) return;
-  l.cached = true;
-  auto p = pools_.find({l.pool, l.device});
-  if (p != pools_.end()) {
-    p->second.cached += 1;
-    p->second.cached_bytes += l.size;
-  }
-}
+void Holder::cache_lease(std::uint64_t id) { leases_.cache(id); }
 
 void Holder::uncache_lease(std::uint64_t id) noexcept {
-  auto it = leases_.find(id);
-  if (it == leases_.end() || !it->second.cached) return;
-  Lease& l = it->second;
-  l.cached = false;
-  auto p = pools_.find({l.pool, l.device});
-  if (p != pools_.end()) {
-    p->second.cached -= std::min<std::uint64_t>(p->second.cached, 1);
-    p->second.cached_bytes -= std::min(p->second.cached_bytes, l.size);
-  }
-  if (l.ask) {
-    const std::uint64_t ask = l.ask;
-    DropAsk* a = drops_.find(ask);
-    l.ask = 0;
-    if (a) {
-      a->leases.erase(id);
-      if (a->leases.empty()) finish_ask(ask);
-    }
+  const std::uint64_t ask = leases_.uncache(id);
+  if (!ask) return;
+  if (DropAsk* a = drops_.find(ask)) {
+    a->leases.erase(id);
+    if (a->leases.empty()) finish_ask(ask);
   }
 }
 
@@ -80,9 +59,8 @@ std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)
     const std::uint64_t ask = drops_.open(client_id, {ids.begin(), ids.end()}, now);
     std::uint64_t sum = 0;
     for (std::uint64_t id : ids) {
-      Lease& l = leases_.at(id);
-      l.ask = ask;
-      sum += l.size;
+      leases_.ask(id, ask);
+      sum += leases_.at(id).size;
     }
     waits.insert(ask);
     spdlog::info("asking client {} to drop {} cached block{} ({} bytes) for {}", client_id, ids.size(),
@@ -114,10 +92,7 @@ void Holder::notify(std::uint64_t client, Json notice) {
 }
 
 void Holder::finish_ask(std::uint64_t ask) {
-  for (std::uint64_t id : drops_.close(ask)) {
-    auto l = leases_.find(id);
-    if (l != leases_.end() && l->second.ask == ask) l->second.ask = 0;
-  }
+  for (std::uint64_t id : drops_.close(ask)) leases_.forget_ask(id, ask);
 }
 
 void Holder::run_ready_waiters() {
@@ -149,17 +124,9 @@ std::vector<std::uint64_t> Holder::overdue(std::int64_t now) const { return drop
 
 std::optional<std::int64_t> Holder::next_deadline() const { return drops_.next_deadline(); }
 
-std::size_t Holder::cached_count() const {
-  std::size_t n = 0;
-  for (const auto& [key, p] : pools_) n += p.cached;
-  return n;
-}
+std::size_t Holder::cached_count() const { return leases_.cached_count(); }
 
-std::uint64_t Holder::cached_bytes() const {
-  std::uint64_t n = 0;
-  for (const auto& [key, p] : pools_) n += p.cached_bytes;
-  return n;
-}
+std::uint64_t Holder::cached_bytes() const { return leases_.cached_bytes(); }
 
 std::set<std::uint64_t> Holder::ask_drops_for(const Desired& want) {
   // A pool name is replaced on all its devices or none (plan()): every device of a blocked pool.
@@ -168,8 +135,10 @@ std::set<std::uint64_t> Holder::ask_drops_for(const Desired& want) {
     if (ch.object == "pool" && (ch.action == "remove" || ch.action == "replace") && !ch.blocked.empty())
       names.insert(ch.name);
   std::set<PoolKey> keys;
-  for (const auto& [key, p] : pools_)
-    if (names.count(key.first) && p.cached && p.cached == p.leases) keys.insert(key);
+  for (const auto& [key, p] : pools_) {
+    const model::LeaseTotals t = leases_.of(key);
+    if (names.count(key.first) && t.cached_count && t.cached_count == t.lease_count) keys.insert(key);
+  }
   if (keys.empty()) return {};
   return ask_drops([&](const Lease& l) { return keys.count({l.pool, l.device}) > 0; }, UINT64_MAX, "apply");
 }
@@ -192,11 +161,11 @@ bool Holder::apply_after_drops(const Desired& want, std::function<void(const std
 Reply Holder::op_reuse(Request& r) {
   const std::uint64_t lease = proto::read_reuse(r.args).lease;
   r.args.finish();
-  auto it = leases_.find(lease);
-  if (it == leases_.end() || it->second.client != r.id || !it->second.cached)
+  const Lease* l = leases_.find(lease);
+  if (!l || l->client != r.id || !l->cached)
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not a cached lease of this connection");
   uncache_lease(lease);
-  return proto::to_json(proto::ReuseReply{lease, it->second.size});
+  return proto::to_json(proto::ReuseReply{lease, l->size});
 }
 
 Reply Holder::op_dropped(Request& r) {
@@ -206,8 +175,8 @@ Reply Holder::op_dropped(Request& r) {
   const std::vector<std::uint64_t>& ids = answer.leases;
   // All or nothing: every lease named must be a cached lease of this connection.
   for (std::uint64_t id : ids) {
-    auto it = leases_.find(id);
-    if (it == leases_.end() || it->second.client != r.id || !it->second.cached)
+    const Lease* l = leases_.find(id);
+    if (!l || l->client != r.id || !l->cached)
       throw Error(Errc::bad_request, "lease " + std::to_string(id) + " is not a cached lease of this connection");
   }
   std::uint64_t bytes = 0;
@@ -221,7 +190,7 @@ Reply Holder::op_dropped(Request& r) {
     // What it did not drop it reused (its `reuse` came first on the same socket), or it keeps
     // against the protocol; either way the ask is answered.
     for (std::uint64_t id : a->leases)
-      if (leases_.count(id) && leases_.at(id).cached)
+      if (const Lease* l = leases_.find(id); l && l->cached)
         spdlog::warn("client {} answered drop {} but kept cached lease {}", r.id, ask, id);
     finish_ask(ask);
   }

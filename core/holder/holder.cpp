@@ -52,9 +52,7 @@ void Holder::shutdown() noexcept {
   notice_ = nullptr;   // the holder is ending: nobody to tell, and the owner may be half gone
   deferred_ = nullptr;
   drops_.forget_waiters();
-  std::vector<std::uint64_t> ids;
-  for (const auto& [id, l] : leases_) ids.push_back(id);
-  for (auto id : ids) free_lease(id);
+  for (std::uint64_t id : leases_.ids()) free_lease(id);
   std::vector<std::string> names;
   for (const auto& [name, b] : buffers_) names.push_back(name);
   for (const auto& n : names) {

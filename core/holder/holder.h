@@ -23,6 +23,7 @@
 #include "holder/account_book.h"
 #include "holder/client_table.h"
 #include "holder/drop_asks.h"
+#include "holder/lease_book.h"
 #include "holder/reply.h"
 #include "model/model.h"
 #include "protocol/messages.h"
@@ -184,11 +185,7 @@ class Holder {
   struct HeldPool {
     PoolWant want;
     PoolHandle handle = 0;
-    std::uint64_t generation = 0;  // unique per pool the holder made: a replaced pool gets a new one
-    std::uint64_t leases = 0;      // cached ones included
-    std::uint64_t leased_bytes = 0;
-    std::uint64_t cached = 0;  // leases their clients released into their cache
-    std::uint64_t cached_bytes = 0;
+    std::uint64_t generation = 0;              // unique per pool the holder made: a replaced pool gets a new one
     std::uint64_t reserved_after_reserve = 0;  // reserved bytes read back after mapping `reserve`
   };
   struct HeldBuffer {
@@ -212,15 +209,6 @@ class Holder {
     std::uint32_t owner = 0;              // who made it (the holder's user for the config's)
     bool from_config = true;              // the config's buffers:, or a client's buffer_create
     bool adopted = false;                 // taken over from custody at this holder's start
-  };
-  struct Lease {
-    std::uint64_t client = 0;
-    std::string pool;
-    int device = 0;
-    std::uint64_t size = 0;
-    std::uint64_t address = 0;
-    bool cached = false;    // released by the client into its cache: still mapped there, still charged
-    std::uint64_t ask = 0;  // the `drop` notice that asked for it back (0: none)
   };
   using Client = HeldClient;
   using PoolKey = std::pair<std::string, int>;
@@ -375,9 +363,8 @@ class Holder {
   std::uint64_t next_generation_ = 0;
   std::map<PoolKey, HeldPool> pools_;
   std::map<std::string, HeldBuffer> buffers_;
-  std::map<std::uint64_t, Lease> leases_;
+  LeaseBook leases_;  // the leases' records and their totals per pool
   ClientTable clients_;
-  std::uint64_t next_lease_ = 0;
   bool draining_ = false;
   std::int64_t created_at_ = 0;
   model::HolderInfo identity_;

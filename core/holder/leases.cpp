@@ -85,21 +85,18 @@ std::pair<std::uint64_t, SharedAllocation> Holder::grant_lease(std::uint64_t id,
                                            " has no room for " + format_bytes(size) + " (" + e.what() + ")");
     throw;
   }
-  const std::uint64_t lease = ++next_lease_;
-  leases_[lease] = Lease{id, p.want.name, p.want.device, size, s.address};
+  const std::uint64_t lease = leases_.grant(id, key, size, s.address);
   c.leases.insert(lease);
   c.bytes_in_pool[key] = held + size;
-  p.leases += 1;
-  p.leased_bytes += size;
   return {lease, s};
 }
 
 void Holder::free_lease(std::uint64_t id) noexcept {
-  if (leases_.find(id) == leases_.end()) return;
+  if (!leases_.find(id)) return;
   uncache_lease(id);  // a cached lease: the pool's cached counts, and the drop notice that asked for it
-  auto it = leases_.find(id);
-  const Lease l = it->second;
-  leases_.erase(it);
+  const std::optional<Lease> gone = leases_.release(id);
+  if (!gone) return;
+  const Lease& l = *gone;
   auto p = pools_.find({l.pool, l.device});
   if (p != pools_.end()) {
     try {
@@ -107,8 +104,6 @@ void Holder::free_lease(std::uint64_t id) noexcept {
     } catch (const std::exception& e) {
       spdlog::error("freeing lease {} in pool {}: {}", id, l.pool, e.what());
     }
-    p->second.leases -= 1;
-    p->second.leased_bytes -= l.size;
   }
   if (HeldClient* c = clients_.find(l.client)) {
     c->leases.erase(id);
@@ -117,11 +112,7 @@ void Holder::free_lease(std::uint64_t id) noexcept {
   }
 }
 
-std::size_t Holder::lease_count() const { return leases_.size(); }
+std::size_t Holder::lease_count() const { return leases_.count(); }
 
-std::uint64_t Holder::leased_bytes() const {
-  std::uint64_t total = 0;
-  for (const auto& [id, l] : leases_) total += l.size;
-  return total;
-}
+std::uint64_t Holder::leased_bytes() const { return leases_.bytes(); }
 }  // namespace cupool

@@ -61,17 +61,17 @@ std::vector<Change> Holder::plan(const Desired& want) const {
 
 // Why `h` is in use: its leases, by how many clients, and how many of them are cached ("" when none).
 std::string Holder::lease_note(const HeldPool& h) const {
-  std::set<std::uint64_t> holders;
-  for (const auto& [id, l] : leases_)
-    if (l.pool == h.want.name && l.device == h.want.device) holders.insert(l.client);
+  const PoolKey key{h.want.name, h.want.device};
+  const model::LeaseTotals t = leases_.of(key);
+  const std::size_t holders = leases_.clients_of(key);
   std::string why;
-  if (h.leases)
-    why = std::to_string(h.leases) + (h.leases == 1 ? " lease" : " leases") + " held by " +
-          std::to_string(holders.size()) + (holders.size() == 1 ? " client" : " clients");
-  if (h.cached == h.leases && h.cached)
+  if (t.lease_count)
+    why = std::to_string(t.lease_count) + (t.lease_count == 1 ? " lease" : " leases") + " held by " +
+          std::to_string(holders) + (holders == 1 ? " client" : " clients");
+  if (t.cached_count == t.lease_count && t.cached_count)
     why += " (all cached: apply asks for them back first)";
-  else if (h.cached)
-    why += " (" + std::to_string(h.cached) + " of them cached)";
+  else if (t.cached_count)
+    why += " (" + std::to_string(t.cached_count) + " of them cached)";
   return why;
 }
 

@@ -29,7 +29,7 @@ model::Status Holder::status() const {
     model::PoolStatus v;
     v.pool = pool_info(key, p);
     v.release_threshold = model::Threshold::written(p.want.threshold_text, p.want.settings.release_threshold);
-    v.leases = {p.leases, p.leased_bytes, p.cached, p.cached_bytes};
+    v.leases = leases_.of(key);
     for (const auto& [name, b] : buffers_)
       if (b.want.pool == key.first && b.want.device == key.second) {
         ++v.buffer_count;
@@ -103,7 +103,7 @@ model::Stats Holder::stats(bool reset_peaks) {
     v.id = device_id(key.second);
     v.usage = u;
     v.release_threshold = model::Threshold::written(p.want.threshold_text, p.want.settings.release_threshold);
-    v.leases = {p.leases, p.leased_bytes, p.cached, p.cached_bytes};
+    v.leases = leases_.of(key);
     out.pools.push_back(std::move(v));
   }
   out.dropped_bytes = dropped_bytes_;

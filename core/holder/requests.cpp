@@ -275,14 +275,14 @@ Reply Holder::op_free(Request& r) {
   r.args.finish();
   const std::uint64_t lease = want.lease;
   const bool cache = want.cache;
-  auto it = leases_.find(lease);
-  if (it == leases_.end() || !c.leases.count(lease))
+  const Lease* l = leases_.find(lease);
+  if (!l || !c.leases.count(lease))
     throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not held by this connection");
-  const std::uint64_t size = it->second.size;
+  const std::uint64_t size = l->size;
   if (cache) {
     if (c.protocol < 2)
       throw Error(Errc::bad_request, "\"cache\" needs protocol 2 (this connection said hello with 1)");
-    if (it->second.cached) throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is cached already");
+    if (l->cached) throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is cached already");
     cache_lease(lease);
     return proto::to_json(proto::FreeReply{lease, size, true});
   }
@@ -499,8 +499,9 @@ Reply Holder::op_trim(Request& r) {
   std::set<std::uint64_t> asks;
   if (cached)
     for (const auto& [key, p] : pools_) {
-      if ((pool && key.first != *pool) || !p.cached_bytes) continue;
-      const std::uint64_t used = p.leased_bytes;
+      const model::LeaseTotals t = leases_.of(key);
+      if ((pool && key.first != *pool) || !t.cached_bytes) continue;
+      const std::uint64_t used = t.leased_bytes;
       if (used <= keep) continue;
       const PoolKey k = key;
       const auto more =
