@@ -120,7 +120,13 @@ def main():
         if c:
             print(f'  {c:4} {f}')
     cs = classes()
-    print('classes in core/ by data members (members, lines, class, where):')
+    # A class's lines are its declaration and its members defined out of line.
+    out_of_line = collections.Counter()
+    for n, name, f, line in functions():
+        if '::' in name:
+            out_of_line[name.split('::')[-2]] += n
+    cs = [(d, n + out_of_line[name], name, f, line) for d, n, name, f, line in cs]
+    print('classes in core/ by data members (members, lines with out-of-line members, class, where):')
     for d, n, name, f, line in sorted(cs, reverse=True)[:a.top]:
         print(f'  {d:4} {n:5}  {name}  {f}:{line}')
     print('classes in core/ by lines:')
