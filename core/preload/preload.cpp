@@ -52,7 +52,7 @@
 
 namespace {
 
-// cupool_configure's report ({"devices": [...], "changes": [{device, field, from, to}], ...}) in
+// cupool_configure's report ({"devices": [...], "changes": [{process_device, field, from, to, ...}], ...}) in
 // words for the line exec prints: "device 0: release_threshold 0B -> 75%, ...", or that nothing
 // needed changing. The report as it is when it can't be read.
 std::string in_words(const char* report) {
@@ -66,7 +66,7 @@ std::string in_words(const char* report) {
     std::string out;
     long last = -1;
     for (const auto& c : j.at("changes")) {
-      const long device = c.at("device").get<long>();
+      const long device = c.at("process_device").get<long>();
       out += device != last ? std::string(out.empty() ? "" : "; ") + "device " + std::to_string(device) + ": " : ", ";
       out += text(c.at("field")) + " " + text(c.at("from")) + " -> " + text(c.at("to"));
       last = device;

@@ -2,23 +2,18 @@
 // changed on each selected device, only where it differs, all or nothing.
 #include <algorithm>
 #include <functional>
+#include <utility>
 
+#include "base/output.h"
 #include "base/units.h"
 #include "config/load.h"
 #include "device/query.h"
 #include "process/process.h"
+#include "process/report.h"
 
 namespace cupool {
 
-nlohmann::ordered_json ConfigureResult::to_json() const {
-  nlohmann::ordered_json j;
-  j["devices"] = devices;
-  j["changes"] = nlohmann::ordered_json::array();
-  for (const auto& c : changes)
-    j["changes"].push_back({{"device", c.device}, {"field", c.field}, {"from", c.from}, {"to", c.to}});
-  j["warnings"] = warnings;
-  return j;
-}
+nlohmann::ordered_json ConfigureResult::to_json() const { return versioned(model::write_json(*this)); }
 
 namespace {
 
@@ -70,7 +65,8 @@ struct Grant {
 
 class Applier {
  public:
-  Applier(Backend& backend, ConfigureResult& result) : b_(backend), r_(result) {}
+  Applier(Backend& backend, const NodeReport& node, std::string path, ConfigureResult& result)
+      : b_(backend), node_(node), path_(std::move(path)), r_(result) {}
 
   void default_pool(int device, const ProcessDeviceWant::DefaultPool& want) {
     const PoolHandle pool = b_.default_pool(device);
@@ -86,14 +82,17 @@ class Applier {
     if (!create) {
       const std::optional<PoolProps> made = b_.created_props(cur);
       if (!made) {
-        warn("device " + std::to_string(device) +
-             ": the application made a pool of its own current; cupool leaves it and applies no current_pool there");
+        warn(
+            "process-current-pool",
+            "device " + std::to_string(device) +
+                ": the application made a pool of its own current; cupool leaves it and applies no current_pool there");
         return;
       }
       // Made by an earlier call in this process: only its settings can still change.
       if (want.max_size && made->max_size != want.max_size)
-        warn("device " + std::to_string(device) + ": the current pool keeps max_size " + size_text(made->max_size) +
-             " (fixed when this process created it); the file asks for " + format_bytes(want.max_size));
+        warn("process-current-pool",
+             "device " + std::to_string(device) + ": the current pool keeps max_size " + size_text(made->max_size) +
+                 " (fixed when this process created it); the file asks for " + format_bytes(want.max_size));
     } else {
       PoolProps props;
       props.location = PoolProps::Location::device;
@@ -109,7 +108,7 @@ class Applier {
       undo_.push([this, device, def] { b_.set_current_pool(device, def); });
       std::string made = "a new pool (max_size " + size_text(want.max_size) + ")";
       if (want.reserve > 0) made += ", " + format_bytes(want.reserve) + " reserved";
-      r_.changes.push_back({device, "current_pool", "the default pool", made});
+      r_.changes.push_back({id(device), "current_pool", "the default pool", made});
     }
     grants(device, pool, want.access, "current_pool.access");
   }
@@ -119,7 +118,7 @@ class Applier {
     for (const Grant& g : grants_) {
       if (b_.pool_access(g.pool, g.peer)) continue;
       b_.set_pool_access(g.pool, g.peer);
-      r_.changes.push_back({g.device, g.field, "", "device " + std::to_string(g.peer) + " read-write"});
+      r_.changes.push_back({id(g.device), g.field, "", "device " + std::to_string(g.peer) + " read-write"});
     }
     undo_.commit();
   }
@@ -129,7 +128,27 @@ class Applier {
     return max_size ? format_bytes(max_size) : "the driver's default";
   }
 
-  void warn(const std::string& text) { r_.warnings += "warning: " + text + "\n"; }
+  // A warning of the applier's own (the file's come from the check): `code` names it as a rule does.
+  void warn(const char* code, const std::string& text) {
+    r_.warnings_rendered += "warning: " + text + "\n";
+    model::Finding f;
+    f.file = path_;
+    f.severity = "warning";
+    f.code = code;
+    f.message = text;
+    r_.findings.push_back(std::move(f));
+  }
+
+  // The device as this process numbers it, with its UUID and PCI bus id from the node's report.
+  model::ProcessDeviceId id(int device) const {
+    model::ProcessDeviceId out;
+    out.process_device = device;
+    if (const DeviceReport* d = node_.device(device)) {
+      out.uuid = d->info.uuid;
+      out.pci_bus_id = d->info.pci_bus_id;
+    }
+    return out;
+  }
 
   // Sets the threshold and reuse policies the file asks for, changing only what differs.
   void settings(int device, PoolHandle pool, const std::string& prefix, const SettingsPatch& want) {
@@ -137,7 +156,7 @@ class Applier {
     const PoolSettings next = want.over(now);
     if (next == now) return;
     for (const SettingChange& ch : diff_settings(now, next))
-      r_.changes.push_back({device, prefix + ch.field, ch.from, ch.to});
+      r_.changes.push_back({id(device), prefix + ch.field, ch.from, ch.to});
     b_.set_pool_settings(pool, next);
     undo_.push([this, pool, now] { b_.set_pool_settings(pool, now); });
   }
@@ -147,6 +166,8 @@ class Applier {
   }
 
   Backend& b_;
+  const NodeReport& node_;
+  std::string path_;
   ConfigureResult& r_;
   std::vector<Grant> grants_;
   Undo undo_;  // last member: runs (when not committed) before the others go
@@ -157,8 +178,9 @@ class Applier {
 ConfigureResult configure_process(Backend& backend, const std::string& text, const std::string& path) {
   const Loaded loaded = load_process_section(backend, text, path);
   ConfigureResult result;
-  result.warnings = loaded.warnings;
-  Applier apply(backend, result);
+  result.findings = loaded.warning_findings;
+  result.warnings_rendered = loaded.warnings;
+  Applier apply(backend, loaded.node, path, result);
   for (const ProcessDeviceWant& want : loaded.desired.process) {
     result.devices.push_back(want.device);
     if (want.default_pool) apply.default_pool(want.device, *want.default_pool);

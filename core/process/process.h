@@ -8,22 +8,25 @@
 #include <vector>
 
 #include "device/backend.h"
+#include "model/model.h"
 
 namespace cupool {
 
 // One change on one device: a default-pool attribute ("release_threshold", "reuse.allow_opportunistic",
 // "access"), the current pool made ("current_pool") or one of its attributes ("current_pool.release_threshold").
 struct ProcessChange {
-  int device = 0;
+  model::ProcessDeviceId id;  // the device as this process numbers it, its UUID and PCI bus id
   std::string field;
   std::string from;
   std::string to;
 };
 
+// cupool_configure's report (schemas/cupool-configure-v1.schema.json; fields in process/report.h).
 struct ConfigureResult {
-  std::vector<int> devices;  // the selected devices, in order
+  std::vector<int> devices;  // the selected devices (this process's ordinals), in order
   std::vector<ProcessChange> changes;
-  std::string warnings;  // the section's warnings, compiler style, then "warning: ..." lines ("" when none)
+  std::vector<model::Finding> findings;  // the section's warnings and notes, as `cupool check` has them
+  std::string warnings_rendered;         // the same, compiler style, then "warning: ..." lines ("" when none)
   nlohmann::ordered_json to_json() const;
 };
 

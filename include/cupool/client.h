@@ -213,9 +213,12 @@ CUPOOL_API void cupool_free_string(char* text);
  * selected, and creates no CUDA context unless `current_pool` asks for a pool (that retains the
  * device's primary context). Safe to call before the application's first CUDA call. All or nothing,
  * and it never aborts the caller: a bad file or a driver refusal is a status and a message
- * (cupool_last_error(NULL)), with what was changed put back. `report` (may be
- * NULL) receives JSON: {"devices": [...], "changes": [{"device", "field", "from", "to"}], "warnings"}
- * (free it with cupool_free_string). $CUPOOL_PROFILE selects a simulated node instead of the driver. */
+ * (cupool_last_error(NULL)), with what was changed put back. `report` (may be NULL) receives
+ * JSON (schemas/cupool-configure-v1.schema.json): {"schema_version", "devices": [...], "changes":
+ * [{"process_device", "uuid", "pci_bus_id", "field", "from", "to"}], "findings": [...],
+ * "warnings_rendered"}, with each change's "device" and the top-level "warnings" (text) written
+ * under their old names too until cupool 0.2 (free it with cupool_free_string).
+ * $CUPOOL_PROFILE selects a simulated node instead of the driver. */
 CUPOOL_API int cupool_configure(const char* path, char** report);
 /* This process's pool figures as JSON (free with cupool_free_string): per device with an active
  * context, the default pool (and the current pool when it is another one) with release threshold,

@@ -35,6 +35,37 @@ def current_umask():
     return mask
 
 
+def check_configure_report(client, config, profile, check):
+    """cupool_configure's report, from the C library in a child process (it applies the section
+    to that process) on the simulated node: held against schemas/cupool-configure-v1."""
+    code = f"""
+import ctypes, sys
+lib = ctypes.CDLL({client!r})
+lib.cupool_configure.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+lib.cupool_free_string.argtypes = [ctypes.c_void_p]
+out = ctypes.c_void_p()
+rc = lib.cupool_configure({config!r}.encode(), ctypes.byref(out))
+sys.stdout.write(ctypes.string_at(out.value).decode() if out.value else "")
+lib.cupool_free_string(out)
+sys.exit(rc)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CUPOOL_PROFILE=profile))
+    check(r.returncode == 0, f"cupool_configure on the simulated node: rc {r.returncode} {r.stderr[-300:]}")
+    if r.returncode != 0:
+        return
+    doc = json.loads(r.stdout)
+    try:
+        machine_output.validate("configure", doc, "cupool_configure's report")
+        check(True, "cupool_configure's report matches schemas/cupool-configure-v1")
+    except machine_output.OutputError as e:
+        check(False, str(e))
+    changes = doc.get("changes", [])
+    check(len(changes) > 0 and all(c.get("process_device") == c.get("device") and c.get("uuid", "").startswith("GPU-")
+                                   for c in changes),
+          f"each change names the process's device, its UUID and (until 0.2) its old name: {changes}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupool", required=True)
@@ -42,6 +73,7 @@ def main():
     ap.add_argument("--probe", required=True)
     ap.add_argument("--probe-linked", required=True)
     ap.add_argument("--fake-cuda", required=True)
+    ap.add_argument("--client", required=True, help="libcupool-client.so (cupool_configure's report)")
     ap.add_argument("--sanitized", action="store_true", help="the build is sanitized: skip (exit 77)")
     args = ap.parse_args()
     # The test programs find the stand-in driver (libcuda.so.1) through their RUNPATH; a directory on
@@ -63,6 +95,8 @@ def main():
         print(("ok    " if ok else "FAIL  ") + what)
         if not ok:
             failures.append(what)
+
+    check_configure_report(args.client, config, profile, check)
 
     # When: right after the program's first successful cuInit, whichever way it got there; never in
     # a program that doesn't initialise CUDA; in a forked child that does, and not in its parent.

@@ -43,6 +43,7 @@ VERBS = {"query": "query", "check": "check", "bench": "bench", "status": "status
 BUFFER_VERBS = {"create": "buffer-create", "load": "buffer-load", "ls": "buffer-ls", "rm": "buffer-rm",
                 "remove": "buffer-rm"}
 KEEPER_LIST = "keeper-list"  # `cupool keeper --list`
+CONFIGURE = "configure"  # cupool_configure's report (the C API; tests/exec/exec_test.py)
 
 _validators = {}
 _schemas = {}  # schema dir -> {"published": {name: schema}, "strict": {name: strict copy}}
@@ -346,7 +347,7 @@ def self_check(root):
     (additionalProperties: false), their strict copies refuse them, and the README's table lists
     each. Returns the problems found."""
     problems = []
-    used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {"exec-report", KEEPER_LIST}
+    used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {"exec-report", KEEPER_LIST, CONFIGURE}
     schemas = load_output_schemas(os.path.join(root, "schemas"))
     by_id = {urldefrag(s.get("$id", ""))[0]: s for s in schemas.values()}
     shipped = set(schemas)

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "process/report.h"
+
 namespace cupool::model::fields_test {
 
 namespace {
@@ -116,6 +118,9 @@ TEST_CASE("the declared names are the schemas' properties") {
   // exec --report
   check_agrees<ProcessPool>("ProcessPool", {"cupool-exec-report-v1.schema.json#/$defs/process_pool"});
   check_agrees<ProcessDevice>("ProcessDevice", {"cupool-exec-report-v1.schema.json#/$defs/process_device_stats"});
+  // cupool_configure's report
+  check_agrees<cupool::ConfigureResult>("ConfigureResult", {"cupool-configure-v1.schema.json"});
+  check_agrees<cupool::ProcessChange>("ProcessChange", {"cupool-configure-v1.schema.json#/$defs/change"});
   // plan / apply: the refusal (`error`) is written by the verb, not by the reply
   check_agrees<PlanReply>("PlanReply", {"cupool-plan-v1.schema.json"}, nullptr, {"error"});
   check_agrees<PlanChange>("PlanChange", {"cupool-plan-v1.schema.json#/$defs/change"});

@@ -141,7 +141,7 @@ TEST_CASE("configure creates a pool on each selected device and makes it current
   const std::size_t before = sim.calls().size();
   const ConfigureResult second = configure_process(sim, kCurrent, "c.yaml");
   CHECK(second.changes.empty());
-  CHECK(second.warnings.empty());
+  CHECK(second.warnings_rendered.empty());
   CHECK(sim.current_pool(1) == cur);
   CHECK(count_calls(sim, "create_pool", before) == 0);
   CHECK(count_calls(sim, "set_pool_settings", before) == 0);
@@ -156,7 +156,7 @@ TEST_CASE("configure creates a pool on each selected device and makes it current
   REQUIRE(third.changes.size() == 1);
   CHECK(third.changes[0].field == "current_pool.release_threshold");
   CHECK(third.changes[0].to == "2GiB");
-  CHECK(third.warnings.find("keeps max_size 8 GiB") != std::string::npos);
+  CHECK(third.warnings_rendered.find("keeps max_size 8 GiB") != std::string::npos);
 }
 
 TEST_CASE("configure leaves a current pool the application chose itself") {
@@ -167,7 +167,31 @@ TEST_CASE("configure leaves a current pool the application chose itself") {
   CHECK(sim.pool_settings(theirs).release_threshold == 0);  // untouched
   CHECK(count_calls(sim, "create_pool") == 0);
   CHECK(r.changes.empty());
-  CHECK(r.warnings.find("device 1: the application made a pool of its own current") != std::string::npos);
+  CHECK(r.warnings_rendered.find("device 1: the application made a pool of its own current") != std::string::npos);
+  // The same warning typed, as `cupool check` reports findings.
+  REQUIRE(r.findings.size() == 1);
+  CHECK(r.findings[0].file == "c.yaml");
+  CHECK(r.findings[0].severity == "warning");
+  CHECK(r.findings[0].code == "process-current-pool");
+}
+
+TEST_CASE("configure's report names each change's device as the process numbers it, with its UUID and bus id") {
+  SimBackend sim(test::two_gpu_node());
+  const ConfigureResult r = configure_process(sim, kSection, "p.yaml");
+  REQUIRE(r.changes.size() == 3);
+  const DeviceInfo one = sim.device_info(1);
+  CHECK(r.changes[0].id.process_device == 1);
+  CHECK(r.changes[0].id.uuid == one.uuid);
+  CHECK(r.changes[0].id.pci_bus_id == one.pci_bus_id);
+  const auto j = r.to_json();
+  // The old names are written beside the new ones until cupool 0.2 (docs/naming.md).
+  const auto& c = j.at("changes").at(0);
+  CHECK(c.at("process_device") == 1);
+  CHECK(c.at("device") == 1);
+  CHECK(c.at("uuid") == one.uuid);
+  CHECK(c.at("field") == "release_threshold");
+  CHECK(j.at("findings").is_array());
+  CHECK(j.at("warnings_rendered") == j.at("warnings"));
 }
 
 TEST_CASE("configure rolls everything back when a device fails half way") {
