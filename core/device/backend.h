@@ -192,7 +192,7 @@ void read_file_range(int fd, void* into, std::uint64_t bytes, std::uint64_t offs
 // ---- the roles ----
 // What cupool asks of CUDA, split by who asks: each user takes the roles it needs (query only
 // NodeQuery, a client of the holder PoolImport and Transfers, ...). Backend is all of them; the
-// real one (device/cuda/) and the simulated node (sim_backend.h) implement each role in a file of
+// real one (device/cuda/) and the simulated node (sim_backend.h) implement each role in a class of
 // its own. Every call throws CudaError naming the driver call that failed, unless it says
 // otherwise; calls on a pool retain the primary context of the pool's device.
 
@@ -391,15 +391,17 @@ class Bench {
 };
 
 // Every role: what a backend is. Code takes the roles it uses (a Backend& converts to each).
-class Backend : public NodeQuery,
-                public Pools,
-                public PoolExport,
-                public PoolImport,
-                public GraphMemory,
-                public ExportedMemory,
-                public Transfers,
-                public ProcessPools,
-                public Bench {
+// The roles are virtual bases, so an implementation may compose role classes that each derive from
+// their role (device/cuda/, device/sim/): each role's functions are then its role class's.
+class Backend : public virtual NodeQuery,
+                public virtual Pools,
+                public virtual PoolExport,
+                public virtual PoolImport,
+                public virtual GraphMemory,
+                public virtual ExportedMemory,
+                public virtual Transfers,
+                public virtual ProcessPools,
+                public virtual Bench {
  public:
   using Readiness = PoolExport::Readiness;
 };

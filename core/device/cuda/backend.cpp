@@ -1,7 +1,49 @@
-// The real backend, The backend's life: loading the driver, the helpers its roles share, and teardown.
+// The real backend: its role classes composed into one Backend over one Driver.
+#include "device/cuda/bench.h"
 #include "device/cuda/driver.h"
+#include "device/cuda/exported.h"
+#include "device/cuda/graph_memory.h"
+#include "device/cuda/node.h"
+#include "device/cuda/pools.h"
+#include "device/cuda/sharing.h"
+#include "device/cuda/transfers.h"
 
 namespace cupool {
+
+namespace cuda {
+
+// Owns the Driver the roles share. The first base of CudaBackend, so the Driver is made before
+// the roles that reference it and outlives them (its destructor frees what they made).
+class DriverOwner {
+ protected:
+  explicit DriverOwner(DebugLog debug) : driver_(std::move(debug)) {}
+  Driver driver_;
+};
+
+// Every role of the real backend; each role's functions are its role class's (the role
+// interfaces are virtual bases of Backend and of the role classes, so the role class overrides).
+class CudaBackend final : private DriverOwner,
+                          public Backend,
+                          public CudaNodeQuery,
+                          public CudaPools,
+                          public CudaSharing,
+                          public CudaGraphMemory,
+                          public CudaExportedMemory,
+                          public CudaTransfers,
+                          public CudaBench {
+ public:
+  explicit CudaBackend(DebugLog debug)
+      : DriverOwner(std::move(debug)),
+        CudaNodeQuery(driver_),
+        CudaPools(driver_),
+        CudaSharing(driver_),
+        CudaGraphMemory(driver_),
+        CudaExportedMemory(driver_),
+        CudaTransfers(driver_),
+        CudaBench(driver_) {}
+};
+
+}  // namespace cuda
 
 int built_with_cuda_version() { return CUDA_VERSION; }
 
@@ -10,238 +52,3 @@ std::unique_ptr<Backend> make_cuda_backend(DebugLog debug) {
 }
 
 }  // namespace cupool
-
-namespace cupool::cuda {
-
-void CudaBackend::init() {
-  if (initialised_) return;
-  cuda_ = std::make_unique<Library>("libcuda.so.1");
-  if (!cuda_->loaded()) {
-    const char* why = dlerror();
-    throw NoDriverError(std::string("no NVIDIA driver: libcuda.so.1 could not be loaded (") +
-                        (why ? why : "not found") + ")");
-  }
-#define CUPOOL_LOAD(name)                                                                                     \
-  api_.name = reinterpret_cast<decltype(api_.name)>(cuda_->symbol(CUPOOL_STR(name)));                         \
-  if (!api_.name)                                                                                             \
-    throw NoDriverError(std::string("the NVIDIA driver is too old: libcuda.so.1 lacks ") + CUPOOL_STR(name) + \
-                        " (cupool needs a driver for CUDA 11.2 or newer)");
-  CUPOOL_DRIVER_FUNCTIONS(CUPOOL_LOAD)
-#undef CUPOOL_LOAD
-  const CUresult r = api_.cuInit(0);
-  if (r == CUDA_ERROR_NO_DEVICE) throw NoDriverError("the NVIDIA driver is loaded but reports no CUDA device");
-  if (r != CUDA_SUCCESS) {
-    throw NoDriverError("the NVIDIA driver could not be initialised: cuInit failed with " + error_name(r) + " (" +
-                        error_string(r) + ")");
-  }
-  // NVML is loaded when first needed (memory_info, kernel_driver_version): a client that only
-  // imports pools never needs it, and its nvmlInit costs a process attaching to the holder.
-  initialised_ = true;
-}
-
-CudaBackend::~CudaBackend() {
-  // Nothing may throw here, and every call's result is ignored. Imported pointers first (an
-  // exporter may free its allocations only after every importer has), then this process's own
-  // allocations, a synchronize, the pools (their contexts must still be alive), the events, the
-  // streams, and last the contexts.
-  for (auto& [handle, pool] : pools_) {
-    if (pool.imported_pointers.empty()) continue;
-    ContextScope scope(api_, context_or_null(pool.device));
-    CUstream stream = stream_or_null(pool.device);
-    for (CUdeviceptr ptr : pool.imported_pointers) api_.cuMemFreeAsync(ptr, stream);
-    api_.cuStreamSynchronize(stream);
-  }
-  for (auto& [handle, pool] : pools_) {
-    ContextScope scope(api_, context_or_null(pool.device));
-    for (CUdeviceptr ptr : pool.shared) api_.cuMemFreeAsync(ptr, stream_or_null(pool.device));
-    for (CUdeviceptr ptr : pool.allocations) api_.cuMemFreeAsync(ptr, nullptr);
-  }
-  for (auto& [ordinal, ctx] : contexts_) {
-    ContextScope scope(api_, ctx);
-    if (CUstream stream = stream_or_null(ordinal)) api_.cuStreamSynchronize(stream);
-    api_.cuStreamSynchronize(nullptr);
-  }
-  for (auto& [handle, pool] : pools_) {
-    // The device's default pool, or one that is current (the process allocates from it with
-    // cudaMallocAsync, perhaps up to its exit): not ours to destroy.
-    if (pool.borrowed || pool.current) continue;
-    ContextScope scope(api_, context_or_null(pool.device));
-    api_.cuMemPoolDestroy(pool.pool);
-  }
-  for (auto& [event, opened] : opened_events_) {
-    ContextScope scope(api_, context_or_null(opened.device));
-    api_.cuEventDestroy(opened.event);
-  }
-  for (auto& [ordinal, state] : device_states_) {
-    ContextScope scope(api_, context_or_null(ordinal));
-    if (state.event) api_.cuEventDestroy(state.event);
-    if (state.stream) api_.cuStreamDestroy(state.stream);
-  }
-  for (auto& [address, m] : mappings_) {
-    ContextScope scope(api_, context_or_null(m.device));
-    api_.cuMemUnmap(static_cast<CUdeviceptr>(address), static_cast<size_t>(m.size));
-    api_.cuMemAddressFree(static_cast<CUdeviceptr>(address), static_cast<size_t>(m.size));
-  }
-  for (auto& [ordinal, ctx] : contexts_) api_.cuDevicePrimaryCtxRelease(device_nothrow(ordinal));
-  if (nvml_ready_ && nvml_.shutdown) nvml_.shutdown();
-}
-
-CUmemoryPool CudaBackend::driver_default_pool(int ordinal) {
-  CUmemoryPool pool = nullptr;
-  check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
-  return pool;
-}
-
-PoolHandle CudaBackend::borrow(CUmemoryPool pool, int ordinal) {
-  for (const auto& [handle, p] : pools_)
-    if (p.pool == pool) return handle;
-  const PoolHandle handle = add_pool(pool, ordinal, false);
-  pools_[handle].borrowed = true;
-  return handle;
-}
-
-PoolHandle CudaBackend::add_pool(CUmemoryPool pool, int ordinal, bool imported) {
-  const PoolHandle handle = ++last_handle_;
-  Pool& record = pools_[handle];
-  record.pool = pool;
-  record.device = ordinal;
-  record.imported = imported;
-  return handle;
-}
-
-CUstream CudaBackend::device_stream(int ordinal) {
-  DeviceState& state = device_states_[ordinal];
-  if (!state.stream) check(api_.cuStreamCreate(&state.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  return state.stream;
-}
-
-CUstream CudaBackend::stream_or_null(int ordinal) const {
-  auto it = device_states_.find(ordinal);
-  return it == device_states_.end() ? nullptr : it->second.stream;
-}
-
-CUevent CudaBackend::ready(int ordinal) {
-  DeviceState& state = device_states_[ordinal];
-  if (!state.event)
-    check(api_.cuEventCreate(&state.event, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-  return state.event;
-}
-
-void CudaBackend::after_shared_allocations(int ordinal) {
-  auto it = device_states_.find(ordinal);
-  if (it != device_states_.end() && it->second.event)
-    check(api_.cuStreamWaitEvent(nullptr, it->second.event, 0), "cuStreamWaitEvent");
-}
-
-cuuint64_t CudaBackend::graph_attribute(CUdevice dev, CUgraphMem_attribute attr) {
-  cuuint64_t value = 0;
-  check(api_.cuDeviceGetGraphMemAttribute(dev, attr, &value), "cuDeviceGetGraphMemAttribute");
-  return value;
-}
-
-CUcontext CudaBackend::context(int ordinal) {
-  auto it = contexts_.find(ordinal);
-  if (it != contexts_.end()) return it->second;
-  CUcontext ctx = nullptr;
-  check(api_.cuDevicePrimaryCtxRetain(&ctx, device(ordinal)), "cuDevicePrimaryCtxRetain");
-  contexts_[ordinal] = ctx;
-  return ctx;
-}
-
-CUcontext CudaBackend::context_or_null(int ordinal) const {
-  auto it = contexts_.find(ordinal);
-  return it == contexts_.end() ? nullptr : it->second;
-}
-
-CUdevice CudaBackend::device_nothrow(int ordinal) const {
-  CUdevice dev = 0;
-  api_.cuDeviceGet(&dev, ordinal);
-  return dev;
-}
-
-CudaBackend::Pool& CudaBackend::find(PoolHandle handle) {
-  auto it = pools_.find(handle);
-  if (it == pools_.end())
-    throw CudaError("cupool pool lookup", CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "no such pool");
-  return it->second;
-}
-
-ExportProbe CudaBackend::failed(ExportProbe probe, const char* api, CUresult r) {
-  probe.ok = false;
-  probe.api = api;
-  probe.error = error_name(r);
-  probe.description = error_string(r);
-  return probe;
-}
-
-CUdevice CudaBackend::device(int ordinal) {
-  CUdevice dev = 0;
-  check(api_.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
-  return dev;
-}
-
-std::string CudaBackend::device_info_uuid(int ordinal) {
-  CUuuid uuid;
-  check(api_.cuDeviceGetUuid(&uuid, device(ordinal)), "cuDeviceGetUuid");
-  return format_uuid(uuid);
-}
-
-int CudaBackend::attribute(CUdevice dev, CUdevice_attribute attr) {
-  int v = 0;
-  check(api_.cuDeviceGetAttribute(&v, attr, dev), "cuDeviceGetAttribute");
-  return v;
-}
-
-int CudaBackend::attribute_or(CUdevice dev, CUdevice_attribute attr, int fallback) {
-  int v = 0;
-  const CUresult r = api_.cuDeviceGetAttribute(&v, attr, dev);
-  if (r == CUDA_ERROR_INVALID_VALUE) return fallback;
-  check(r, "cuDeviceGetAttribute");
-  return v;
-}
-
-std::string CudaBackend::format_uuid(const CUuuid& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-  return buf;
-}
-
-std::string CudaBackend::error_name(CUresult r) const {
-  const char* name = nullptr;
-  if (api_.cuGetErrorName && api_.cuGetErrorName(r, &name) == CUDA_SUCCESS && name) return name;
-  return "CUresult " + std::to_string(static_cast<int>(r));
-}
-
-std::string CudaBackend::error_string(CUresult r) const {
-  const char* text = nullptr;
-  if (api_.cuGetErrorString && api_.cuGetErrorString(r, &text) == CUDA_SUCCESS && text) return text;
-  return "";
-}
-
-void CudaBackend::check(CUresult r, const char* api) const {
-  if (r != CUDA_SUCCESS) throw CudaError(api, static_cast<int>(r), error_name(r), error_string(r));
-}
-
-bool CudaBackend::nvml_ready() {
-  std::call_once(nvml_once_, [this] { load_nvml(); });
-  return nvml_ready_;
-}
-
-void CudaBackend::load_nvml() {
-  nvml_lib_ = std::make_unique<Library>("libnvidia-ml.so.1");
-  if (!nvml_lib_->loaded()) return;
-  nvml_.init = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlInit_v2"));
-  nvml_.shutdown = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlShutdown"));
-  nvml_.by_uuid = reinterpret_cast<int (*)(const char*, NvmlDevice*)>(nvml_lib_->symbol("nvmlDeviceGetHandleByUUID"));
-  nvml_.memory = reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(nvml_lib_->symbol("nvmlDeviceGetMemoryInfo"));
-  nvml_.driver_version = reinterpret_cast<int (*)(char*, unsigned)>(nvml_lib_->symbol("nvmlSystemGetDriverVersion"));
-  nvml_ready_ = nvml_.init && nvml_.shutdown && nvml_.by_uuid && nvml_.memory && nvml_.init() == 0;
-}
-
-void CudaBackend::debug(const char* type, int ordinal, const char* step) const {
-  if (debug_) debug_(std::string("probe ") + type + " on GPU " + std::to_string(ordinal) + ": " + step);
-}
-
-}  // namespace cupool::cuda

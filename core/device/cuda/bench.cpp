@@ -1,5 +1,5 @@
 // The real backend, Bench: the measured loops of `cupool bench`.
-#include "device/cuda/driver.h"
+#include "device/cuda/bench.h"
 
 namespace cupool::cuda {
 
@@ -12,7 +12,7 @@ double since(Clock::time_point t0) {
 }
 
 // A captured graph of cuMemAllocAsync + cuMemFreeAsync, launched and synchronised `iterations` times.
-std::vector<double> graph_alloc_free(const CudaBackend& b, CUstream stream, size_t bytes, int iterations) {
+std::vector<double> graph_alloc_free(const Driver& b, CUstream stream, size_t bytes, int iterations) {
   const DriverApi& api = b.api();
   CUgraph graph = nullptr;
   CUgraphExec exec = nullptr;
@@ -46,24 +46,24 @@ std::vector<double> graph_alloc_free(const CudaBackend& b, CUstream stream, size
 
 }  // namespace bench_loops
 
-std::vector<double> CudaBackend::bench(int ordinal, const BenchCase& c) {
+std::vector<double> CudaBench::bench(int ordinal, const BenchCase& c) {
   using bench_loops::Clock;
   using bench_loops::since;
-  ContextScope scope(api_, context(ordinal));
-  CUstream stream = device_stream(ordinal);
+  ContextScope scope(api_, d_.context(ordinal));
+  CUstream stream = d_.device_stream(ordinal);
   CUmemoryPool pool = nullptr;
-  check(api_.cuDeviceGetDefaultMemPool(&pool, device(ordinal)), "cuDeviceGetDefaultMemPool");
-  const auto saved = get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+  check(api_.cuDeviceGetDefaultMemPool(&pool, d_.device(ordinal)), "cuDeviceGetDefaultMemPool");
+  const auto saved = d_.get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
   struct Restore {
-    CudaBackend& b;
+    const DriverApi& api;
     CUmemoryPool pool;
     cuuint64_t value;
     ~Restore() {
       cuuint64_t v = value;
-      b.api_.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+      api.cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
     }
-  } restore{*this, pool, saved};
-  set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, c.threshold);
+  } restore{api_, pool, saved};
+  d_.set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, c.threshold);
   const auto bytes = static_cast<size_t>(c.bytes);
   std::vector<double> ns;
   ns.reserve(static_cast<std::size_t>(c.iterations));
@@ -109,9 +109,7 @@ std::vector<double> CudaBackend::bench(int ordinal, const BenchCase& c) {
         ns.push_back(since(t0));
       }
       break;
-    case BenchCase::Kind::graph_alloc_free:
-      ns = bench_loops::graph_alloc_free(*this, stream, bytes, c.iterations);
-      break;
+    case BenchCase::Kind::graph_alloc_free: ns = bench_loops::graph_alloc_free(d_, stream, bytes, c.iterations); break;
   }
   return ns;
 }

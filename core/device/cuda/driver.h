@@ -1,6 +1,8 @@
-// The real backend's insides, shared by its files (one per role of device/backend.h): the CUDA
-// driver API and NVML as loaded at run time, the RAII helpers over them, and the CudaBackend class.
-// Only device/cuda/ includes this header (and so cuda.h); everything else sees device/backend.h.
+// The real backend's insides, shared by its role classes (one per role of device/backend.h, or a
+// small group of them: node.h, pools.h, graph_memory.h, sharing.h, exported.h, transfers.h,
+// bench.h): the CUDA driver API and NVML as loaded at run time, the RAII helpers over them, and
+// Driver, the state the roles share. Only device/cuda/ includes this header (and so cuda.h);
+// everything else sees device/backend.h.
 #pragma once
 
 #include <cuda.h>
@@ -165,84 +167,12 @@ class PoolGuard {
   CUmemoryPool pool_;
 };
 
-// The backend over the driver. Its members are defined in one file per role: node.cpp (NodeQuery),
-// pools.cpp (Pools, ProcessPools, GraphMemory), sharing.cpp (PoolExport, PoolImport), exported.cpp
-// (ExportedMemory), transfers.cpp (Transfers), bench.cpp (Bench); backend.cpp has its life (init,
-// teardown) and the helpers they share.
-class CudaBackend final : public Backend {
+// What the real backend's roles share, owned by CudaBackend (backend.cpp) and referenced by each
+// role: the loaded driver and NVML, the primary contexts retained, the pools made or found, the
+// devices' streams and ready events, the exporters' events opened here and the exported
+// allocations mapped here. Its destructor frees them all, in the driver's order (driver.cpp).
+class Driver {
  public:
-  explicit CudaBackend(DebugLog debug) : debug_(std::move(debug)) {}
-  ~CudaBackend() override;
-  CudaBackend(const CudaBackend&) = delete;
-  CudaBackend& operator=(const CudaBackend&) = delete;
-
-  // NodeQuery (node.cpp; source and init: backend.cpp)
-  ReportSource source() const override;
-  void init() override;
-  int driver_version() override;
-  std::string kernel_driver_version() override;
-  int device_count() override;
-  DeviceInfo device_info(int ordinal) override;
-  std::optional<MemoryInfo> memory_info(int ordinal) override;
-  bool can_access_peer(int device_ordinal, int peer_ordinal) override;
-  std::vector<int> host_numa_nodes() override;
-  GdsReport gds_report() override;
-  ExportProbe probe_export(int ordinal, HandleType type) override;
-
-  // Pools, ProcessPools, GraphMemory (pools.cpp)
-  PoolHandle create_pool(int ordinal, const PoolProps& props) override;
-  void destroy_pool(PoolHandle handle) override;
-  void set_pool_settings(PoolHandle handle, const PoolSettings& s) override;
-  PoolSettings pool_settings(PoolHandle handle) override;
-  PoolUsage pool_usage(PoolHandle handle) override;
-  void reset_pool_peaks(PoolHandle handle) override;
-  void set_pool_access(PoolHandle handle, int peer) override;
-  bool pool_access(PoolHandle handle, int peer) override;
-  std::uint64_t allocate(PoolHandle handle, std::uint64_t bytes) override;
-  void free(PoolHandle handle, std::uint64_t address) override;
-  void trim_pool(PoolHandle handle, std::uint64_t keep) override;
-  PoolHandle default_pool(int ordinal) override;
-  PoolHandle current_pool(int ordinal) override;
-  void set_current_pool(int ordinal, PoolHandle handle) override;
-  std::optional<PoolProps> created_props(PoolHandle handle) override;
-  bool context_active(int ordinal) override;
-  GraphMemUsage graph_mem_usage(int ordinal) override;
-  void trim_graph_mem(int ordinal) override;
-  void reset_graph_mem_peaks(int ordinal) override;
-
-  // PoolExport, PoolImport (sharing.cpp)
-  int export_pool_fd(PoolHandle handle) override;
-  SharedAllocation allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) override;
-  Blob64 ready_event(int ordinal) override;
-  void free_shared(PoolHandle handle, std::uint64_t address) override;
-  void synchronize(int ordinal) override;
-  PoolHandle import_pool_fd(int ordinal, int fd) override;
-  std::uint64_t import_pointer(PoolHandle handle, const Blob64& export_data) override;
-  void wait_ready(int ordinal, const Blob64& event) override;
-  void free_imported(PoolHandle handle, std::uint64_t address) override;
-
-  // ExportedMemory (exported.cpp)
-  std::uint64_t allocation_granularity(int ordinal) override;
-  ExportedAllocation create_exported(int ordinal, std::uint64_t bytes) override;
-  std::uint64_t map_exported(int ordinal, int fd, std::uint64_t size, const std::vector<int>& peers) override;
-  void grant_exported_access(std::uint64_t address, int peer) override;
-  void unmap_exported(std::uint64_t address) override;
-
-  // Transfers (transfers.cpp)
-  void write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) override;
-  void read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) override;
-  LoadReport load_file(int ordinal, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
-                       const std::function<void(std::uint64_t)>& progress) override;
-
-  // Bench (bench.cpp)
-  std::vector<double> bench(int ordinal, const BenchCase& c) override;
-
-  // For the loader's sinks and readers (transfers.cpp): the loaded driver, and its error check
-  // (throws CudaError naming `api`).
-  const DriverApi& api() const noexcept { return api_; }
-  void check(CUresult r, const char* api) const;
-
- private:
   struct Pool {
     CUmemoryPool pool = nullptr;
     int device = 0;
@@ -266,31 +196,55 @@ class CudaBackend final : public Backend {
     CUevent event = nullptr;
     int device = 0;
   };
-  CUmemoryPool driver_default_pool(int ordinal);
-  // A pool the driver owns (a device's default or current pool), recorded once.
-  PoolHandle borrow(CUmemoryPool pool, int ordinal);
-  PoolHandle add_pool(CUmemoryPool pool, int ordinal, bool imported);
+  // An exported allocation mapped here (create_exported, map_exported): the device whose context
+  // mapped it, and its size.
+  struct Mapping {
+    int device = 0;
+    std::uint64_t size = 0;
+  };
+
+  explicit Driver(DebugLog debug) : debug_(std::move(debug)) {}
+  // Frees what the roles made, never throwing: imported pointers, own allocations, pools, events,
+  // streams, mappings, then the primary contexts; NVML last.
+  ~Driver();
+  Driver(const Driver&) = delete;
+  Driver& operator=(const Driver&) = delete;
+
+  // Loads libcuda.so.1 and every entry point, and calls cuInit (once). Throws NoDriverError.
+  void init();
+  // The loaded driver, and its error check (throws CudaError naming `api`).
+  const DriverApi& api() const noexcept { return api_; }
+  void check(CUresult r, const char* api) const;
+  std::string error_name(CUresult r) const;
+  std::string error_string(CUresult r) const;
+  // NVML, loaded on first use; false when the node has none.
+  bool nvml_ready();
+  const NvmlApi& nvml() const noexcept { return nvml_; }
+  // A step of a probe, for --log-level debug.
+  void debug(const char* type, int ordinal, const char* step) const;
+
+  CUdevice device(int ordinal);
+  CUdevice device_nothrow(int ordinal) const;
+  // The device's primary context, retained once for the backend's lifetime.
+  CUcontext context(int ordinal);
+  CUcontext context_or_null(int ordinal) const;
   // The device's stream; its context must be current.
   CUstream device_stream(int ordinal);
   CUstream stream_or_null(int ordinal) const;
   // The device's ready event; its context must be current.
   CUevent ready(int ordinal);
+  DeviceState& device_state(int ordinal) { return device_states_[ordinal]; }
   // Orders the current context's legacy stream (where cuMemcpyHtoD/DtoH run) after the last
   // allocate_shared of the device, so a copy never races the stream-ordered allocation.
   void after_shared_allocations(int ordinal);
-  cuuint64_t graph_attribute(CUdevice dev, CUgraphMem_attribute attr);
-  // What a held buffer's memory is made with: pinned memory of the device, exportable as a POSIX fd.
-  static CUmemAllocationProp exported_prop(int ordinal);
-  static CUmemAccessDesc access_desc(int ordinal);
-  Imported import_exported(int fd);
-  // Reserves `size` bytes of address space, maps `handle` there and gives `ordinal` and `peers`
-  // read-write access; undoes what it did when a step fails.
-  std::uint64_t map_handle(int ordinal, CUmemGenericAllocationHandle handle, std::uint64_t size,
-                           const std::vector<int>& peers);
-  // The device's primary context, retained once for the backend's lifetime.
-  CUcontext context(int ordinal);
-  CUcontext context_or_null(int ordinal) const;
-  CUdevice device_nothrow(int ordinal) const;
+
+  // The pools, by handle. find throws CudaError (INVALID_HANDLE) for a handle it doesn't know.
+  Pool& find(PoolHandle handle);
+  std::map<PoolHandle, Pool>& pools() noexcept { return pools_; }
+  PoolHandle add_pool(CUmemoryPool pool, int ordinal, bool imported);
+  // A pool the driver owns (a device's default or current pool), recorded once.
+  PoolHandle borrow(CUmemoryPool pool, int ordinal);
+  CUmemoryPool driver_default_pool(int ordinal);
   // Pool attributes are int (reuse flags) or cuuint64_t (threshold, usage) by the driver's table.
   template <class T>
   T get_attribute(CUmemoryPool pool, CUmemPool_attribute attr) {
@@ -302,22 +256,12 @@ class CudaBackend final : public Backend {
   void set_attribute(CUmemoryPool pool, CUmemPool_attribute attr, T value) {
     check(api_.cuMemPoolSetAttribute(pool, attr, &value), "cuMemPoolSetAttribute");
   }
-  Pool& find(PoolHandle handle);
-  // The driver's answer alone; build_report (query.cpp) says in words what it means.
-  ExportProbe failed(ExportProbe probe, const char* api, CUresult r);
-  CUdevice device(int ordinal);
-  std::string device_info_uuid(int ordinal);
-  int attribute(CUdevice dev, CUdevice_attribute attr);
-  // Attributes newer than some drivers: an older driver answers INVALID_VALUE, which means "no".
-  int attribute_or(CUdevice dev, CUdevice_attribute attr, int fallback);
-  int attribute_or_zero(CUdevice dev, CUdevice_attribute attr) { return attribute_or(dev, attr, 0); }
-  static std::string format_uuid(const CUuuid& uuid);
-  std::string error_name(CUresult r) const;
-  std::string error_string(CUresult r) const;
-  bool nvml_ready();
+
+  std::map<Blob64, OpenedEvent>& opened_events() noexcept { return opened_events_; }
+  std::map<std::uint64_t, Mapping>& mappings() noexcept { return mappings_; }
+
+ private:
   void load_nvml();
-  // A step of a probe, for --log-level debug.
-  void debug(const char* type, int ordinal, const char* step) const;
   DebugLog debug_;
   std::unique_ptr<Library> cuda_;
   std::unique_ptr<Library> nvml_lib_;
@@ -325,12 +269,6 @@ class CudaBackend final : public Backend {
   NvmlApi nvml_;
   std::map<int, CUcontext> contexts_;
   std::map<PoolHandle, Pool> pools_;
-  // Exported allocations mapped here (create_exported, map_exported): address -> the device whose
-  // context mapped it, and its size.
-  struct Mapping {
-    int device = 0;
-    std::uint64_t size = 0;
-  };
   std::map<std::uint64_t, Mapping> mappings_;
   std::map<int, DeviceState> device_states_;
   std::map<Blob64, OpenedEvent> opened_events_;
@@ -338,6 +276,16 @@ class CudaBackend final : public Backend {
   std::once_flag nvml_once_;
   bool nvml_ready_ = false;  // set once, in nvml_ready()
   bool initialised_ = false;
+};
+
+// What each role class holds: the shared Driver, its entry points and its error check.
+class DriverRole {
+ protected:
+  using Pool = Driver::Pool;
+  explicit DriverRole(Driver& driver) : d_(driver), api_(driver.api()) {}
+  void check(CUresult r, const char* api) const { d_.check(r, api); }
+  Driver& d_;
+  const DriverApi& api_;
 };
 
 }  // namespace cupool::cuda

@@ -1,9 +1,9 @@
 // The real backend, ExportedMemory: held buffers as exported VMM allocations (cuMemCreate and a POSIX fd).
-#include "device/cuda/driver.h"
+#include "device/cuda/exported.h"
 
 namespace cupool::cuda {
 
-std::uint64_t CudaBackend::allocation_granularity(int ordinal) {
+std::uint64_t CudaExportedMemory::allocation_granularity(int ordinal) {
   CUmemAllocationProp prop = exported_prop(ordinal);
   size_t granularity = 0;
   check(api_.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
@@ -11,8 +11,8 @@ std::uint64_t CudaBackend::allocation_granularity(int ordinal) {
   return granularity;
 }
 
-ExportedAllocation CudaBackend::create_exported(int ordinal, std::uint64_t bytes) {
-  ContextScope scope(api_, context(ordinal));
+ExportedAllocation CudaExportedMemory::create_exported(int ordinal, std::uint64_t bytes) {
+  ContextScope scope(api_, d_.context(ordinal));
   const std::uint64_t granularity = allocation_granularity(ordinal);
   if (bytes == 0 || bytes > UINT64_MAX - granularity)
     throw CudaError("cuMemCreate", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "no size to allocate");
@@ -38,12 +38,12 @@ ExportedAllocation CudaBackend::create_exported(int ordinal, std::uint64_t bytes
   }
 }
 
-std::uint64_t CudaBackend::map_exported(int ordinal, int fd, std::uint64_t size, const std::vector<int>& peers) {
+std::uint64_t CudaExportedMemory::map_exported(int ordinal, int fd, std::uint64_t size, const std::vector<int>& peers) {
   // The mapping is the process's, not a context's: a process that works on a peer device maps
   // in that device's context instead of creating one on the holder's device (on 2x H100 that
   // context cost a peer's first mapping of a held set ~150 ms).
   const int in = peers.empty() ? ordinal : peers.front();
-  ContextScope scope(api_, context(in));
+  ContextScope scope(api_, d_.context(in));
   const Imported imported = import_exported(fd);
   const CUmemGenericAllocationHandle handle = imported.handle;
   CUmemAllocationProp prop;
@@ -54,34 +54,34 @@ std::uint64_t CudaBackend::map_exported(int ordinal, int fd, std::uint64_t size,
                     "the allocation is on device " + std::to_string(prop.location.id) + ", not on device " +
                         std::to_string(ordinal));
   const std::uint64_t address = map_handle(ordinal, handle, size, peers);
-  mappings_[address].device = in;  // unmapped in the same context
+  d_.mappings()[address].device = in;  // unmapped in the same context
   return address;
 }
 
-void CudaBackend::grant_exported_access(std::uint64_t address, int peer) {
-  auto it = mappings_.find(address);
-  if (it == mappings_.end())
+void CudaExportedMemory::grant_exported_access(std::uint64_t address, int peer) {
+  auto it = d_.mappings().find(address);
+  if (it == d_.mappings().end())
     throw CudaError("cuMemSetAccess", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
                     "not an exported allocation mapped by this process");
-  ContextScope scope(api_, context(it->second.device));
+  ContextScope scope(api_, d_.context(it->second.device));
   const CUmemAccessDesc desc = access_desc(peer);
   check(api_.cuMemSetAccess(static_cast<CUdeviceptr>(address), static_cast<size_t>(it->second.size), &desc, 1),
         "cuMemSetAccess");
 }
 
-void CudaBackend::unmap_exported(std::uint64_t address) {
-  auto it = mappings_.find(address);
-  if (it == mappings_.end())
+void CudaExportedMemory::unmap_exported(std::uint64_t address) {
+  auto it = d_.mappings().find(address);
+  if (it == d_.mappings().end())
     throw CudaError("cuMemUnmap", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
                     "not an exported allocation mapped by this process");
-  ContextScope scope(api_, context(it->second.device));
+  ContextScope scope(api_, d_.context(it->second.device));
   const std::uint64_t size = it->second.size;
-  mappings_.erase(it);
+  d_.mappings().erase(it);
   check(api_.cuMemUnmap(static_cast<CUdeviceptr>(address), static_cast<size_t>(size)), "cuMemUnmap");
   check(api_.cuMemAddressFree(static_cast<CUdeviceptr>(address), static_cast<size_t>(size)), "cuMemAddressFree");
 }
 
-CUmemAllocationProp CudaBackend::exported_prop(int ordinal) {
+CUmemAllocationProp CudaExportedMemory::exported_prop(int ordinal) {
   CUmemAllocationProp prop;
   std::memset(&prop, 0, sizeof prop);
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -91,7 +91,7 @@ CUmemAllocationProp CudaBackend::exported_prop(int ordinal) {
   return prop;
 }
 
-CUmemAccessDesc CudaBackend::access_desc(int ordinal) {
+CUmemAccessDesc CudaExportedMemory::access_desc(int ordinal) {
   CUmemAccessDesc desc;
   std::memset(&desc, 0, sizeof desc);
   desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
@@ -100,7 +100,7 @@ CUmemAccessDesc CudaBackend::access_desc(int ordinal) {
   return desc;
 }
 
-Imported CudaBackend::import_exported(int fd) {
+Imported CudaExportedMemory::import_exported(int fd) {
   CUmemGenericAllocationHandle handle = 0;
   // The posix_fd handle is the fd itself, passed by value in the pointer argument.
   void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
@@ -109,8 +109,8 @@ Imported CudaBackend::import_exported(int fd) {
   return Imported{api_, handle};
 }
 
-std::uint64_t CudaBackend::map_handle(int ordinal, CUmemGenericAllocationHandle handle, std::uint64_t size,
-                                      const std::vector<int>& peers) {
+std::uint64_t CudaExportedMemory::map_handle(int ordinal, CUmemGenericAllocationHandle handle, std::uint64_t size,
+                                             const std::vector<int>& peers) {
   CUdeviceptr ptr = 0;
   check(api_.cuMemAddressReserve(&ptr, static_cast<size_t>(size), 0, 0, 0), "cuMemAddressReserve");
   bool mapped = false;
@@ -126,7 +126,7 @@ std::uint64_t CudaBackend::map_handle(int ordinal, CUmemGenericAllocationHandle 
     api_.cuMemAddressFree(ptr, static_cast<size_t>(size));
     throw;
   }
-  mappings_[ptr] = Mapping{ordinal, size};
+  d_.mappings()[ptr] = Driver::Mapping{ordinal, size};
   return ptr;
 }
 

@@ -1,24 +1,26 @@
 // The real backend, NodeQuery: the driver, the devices and what they support (export probes, GPUDirect Storage).
-#include "device/cuda/driver.h"
+#include "device/cuda/node.h"
 
 namespace cupool::cuda {
 
-ReportSource CudaBackend::source() const {
+ReportSource CudaNodeQuery::source() const {
   ReportSource s;
   s.description = "CUDA driver (libcuda.so.1)";
   return s;
 }
 
-int CudaBackend::driver_version() {
+void CudaNodeQuery::init() { d_.init(); }
+
+int CudaNodeQuery::driver_version() {
   int v = 0;
   check(api_.cuDriverGetVersion(&v), "cuDriverGetVersion");
   return v;
 }
 
-std::string CudaBackend::kernel_driver_version() {
-  if (nvml_ready() && nvml_.driver_version) {
+std::string CudaNodeQuery::kernel_driver_version() {
+  if (d_.nvml_ready() && d_.nvml().driver_version) {
     char buf[96] = {0};
-    if (nvml_.driver_version(buf, sizeof buf) == 0) return buf;
+    if (d_.nvml().driver_version(buf, sizeof buf) == 0) return buf;
   }
   // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Thu ..."
   std::ifstream in("/proc/driver/nvidia/version");
@@ -32,14 +34,14 @@ std::string CudaBackend::kernel_driver_version() {
   return "";
 }
 
-int CudaBackend::device_count() {
+int CudaNodeQuery::device_count() {
   int n = 0;
   check(api_.cuDeviceGetCount(&n), "cuDeviceGetCount");
   return n;
 }
 
-DeviceInfo CudaBackend::device_info(int ordinal) {
-  const CUdevice dev = device(ordinal);
+DeviceInfo CudaNodeQuery::device_info(int ordinal) {
+  const CUdevice dev = d_.device(ordinal);
   DeviceInfo info;
   info.ordinal = ordinal;
   char name[256] = {0};
@@ -74,24 +76,24 @@ DeviceInfo CudaBackend::device_info(int ordinal) {
   return info;
 }
 
-std::optional<MemoryInfo> CudaBackend::memory_info(int ordinal) {
-  if (!nvml_ready()) return std::nullopt;
+std::optional<MemoryInfo> CudaNodeQuery::memory_info(int ordinal) {
+  if (!d_.nvml_ready()) return std::nullopt;
   const std::string uuid = device_info_uuid(ordinal);
   NvmlDevice handle = nullptr;
-  if (nvml_.by_uuid(uuid.c_str(), &handle) != 0) return std::nullopt;
+  if (d_.nvml().by_uuid(uuid.c_str(), &handle) != 0) return std::nullopt;
   NvmlMemory mem{};
-  if (nvml_.memory(handle, &mem) != 0) return std::nullopt;
+  if (d_.nvml().memory(handle, &mem) != 0) return std::nullopt;
   return MemoryInfo{mem.free, mem.total};
 }
 
-bool CudaBackend::can_access_peer(int device_ordinal, int peer_ordinal) {
+bool CudaNodeQuery::can_access_peer(int device_ordinal, int peer_ordinal) {
   if (device_ordinal == peer_ordinal) return true;
   int can = 0;
-  check(api_.cuDeviceCanAccessPeer(&can, device(device_ordinal), device(peer_ordinal)), "cuDeviceCanAccessPeer");
+  check(api_.cuDeviceCanAccessPeer(&can, d_.device(device_ordinal), d_.device(peer_ordinal)), "cuDeviceCanAccessPeer");
   return can != 0;
 }
 
-std::vector<int> CudaBackend::host_numa_nodes() {
+std::vector<int> CudaNodeQuery::host_numa_nodes() {
   // "0-1,3" in /sys/devices/system/node/online; absent on hosts without NUMA.
   std::ifstream in("/sys/devices/system/node/online");
   std::string text;
@@ -110,20 +112,20 @@ std::vector<int> CudaBackend::host_numa_nodes() {
   return nodes;
 }
 
-GdsReport CudaBackend::gds_report() {
+GdsReport CudaNodeQuery::gds_report() {
   // cuFile's driver wants a CUDA context on the calling thread: device 0's primary context,
   // retained for the probe only (like the export probes), so none stays active after it.
   if (device_count() == 0) return probe_gds();
-  PrimaryContext ctx(api_, device(0));
+  PrimaryContext ctx(api_, d_.device(0));
   return probe_gds();
 }
 
-ExportProbe CudaBackend::probe_export(int ordinal, HandleType type) {
+ExportProbe CudaNodeQuery::probe_export(int ordinal, HandleType type) {
   ExportProbe probe;
   probe.handle_type = type;
   const char* type_name = handle_type_name(type);
-  const CUdevice dev = device(ordinal);
-  debug(type_name, ordinal, "cuDevicePrimaryCtxRetain");
+  const CUdevice dev = d_.device(ordinal);
+  d_.debug(type_name, ordinal, "cuDevicePrimaryCtxRetain");
   PrimaryContext ctx(api_, dev);
   CUresult r = ctx.result();
   if (r != CUDA_SUCCESS) return failed(probe, "cuDevicePrimaryCtxRetain", r);
@@ -135,7 +137,7 @@ ExportProbe CudaBackend::probe_export(int ordinal, HandleType type) {
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   props.location.id = ordinal;
   CUmemoryPool pool = nullptr;
-  debug(type_name, ordinal, "cuMemPoolCreate");
+  d_.debug(type_name, ordinal, "cuMemPoolCreate");
   r = api_.cuMemPoolCreate(&pool, &props);
   if (r != CUDA_SUCCESS) return failed(probe, "cuMemPoolCreate", r);
   PoolGuard guard(api_, pool);
@@ -143,14 +145,14 @@ ExportProbe CudaBackend::probe_export(int ordinal, HandleType type) {
   // Export first: an IPC pool that can't be exported is the finding that matters.
   if (type == HandleType::posix_fd) {
     int fd = -1;
-    debug(type_name, ordinal, "cuMemPoolExportToShareableHandle");
+    d_.debug(type_name, ordinal, "cuMemPoolExportToShareableHandle");
     r = api_.cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (fd >= 0 && r == CUDA_SUCCESS) ::close(fd);
     if (r != CUDA_SUCCESS) return failed(probe, "cuMemPoolExportToShareableHandle", r);
   } else if (type == HandleType::fabric) {
     CUmemFabricHandle handle;
     std::memset(&handle, 0, sizeof handle);
-    debug(type_name, ordinal, "cuMemPoolExportToShareableHandle");
+    d_.debug(type_name, ordinal, "cuMemPoolExportToShareableHandle");
     r = api_.cuMemPoolExportToShareableHandle(&handle, pool, CU_MEM_HANDLE_TYPE_FABRIC, 0);
     if (r != CUDA_SUCCESS) {
       // Measured on driver 580.159.04 (H100): cuMemPoolDestroy crashes inside libcuda on a fabric
@@ -162,16 +164,51 @@ ExportProbe CudaBackend::probe_export(int ordinal, HandleType type) {
 
   // A small allocation proves the pool serves memory, not only that it was created.
   CUdeviceptr ptr = 0;
-  debug(type_name, ordinal, "cuMemAllocFromPoolAsync");
+  d_.debug(type_name, ordinal, "cuMemAllocFromPoolAsync");
   r = api_.cuMemAllocFromPoolAsync(&ptr, 2u << 20, pool, nullptr);
   if (r != CUDA_SUCCESS) return failed(probe, "cuMemAllocFromPoolAsync", r);
-  debug(type_name, ordinal, "cuMemFreeAsync + cuStreamSynchronize");
+  d_.debug(type_name, ordinal, "cuMemFreeAsync + cuStreamSynchronize");
   r = api_.cuMemFreeAsync(ptr, nullptr);
   if (r == CUDA_SUCCESS) r = api_.cuStreamSynchronize(nullptr);
   if (r != CUDA_SUCCESS) return failed(probe, "cuMemFreeAsync", r);
-  debug(type_name, ordinal, "ok");
+  d_.debug(type_name, ordinal, "ok");
   probe.ok = true;
   return probe;
 }
 
+ExportProbe CudaNodeQuery::failed(ExportProbe probe, const char* api, CUresult r) {
+  probe.ok = false;
+  probe.api = api;
+  probe.error = d_.error_name(r);
+  probe.description = d_.error_string(r);
+  return probe;
+}
+
+std::string CudaNodeQuery::device_info_uuid(int ordinal) {
+  CUuuid uuid;
+  check(api_.cuDeviceGetUuid(&uuid, d_.device(ordinal)), "cuDeviceGetUuid");
+  return format_uuid(uuid);
+}
+
+int CudaNodeQuery::attribute(CUdevice dev, CUdevice_attribute attr) {
+  int v = 0;
+  check(api_.cuDeviceGetAttribute(&v, attr, dev), "cuDeviceGetAttribute");
+  return v;
+}
+
+int CudaNodeQuery::attribute_or(CUdevice dev, CUdevice_attribute attr, int fallback) {
+  int v = 0;
+  const CUresult r = api_.cuDeviceGetAttribute(&v, attr, dev);
+  if (r == CUDA_ERROR_INVALID_VALUE) return fallback;
+  check(r, "cuDeviceGetAttribute");
+  return v;
+}
+
+std::string CudaNodeQuery::format_uuid(const CUuuid& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return buf;
+}
 }  // namespace cupool::cuda

@@ -1,11 +1,11 @@
 // The real backend, PoolExport and PoolImport: pool memory shared between the holder and its clients.
-#include "device/cuda/driver.h"
+#include "device/cuda/sharing.h"
 
 namespace cupool::cuda {
 
-int CudaBackend::export_pool_fd(PoolHandle handle) {
-  Pool& pool = find(handle);
-  ContextScope scope(api_, context(pool.device));
+int CudaSharing::export_pool_fd(PoolHandle handle) {
+  Pool& pool = d_.find(handle);
+  ContextScope scope(api_, d_.context(pool.device));
   int fd = -1;
   check(api_.cuMemPoolExportToShareableHandle(&fd, pool.pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
         "cuMemPoolExportToShareableHandle");
@@ -13,9 +13,9 @@ int CudaBackend::export_pool_fd(PoolHandle handle) {
   return fd;
 }
 
-SharedAllocation CudaBackend::allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) {
-  Pool& pool = find(handle);
-  ContextScope scope(api_, context(pool.device));
+SharedAllocation CudaSharing::allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) {
+  Pool& pool = d_.find(handle);
+  ContextScope scope(api_, d_.context(pool.device));
   // cuMemPoolExportPointer works only on a pool that has been shared (measured on driver 580:
   // CUDA_ERROR_INVALID_VALUE before the pool's first cuMemPoolExportToShareableHandle).
   if (!pool.exported) {
@@ -25,8 +25,8 @@ SharedAllocation CudaBackend::allocate_shared(PoolHandle handle, std::uint64_t b
     ::close(fd);
     pool.exported = true;
   }
-  CUstream stream = device_stream(pool.device);
-  CUevent event = ready(pool.device);
+  CUstream stream = d_.device_stream(pool.device);
+  CUevent event = d_.ready(pool.device);
   CUdeviceptr ptr = 0;
   check(api_.cuMemAllocFromPoolAsync(&ptr, static_cast<size_t>(bytes), pool.pool, stream), "cuMemAllocFromPoolAsync");
   // From here on a failure gives the allocation back (stream-ordered) before it throws.
@@ -51,10 +51,10 @@ SharedAllocation CudaBackend::allocate_shared(PoolHandle handle, std::uint64_t b
   return shared;
 }
 
-Blob64 CudaBackend::ready_event(int ordinal) {
-  ContextScope scope(api_, context(ordinal));
-  CUevent event = ready(ordinal);
-  DeviceState& state = device_states_[ordinal];
+Blob64 CudaSharing::ready_event(int ordinal) {
+  ContextScope scope(api_, d_.context(ordinal));
+  CUevent event = d_.ready(ordinal);
+  Driver::DeviceState& state = d_.device_state(ordinal);
   if (!state.event_handle) {
     CUipcEventHandle handle;
     std::memset(&handle, 0, sizeof handle);
@@ -67,37 +67,37 @@ Blob64 CudaBackend::ready_event(int ordinal) {
   return *state.event_handle;
 }
 
-void CudaBackend::free_shared(PoolHandle handle, std::uint64_t address) {
-  Pool& pool = find(handle);
+void CudaSharing::free_shared(PoolHandle handle, std::uint64_t address) {
+  Pool& pool = d_.find(handle);
   auto it = pool.shared.find(static_cast<CUdeviceptr>(address));
   if (it == pool.shared.end())
     throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
                     "not a shared allocation of this pool");
-  ContextScope scope(api_, context(pool.device));
-  check(api_.cuMemFreeAsync(*it, device_stream(pool.device)), "cuMemFreeAsync");
+  ContextScope scope(api_, d_.context(pool.device));
+  check(api_.cuMemFreeAsync(*it, d_.device_stream(pool.device)), "cuMemFreeAsync");
   pool.shared.erase(it);
 }
 
-void CudaBackend::synchronize(int ordinal) {
-  CUstream stream = stream_or_null(ordinal);
+void CudaSharing::synchronize(int ordinal) {
+  CUstream stream = d_.stream_or_null(ordinal);
   if (!stream) return;  // nothing was ever ordered on it
-  ContextScope scope(api_, context(ordinal));
+  ContextScope scope(api_, d_.context(ordinal));
   check(api_.cuStreamSynchronize(stream), "cuStreamSynchronize");
 }
 
-PoolHandle CudaBackend::import_pool_fd(int ordinal, int fd) {
-  ContextScope scope(api_, context(ordinal));
+PoolHandle CudaSharing::import_pool_fd(int ordinal, int fd) {
+  ContextScope scope(api_, d_.context(ordinal));
   CUmemoryPool pool = nullptr;
   // The posix_fd handle is the fd itself, passed by value in the pointer argument.
   void* shareable = reinterpret_cast<void*>(static_cast<std::uintptr_t>(fd));
   check(api_.cuMemPoolImportFromShareableHandle(&pool, shareable, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
         "cuMemPoolImportFromShareableHandle");
-  return add_pool(pool, ordinal, true);
+  return d_.add_pool(pool, ordinal, true);
 }
 
-std::uint64_t CudaBackend::import_pointer(PoolHandle handle, const Blob64& export_data) {
-  Pool& pool = find(handle);
-  ContextScope scope(api_, context(pool.device));
+std::uint64_t CudaSharing::import_pointer(PoolHandle handle, const Blob64& export_data) {
+  Pool& pool = d_.find(handle);
+  ContextScope scope(api_, d_.context(pool.device));
   CUmemPoolPtrExportData data;
   static_assert(sizeof data == std::tuple_size<Blob64>::value, "CUmemPoolPtrExportData is 64 bytes");
   std::memcpy(&data, export_data.data(), sizeof data);
@@ -107,27 +107,27 @@ std::uint64_t CudaBackend::import_pointer(PoolHandle handle, const Blob64& expor
   return ptr;
 }
 
-void CudaBackend::wait_ready(int ordinal, const Blob64& event) {
-  ContextScope scope(api_, context(ordinal));
-  auto it = opened_events_.find(event);
-  if (it == opened_events_.end()) {
+void CudaSharing::wait_ready(int ordinal, const Blob64& event) {
+  ContextScope scope(api_, d_.context(ordinal));
+  auto it = d_.opened_events().find(event);
+  if (it == d_.opened_events().end()) {
     CUipcEventHandle handle;
     static_assert(sizeof handle == std::tuple_size<Blob64>::value, "CUipcEventHandle is 64 bytes");
     std::memcpy(&handle, event.data(), sizeof handle);
     CUevent opened = nullptr;
     check(api_.cuIpcOpenEventHandle(&opened, handle), "cuIpcOpenEventHandle");
-    it = opened_events_.emplace(event, OpenedEvent{opened, ordinal}).first;
+    it = d_.opened_events().emplace(event, Driver::OpenedEvent{opened, ordinal}).first;
   }
   check(api_.cuEventSynchronize(it->second.event), "cuEventSynchronize");
 }
 
-void CudaBackend::free_imported(PoolHandle handle, std::uint64_t address) {
-  Pool& pool = find(handle);
+void CudaSharing::free_imported(PoolHandle handle, std::uint64_t address) {
+  Pool& pool = d_.find(handle);
   auto it = pool.imported_pointers.find(static_cast<CUdeviceptr>(address));
   if (it == pool.imported_pointers.end())
     throw CudaError("cuMemFreeAsync", CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE",
                     "not an imported pointer of this pool");
-  ContextScope scope(api_, context(pool.device));
+  ContextScope scope(api_, d_.context(pool.device));
   // cuMemFree, not cuMemFreeAsync on our stream + cuStreamSynchronize: neither waits for the
   // caller's own streams (its work on the lease must be done; client.h says so), and on the
   // H100 cuMemFree took 1-3 us instead of 49-940 us and made the next import of the block

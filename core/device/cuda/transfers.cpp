@@ -1,11 +1,11 @@
 // The real backend, Transfers: copies from host memory and from files (pinned slots, or cuFile).
-#include "device/cuda/driver.h"
+#include "device/cuda/transfers.h"
 
 namespace cupool::cuda {
 
-void CudaBackend::write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) {
-  ContextScope scope(api_, context(ordinal));
-  after_shared_allocations(ordinal);
+void CudaTransfers::write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) {
+  ContextScope scope(api_, d_.context(ordinal));
+  d_.after_shared_allocations(ordinal);
   check(api_.cuMemcpyHtoD(static_cast<CUdeviceptr>(address), source, static_cast<size_t>(bytes)), "cuMemcpyHtoD");
   // From pageable memory the copy may return before its DMA has finished; another process may
   // read right after this returns.
@@ -18,7 +18,7 @@ void CudaBackend::write(int ordinal, std::uint64_t address, const void* source, 
 // event per slot. Frees what it made on every path; finish() waits for the copies first.
 class PinnedSink : public LoadSink {
  public:
-  PinnedSink(const CudaBackend& b, CUcontext c, std::uint64_t slot_bytes) : b_(b), scope_(b.api(), c) {
+  PinnedSink(const Driver& b, CUcontext c, std::uint64_t slot_bytes) : b_(b), scope_(b.api(), c) {
     b_.check(b_.api().cuStreamCreate(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate");
     for (unsigned i = 0; i < kSlots; ++i) {
       b_.check(b_.api().cuMemHostAlloc(&host_[i], static_cast<size_t>(slot_bytes), 0), "cuMemHostAlloc");
@@ -45,7 +45,7 @@ class PinnedSink : public LoadSink {
   void finish() override { b_.check(b_.api().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
 
  private:
-  const CudaBackend& b_;
+  const Driver& b_;
   ContextScope scope_;
   CUstream stream_ = nullptr;
   void* host_[kSlots] = {};
@@ -59,7 +59,7 @@ class PinnedSink : public LoadSink {
 // Everything in the device's context, made current on each reader's thread.
 class CuFilePath : public DirectPath {
  public:
-  CuFilePath(const CudaBackend& b, CUcontext c, int fd, const std::vector<FileRange>& ranges) : b_(b), ctx_(c) {
+  CuFilePath(const Driver& b, CUcontext c, int fd, const std::vector<FileRange>& ranges) : b_(b), ctx_(c) {
     ContextScope scope(b_.api(), ctx_);
     cufile_ = CuFile::open();
     if (cufile_->gpudirect()) direct_ = reopen_direct(fd);  // nvidia-fs reads what was opened with O_DIRECT
@@ -103,7 +103,7 @@ class CuFilePath : public DirectPath {
     const CuFilePath& p_;
     ContextScope scope_;
   };
-  const CudaBackend& b_;
+  const Driver& b_;
   CUcontext ctx_;
   std::unique_ptr<CuFile> cufile_;
   Fd direct_;
@@ -111,25 +111,25 @@ class CuFilePath : public DirectPath {
   std::pair<std::uint64_t, std::uint64_t> registered_{0, 0};  // [lo, hi) registered with cuFile
 };
 
-LoadReport CudaBackend::load_file(int ordinal, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
-                                  const std::function<void(std::uint64_t)>& progress) {
-  CUcontext ctx = context(ordinal);
+LoadReport CudaTransfers::load_file(int ordinal, int fd, const std::vector<FileRange>& ranges,
+                                    const LoadOptions& options, const std::function<void(std::uint64_t)>& progress) {
+  CUcontext ctx = d_.context(ordinal);
   {
     ContextScope scope(api_, ctx);
-    after_shared_allocations(ordinal);
+    d_.after_shared_allocations(ordinal);
   }
   LoadPaths paths;
-  paths.sink = [this, ctx](std::uint64_t slot_bytes) { return std::make_unique<PinnedSink>(*this, ctx, slot_bytes); };
+  paths.sink = [this, ctx](std::uint64_t slot_bytes) { return std::make_unique<PinnedSink>(d_, ctx, slot_bytes); };
   paths.nvidia_fs = nvidia_fs_loaded();
   paths.open_direct = [this, ctx](int file, const std::vector<FileRange>& rs) -> std::unique_ptr<DirectPath> {
-    return std::make_unique<CuFilePath>(*this, ctx, file, rs);
+    return std::make_unique<CuFilePath>(d_, ctx, file, rs);
   };
   return load_file_ranges(fd, ranges, options, paths, progress);
 }
 
-void CudaBackend::read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) {
-  ContextScope scope(api_, context(ordinal));
-  after_shared_allocations(ordinal);
+void CudaTransfers::read(int ordinal, std::uint64_t address, void* target, std::uint64_t bytes) {
+  ContextScope scope(api_, d_.context(ordinal));
+  d_.after_shared_allocations(ordinal);
   check(api_.cuMemcpyDtoH(target, static_cast<CUdeviceptr>(address), static_cast<size_t>(bytes)), "cuMemcpyDtoH");
 }
 

@@ -1,26 +1,11 @@
-// The simulated node, The simulated node's life: recorded calls, injected failures, arenas and the pool table.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstdlib>
-#include <cstring>
-#include <iterator>
-#include <memory>
+// The simulated node: its role classes composed into one Backend over one SimState.
+#include <map>
+#include <string>
 #include <utility>
 
-#include "base/error.h"
-#include "base/fd.h"
-#include "device/sim/helpers.h"
 #include "device/sim_backend.h"
 
 namespace cupool {
-
-using sim::invalid_value;
-using sim::round_up;
 
 int cuda_error_code(const std::string& name) {
   static const std::map<std::string, int> codes = {
@@ -38,144 +23,14 @@ int cuda_error_code(const std::string& name) {
   return it == codes.end() ? 999 : it->second;
 }
 
-SimBackend::SimBackend(NodeReport profile) : profile_(std::move(profile)) {}
-
-SimBackend::~SimBackend() {
-  for (auto& [handle, p] : pools_) unmap(p);
-  for (auto& [address, m] : mappings_)
-    ::munmap(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), static_cast<std::size_t>(m.size));
-}
-
-void SimBackend::fail(const std::string& call, const std::string& error_name) { failures_[call] = error_name; }
-
-void SimBackend::enter(const std::string& call, const std::string& args) {
-  calls_.push_back(call + "(" + args + ")");
-  auto it = failures_.find(call);
-  if (it == failures_.end()) it = failures_.find(calls_.back());
-  if (it == failures_.end()) return;
-  if (call == "init") {
-    if (it->second == "CUDA_ERROR_NO_DEVICE")
-      throw NoDriverError("the NVIDIA driver is loaded but reports no CUDA device");
-    throw NoDriverError("the NVIDIA driver could not be initialised: cuInit failed with " + it->second);
-  }
-  throw CudaError("simulated " + call, cuda_error_code(it->second), it->second, "injected failure");
-}
-
-const DeviceReport& SimBackend::device(int ordinal, const char* api) const {
-  const DeviceReport* d = profile_.device(ordinal);
-  if (!d) throw CudaError(api, 101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal");
-  return *d;
-}
-
-SimBackend::Arena::Arena(std::uint64_t bytes) : size(bytes) {
-  if (size) free_ranges[0] = size;
-}
-
-std::optional<std::uint64_t> SimBackend::Arena::take(std::uint64_t span) {
-  for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
-    if (it->second < span) continue;
-    const std::uint64_t offset = it->first;
-    const std::uint64_t rest = it->second - span;
-    free_ranges.erase(it);
-    if (rest) free_ranges[offset + span] = rest;
-    return offset;
-  }
-  return std::nullopt;
-}
-
-void SimBackend::Arena::give_back(std::uint64_t offset, std::uint64_t span) {
-  auto next = free_ranges.lower_bound(offset);
-  if (next != free_ranges.end() && offset + span == next->first) {
-    span += next->second;
-    next = free_ranges.erase(next);
-  }
-  if (next != free_ranges.begin()) {
-    auto before = std::prev(next);
-    if (before->first + before->second == offset) {
-      before->second += span;
-      return;
-    }
-  }
-  free_ranges[offset] = span;
-}
-
-SimBackend::Pool& SimBackend::pool(PoolHandle handle, const char* api) {
-  auto it = pools_.find(handle);
-  if (it == pools_.end()) throw CudaError(api, 400, "CUDA_ERROR_INVALID_HANDLE", "no such pool");
-  return it->second;
-}
-
-SimBackend::Pool& SimBackend::own_pool(PoolHandle handle, const char* api) {
-  Pool& p = pool(handle, api);
-  if (p.imported) throw invalid_value(api, "the pool is imported from another process");
-  return p;
-}
-
-SimBackend::Pool& SimBackend::imported_pool(PoolHandle handle, const char* api) {
-  Pool& p = pool(handle, api);
-  if (!p.imported) throw invalid_value(api, "the pool was not imported");
-  return p;
-}
-
-void SimBackend::unmap(Pool& p) noexcept {
-  if (p.mapping) ::munmap(p.mapping, static_cast<std::size_t>(p.arena.size));
-  if (p.memfd >= 0) ::close(p.memfd);
-  p.mapping = nullptr;
-  p.memfd = -1;
-}
-
-std::uint64_t SimBackend::reserved_on(int dev) const {
-  std::uint64_t total = 0;
-  for (const auto& [h, p] : pools_)
-    if (!p.imported && p.device == dev && p.props.location == PoolProps::Location::device)
-      total += p.usage.reserved_bytes;
-  for (const auto& [address, m] : mappings_)
-    if (m.own && m.device == dev) total += m.size;
-  return total;
-}
-
-void SimBackend::settle(Pool& p) {
-  if (p.usage.reserved_bytes <= p.settings.release_threshold) return;
-  const std::uint64_t floor = round_up(p.usage.used_bytes, kGranule);
-  p.usage.reserved_bytes = std::max(floor, round_up(p.settings.release_threshold, kGranule));
-}
-
-std::uint64_t SimBackend::take(PoolHandle handle, Pool& p, std::uint64_t bytes, bool shared, const char* api) {
-  if (bytes == 0) throw CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE", "zero bytes");
-  PoolUsage& u = p.usage;
-  const std::uint64_t need = bytes > UINT64_MAX - u.used_bytes ? UINT64_MAX : round_up(u.used_bytes + bytes, kGranule);
-  if (p.props.max_size && need > p.props.max_size)
-    throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "the pool is at its max_size");
-  if (need > u.reserved_bytes) {
-    const std::uint64_t grow = need - u.reserved_bytes;
-    const DeviceReport& d = device(p.device, api);
-    const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
-    if (p.props.location == PoolProps::Location::device && reserved_on(p.device) + grow > free)
-      throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
-  }
-  const std::uint64_t span = round_up(bytes, kGranule);
-  const std::optional<std::uint64_t> offset = p.arena.take(span);
-  if (!offset)
-    throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "no free range this large in the pool's address range");
-  u.reserved_bytes = std::max(u.reserved_bytes, need);
-  u.used_bytes += bytes;
-  u.used_peak_bytes = std::max(u.used_peak_bytes, u.used_bytes);
-  u.reserved_peak_bytes = std::max(u.reserved_peak_bytes, u.reserved_bytes);
-  const std::uint64_t address = (handle << kAddressBits) | *offset;
-  p.allocations[address] = Allocation{bytes, span, shared};
-  return address;
-}
-
-std::uint64_t SimBackend::release(Pool& p, std::uint64_t address, bool shared, const char* api) {
-  auto it = p.allocations.find(address);
-  if (it == p.allocations.end() || it->second.shared != shared)
-    throw CudaError(api, 1, "CUDA_ERROR_INVALID_VALUE",
-                    shared ? "not a shared allocation of this pool" : "not an allocation of this pool");
-  const Allocation a = it->second;
-  p.allocations.erase(it);
-  p.arena.give_back(address & (kMaxArena - 1), a.span);
-  p.usage.used_bytes -= a.bytes;
-  return a.bytes;
-}
+SimBackend::SimBackend(NodeReport profile)
+    : SimStateOwner(std::move(profile)),
+      SimNodeQuery(state_),
+      SimPools(state_),
+      SimSharing(state_),
+      SimGraphMemory(state_),
+      SimExportedMemory(state_),
+      SimTransfers(state_),
+      SimBench(state_) {}
 
 }  // namespace cupool

@@ -1,4 +1,6 @@
 // The simulated node, Bench: figures from a model of measurements on a real H100, not measurements.
+#include "device/sim/bench.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,13 +17,13 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
-#include "device/sim_backend.h"
 
-namespace cupool {
+namespace cupool::sim {
 
-std::vector<double> SimBackend::bench(int dev, const BenchCase& c) {
-  enter("bench", std::to_string(dev) + "," + std::to_string(static_cast<int>(c.kind)) + "," + std::to_string(c.bytes));
-  device(dev, "cuDevicePrimaryCtxRetain");
+std::vector<double> SimBench::bench(int dev, const BenchCase& c) {
+  s_.enter("bench",
+           std::to_string(dev) + "," + std::to_string(static_cast<int>(c.kind)) + "," + std::to_string(c.bytes));
+  s_.device(dev, "cuDevicePrimaryCtxRetain");
   const double mib = static_cast<double>(c.bytes) / double(1 << 20);
   double us = 0;
   switch (c.kind) {
@@ -43,4 +45,4 @@ std::vector<double> SimBackend::bench(int dev, const BenchCase& c) {
   return ns;
 }
 
-}  // namespace cupool
+}  // namespace cupool::sim

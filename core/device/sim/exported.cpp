@@ -1,4 +1,6 @@
 // The simulated node, ExportedMemory: held buffers as memfds of their rounded size.
+#include "device/sim/exported.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,33 +17,23 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
-#include "device/sim_backend.h"
 
-namespace cupool {
+namespace cupool::sim {
 
-using sim::get_u64;
-using sim::has_magic;
-using sim::invalid_value;
-using sim::kExportedMagic;
-using sim::kExportedPage;
-using sim::put_u64;
-using sim::round_up;
-using sim::system_error;
-
-std::uint64_t SimBackend::allocation_granularity(int dev) {
-  enter("allocation_granularity", std::to_string(dev));
-  device(dev, "cuMemGetAllocationGranularity");
+std::uint64_t SimExportedMemory::allocation_granularity(int dev) {
+  s_.enter("allocation_granularity", std::to_string(dev));
+  s_.device(dev, "cuMemGetAllocationGranularity");
   return kGranule;  // as an H100's and an H200's (tests/gpu/RESULTS.md)
 }
 
-ExportedAllocation SimBackend::create_exported(int dev, std::uint64_t bytes) {
-  enter("create_exported", std::to_string(dev) + "," + std::to_string(bytes));
+ExportedAllocation SimExportedMemory::create_exported(int dev, std::uint64_t bytes) {
+  s_.enter("create_exported", std::to_string(dev) + "," + std::to_string(bytes));
   const char* api = "cuMemCreate";
-  const DeviceReport& d = device(dev, api);
+  const DeviceReport& d = s_.device(dev, api);
   if (bytes == 0 || bytes > kMaxArena) throw invalid_value(api, "no size, or more than a simulated device holds");
   const std::uint64_t size = round_up(bytes, kGranule);
   const std::uint64_t free = d.memory ? d.memory->free : d.info.total_memory;
-  if (reserved_on(dev) + size > free) throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
+  if (s_.reserved_on(dev) + size > free) throw CudaError(api, 2, "CUDA_ERROR_OUT_OF_MEMORY", "out of device memory");
   Fd fd(::memfd_create("cupool-sim-exported", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw system_error(api, "memfd_create", errno, "CUDA_ERROR_OUT_OF_MEMORY");
   Blob64 page{};
@@ -56,12 +48,12 @@ ExportedAllocation SimBackend::create_exported(int dev, std::uint64_t bytes) {
       ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd.get(), 0);
   if (base == MAP_FAILED) throw system_error(api, "mmap of the allocation", errno, "CUDA_ERROR_OUT_OF_MEMORY");
   const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base));
-  mappings_[address] = Mapping{dev, size, true};
+  s_.mappings()[address] = Mapping{dev, size, true};
   return {address, size, fd.release()};
 }
 
-std::uint64_t SimBackend::map_exported(int dev, int fd, std::uint64_t size, const std::vector<int>& peers) {
-  enter("map_exported", std::to_string(dev) + "," + std::to_string(size));
+std::uint64_t SimExportedMemory::map_exported(int dev, int fd, std::uint64_t size, const std::vector<int>& peers) {
+  s_.enter("map_exported", std::to_string(dev) + "," + std::to_string(size));
   const char* api = "cuMemImportFromShareableHandle";
   struct stat st;
   if (::fstat(fd, &st) != 0) throw system_error(api, "fstat of the allocation's fd", errno, "CUDA_ERROR_INVALID_VALUE");
@@ -85,21 +77,21 @@ std::uint64_t SimBackend::map_exported(int dev, int fd, std::uint64_t size, cons
       ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (base == MAP_FAILED) throw system_error("cuMemMap", "mmap of the allocation", errno, "CUDA_ERROR_OUT_OF_MEMORY");
   const auto address = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(base));
-  mappings_[address] = Mapping{dev, size, false};
+  s_.mappings()[address] = Mapping{dev, size, false};
   return address;
 }
 
-void SimBackend::grant_exported_access(std::uint64_t address, int peer) {
-  enter("grant_exported_access", std::to_string(peer));
-  if (!mappings_.count(address)) throw invalid_value("cuMemSetAccess", "not an exported allocation mapped here");
+void SimExportedMemory::grant_exported_access(std::uint64_t address, int peer) {
+  s_.enter("grant_exported_access", std::to_string(peer));
+  if (!s_.mappings().count(address)) throw invalid_value("cuMemSetAccess", "not an exported allocation mapped here");
 }
 
-void SimBackend::unmap_exported(std::uint64_t address) {
-  enter("unmap_exported");
-  auto it = mappings_.find(address);
-  if (it == mappings_.end()) throw invalid_value("cuMemUnmap", "not an exported allocation mapped here");
+void SimExportedMemory::unmap_exported(std::uint64_t address) {
+  s_.enter("unmap_exported");
+  auto it = s_.mappings().find(address);
+  if (it == s_.mappings().end()) throw invalid_value("cuMemUnmap", "not an exported allocation mapped here");
   ::munmap(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), static_cast<std::size_t>(it->second.size));
-  mappings_.erase(it);
+  s_.mappings().erase(it);
 }
 
-}  // namespace cupool
+}  // namespace cupool::sim

@@ -1,4 +1,6 @@
 // The simulated node, NodeQuery: what the profile says the node is.
+#include "device/sim/node.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,62 +17,61 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
-#include "device/sim_backend.h"
 
-namespace cupool {
+namespace cupool::sim {
 
-ReportSource SimBackend::source() const {
-  ReportSource s = profile_.source;
+ReportSource SimNodeQuery::source() const {
+  ReportSource s = s_.profile().source;
   s.simulated = true;
   s.description = "simulated node (" + (s.profile_path.empty() ? std::string("in memory") : s.profile_path) + ")";
   return s;
 }
 
-void SimBackend::init() {
-  enter("init");
-  if (profile_.devices.empty()) throw NoDriverError("the simulated node has no CUDA device");
+void SimNodeQuery::init() {
+  s_.enter("init");
+  if (s_.profile().devices.empty()) throw NoDriverError("the simulated node has no CUDA device");
 }
 
-int SimBackend::driver_version() {
-  enter("driver_version");
-  return profile_.driver_version;
+int SimNodeQuery::driver_version() {
+  s_.enter("driver_version");
+  return s_.profile().driver_version;
 }
 
-std::string SimBackend::kernel_driver_version() {
-  enter("kernel_driver_version");
-  return profile_.kernel_driver_version;
+std::string SimNodeQuery::kernel_driver_version() {
+  s_.enter("kernel_driver_version");
+  return s_.profile().kernel_driver_version;
 }
 
-int SimBackend::device_count() {
-  enter("device_count");
-  return static_cast<int>(profile_.devices.size());
+int SimNodeQuery::device_count() {
+  s_.enter("device_count");
+  return static_cast<int>(s_.profile().devices.size());
 }
 
-DeviceInfo SimBackend::device_info(int ordinal) {
-  enter("device_info", std::to_string(ordinal));
-  return device(ordinal, "cuDeviceGet").info;
+DeviceInfo SimNodeQuery::device_info(int ordinal) {
+  s_.enter("device_info", std::to_string(ordinal));
+  return s_.device(ordinal, "cuDeviceGet").info;
 }
 
-std::optional<MemoryInfo> SimBackend::memory_info(int ordinal) {
-  enter("memory_info", std::to_string(ordinal));
-  return device(ordinal, "cuDeviceGet").memory;
+std::optional<MemoryInfo> SimNodeQuery::memory_info(int ordinal) {
+  s_.enter("memory_info", std::to_string(ordinal));
+  return s_.device(ordinal, "cuDeviceGet").memory;
 }
 
-bool SimBackend::can_access_peer(int dev, int peer) {
-  enter("can_access_peer", std::to_string(dev) + "," + std::to_string(peer));
-  device(dev, "cuDeviceCanAccessPeer");
-  device(peer, "cuDeviceCanAccessPeer");
-  return profile_.peer_access[static_cast<std::size_t>(dev)][static_cast<std::size_t>(peer)];
+bool SimNodeQuery::can_access_peer(int dev, int peer) {
+  s_.enter("can_access_peer", std::to_string(dev) + "," + std::to_string(peer));
+  s_.device(dev, "cuDeviceCanAccessPeer");
+  s_.device(peer, "cuDeviceCanAccessPeer");
+  return s_.profile().peer_access[static_cast<std::size_t>(dev)][static_cast<std::size_t>(peer)];
 }
 
-std::vector<int> SimBackend::host_numa_nodes() {
-  enter("host_numa_nodes");
-  return profile_.host_numa_nodes;
+std::vector<int> SimNodeQuery::host_numa_nodes() {
+  s_.enter("host_numa_nodes");
+  return s_.profile().host_numa_nodes;
 }
 
-ExportProbe SimBackend::probe_export(int ordinal, HandleType type) {
-  enter("probe_export", std::to_string(ordinal) + "," + handle_type_name(type));
-  const DeviceReport& d = device(ordinal, "cuDeviceGet");
+ExportProbe SimNodeQuery::probe_export(int ordinal, HandleType type) {
+  s_.enter("probe_export", std::to_string(ordinal) + "," + handle_type_name(type));
+  const DeviceReport& d = s_.device(ordinal, "cuDeviceGet");
   // A recorded probe is the node's real answer.
   for (const auto& p : d.probes)
     if (p.handle_type == type) return p;
@@ -87,9 +88,9 @@ ExportProbe SimBackend::probe_export(int ordinal, HandleType type) {
   return probe;
 }
 
-GdsReport SimBackend::gds_report() {
-  enter("gds_report");
-  if (profile_.gds) return *profile_.gds;
+GdsReport SimNodeQuery::gds_report() {
+  s_.enter("gds_report");
+  if (s_.profile().gds) return *s_.profile().gds;
   GdsReport none;
   none.reason =
       "the simulated node's profile records no GPUDirect Storage (a profile recorded with "
@@ -97,4 +98,4 @@ GdsReport SimBackend::gds_report() {
   return none;
 }
 
-}  // namespace cupool
+}  // namespace cupool::sim

@@ -1,4 +1,6 @@
-// The simulated node, Pools, ProcessPools and GraphMemory: pools with the driver's measured rules.
+// The simulated node, Pools and ProcessPools: pools with the driver's measured rules.
+#include "device/sim/pools.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,17 +17,12 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
-#include "device/sim_backend.h"
 
-namespace cupool {
+namespace cupool::sim {
 
-using sim::invalid_value;
-using sim::round_up;
-using sim::system_error;
-
-PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
-  enter("create_pool", std::to_string(dev));
-  const DeviceReport& d = device(dev, "cuMemPoolCreate");
+PoolHandle SimPools::create_pool(int dev, const PoolProps& props) {
+  s_.enter("create_pool", std::to_string(dev));
+  const DeviceReport& d = s_.device(dev, "cuMemPoolCreate");
   if (!d.info.memory_pools)
     throw CudaError("cuMemPoolCreate", 801, "CUDA_ERROR_NOT_SUPPORTED", "the device has no memory pools");
   if ((props.handle_types & ~d.info.pool_handle_types) != 0)
@@ -57,167 +54,151 @@ PoolHandle SimBackend::create_pool(int dev, const PoolProps& props) {
       throw system_error("cuMemPoolCreate", "sealing the pool's memfd", code, "CUDA_ERROR_OUT_OF_MEMORY");
     }
   }
-  pools_[++last_pool_] = std::move(p);
-  return last_pool_;
+  return s_.add_pool(std::move(p));
 }
 
-void SimBackend::destroy_pool(PoolHandle handle) {
-  enter("destroy_pool", std::to_string(handle));
-  if (pool(handle, "cuMemPoolDestroy").borrowed)
+void SimPools::destroy_pool(PoolHandle handle) {
+  s_.enter("destroy_pool", std::to_string(handle));
+  if (s_.pool(handle, "cuMemPoolDestroy").borrowed)
     throw invalid_value("cuMemPoolDestroy", "a device's default pool is not destroyed");
-  for (const auto& [dev, current] : current_pools_)
+  for (const auto& [dev, current] : s_.current_pools())
     if (current == handle)
       throw invalid_value("cuMemPoolDestroy", "the pool is device " + std::to_string(dev) + "'s current pool");
-  unmap(pool(handle, "cuMemPoolDestroy"));
-  pools_.erase(handle);
+  s_.unmap(s_.pool(handle, "cuMemPoolDestroy"));
+  s_.pools().erase(handle);
 }
 
-void SimBackend::set_pool_settings(PoolHandle handle, const PoolSettings& settings) {
-  enter("set_pool_settings", std::to_string(handle));
-  pool(handle, "cuMemPoolSetAttribute").settings = settings;
+void SimPools::set_pool_settings(PoolHandle handle, const PoolSettings& settings) {
+  s_.enter("set_pool_settings", std::to_string(handle));
+  s_.pool(handle, "cuMemPoolSetAttribute").settings = settings;
 }
 
-PoolSettings SimBackend::pool_settings(PoolHandle handle) {
-  enter("pool_settings", std::to_string(handle));
-  return pool(handle, "cuMemPoolGetAttribute").settings;
+PoolSettings SimPools::pool_settings(PoolHandle handle) {
+  s_.enter("pool_settings", std::to_string(handle));
+  return s_.pool(handle, "cuMemPoolGetAttribute").settings;
 }
 
-PoolUsage SimBackend::pool_usage(PoolHandle handle) {
-  enter("pool_usage", std::to_string(handle));
-  return pool(handle, "cuMemPoolGetAttribute").usage;
+PoolUsage SimPools::pool_usage(PoolHandle handle) {
+  s_.enter("pool_usage", std::to_string(handle));
+  return s_.pool(handle, "cuMemPoolGetAttribute").usage;
 }
 
-void SimBackend::reset_pool_peaks(PoolHandle handle) {
-  enter("reset_pool_peaks", std::to_string(handle));
-  PoolUsage& u = pool(handle, "cuMemPoolSetAttribute").usage;
+void SimPools::reset_pool_peaks(PoolHandle handle) {
+  s_.enter("reset_pool_peaks", std::to_string(handle));
+  PoolUsage& u = s_.pool(handle, "cuMemPoolSetAttribute").usage;
   u.reserved_peak_bytes = u.reserved_bytes;
   u.used_peak_bytes = u.used_bytes;
 }
 
-void SimBackend::set_pool_access(PoolHandle handle, int peer) {
-  enter("set_pool_access", std::to_string(handle) + "," + std::to_string(peer));
-  Pool& p = pool(handle, "cuMemPoolSetAccess");
+void SimPools::set_pool_access(PoolHandle handle, int peer) {
+  s_.enter("set_pool_access", std::to_string(handle) + "," + std::to_string(peer));
+  Pool& p = s_.pool(handle, "cuMemPoolSetAccess");
   // An importer's profile may know nothing of the devices (import paths don't need one); it is
   // only consulted where it does.
-  const bool known = profile_.device(peer) && profile_.device(p.device);
+  const bool known = s_.profile().device(peer) && s_.profile().device(p.device);
   if (p.imported && !known) {
     if (peer < 0) throw CudaError("cuMemPoolSetAccess", 101, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal");
   } else {
-    device(peer, "cuMemPoolSetAccess");
-    if (peer != p.device && !profile_.peer_access[static_cast<std::size_t>(peer)][static_cast<std::size_t>(p.device)])
+    s_.device(peer, "cuMemPoolSetAccess");
+    if (peer != p.device &&
+        !s_.profile().peer_access[static_cast<std::size_t>(peer)][static_cast<std::size_t>(p.device)])
       throw CudaError("cuMemPoolSetAccess", 1, "CUDA_ERROR_INVALID_VALUE", "peer access is not possible");
   }
   p.peers.push_back(peer);
 }
 
-std::uint64_t SimBackend::allocate(PoolHandle handle, std::uint64_t bytes) {
-  enter("allocate", std::to_string(handle) + "," + std::to_string(bytes));
-  return take(handle, own_pool(handle, "cuMemAllocFromPoolAsync"), bytes, false, "cuMemAllocFromPoolAsync");
+std::uint64_t SimPools::allocate(PoolHandle handle, std::uint64_t bytes) {
+  s_.enter("allocate", std::to_string(handle) + "," + std::to_string(bytes));
+  return s_.take(handle, s_.own_pool(handle, "cuMemAllocFromPoolAsync"), bytes, false, "cuMemAllocFromPoolAsync");
 }
 
-void SimBackend::free(PoolHandle handle, std::uint64_t address) {
-  enter("free", std::to_string(handle));
-  Pool& p = pool(handle, "cuMemFreeAsync");
-  release(p, address, false, "cuMemFreeAsync");
-  settle(p);
+void SimPools::free(PoolHandle handle, std::uint64_t address) {
+  s_.enter("free", std::to_string(handle));
+  Pool& p = s_.pool(handle, "cuMemFreeAsync");
+  s_.release(p, address, false, "cuMemFreeAsync");
+  s_.settle(p);
 }
 
-void SimBackend::trim_pool(PoolHandle handle, std::uint64_t keep) {
-  enter("trim_pool", std::to_string(handle) + "," + std::to_string(keep));
-  Pool& p = pool(handle, "cuMemPoolTrimTo");
+void SimPools::trim_pool(PoolHandle handle, std::uint64_t keep) {
+  s_.enter("trim_pool", std::to_string(handle) + "," + std::to_string(keep));
+  Pool& p = s_.pool(handle, "cuMemPoolTrimTo");
   const std::uint64_t floor = round_up(p.usage.used_bytes, kGranule);
   p.usage.reserved_bytes = std::min(p.usage.reserved_bytes, std::max(floor, round_up(keep, kTrimChunk)));
 }
 
-GraphMemUsage SimBackend::graph_mem_usage(int dev) {
-  enter("graph_mem_usage", std::to_string(dev));
-  device(dev, "cuDeviceGetGraphMemAttribute");
-  return GraphMemUsage{};
-}
-
-void SimBackend::trim_graph_mem(int dev) {
-  enter("trim_graph_mem", std::to_string(dev));
-  device(dev, "cuDeviceGraphMemTrim");
-}
-
-void SimBackend::reset_graph_mem_peaks(int dev) {
-  enter("reset_graph_mem_peaks", std::to_string(dev));
-  device(dev, "cuDeviceSetGraphMemAttribute");
-}
-
-PoolHandle SimBackend::default_pool(int dev) {
-  enter("default_pool", std::to_string(dev));
-  device(dev, "cuDeviceGetDefaultMemPool");
-  auto it = default_pools_.find(dev);
-  if (it != default_pools_.end()) return it->second;
+PoolHandle SimPools::default_pool(int dev) {
+  s_.enter("default_pool", std::to_string(dev));
+  s_.device(dev, "cuDeviceGetDefaultMemPool");
+  auto it = s_.default_pools().find(dev);
+  if (it != s_.default_pools().end()) return it->second;
   Pool p;
   p.device = dev;
   p.props.location_id = dev;
   p.borrowed = true;
   p.settings.release_threshold = 0;
-  pools_[++last_pool_] = std::move(p);
-  default_pools_[dev] = last_pool_;
-  return last_pool_;
+  const PoolHandle handle = s_.add_pool(std::move(p));
+  s_.default_pools()[dev] = handle;
+  return handle;
 }
 
-PoolHandle SimBackend::current_pool(int dev) {
-  enter("current_pool", std::to_string(dev));
-  device(dev, "cuDeviceGetMemPool");
-  if (auto c = current_pools_.find(dev); c != current_pools_.end()) return c->second;
-  auto it = default_pools_.find(dev);
-  if (it != default_pools_.end()) return it->second;
-  const std::size_t before = calls_.size();
+PoolHandle SimPools::current_pool(int dev) {
+  s_.enter("current_pool", std::to_string(dev));
+  s_.device(dev, "cuDeviceGetMemPool");
+  if (auto c = s_.current_pools().find(dev); c != s_.current_pools().end()) return c->second;
+  auto it = s_.default_pools().find(dev);
+  if (it != s_.default_pools().end()) return it->second;
+  const std::size_t before = s_.calls().size();
   const PoolHandle h = default_pool(dev);
-  calls_.resize(before);  // one call, as the driver's
+  s_.keep_calls(before);  // one call, as the driver's
   return h;
 }
 
-void SimBackend::set_current_pool(int dev, PoolHandle handle) {
-  enter("set_current_pool", std::to_string(dev) + "," + std::to_string(handle));
-  device(dev, "cuDeviceSetMemPool");
-  const Pool& p = pool(handle, "cuDeviceSetMemPool");
-  auto def = default_pools_.find(dev);
-  if (def != default_pools_.end() && def->second == handle) {
-    current_pools_.erase(dev);
+void SimPools::set_current_pool(int dev, PoolHandle handle) {
+  s_.enter("set_current_pool", std::to_string(dev) + "," + std::to_string(handle));
+  s_.device(dev, "cuDeviceSetMemPool");
+  const Pool& p = s_.pool(handle, "cuDeviceSetMemPool");
+  auto def = s_.default_pools().find(dev);
+  if (def != s_.default_pools().end() && def->second == handle) {
+    s_.current_pools().erase(dev);
     return;
   }
   if (!p.created || p.device != dev || p.props.location != PoolProps::Location::device || p.props.location_id != dev)
     throw invalid_value("cuDeviceSetMemPool", "only a device pool created on device " + std::to_string(dev) +
                                                   ", or its default pool, can be made current there");
-  current_pools_[dev] = handle;
+  s_.current_pools()[dev] = handle;
 }
 
-PoolHandle SimBackend::application_sets_current_pool(int dev) {
-  const std::size_t before = calls_.size();
+PoolHandle SimPools::application_sets_current_pool(int dev) {
+  const std::size_t before = s_.calls().size();
   PoolProps props;
   props.location_id = dev;
   const PoolHandle handle = create_pool(dev, props);
-  pools_[handle].created = false;
-  current_pools_[dev] = handle;
-  calls_.resize(before);  // not cupool's calls
+  s_.pools()[handle].created = false;
+  s_.current_pools()[dev] = handle;
+  s_.keep_calls(before);  // not cupool's calls
   return handle;
 }
 
-std::optional<PoolProps> SimBackend::created_props(PoolHandle handle) {
-  enter("created_props", std::to_string(handle));
-  const Pool& p = pool(handle, "cupool pool lookup");
+std::optional<PoolProps> SimPools::created_props(PoolHandle handle) {
+  s_.enter("created_props", std::to_string(handle));
+  const Pool& p = s_.pool(handle, "cupool pool lookup");
   if (!p.created) return std::nullopt;
   return p.props;
 }
 
-bool SimBackend::pool_access(PoolHandle handle, int peer) {
-  enter("pool_access", std::to_string(handle) + "," + std::to_string(peer));
-  const Pool& p = pool(handle, "cuMemPoolGetAccess");
+bool SimPools::pool_access(PoolHandle handle, int peer) {
+  s_.enter("pool_access", std::to_string(handle) + "," + std::to_string(peer));
+  const Pool& p = s_.pool(handle, "cuMemPoolGetAccess");
   if (peer == p.device) return true;
   return std::find(p.peers.begin(), p.peers.end(), peer) != p.peers.end();
 }
 
-bool SimBackend::context_active(int dev) {
-  enter("context_active", std::to_string(dev));
-  device(dev, "cuDevicePrimaryCtxGetState");
-  for (const auto& [h, p] : pools_)
+bool SimPools::context_active(int dev) {
+  s_.enter("context_active", std::to_string(dev));
+  s_.device(dev, "cuDevicePrimaryCtxGetState");
+  for (const auto& [h, p] : s_.pools())
     if (p.device == dev) return true;
   return false;
 }
 
-}  // namespace cupool
+}  // namespace cupool::sim

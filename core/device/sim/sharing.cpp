@@ -1,4 +1,6 @@
 // The simulated node, PoolExport and PoolImport: pools shared through memfds between processes.
+#include "device/sim/sharing.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,38 +17,29 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
-#include "device/sim_backend.h"
 
-namespace cupool {
+namespace cupool::sim {
 
-using sim::get_u64;
-using sim::has_magic;
-using sim::invalid_value;
-using sim::kEventMagic;
-using sim::kExportMagic;
-using sim::put_u64;
-using sim::system_error;
-
-int SimBackend::export_pool_fd(PoolHandle handle) {
-  enter("export_pool_fd", std::to_string(handle));
+int SimSharing::export_pool_fd(PoolHandle handle) {
+  s_.enter("export_pool_fd", std::to_string(handle));
   const char* api = "cuMemPoolExportToShareableHandle";
-  Pool& p = own_pool(handle, api);
+  Pool& p = s_.own_pool(handle, api);
   if (p.memfd < 0) throw invalid_value(api, "the pool was not created with the posix_fd handle type");
   const int fd = ::fcntl(p.memfd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) throw system_error(api, "dup of the pool's memfd", errno, "CUDA_ERROR_UNKNOWN");
   return fd;
 }
 
-SharedAllocation SimBackend::allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) {
+SharedAllocation SimSharing::allocate_shared(PoolHandle handle, std::uint64_t bytes, Readiness readiness) {
   // The journal says which way (",synchronized"): the simulated node's memory is ready at once.
-  enter("allocate_shared", std::to_string(handle) + "," + std::to_string(bytes) +
-                               (readiness == Readiness::synchronized ? ",synchronized" : ""));
+  s_.enter("allocate_shared", std::to_string(handle) + "," + std::to_string(bytes) +
+                                  (readiness == Readiness::synchronized ? ",synchronized" : ""));
   const char* api = "cuMemAllocFromPoolAsync";
-  Pool& p = own_pool(handle, api);
+  Pool& p = s_.own_pool(handle, api);
   if (p.memfd < 0)
     throw invalid_value("cuMemPoolExportPointer", "the pool was not created with the posix_fd handle type");
   SharedAllocation shared;
-  shared.address = take(handle, p, bytes, true, api);
+  shared.address = s_.take(handle, p, bytes, true, api);
   std::copy(std::begin(kExportMagic), std::end(kExportMagic), shared.export_data.begin());
   put_u64(shared.export_data, 16, p.arena.size);
   put_u64(shared.export_data, 24, shared.address & (kMaxArena - 1));
@@ -54,29 +47,29 @@ SharedAllocation SimBackend::allocate_shared(PoolHandle handle, std::uint64_t by
   return shared;
 }
 
-Blob64 SimBackend::ready_event(int dev) {
-  enter("ready_event", std::to_string(dev));
-  device(dev, "cuEventCreate");
+Blob64 SimSharing::ready_event(int dev) {
+  s_.enter("ready_event", std::to_string(dev));
+  s_.device(dev, "cuEventCreate");
   Blob64 event{};
   std::copy(std::begin(kEventMagic), std::end(kEventMagic), event.begin());
   put_u64(event, 16, static_cast<std::uint64_t>(dev));
   return event;
 }
 
-void SimBackend::free_shared(PoolHandle handle, std::uint64_t address) {
-  enter("free_shared", std::to_string(handle));
+void SimSharing::free_shared(PoolHandle handle, std::uint64_t address) {
+  s_.enter("free_shared", std::to_string(handle));
   // Stream-ordered: the memory stays reserved until the next synchronize.
-  release(own_pool(handle, "cuMemFreeAsync"), address, true, "cuMemFreeAsync");
+  s_.release(s_.own_pool(handle, "cuMemFreeAsync"), address, true, "cuMemFreeAsync");
 }
 
-void SimBackend::synchronize(int dev) {
-  enter("synchronize", std::to_string(dev));
-  for (auto& [handle, p] : pools_)
-    if (!p.imported && p.device == dev) settle(p);
+void SimSharing::synchronize(int dev) {
+  s_.enter("synchronize", std::to_string(dev));
+  for (auto& [handle, p] : s_.pools())
+    if (!p.imported && p.device == dev) s_.settle(p);
 }
 
-PoolHandle SimBackend::import_pool_fd(int dev, int fd) {
-  enter("import_pool_fd", std::to_string(dev));
+PoolHandle SimSharing::import_pool_fd(int dev, int fd) {
+  s_.enter("import_pool_fd", std::to_string(dev));
   const char* api = "cuMemPoolImportFromShareableHandle";
   struct stat st;
   if (::fstat(fd, &st) != 0) throw system_error(api, "fstat of the pool's fd", errno, "CUDA_ERROR_INVALID_VALUE");
@@ -93,14 +86,13 @@ PoolHandle SimBackend::import_pool_fd(int dev, int fd) {
   p.arena.size = size;
   p.mapping = base;
   p.imported = true;
-  pools_[++last_pool_] = std::move(p);
-  return last_pool_;
+  return s_.add_pool(std::move(p));
 }
 
-std::uint64_t SimBackend::import_pointer(PoolHandle handle, const Blob64& export_data) {
-  enter("import_pointer", std::to_string(handle));
+std::uint64_t SimSharing::import_pointer(PoolHandle handle, const Blob64& export_data) {
+  s_.enter("import_pointer", std::to_string(handle));
   const char* api = "cuMemPoolImportPointer";
-  Pool& p = imported_pool(handle, api);
+  Pool& p = s_.imported_pool(handle, api);
   if (!has_magic(export_data, kExportMagic)) throw invalid_value(api, "not a simulated pool's export data");
   const std::uint64_t arena = get_u64(export_data, 16);
   const std::uint64_t offset = get_u64(export_data, 24);
@@ -113,16 +105,16 @@ std::uint64_t SimBackend::import_pointer(PoolHandle handle, const Blob64& export
   return address;
 }
 
-void SimBackend::wait_ready(int dev, const Blob64& event) {
-  enter("wait_ready", std::to_string(dev));
+void SimSharing::wait_ready(int dev, const Blob64& event) {
+  s_.enter("wait_ready", std::to_string(dev));
   if (!has_magic(event, kEventMagic)) throw invalid_value("cuIpcOpenEventHandle", "not a simulated ready event");
 }
 
-void SimBackend::free_imported(PoolHandle handle, std::uint64_t address) {
-  enter("free_imported", std::to_string(handle));
-  Pool& p = imported_pool(handle, "cuMemFreeAsync");
+void SimSharing::free_imported(PoolHandle handle, std::uint64_t address) {
+  s_.enter("free_imported", std::to_string(handle));
+  Pool& p = s_.imported_pool(handle, "cuMemFreeAsync");
   if (p.imported_pointers.erase(address) == 0)
     throw invalid_value("cuMemFreeAsync", "not an imported pointer of this pool");
 }
 
-}  // namespace cupool
+}  // namespace cupool::sim

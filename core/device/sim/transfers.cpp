@@ -1,4 +1,6 @@
 // The simulated node, Transfers: copies into the simulated memory, from host memory and from files.
+#include "device/sim/transfers.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -15,23 +17,19 @@
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
-#include "device/sim_backend.h"
 
-namespace cupool {
+namespace cupool::sim {
 
-using sim::invalid_value;
-using sim::system_error;
-
-std::uint8_t* SimBackend::host_view(std::uint64_t address, std::uint64_t bytes, const char* api) {
+std::uint8_t* SimTransfers::host_view(std::uint64_t address, std::uint64_t bytes, const char* api) {
   if (bytes > UINT64_MAX - address) throw invalid_value(api, "the range wraps around");
   // An exported allocation mapped here.
-  if (auto m = mappings_.upper_bound(address); m != mappings_.begin()) {
+  if (auto m = s_.mappings().upper_bound(address); m != s_.mappings().begin()) {
     --m;
     if (address - m->first <= m->second.size && bytes <= m->second.size - (address - m->first))
       return reinterpret_cast<std::uint8_t*>(static_cast<std::uintptr_t>(address));
   }
   // An imported pointer: a host address inside an imported arena.
-  for (auto& [handle, p] : pools_) {
+  for (auto& [handle, p] : s_.pools()) {
     if (!p.imported) continue;
     auto it = p.imported_pointers.upper_bound(address);
     if (it == p.imported_pointers.begin()) continue;
@@ -40,8 +38,8 @@ std::uint8_t* SimBackend::host_view(std::uint64_t address, std::uint64_t bytes, 
       return reinterpret_cast<std::uint8_t*>(static_cast<std::uintptr_t>(address));
   }
   // An allocation of an own pool: (pool << kAddressBits) | offset.
-  auto found = pools_.find(address >> kAddressBits);
-  if (found != pools_.end() && !found->second.imported) {
+  auto found = s_.pools().find(address >> kAddressBits);
+  if (found != s_.pools().end() && !found->second.imported) {
     Pool& p = found->second;
     auto it = p.allocations.upper_bound(address);
     if (it != p.allocations.begin()) {
@@ -65,16 +63,14 @@ std::uint8_t* SimBackend::host_view(std::uint64_t address, std::uint64_t bytes, 
   throw invalid_value(api, "the address is not in memory this process can address");
 }
 
-void SimBackend::write(int dev, std::uint64_t address, const void* source, std::uint64_t bytes) {
-  enter("write", std::to_string(dev) + "," + std::to_string(bytes));
+void SimTransfers::write(int dev, std::uint64_t address, const void* source, std::uint64_t bytes) {
+  s_.enter("write", std::to_string(dev) + "," + std::to_string(bytes));
   std::uint8_t* target = host_view(address, bytes, "cuMemcpyHtoD");
   if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
 }
 
 // The same loader as the real node's (file_load.cpp: threads, chunks, O_DIRECT), with slots of
 // ordinary memory copied straight into the simulated device's.
-namespace sim {
-
 class MemorySink : public LoadSink {
  public:
   explicit MemorySink(std::uint64_t slot_bytes) {
@@ -120,34 +116,32 @@ class PreadPath : public DirectPath {
   bool gpudirect_;
 };
 
-}  // namespace sim
-
-LoadReport SimBackend::load_file(int dev, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
-                                 const std::function<void(std::uint64_t)>& progress) {
-  enter("load_file", std::to_string(dev) + "," + std::to_string(ranges.size()));
+LoadReport SimTransfers::load_file(int dev, int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
+                                   const std::function<void(std::uint64_t)>& progress) {
+  s_.enter("load_file", std::to_string(dev) + "," + std::to_string(ranges.size()));
   // Every target is looked up here, on this thread; the workers only copy.
   std::vector<FileRange> into = ranges;
   for (FileRange& r : into)
     r.address = reinterpret_cast<std::uintptr_t>(host_view(r.address, r.bytes, "cuMemcpyHtoDAsync"));
   LoadPaths paths;
-  paths.sink = [](std::uint64_t slot_bytes) { return std::make_unique<sim::MemorySink>(slot_bytes); };
-  const GdsReport gds = profile_.gds.value_or(GdsReport{});
+  paths.sink = [](std::uint64_t slot_bytes) { return std::make_unique<MemorySink>(slot_bytes); };
+  const GdsReport gds = s_.profile().gds.value_or(GdsReport{});
   paths.nvidia_fs = gds.mode == GdsReport::Mode::gpudirect;
   paths.open_direct = [this, gds](int file, const std::vector<FileRange>&) -> std::unique_ptr<DirectPath> {
-    enter("gds_open", to_string(gds.mode));
+    s_.enter("gds_open", to_string(gds.mode));
     if (gds.mode == GdsReport::Mode::unavailable)
       throw GdsError("dlopen", "",
                      "GPUDirect Storage is not available: " +
                          (gds.reason.empty() ? std::string("the simulated node has none") : gds.reason));
-    return std::make_unique<sim::PreadPath>(file, gds.mode == GdsReport::Mode::gpudirect);
+    return std::make_unique<PreadPath>(file, gds.mode == GdsReport::Mode::gpudirect);
   };
   return load_file_ranges(fd, into, options, paths, progress);
 }
 
-void SimBackend::read(int dev, std::uint64_t address, void* target, std::uint64_t bytes) {
-  enter("read", std::to_string(dev) + "," + std::to_string(bytes));
+void SimTransfers::read(int dev, std::uint64_t address, void* target, std::uint64_t bytes) {
+  s_.enter("read", std::to_string(dev) + "," + std::to_string(bytes));
   const std::uint8_t* source = host_view(address, bytes, "cuMemcpyDtoH");
   if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
 }
 
-}  // namespace cupool
+}  // namespace cupool::sim
