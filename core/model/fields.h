@@ -10,6 +10,9 @@
 //   f("name", v.member, rule)        a value with a rule (bounds, a name's shape) that a strict
 //                                    reader of its own checks (custody's manifest reader); the
 //                                    writer and the readers here pass over it
+//   f("name", v.member, defaulted)   a value a strict reader does not require (the member's default
+//                                    stands): one worked out again from others, or one that files
+//                                    written by hand may leave out
 //   f.flat(v.member)                 a declared object whose fields sit in this object (identity)
 //   f.object("name", [&](auto& g))   a nested object made of this struct's own members
 //   f.computed("name", value)        written, never read (a count of an array beside it)
@@ -338,7 +341,7 @@ CUPOOL_FIELDS(DeviceFacts) {
   f("host_numa_memory_pools", v.host_numa_memory_pools);
   f("host_numa_id", v.host_numa_id);
   f("managed_memory", v.managed_memory);
-  f("managed_pools", v.managed_pools);
+  f("managed_pools", v.managed_pools, defaulted);  // worked out from the driver and managed_memory
   f("concurrent_managed_access", v.concurrent_managed_access);
   f("pageable_memory_access", v.pageable_memory_access);
   f("vmm", v.vmm);
@@ -350,23 +353,36 @@ CUPOOL_FIELDS(GdsFacts) {
   f("mode", v.mode);
   f("library_version", v.library_version);
   f("nvidia_fs_version", v.nvidia_fs_version);
-  f("file_systems", v.file_systems);
+  f("file_systems", v.file_systems, defaulted);
   f("note", v.note);
   f("error", v.error);
 }
 CUPOOL_FIELDS(NodeFacts) {
-  f("source", v.source);
+  f("source", v.source, omit_empty);  // left out of a profile
   f.object("driver", [&](auto& g) {
-    g("cuda_version", v.cuda_version);
+    g("cuda_version", v.cuda_version, defaulted);  // worked out from cuda_version_int
     g("cuda_version_int", v.cuda_version_int);
     g("kernel_module", v.kernel_module);
   });
-  f("built_with_cuda", v.built_with_cuda);
+  f("built_with_cuda", v.built_with_cuda, omit_empty);  // left out of a profile
   f.object("host", [&](auto& g) { g("numa_nodes", v.numa_nodes); });
   f("devices", v.devices);
   f("peer_access", v.peer_access);
-  f("deep", v.deep);
+  f("deep", v.deep, defaulted);
   f("gds", v.gds, omit_empty);  // with --deep
+}
+CUPOOL_FIELDS(ProfileHeader) {
+  f("version", v.version);
+  f("recorded", v.recorded, defaulted);
+  f("host", v.host, defaulted);
+  f("cupool", v.cupool, defaulted);
+  f("synthetic", v.synthetic, defaulted);
+  f("recorded_from", v.recorded_from, defaulted);
+  f("note", v.note, omit_empty);
+}
+CUPOOL_FIELDS(ProfileDocument) {
+  f("profile", v.profile);
+  f("node", v.node);
 }
 
 // ---- check ----

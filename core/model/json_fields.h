@@ -22,11 +22,27 @@ namespace cupool::model {
 
 struct OmitEmpty {};
 inline constexpr OmitEmpty omit_empty{};
+struct Defaulted {};
+inline constexpr Defaulted defaulted{};
 
 // `template <class F> void fields(F& f, X& v)` for X and const X.
 #define CUPOOL_FIELDS(T)                                                                            \
   template <class F, class V, std::enable_if_t<std::is_same_v<std::remove_const_t<V>, T>, int> = 0> \
   void fields(F& f, V& v)
+
+// What a reader throws about its input: the key's path ("devices[0].memory.total_bytes") and what
+// is wrong with it ("missing", "is not a string"); what() says both (`missing "PATH"`,
+// `"PATH" is not a string`).
+class FieldError : public std::invalid_argument {
+ public:
+  FieldError(std::string path, std::string problem, const std::string& what)
+      : std::invalid_argument(what), path_(std::move(path)), problem_(std::move(problem)) {}
+  const std::string& path() const { return path_; }
+  const std::string& problem() const { return problem_; }
+
+ private:
+  std::string path_, problem_;
+};
 
 // The visitors' base: a declaration in this namespace for a type of another (model::Usage is
 // base's MemoryUsage) is found through it by argument-dependent lookup, so this header need not
@@ -148,9 +164,10 @@ class Writer : Visitor {
 };
 
 // Reads what a Writer wrote. Unknown keys are ignored. Tolerant: a missing key keeps the member's
-// default (a holder of another version may omit it); strict: a missing key that is not optional is
-// an error. Either way an ill-typed value throws std::invalid_argument naming the key, except when
-// lenient (for display): there an ill-typed value is passed over as if it were missing.
+// default (a holder of another version may omit it); strict: a missing key that is neither optional
+// nor `defaulted` is an error. Either way an ill-typed value throws FieldError (an
+// std::invalid_argument) naming the key, except when lenient (for display): there an ill-typed
+// value is passed over as if it were missing.
 // With `seen`, every member read is recorded there (what the input had).
 class Reader : Visitor {
  public:
@@ -160,14 +177,11 @@ class Reader : Visitor {
 
   template <class T>
   void operator()(const char* name, T& v) {
-    const Json* j = find(name, !is_optional<T>::value);
-    if (!j) return;
-    if (mode_ != Mode::lenient) return read(*j, v, prefix_ + name);
-    try {
-      read(*j, v, prefix_ + name);
-    } catch (const std::invalid_argument&) {
-      // passed over: shown as missing
-    }
+    value(name, v, !is_optional<T>::value);
+  }
+  template <class T>
+  void operator()(const char* name, T& v, Defaulted) {
+    value(name, v, false);
   }
   template <class T>
   void operator()(const char* name, std::optional<T>& v, OmitEmpty) {
@@ -217,25 +231,37 @@ class Reader : Visitor {
       v = read_custom(*j);
     } catch (const std::exception& e) {
       if (mode_ == Mode::lenient) return;
-      throw std::invalid_argument("\"" + prefix_ + name + "\": " + e.what());
+      throw FieldError(prefix_ + name, e.what(), "\"" + prefix_ + name + "\": " + e.what());
     }
     mark(v);
   }
 
  private:
+  template <class T>
+  void value(const char* name, T& v, bool required) {
+    const Json* j = find(name, required);
+    if (!j) return;
+    if (mode_ != Mode::lenient) return read(*j, v, prefix_ + name);
+    try {
+      read(*j, v, prefix_ + name);
+    } catch (const std::invalid_argument&) {
+      // passed over: shown as missing
+    }
+  }
   const Json* find(const char* name, bool required) {
     if (!in_.is_object())
       fail(prefix_.empty() ? std::string("the reply") : prefix_.substr(0, prefix_.size() - 1), "an object");
     const auto it = in_.find(name);
     if (it == in_.end()) {
-      if (required && mode_ == Mode::strict) throw std::invalid_argument("missing \"" + prefix_ + name + "\"");
+      if (required && mode_ == Mode::strict)
+        throw FieldError(prefix_ + name, "missing", "missing \"" + prefix_ + name + "\"");
       return nullptr;
     }
     ++found_;
     return &*it;
   }
   [[noreturn]] static void fail(const std::string& where, const char* what) {
-    throw std::invalid_argument("\"" + where + "\" is not " + what);
+    throw FieldError(where, std::string("is not ") + what, "\"" + where + "\" is not " + what);
   }
   template <class T>
   void mark(const T& v) {
