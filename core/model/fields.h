@@ -418,6 +418,14 @@ CUPOOL_FIELDS(KeeperList) {
   f("socket", v.socket);
   f("names", v.names);
 }
+CUPOOL_FIELDS(ExportReply) { f("config", v.config); }
+CUPOOL_FIELDS(Refusal) {
+  f.object("error", [&](auto& g) {
+    g.flat(v.error);
+    g("rendered", v.rendered, omit_empty);
+  });
+}
+CUPOOL_FIELDS(BufferListing) { f("buffers", v.buffers); }
 CUPOOL_FIELDS(BenchReport) {
   f("source", v.source);
   f.object("gpu", [&](auto& g) {

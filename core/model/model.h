@@ -426,6 +426,20 @@ struct KeeperList {
   std::string socket;
   std::vector<std::string> names;
 };
+// `export`'s reply: the config the holder holds now, as the text of a config file.
+struct ExportReply {
+  std::string config;
+};
+// A refused request's reply as a client reads it (docs/protocol.md): its error and, for a config
+// the holder judged (invalid_config, does_not_fit), the error's findings as compiler-style text.
+struct Refusal {
+  ErrorInfo error;
+  std::optional<std::string> rendered;
+};
+// `buffer ls`: a list reply's buffers as the holder sent them (printed as they are).
+struct BufferListing {
+  Json buffers = Json::array();
+};
 
 // ---- bench ----
 
