@@ -121,10 +121,11 @@ int run_ls(const BufferArgs& args) {
   if (!args.name.empty()) return run_ls_one(args, format);
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
   // `list` has each buffer as status does, and whether this user may open it.
-  const json listed = holder.request(proto::to_json(proto::List{}));
-  const json reply = {
-      {"buffers", listed.contains("buffers") && listed["buffers"].is_array() ? listed["buffers"] : json::array()}};
-  print_reply(format, reply, [](const json& r) { return render_buffers(r.at("buffers")); });
+  model::BufferListing listing;
+  model::Seen seen;
+  model::read_json_lenient(holder.request(proto::to_json(proto::List{})), listing, seen);
+  if (!listing.buffers.is_array()) listing.buffers = json::array();
+  print_reply(format, model::write_json(listing), [&](const json&) { return render_buffers(listing.buffers); });
   return static_cast<int>(ExitCode::ok);
 }
 
@@ -133,12 +134,11 @@ int run_rm(const BufferArgs& args) {
   check_name(args.name);
   HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
   const json reply = holder.request_raw(proto::to_json(proto::BufferRemove{args.name, args.force}));
-  if (!reply.at("ok").get<bool>()) {
-    const json& error = reply.contains("error") && reply["error"].is_object() ? reply["error"] : json::object();
-    if (error.contains("code") && error["code"] == "busy" && error.contains("message") && error["message"].is_string())
-      throw Error::reported("busy",
-                            error["message"].get<std::string>() +
-                                " (--force removes it anyway: use it only when the processes that opened it are gone)");
+  if (const auto error = proto::error_of_reply(reply)) {
+    if (error->code == "busy")
+      throw Error::reported(
+          "busy",
+          error->message + " (--force removes it anyway: use it only when the processes that opened it are gone)");
     throw_reply_error(reply);
   }
   print_reply(format, reply, render_buffer_removed);

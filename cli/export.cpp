@@ -7,6 +7,7 @@
 #include "base/output.h"
 #include "cli/holder_client.h"
 #include "cli/verbs.h"
+#include "model/fields.h"
 #include "protocol/messages.h"
 
 namespace cupool::cli {
@@ -57,10 +58,13 @@ Verb add_export(CLI::App& app) {
   return {sub, [args](Context&) {
             HolderClient holder = HolderClient::connect(args->socket, "cupool export");
             const nlohmann::ordered_json reply = holder.request(proto::to_json(proto::Export{}));
-            const auto config = reply.find("config");
-            if (config == reply.end() || !config->is_string())
+            model::ExportReply exported;
+            try {
+              exported = model::read_json_strict<model::ExportReply>(reply);
+            } catch (const std::invalid_argument&) {
               throw Error(Errc::unreachable, "the holder at " + holder.socket() + " sent an export without \"config\"");
-            std::string text = config->get<std::string>();
+            }
+            std::string text = exported.config;
             if (!text.empty() && text.back() != '\n') text += '\n';
             if (args->format == "json") text = as_json(text);
             if (args->output == "-") {

@@ -66,26 +66,18 @@ CLI::Option* add_socket_option(CLI::App* sub, std::string& socket) {
 }
 
 void throw_reply_error(const json& reply) {
-  const json empty = json::object();
-  const auto it = reply.is_object() ? reply.find("error") : reply.end();
-  const json& error = (reply.is_object() && it != reply.end() && it->is_object()) ? *it : empty;
-  // The one error object (model::ErrorInfo); a reply without one is still a refusal.
-  model::ErrorInfo e;
-  try {
-    e = model::error_from_json(error);
-  } catch (const std::invalid_argument&) {
-    e.code = error.value("code", json()).is_string() ? error["code"].get<std::string>() : "";
-  }
-  const std::string code = e.code;
-  std::string message = e.message;
+  // The one error object (model::ErrorInfo), read for what it has: a reply without one is still a
+  // refusal.
+  model::Refusal refusal;
+  model::Seen seen;
+  model::read_json_lenient(reply, refusal, seen);
+  const std::string code = refusal.error.code;
+  std::string message = refusal.error.message;
   if (message.empty()) message = "the holder refused the request" + (code.empty() ? "" : " (" + code + ")");
 
-  if (code == "invalid_config" || code == "does_not_fit") {
-    const auto rendered = error.find("rendered");
-    if (rendered != error.end() && rendered->is_string() && !rendered->get<std::string>().empty()) {
-      const std::string text = rendered->get<std::string>();
-      std::cerr << text << (text.back() == '\n' ? "" : "\n");
-    }
+  if ((code == "invalid_config" || code == "does_not_fit") && refusal.rendered && !refusal.rendered->empty()) {
+    const std::string& text = *refusal.rendered;
+    std::cerr << text << (text.back() == '\n' ? "" : "\n");
   }
   throw Error::reported(code, message);
 }
@@ -177,7 +169,7 @@ json HolderClient::request_raw(const json& req) {
 
 json HolderClient::request(const json& req) {
   json reply = request_raw(req);
-  if (!reply.at("ok").get<bool>()) throw_reply_error(reply);
+  if (proto::error_of_reply(reply)) throw_reply_error(reply);
   return reply;
 }
 

@@ -113,109 +113,6 @@ std::string prometheus_help(std::string_view help) {
   return out;
 }
 
-struct Metric {
-  const char* name;
-  const char* key;  // the field of the JSON object it comes from (docs/naming.md); README maps each
-  const char* help;
-  bool null_is_inf = false;  // a null value means no limit: +Inf
-};
-
-const Metric kPoolMetrics[] = {
-    {"cupool_pool_reserved_bytes", "reserved_bytes",
-     "Bytes the pool has reserved from its device now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)."},
-    {"cupool_pool_reserved_high_bytes", "reserved_peak_bytes",
-     "High-water mark of the pool's reserved bytes since the last peak reset (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)."},
-    {"cupool_pool_used_bytes", "used_bytes",
-     "Bytes of the pool in use by allocations now (CU_MEMPOOL_ATTR_USED_MEM_CURRENT)."},
-    {"cupool_pool_used_high_bytes", "used_peak_bytes",
-     "High-water mark of the pool's used bytes since the last peak reset (CU_MEMPOOL_ATTR_USED_MEM_HIGH)."},
-    {"cupool_pool_release_threshold_bytes", "release_threshold_bytes",
-     "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).",
-     true},
-    {"cupool_pool_leases", "lease_count", "Allocations that clients of the holder hold from the pool."},
-    {"cupool_pool_leased_bytes", "leased_bytes",
-     "Bytes that clients of the holder hold from the pool (cached ones included)."},
-    {"cupool_pool_cached_leases", "cached_count",
-     "Leases that clients released into their cache: still mapped by them and charged to them, reused without a round "
-     "trip."},
-    {"cupool_pool_cached_bytes", "cached_bytes", "Bytes of the pool's cached leases."},
-};
-
-const Metric kDeviceMetrics[] = {
-    {"cupool_graph_reserved_bytes", "graph.reserved_bytes",
-     "Bytes of graph memory the device has reserved now (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)."},
-    {"cupool_graph_reserved_high_bytes", "graph.reserved_peak_bytes",
-     "High-water mark of the device's reserved graph memory since the last peak reset."},
-    {"cupool_graph_used_bytes", "graph.used_bytes",
-     "Bytes of graph memory in use on the device now (CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)."},
-    {"cupool_graph_used_high_bytes", "graph.used_peak_bytes",
-     "High-water mark of the device's used graph memory since the last peak reset."},
-};
-
-// A label of a sample and the reply's field it comes from. The device labels are
-// dcgm-exporter's (gpu, UUID, pci_bus_id; for a device's own series also modelName and Hostname,
-// which come from the node, not the reply), so dashboards join cupool's series with its.
-struct Label {
-  const char* name;
-  const char* key;  // the reply's field; kFromNode: the node's (NodeLabels)
-};
-constexpr const char* kFromNode = "";
-const std::vector<Label> kPoolLabels = {
-    {"pool", "name"}, {"gpu", "device"}, {"UUID", "uuid"}, {"pci_bus_id", "pci_bus_id"}};
-const std::vector<Label> kDeviceLabels = {{"gpu", "device"},
-                                          {"UUID", "uuid"},
-                                          {"pci_bus_id", "pci_bus_id"},
-                                          {"modelName", kFromNode},
-                                          {"Hostname", kFromNode}};
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-// A label's value from the reply (or the node): the PCI bus id as NVML and dcgm-exporter write it
-// ("00000000:1B:00.0"), everything else as text; "" for a missing or null field.
-std::string label_value(const json& row, const Label& l, const NodeLabels& node) {
-  const std::string_view name = l.name;
-  if (name == "Hostname") return node.hostname;
-  if (name == "modelName") {
-    const auto it = node.model_names.find(lower(text(row, "uuid")));
-    return it == node.model_names.end() ? "" : it->second;
-  }
-  const json* v = field(row, l.key);
-  if (!v || v->is_null()) return "";
-  std::string value = text(row, l.key);
-  if (std::string_view(l.key) != "pci_bus_id") return value;
-  const auto normal = normalize_pci_bus_id(value);  // "0000:1b:00.0"
-  if (!normal) return value;
-  std::string upper = "0000" + *normal;
-  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return upper;
-}
-
-void metric_family(std::ostringstream& out, const Metric& m, const json& rows, const std::vector<Label>& labels,
-                   const NodeLabels& node) {
-  out << "# HELP " << m.name << ' ' << prometheus_help(m.help) << "\n";
-  out << "# TYPE " << m.name << " gauge\n";
-  for (const auto& row : rows) {
-    auto value = u64(row, m.key);
-    const json* present = field(row, m.key);
-    if (m.null_is_inf && present && present->is_null()) value = std::numeric_limits<std::uint64_t>::max();
-    if (!value) continue;
-    out << m.name << '{';
-    for (std::size_t i = 0; i < labels.size(); ++i)
-      out << (i ? "," : "") << labels[i].name << "=\"" << prometheus_label_value(label_value(row, labels[i], node))
-          << '"';
-    // No limit (a release threshold of max, null in JSON) is +Inf.
-    out << "} ";
-    if (*value == std::numeric_limits<std::uint64_t>::max())
-      out << "+Inf";
-    else
-      out << *value;
-    out << "\n";
-  }
-}
-
 // A change with a "blocked" reason (a string; false or null would mean not blocked) is not made.
 bool is_blocked(const json& change) {
   const json* b = field(change, "blocked");
@@ -266,6 +163,142 @@ struct Read {
   model::Seen seen;
   Shown shown;
 };
+
+// A sample's value, typed from its row of the reply; none where the row lacks it (or has it
+// ill-typed): that sample is left out.
+template <class Row>
+struct Metric {
+  const char* name;
+  std::optional<std::uint64_t> (*value)(const Row& row, const Shown& shown);
+  const char* help;
+};
+
+std::optional<std::uint64_t> shown_count(const Shown& shown, const std::uint64_t& v) {
+  return shown.has(v) ? std::optional<std::uint64_t>(v) : std::nullopt;
+}
+
+// The names of the metrics and the fields they come from (docs/naming.md; README maps each).
+const Metric<model::PoolStats> kPoolMetrics[] = {
+    {"cupool_pool_reserved_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.reserved_bytes); },
+     "Bytes the pool has reserved from its device now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)."},
+    {"cupool_pool_reserved_high_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.reserved_peak_bytes); },
+     "High-water mark of the pool's reserved bytes since the last peak reset (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)."},
+    {"cupool_pool_used_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.used_bytes); },
+     "Bytes of the pool in use by allocations now (CU_MEMPOOL_ATTR_USED_MEM_CURRENT)."},
+    {"cupool_pool_used_high_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.used_peak_bytes); },
+     "High-water mark of the pool's used bytes since the last peak reset (CU_MEMPOOL_ATTR_USED_MEM_HIGH)."},
+    // No limit (a release threshold of max, null in JSON) is +Inf.
+    {"cupool_pool_release_threshold_bytes",
+     [](const model::PoolStats& p, const Shown& s) -> std::optional<std::uint64_t> {
+       const std::optional<std::uint64_t>& bytes = p.release_threshold.bytes;
+       if (!s.has(bytes)) return std::nullopt;
+       return bytes.value_or(std::numeric_limits<std::uint64_t>::max());
+     },
+     "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
+    {"cupool_pool_leases",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.leases.lease_count); },
+     "Allocations that clients of the holder hold from the pool."},
+    {"cupool_pool_leased_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.leases.leased_bytes); },
+     "Bytes that clients of the holder hold from the pool (cached ones included)."},
+    {"cupool_pool_cached_leases",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.leases.cached_count); },
+     "Leases that clients released into their cache: still mapped by them and charged to them, reused without a round "
+     "trip."},
+    {"cupool_pool_cached_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.leases.cached_bytes); },
+     "Bytes of the pool's cached leases."},
+};
+
+const Metric<model::DeviceGraph> kDeviceMetrics[] = {
+    {"cupool_graph_reserved_bytes",
+     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.reserved_bytes); },
+     "Bytes of graph memory the device has reserved now (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)."},
+    {"cupool_graph_reserved_high_bytes",
+     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.reserved_peak_bytes); },
+     "High-water mark of the device's reserved graph memory since the last peak reset."},
+    {"cupool_graph_used_bytes",
+     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.used_bytes); },
+     "Bytes of graph memory in use on the device now (CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)."},
+    {"cupool_graph_used_high_bytes",
+     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.used_peak_bytes); },
+     "High-water mark of the device's used graph memory since the last peak reset."},
+};
+
+// A label of a sample and where its value comes from. The device labels are dcgm-exporter's (gpu,
+// UUID, pci_bus_id; for a device's own series also modelName and Hostname, which come from the
+// node, not the reply), so dashboards join cupool's series with its.
+enum class LabelFrom { pool_name, device, uuid, pci_bus_id, model_name, hostname };
+struct Label {
+  const char* name;
+  LabelFrom from;
+};
+const std::vector<Label> kPoolLabels = {{"pool", LabelFrom::pool_name},
+                                        {"gpu", LabelFrom::device},
+                                        {"UUID", LabelFrom::uuid},
+                                        {"pci_bus_id", LabelFrom::pci_bus_id}};
+const std::vector<Label> kDeviceLabels = {{"gpu", LabelFrom::device},
+                                          {"UUID", LabelFrom::uuid},
+                                          {"pci_bus_id", LabelFrom::pci_bus_id},
+                                          {"modelName", LabelFrom::model_name},
+                                          {"Hostname", LabelFrom::hostname}};
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+const std::string* pool_name(const model::PoolStats& p) { return &p.name; }
+const std::string* pool_name(const model::DeviceGraph&) { return nullptr; }
+
+// A label's value from a row (or the node): the PCI bus id as NVML and dcgm-exporter write it
+// ("00000000:1B:00.0"), everything else as text; "" for a missing or null field.
+std::string label_value(const model::DeviceId& id, const std::string* name, LabelFrom from, const Shown& shown,
+                        const NodeLabels& node) {
+  switch (from) {
+    case LabelFrom::hostname: return node.hostname;
+    case LabelFrom::model_name: {
+      const auto it = node.model_names.find(lower(shown.text(id.uuid)));
+      return it == node.model_names.end() ? "" : it->second;
+    }
+    case LabelFrom::pool_name: return name && shown.has(*name) ? valid_utf8(*name) : "";
+    case LabelFrom::device: return shown.has(id.device) ? std::to_string(id.device) : "";
+    case LabelFrom::uuid: return shown.has(id.uuid) ? valid_utf8(id.uuid) : "";
+    case LabelFrom::pci_bus_id: break;
+  }
+  if (!shown.has(id.pci_bus_id)) return "";
+  std::string value = valid_utf8(id.pci_bus_id);
+  const auto normal = normalize_pci_bus_id(value);  // "0000:1b:00.0"
+  if (!normal) return value;
+  std::string upper = "0000" + *normal;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return upper;
+}
+
+template <class Row>
+void metric_family(std::ostringstream& out, const Metric<Row>& m, const std::vector<Row>& rows,
+                   const std::vector<Label>& labels, const Shown& shown, const NodeLabels& node) {
+  out << "# HELP " << m.name << ' ' << prometheus_help(m.help) << "\n";
+  out << "# TYPE " << m.name << " gauge\n";
+  for (const Row& row : rows) {
+    const std::optional<std::uint64_t> value = m.value(row, shown);
+    if (!value) continue;
+    out << m.name << '{';
+    for (std::size_t i = 0; i < labels.size(); ++i)
+      out << (i ? "," : "") << labels[i].name << "=\""
+          << prometheus_label_value(label_value(row.id, pool_name(row), labels[i].from, shown, node)) << '"';
+    out << "} ";
+    if (*value == std::numeric_limits<std::uint64_t>::max())
+      out << "+Inf";
+    else
+      out << *value;
+    out << "\n";
+  }
+}
 
 // A buffer made or removed: its name, size, pool and device.
 std::vector<std::string> buffer_made(const json& reply) {
@@ -438,8 +471,9 @@ std::string prometheus_label_value(std::string_view value) {
 
 std::string render_stats_prometheus(const json& reply, const NodeLabels& node) {
   std::ostringstream out;
-  for (const auto& m : kPoolMetrics) metric_family(out, m, list(reply, "pools"), kPoolLabels, node);
-  for (const auto& m : kDeviceMetrics) metric_family(out, m, list(reply, "devices"), kDeviceLabels, node);
+  const Read<model::Stats> read(reply);
+  for (const auto& m : kPoolMetrics) metric_family(out, m, read.value.pools, kPoolLabels, read.shown, node);
+  for (const auto& m : kDeviceMetrics) metric_family(out, m, read.value.devices, kDeviceLabels, read.shown, node);
   out << prometheus_build_info();
   return out.str();
 }
@@ -599,7 +633,9 @@ std::string render_findings(const json& findings, const SourceFile& file) {
 }
 
 std::string render_buffers(const json& buffers) {
-  const Read<model::ListReply> read(json{{"buffers", buffers}});  // the buffers of a list reply
+  model::BufferListing listing;
+  listing.buffers = buffers;
+  const Read<model::ListReply> read(model::write_json(listing));  // the buffers of a list reply
   const model::ListReply& listed = read.value;
   const Shown& shown = read.shown;
   if (listed.buffers.empty()) return "no buffers\n";

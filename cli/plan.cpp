@@ -8,6 +8,7 @@
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/diagnostics.h"
+#include "model/fields.h"
 #include "protocol/messages.h"
 
 namespace cupool::cli {
@@ -50,16 +51,13 @@ int run_plan(const PlanArgs& args, bool apply) {
 
   HolderClient holder = HolderClient::connect(args.socket, std::string("cupool ") + op);
   const json reply = holder.request_raw(request);
-  if (!reply.at("ok").get<bool>()) {
+  if (const auto error = proto::error_of_reply(reply)) {
     // For scripts an invalid file's findings are data: print them as the reply has them.
-    const json& error = reply.contains("error") ? reply["error"] : json::object();
-    const std::string code = error.is_object() && error.contains("code") && error["code"].is_string()
-                                 ? error["code"].get<std::string>()
-                                 : "";
+    const std::string& code = error->code;
     if (format != Format::table && (code == "invalid_config" || code == "does_not_fit")) {
       print_reply(format, reply, render_plan);
-      const std::string message = error.contains("message") && error["message"].is_string()
-                                      ? error["message"].get<std::string>()
+      const std::string message = !error->message.empty()
+                                      ? error->message
                                       : file.path() + (code == "invalid_config" ? ": not a valid cupool config"
                                                                                 : ": does not fit the holder's node");
       throw Error::reported(code, message);
@@ -69,7 +67,10 @@ int run_plan(const PlanArgs& args, bool apply) {
 
   // Warnings and notes about the file, quoted against it like `cupool check` does.
   if (format == Format::table) {
-    if (reply.contains("warnings")) std::cerr << render_findings(reply["warnings"], file);
+    model::PlanReply plan;
+    model::Seen seen;
+    model::read_json_lenient(reply, plan, seen);
+    if (seen.has(plan.warnings)) std::cerr << render_findings(model::write_json(plan.warnings), file);
   }
   print_reply(format, reply, render_plan);
   if (apply) return static_cast<int>(blocked_changes(reply) > 0 ? ExitCode::does_not_fit : ExitCode::ok);

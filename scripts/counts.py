@@ -27,6 +27,28 @@ def rel(p):
     return str(p.relative_to(ROOT))
 
 
+# Matches of KEY that are not JSON keys, left out of the count (docs/architecture.md, "Counts"):
+# comments; a CLI option's choices (IsMember); a printed table's row labels (Table::add); the words
+# a message offers (did_you_mean, bad_choice); the values a field may take (a flat array of words,
+# `kWords[] = {"true", ...}`, and custody's OneOf rule); the words of an option's name that
+# completion looks for (has_any); Prometheus metric names (cupool_*); and tables that map a name
+# to code (an enumerator or a member function: {"hello", &Holder::op_hello}).
+NOT_KEY_CONTEXT = re.compile(r'IsMember\(\{|\.add\(\{|did_you_mean\(|bad_choice\(|has_any\(|OneOf\{|\w\[\]\s*=\s*\{\s*"')
+NOT_KEY_MATCH = re.compile(r'\{\s*"cupool_[a-z0-9_]*"\s*,|\{\s*"[A-Za-z_][A-Za-z0-9_]*"\s*,\s*(?:&|[A-Z]\w*::)')
+
+
+def keys_in(line, counted=True):
+    """The JSON key literals in one line of code (counted=False: the matches left out)."""
+    line = re.sub(r'^\s*//.*$|\s//.*$', '', line)
+    n = m_out = 0
+    for m in KEY.finditer(line):
+        if NOT_KEY_CONTEXT.search(line, 0, m.end()) or NOT_KEY_MATCH.match(line, m.start()):
+            m_out += 1
+        else:
+            n += 1
+    return n if counted else m_out
+
+
 def key_literals():
     files = collections.Counter()
     for p in sources('core', 'cli'):
@@ -34,7 +56,7 @@ def key_literals():
         if r.startswith('core/model/') or r.startswith('core/protocol/messages'):
             continue
         for line in p.read_text().splitlines():
-            files[r] += len(KEY.findall(line))
+            files[r] += keys_in(line)
     return files
 
 
@@ -113,7 +135,18 @@ def interfaces():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--top', type=int, default=8)
+    ap.add_argument('--keys', action='store_true', help='list the lines with JSON key literals counted, by file and line')
+    ap.add_argument('--not-keys', action='store_true', help='list the lines with matches left out as not JSON keys')
     a = ap.parse_args()
+    if a.keys or a.not_keys:
+        for p in sources('core', 'cli'):
+            r = rel(p)
+            if r.startswith('core/model/') or r.startswith('core/protocol/messages'):
+                continue
+            for i, line in enumerate(p.read_text().splitlines(), 1):
+                if keys_in(line, counted=a.keys):
+                    print(f'{r}:{i}: {line.strip()}')
+        return 0
     keys = key_literals()
     print(f'JSON key literals outside core/model and core/protocol/messages: {sum(keys.values())}')
     for f, c in keys.most_common(a.top):

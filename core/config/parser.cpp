@@ -11,6 +11,7 @@
 #include "base/text.h"
 #include "base/units.h"
 #include "config/config.h"
+#include "config/keys.h"
 
 namespace cupool {
 
@@ -112,7 +113,7 @@ class Parser {
                  "start the file with 'version: 1'");
       return c;
     }
-    auto f = fields(root, "the config", {"version", "holder", "process", "pools", "buffers"}, {"version"}, {1, 1});
+    auto f = fields(root, "the config", config::keys::kTop.known, config::keys::kTop.required, {1, 1});
     if (auto* v = get(f, "version")) parse_version(*v, c);
     if (auto* v = get(f, "holder")) parse_holder(*v, c.holder);
     if (auto* v = get(f, "process")) parse_process(*v, c);
@@ -235,7 +236,7 @@ class Parser {
     h.loc = f.key_loc;
     if (!expect_map(f, "'holder'", "e.g. holder: {socket: /run/cupool/cupool.sock, mode: \"0660\", group: gpu}"))
       return;
-    auto fs = fields(f.value, "'holder'", {"socket", "mode", "group"}, {}, f.value_loc);
+    auto fs = fields(f.value, "'holder'", config::keys::kHolder.known, config::keys::kHolder.required, f.value_loc);
     if (auto* v = get(fs, "socket")) {
       if (auto s = scalar(*v, "socket")) {
         if (s->empty() || (*s)[0] != '/') {
@@ -291,13 +292,14 @@ class Parser {
       c.process = p;
       return;
     }
-    auto fs = fields(f.value, "'process'", {"devices", "default_pool", "current_pool"}, {}, f.value_loc);
+    auto fs = fields(f.value, "'process'", config::keys::kProcess.known, config::keys::kProcess.required, f.value_loc);
     if (auto* v = get(fs, "devices")) p.devices = device_list(*v, "devices");
     if (auto* v = get(fs, "default_pool")) {
       DefaultPoolSpec dp;
       dp.loc = v->key_loc;
       if (expect_map(*v, "'default_pool'", "e.g. default_pool: {release_threshold: max}")) {
-        auto dfs = fields(v->value, "'default_pool'", {"release_threshold", "reuse", "access"}, {}, v->value_loc);
+        auto dfs = fields(v->value, "'default_pool'", config::keys::kDefaultPool.known,
+                          config::keys::kDefaultPool.required, v->value_loc);
         if (auto* t = get(dfs, "release_threshold")) dp.release_threshold = threshold(*t);
         if (auto* r = get(dfs, "reuse")) dp.reuse = reuse(*r);
         if (auto* a = get(dfs, "access")) dp.access = device_list(*a, "access");
@@ -308,8 +310,8 @@ class Parser {
       CurrentPoolSpec cp;
       cp.loc = v->key_loc;
       if (expect_map(*v, "'current_pool'", "e.g. current_pool: {release_threshold: max, max_size: 16GiB}")) {
-        auto cfs = fields(v->value, "'current_pool'", {"max_size", "release_threshold", "reserve", "reuse", "access"},
-                          {}, v->value_loc);
+        auto cfs = fields(v->value, "'current_pool'", config::keys::kCurrentPool.known,
+                          config::keys::kCurrentPool.required, v->value_loc);
         if (auto* t = get(cfs, "max_size")) cp.max_size = size(*t, "max_size");
         if (auto* t = get(cfs, "release_threshold")) cp.release_threshold = threshold(*t);
         if (auto* t = get(cfs, "reserve")) cp.reserve = size(*t, "reserve");
@@ -333,10 +335,7 @@ class Parser {
     // Name the pool in messages as soon as its name is known.
     if (node["name"] && node["name"].IsScalar() && matches_name(node["name"].Scalar()))
       where = "pool '" + node["name"].Scalar() + "'";
-    auto fs = fields(node, where,
-                     {"name", "devices", "location", "alloc_type", "handle_types", "max_size", "release_threshold",
-                      "reserve", "reuse", "access", "share"},
-                     {"name", "devices"}, p.loc);
+    auto fs = fields(node, where, config::keys::kPool.known, config::keys::kPool.required, p.loc);
     if (auto* v = get(fs, "name")) p.name = name(*v, "pool");
     if (auto* v = get(fs, "devices")) p.devices = device_list(*v, "devices");
     if (auto* v = get(fs, "location")) p.location = location(*v);
@@ -374,7 +373,7 @@ class Parser {
     }
     if (node["name"] && node["name"].IsScalar() && matches_name(node["name"].Scalar()))
       where = "buffer '" + node["name"].Scalar() + "'";
-    auto fs = fields(node, where, {"name", "pool", "device", "size"}, {"name", "pool", "device", "size"}, b.loc);
+    auto fs = fields(node, where, config::keys::kBuffer.known, config::keys::kBuffer.required, b.loc);
     if (auto* v = get(fs, "name")) b.name = name(*v, "buffer");
     if (auto* v = get(fs, "pool")) b.pool = name(*v, "pool");
     if (auto* v = get(fs, "device")) {
@@ -605,9 +604,7 @@ class Parser {
                  "remove it, or set follow_event_dependencies, allow_opportunistic or allow_internal_dependencies");
       return std::nullopt;
     }
-    auto fs =
-        fields(f.value, "'reuse'", {"follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies"},
-               {}, f.value_loc);
+    auto fs = fields(f.value, "'reuse'", config::keys::kReuse.known, config::keys::kReuse.required, f.value_loc);
     if (auto* v = get(fs, "follow_event_dependencies"))
       r.follow_event_dependencies = flag(*v, "follow_event_dependencies");
     if (auto* v = get(fs, "allow_opportunistic")) r.allow_opportunistic = flag(*v, "allow_opportunistic");
@@ -644,7 +641,7 @@ class Parser {
       d_.invalid("empty-map", f.value_loc, "'share' is empty", "name users or groups that may use the pool");
       return std::nullopt;
     }
-    auto fs = fields(f.value, "'share'", {"users", "groups", "quota_per_client"}, {}, f.value_loc);
+    auto fs = fields(f.value, "'share'", config::keys::kShare.known, config::keys::kShare.required, f.value_loc);
     if (auto* v = get(fs, "users")) s.users = accounts(*v, "users");
     if (auto* v = get(fs, "groups")) s.groups = accounts(*v, "groups");
     if (auto* v = get(fs, "quota_per_client")) s.quota_per_client = size(*v, "quota_per_client");

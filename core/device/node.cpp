@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/output.h"
 #include "base/text.h"
+#include "model/fields.h"
 #include "model/model.h"
 
 namespace cupool {
@@ -152,6 +153,16 @@ std::string device_label(const NodeReport& node, int ordinal) {
 
 namespace {
 
+// A failed export probe's error, as query shows it.
+model::ErrorInfo probe_error(const std::string& result, const std::string& api, const std::string& reason) {
+  model::ErrorInfo e;
+  e.code = "cuda_error";
+  e.message = reason.empty() ? result : reason;
+  if (!api.empty()) e.api = api;
+  e.result = result;
+  return e;
+}
+
 model::DeviceFacts device_facts(const DeviceReport& d, int driver_version) {
   const DeviceInfo& i = d.info;
   model::DeviceFacts f;
@@ -177,143 +188,173 @@ model::DeviceFacts device_facts(const DeviceReport& d, int driver_version) {
     f.probes.emplace();
     for (const auto& p : d.probes) {
       model::HandleProbe probe{handle_type_name(p.handle_type), p.ok, std::nullopt};
-      if (!p.ok)
-        probe.error = model::ErrorInfo{"cuda_error", p.reason.empty() ? p.error : p.reason,
-                                       p.api.empty() ? std::nullopt : std::optional(p.api), p.error};
+      if (!p.ok) probe.error = probe_error(p.error, p.api, p.reason);
       f.probes->push_back(std::move(probe));
     }
   }
   return f;
 }
 
-// Typed readers that name the key in their error.
-class Reader {
- public:
-  Reader(const json& j, std::string where) : j_(j), where_(std::move(where)) {
-    if (!j_.is_object()) fail("", "must be a mapping");
-  }
-  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
-    throw InputError(where_ + (key.empty() ? "" : "." + key) + ": " + what);
-  }
-  const json& at(const std::string& key) const {
-    auto it = j_.find(key);
-    if (it == j_.end()) fail(key, "missing");
-    return *it;
-  }
-  bool has(const std::string& key) const { return j_.contains(key); }
-  std::string str(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_string()) fail(key, "must be a string");
-    return v.get<std::string>();
-  }
-  bool flag(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_boolean()) fail(key, "must be true or false");
-    return v.get<bool>();
-  }
-  std::int64_t integer(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_number_integer()) fail(key, "must be an integer");
-    return v.get<std::int64_t>();
-  }
-  std::uint64_t uinteger(const std::string& key) const {
-    const json& v = at(key);
-    if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
-      fail(key, "must be a non-negative integer");
-    return v.get<std::uint64_t>();
-  }
-  std::string path(const std::string& key) const { return where_ + "." + key; }
-
- private:
-  const json& j_;
-  std::string where_;
-};
-
-HandleType handle_type_from(const std::string& name, const Reader& r, const std::string& key) {
-  if (name == "none") return HandleType::none;
-  if (name == "posix_fd") return HandleType::posix_fd;
-  if (name == "fabric") return HandleType::fabric;
-  r.fail(key, "unknown handle type '" + name + "'");
+// A declared object read strictly from a file the user gave: an error names where it is, the
+// key's path after `separator` and what is wrong (`p.yaml: node.devices[0].name: missing`).
+// The reader's "is not an object" in a profile's (YAML's) words: "must be a mapping".
+std::string in_profile_words(const std::string& problem) {
+  static const char* const kIsNot = "is not ";
+  if (problem.rfind(kIsNot, 0) != 0) return problem;
+  const std::string want = problem.substr(std::strlen(kIsNot));
+  if (want == "an object") return "must be a mapping";
+  if (want == "an array") return "must be a list";
+  if (want == "a boolean") return "must be true or false";
+  return "must be " + want;
 }
 
-std::uint32_t handle_mask_from(const json& names, const Reader& r, const std::string& key) {
-  if (!names.is_array()) r.fail(key, "must be a list");
+template <class T>
+T read_strict(const json& j, const std::string& origin, const char* separator) {
+  if (!j.is_object()) throw InputError(origin + ": must be a mapping");
+  try {
+    return model::read_json_strict<T>(j);
+  } catch (const model::FieldError& e) {
+    throw InputError(origin + separator + e.path() + ": " + in_profile_words(e.problem()));
+  }
+}
+
+// A check of a node section's value that its declaration cannot say, naming the key's path.
+[[noreturn]] void fail(const std::string& origin, const std::string& path, const std::string& what) {
+  throw InputError(origin + "." + path + ": " + what);
+}
+
+HandleType handle_type_from(const std::string& name, const std::string& origin, const std::string& path) {
+  for (const HandleType t : {HandleType::none, HandleType::posix_fd, HandleType::fabric})
+    if (name == handle_type_name(t)) return t;
+  fail(origin, path, "unknown handle type '" + name + "'");
+}
+
+// The mask of handle_type_names (posix_fd 0x1, win32 0x2, win32_kmt 0x4, fabric 0x8).
+std::uint32_t handle_mask_from(const std::vector<std::string>& names, const std::string& origin,
+                               const std::string& path) {
   std::uint32_t mask = 0;
-  for (const auto& n : names) {
-    if (!n.is_string()) r.fail(key, "must list handle type names");
-    const std::string s = n.get<std::string>();
-    if (s == "posix_fd")
-      mask |= 0x1;
-    else if (s == "win32")
-      mask |= 0x2;
-    else if (s == "win32_kmt")
-      mask |= 0x4;
-    else if (s == "fabric")
-      mask |= 0x8;
-    else
-      r.fail(key, "unknown handle type '" + s + "'");
+  for (const auto& name : names) {
+    std::uint32_t bit = 0x1;
+    while (bit <= 0x8 && handle_type_names(bit) != std::vector<std::string>{name}) bit <<= 1;
+    if (bit > 0x8) fail(origin, path, "unknown handle type '" + name + "'");
+    mask |= bit;
   }
   return mask;
 }
 
-// A profile written before the names of v1 were amended (docs/naming.md) says `index`, `memory.total`
-// and `memory.free`, and a failed probe's error as three strings: read for one version, with a
-// warning in `old` naming the first such key.
-DeviceReport device_from_json(const json& j, const std::string& where, std::string& old) {
-  Reader r(j, where);
-  DeviceReport d;
-  DeviceInfo& i = d.info;
-  const bool old_names = !r.has("device") && r.has("index");
-  if (old_names && old.empty()) old = r.path("index");
-  i.ordinal = static_cast<int>(r.integer(old_names ? "index" : "device"));
-  i.name = r.str("name");
-  i.uuid = r.str("uuid");
-  i.pci_bus_id = r.str("pci_bus_id");
-  const std::string cc = r.str("compute_capability");
-  if (std::sscanf(cc.c_str(), "%d.%d", &i.cc_major, &i.cc_minor) != 2) r.fail("compute_capability", "must be like 9.0");
-  Reader mem(r.at("memory"), r.path("memory"));
-  const bool old_memory = !mem.has("total_bytes") && mem.has("total");
-  if (old_memory && old.empty()) old = mem.path("total");
-  const std::string total = old_memory ? "total" : "total_bytes", free = old_memory ? "free" : "free_bytes";
-  i.total_memory = mem.uinteger(total);
-  if (mem.has(free) && !mem.at(free).is_null()) d.memory = MemoryInfo{mem.uinteger(free), i.total_memory};
-  i.memory_pools = r.flag("memory_pools");
-  i.pool_handle_types = handle_mask_from(r.at("pool_handle_types"), r, "pool_handle_types");
-  i.fabric_handle = r.flag("fabric_handle");
-  i.host_memory_pools = r.flag("host_memory_pools");
-  i.host_numa_memory_pools = r.flag("host_numa_memory_pools");
-  i.host_numa_id = r.at("host_numa_id").is_null() ? -1 : static_cast<int>(r.integer("host_numa_id"));
-  i.managed_memory = r.flag("managed_memory");
-  i.concurrent_managed_access = r.flag("concurrent_managed_access");
-  i.pageable_memory_access = r.flag("pageable_memory_access");
-  i.vmm = r.flag("vmm");
-  i.ipc_events = r.flag("ipc_events");
-  i.gpu_direct_rdma = r.flag("gpu_direct_rdma");
-  const char* probes_key = r.has("probes") ? "probes" : "deep";  // deep: the old name
-  if (r.has(probes_key)) {
-    if (std::string(probes_key) == "deep" && old.empty()) old = r.path("deep");
-    const json& probes = r.at(probes_key);
-    if (!probes.is_array()) r.fail(probes_key, "must be a list");
-    for (std::size_t k = 0; k < probes.size(); ++k) {
-      Reader p(probes[k], r.path(std::string(probes_key) + "[" + std::to_string(k) + "]"));
+// A profile written before the names of v1 were amended (docs/naming.md) says `index`,
+// `memory.total` and `memory.free`, `deep` for a device's probes, and a failed probe's error as
+// three strings (error, api, reason): rewritten here into today's names, for one version, with the
+// first such key's path in `old` (the warning names it). These are the only key names the reader
+// spells out; the rest come from the declarations (model/fields.h).
+void upgrade_old_names(json& node, const std::string& origin, std::string& old) {
+  static const char* const kDevice[][2] = {{"index", "device"}, {"deep", "probes"}};
+  static const char* const kMemory[][2] = {{"total", "total_bytes"}, {"free", "free_bytes"}};
+  const auto rename = [&](json& j, const char* const(&names)[2], const std::string& where) {
+    if (!j.is_object() || j.contains(names[1]) || !j.contains(names[0])) return;
+    if (old.empty()) old = origin + "." + where + names[0];
+    j[names[1]] = std::move(j[names[0]]);
+    j.erase(names[0]);
+  };
+  const auto devices = node.is_object() ? node.find("devices") : node.end();
+  if (devices == node.end() || !devices->is_array()) return;
+  for (std::size_t k = 0; k < devices->size(); ++k) {
+    json& d = (*devices)[k];
+    const std::string where = "devices[" + std::to_string(k) + "].";
+    for (const auto& names : kDevice) rename(d, names, where);
+    if (!d.is_object()) continue;
+    if (const auto memory = d.find("memory"); memory != d.end())
+      for (const auto& names : kMemory) rename(*memory, names, where + "memory.");
+    const auto probes = d.find("probes");
+    if (probes == d.end() || !probes->is_array()) continue;
+    for (std::size_t p = 0; p < probes->size(); ++p) {
+      json& probe = (*probes)[p];
+      const auto error = probe.is_object() ? probe.find("error") : probe.end();
+      if (error == probe.end() || !error->is_string()) continue;
+      if (old.empty()) old = origin + "." + where + "probes[" + std::to_string(p) + "].error";
+      // Its api and reason beside it, strings; the old reader took nothing else.
+      const auto text = [&](const char* key) {
+        const auto it = probe.find(key);
+        return it != probe.end() && it->is_string() ? it->get<std::string>() : std::string();
+      };
+      *error = model::write_json(probe_error(error->get<std::string>(), text("api"), text("reason")));
+    }
+  }
+}
+
+// The report a node section's facts describe (the inverse of facts_of), with the checks of values
+// that a declaration cannot say.
+NodeReport report_of(const model::NodeFacts& f, const std::string& origin) {
+  NodeReport report;
+  report.driver_version = f.cuda_version_int;
+  report.kernel_driver_version = f.kernel_module.value_or("");
+  report.built_with_cuda = built_with_cuda_version();
+  report.host_numa_nodes = f.numa_nodes;
+  for (std::size_t k = 0; k < f.devices.size(); ++k) {
+    const model::DeviceFacts& df = f.devices[k];
+    const std::string where = "devices[" + std::to_string(k) + "]";
+    DeviceReport d;
+    DeviceInfo& i = d.info;
+    i.ordinal = df.id.device;
+    if (i.ordinal != static_cast<int>(k))
+      fail(origin, where + ".device", "must be " + std::to_string(k) + " (devices in order)");
+    i.name = df.name;
+    i.uuid = df.id.uuid;
+    i.pci_bus_id = df.id.pci_bus_id;
+    if (std::sscanf(df.compute_capability.c_str(), "%d.%d", &i.cc_major, &i.cc_minor) != 2)
+      fail(origin, where + ".compute_capability", "must be like 9.0");
+    i.total_memory = df.memory_total_bytes;
+    if (df.memory_free_bytes) d.memory = MemoryInfo{*df.memory_free_bytes, i.total_memory};
+    i.memory_pools = df.memory_pools;
+    i.pool_handle_types = handle_mask_from(df.pool_handle_types, origin, where + ".pool_handle_types");
+    i.fabric_handle = df.fabric_handle;
+    i.host_memory_pools = df.host_memory_pools;
+    i.host_numa_memory_pools = df.host_numa_memory_pools;
+    i.host_numa_id = df.host_numa_id.value_or(-1);
+    i.managed_memory = df.managed_memory;
+    i.concurrent_managed_access = df.concurrent_managed_access;
+    i.pageable_memory_access = df.pageable_memory_access;
+    i.vmm = df.vmm;
+    i.ipc_events = df.ipc_events;
+    i.gpu_direct_rdma = df.gpu_direct_rdma;
+    for (std::size_t p = 0; df.probes && p < df.probes->size(); ++p) {
+      const model::HandleProbe& hp = (*df.probes)[p];
       ExportProbe probe;
-      probe.handle_type = handle_type_from(p.str("handle_type"), p, "handle_type");
-      probe.ok = p.flag("ok");
-      if (!probe.ok && p.at("error").is_string()) {  // the old form
-        if (old.empty()) old = p.path("error");
-        probe.error = p.str("error");
-        probe.api = p.has("api") ? p.str("api") : "";
-        probe.reason = p.has("reason") ? p.str("reason") : "";
-      } else if (!probe.ok) {
-        Reader e(p.at("error"), p.path("error"));
-        probe.error = e.has("result") ? e.str("result") : e.str("code");
-        probe.api = e.has("api") ? e.str("api") : "";
-        probe.reason = e.str("message");
+      probe.handle_type =
+          handle_type_from(hp.handle_type, origin, where + ".probes[" + std::to_string(p) + "].handle_type");
+      probe.ok = hp.ok;
+      if (!probe.ok && hp.error) {
+        probe.error = hp.error->result.value_or(hp.error->code);
+        probe.api = hp.error->api.value_or("");
+        probe.reason = hp.error->message;
       }
       d.probes.push_back(probe);
     }
+    report.devices.push_back(std::move(d));
   }
-  return d;
+  const std::size_t n = report.devices.size();
+  bool square = f.peer_access.size() == n;
+  for (const auto& row : f.peer_access) square = square && row.size() == n;
+  if (!square) fail(origin, "peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
+  report.peer_access = f.peer_access;
+  report.deep = f.deep;
+  if (f.gds) {
+    GdsReport gds;
+    const auto mode = gds_mode_from_string(f.gds->mode);
+    if (!mode) fail(origin, "gds.mode", "must be unavailable, compatibility or gpudirect, not '" + f.gds->mode + "'");
+    gds.mode = *mode;
+    gds.library_version = f.gds->library_version;
+    gds.nvidia_fs_version = f.gds->nvidia_fs_version;
+    gds.file_systems = f.gds->file_systems;
+    gds.reason = f.gds->note.value_or("");
+    if (f.gds->error) {
+      gds.error_message = f.gds->error->message;
+      gds.error_api = f.gds->error->api.value_or("cuFile");
+      gds.error_result = f.gds->error->result.value_or("");
+    }
+    report.gds = gds;
+  }
+  return report;
 }
 
 }  // namespace
@@ -366,76 +407,16 @@ model::NodeFacts facts_of(const NodeReport& report) {
 json to_json(const NodeReport& report) { return model::to_json(facts_of(report)); }
 
 NodeReport report_from_json(const json& j, const std::string& origin) {
-  Reader r(j, origin);
-  NodeReport report;
-  Reader driver(r.at("driver"), r.path("driver"));
-  report.driver_version = static_cast<int>(driver.integer("cuda_version_int"));
-  if (driver.has("kernel_module") && !driver.at("kernel_module").is_null())
-    report.kernel_driver_version = driver.str("kernel_module");
-  report.built_with_cuda = built_with_cuda_version();
-  Reader host(r.at("host"), r.path("host"));
-  const json& numa = host.at("numa_nodes");
-  if (!numa.is_array()) host.fail("numa_nodes", "must be a list");
-  for (const auto& n : numa) {
-    if (!n.is_number_integer()) host.fail("numa_nodes", "must list integers");
-    report.host_numa_nodes.push_back(n.get<int>());
-  }
-  const json& devices = r.at("devices");
-  if (!devices.is_array()) r.fail("devices", "must be a list");
+  json node = j;
   std::string old;
-  for (std::size_t k = 0; k < devices.size(); ++k) {
-    report.devices.push_back(device_from_json(devices[k], r.path("devices[" + std::to_string(k) + "]"), old));
-    if (report.devices.back().info.ordinal != static_cast<int>(k))
-      r.fail("devices[" + std::to_string(k) + "].device", "must be " + std::to_string(k) + " (devices in order)");
-  }
+  upgrade_old_names(node, origin, old);
+  NodeReport report = report_of(read_strict<model::NodeFacts>(node, origin, "."), origin);
   if (!old.empty())
     report.source.warnings.push_back(
         old +
         ": a profile in the names of cupool before v1 was amended (index, "
         "memory.total, memory.free, deep for probes, their error as text); read this once, and write "
         "it again with `cupool query --profile-out` (docs/naming.md)");
-  const json& peers = r.at("peer_access");
-  const std::size_t n = report.devices.size();
-  if (!peers.is_array() || peers.size() != n)
-    r.fail("peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
-  for (const auto& row : peers) {
-    if (!row.is_array() || row.size() != n)
-      r.fail("peer_access", "must be a " + std::to_string(n) + "x" + std::to_string(n) + " matrix");
-    std::vector<bool> out;
-    for (const auto& v : row) {
-      if (!v.is_boolean()) r.fail("peer_access", "must hold true or false");
-      out.push_back(v.get<bool>());
-    }
-    report.peer_access.push_back(out);
-  }
-  report.deep = r.has("deep") && r.flag("deep");
-  if (r.has("gds") && !r.at("gds").is_null()) {
-    Reader g(r.at("gds"), r.path("gds"));
-    GdsReport gds;
-    const std::string mode = g.str("mode");
-    const auto m = gds_mode_from_string(mode);
-    if (!m) g.fail("mode", "must be unavailable, compatibility or gpudirect, not '" + mode + "'");
-    gds.mode = *m;
-    if (g.has("library_version") && !g.at("library_version").is_null()) gds.library_version = g.str("library_version");
-    if (g.has("nvidia_fs_version") && !g.at("nvidia_fs_version").is_null())
-      gds.nvidia_fs_version = g.str("nvidia_fs_version");
-    if (g.has("file_systems")) {
-      const json& fs = g.at("file_systems");
-      if (!fs.is_array()) g.fail("file_systems", "must be a list");
-      for (const auto& f : fs) {
-        if (!f.is_string()) g.fail("file_systems", "must list names");
-        gds.file_systems.push_back(f.get<std::string>());
-      }
-    }
-    if (g.has("note") && !g.at("note").is_null()) gds.reason = g.str("note");
-    if (g.has("error") && !g.at("error").is_null()) {
-      Reader e(g.at("error"), g.path("error"));
-      gds.error_message = e.str("message");
-      gds.error_api = e.has("api") ? e.str("api") : "cuFile";
-      if (e.has("result")) gds.error_result = e.str("result");
-    }
-    report.gds = gds;
-  }
   return report;
 }
 
@@ -454,19 +435,24 @@ NodeReport load_profile(const std::string& path) {
                      ": not a valid node profile: " + e.msg);
   }
   const json j = yaml_to_json(root);
-  if (!j.is_object() || !j.contains("profile") || !j.contains("node"))
+  // Without its two sections (profile, node) a file is not a profile at all.
+  bool sections = j.is_object();
+  for (const std::string& name : model::json_names<model::ProfileDocument>()) sections = sections && j.contains(name);
+  if (!sections)
     throw InputError(path +
                      ": not a node profile (expected 'profile:' and 'node:' sections, as written by "
                      "`cupool query --profile-out`)");
-  Reader meta(j["profile"], path + ": profile");
-  if (meta.integer("version") != 1) meta.fail("version", "unsupported profile version (this cupool reads 1)");
-  NodeReport report = report_from_json(j["node"], path + ": node");
+  const auto doc = read_strict<model::ProfileDocument>(j, path, ": ");
+  const model::ProfileHeader& meta = doc.profile;
+  if (meta.version != 1)
+    throw InputError(path + ": profile.version: unsupported profile version (this cupool reads 1)");
+  NodeReport report = report_from_json(doc.node, path + ": node");
   report.source.simulated = true;
   report.source.profile_path = path;
-  report.source.synthetic = meta.has("synthetic") && meta.flag("synthetic");
-  if (meta.has("recorded")) report.source.recorded = meta.str("recorded");
-  if (meta.has("host")) report.source.recorded_host = meta.str("host");
-  if (meta.has("note")) report.source.note = meta.str("note");
+  report.source.synthetic = meta.synthetic;
+  report.source.recorded = meta.recorded;
+  report.source.recorded_host = meta.host;
+  report.source.note = meta.note.value_or("");
   report.source.description = "simulated node (" + path + ")";
   return report;
 }
@@ -477,21 +463,15 @@ void save_profile(const NodeReport& report, const std::string& path) {
   const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   char when[32];
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  json node = to_json(report);
-  node.erase("source");
-  node.erase("built_with_cuda");
-  json doc;
-  doc["profile"] = {{"version", 1},
-                    {"recorded", when},
-                    {"host", host},
-                    {"cupool", CUPOOL_VERSION},
-                    {"synthetic", report.source.synthetic},
-                    {"recorded_from", report.source.description}};
-  doc["node"] = node;
+  model::NodeFacts node = facts_of(report);
+  node.source.reset();  // the header says where the facts come from
+  node.built_with_cuda.reset();
+  const model::ProfileDocument doc{
+      {1, when, host, CUPOOL_VERSION, report.source.synthetic, report.source.description, {}}, model::write_json(node)};
   const std::string text =
       "# cupool node profile, written by `cupool query --profile-out`.\n"
       "# Use it with --profile to check configs against this node on any machine.\n" +
-      to_yaml(doc);
+      to_yaml(model::write_json(doc));
   if (path == "-") {
     std::cout << text;
     return;

@@ -367,16 +367,34 @@ struct GdsFacts {
   std::optional<ErrorInfo> error;                // the cuFile call that failed
 };
 struct NodeFacts {
-  Source source;
-  std::string cuda_version;  // "13.0"
-  int cuda_version_int = 0;  // 13000, as cuDriverGetVersion gives it
+  std::optional<Source> source;  // none in a profile's node section (its header says)
+  std::string cuda_version;      // "13.0"
+  int cuda_version_int = 0;      // 13000, as cuDriverGetVersion gives it
   std::optional<std::string> kernel_module;
-  std::string built_with_cuda;
+  std::optional<std::string> built_with_cuda;  // "12.8"; none in a profile's node section
   std::vector<int> numa_nodes;
   std::vector<DeviceFacts> devices;
   std::vector<std::vector<bool>> peer_access;  // [device][peer]
   bool deep = false;
   std::optional<GdsFacts> gds;  // with --deep
+};
+
+// ---- node profiles: what `query --profile-out` writes and `--profile` reads ----
+
+struct ProfileHeader {
+  int version = 0;                  // 1
+  std::string recorded;             // when, "2026-11-21T20:50:06Z"
+  std::string host;                 // where
+  std::string cupool;               // the version of cupool that wrote it
+  bool synthetic = false;           // written by hand, not recorded
+  std::string recorded_from;        // the backend it was recorded from
+  std::optional<std::string> note;  // a synthetic profile's words on what it is
+};
+struct ProfileDocument {
+  ProfileHeader profile;
+  // NodeFacts without source and built_with_cuda; read by device/node.cpp (report_from_json), which
+  // also takes the names of profiles written before v1 was amended.
+  Json node;
 };
 
 // ---- check ----
@@ -407,6 +425,20 @@ struct PlanReply {
 struct KeeperList {
   std::string socket;
   std::vector<std::string> names;
+};
+// `export`'s reply: the config the holder holds now, as the text of a config file.
+struct ExportReply {
+  std::string config;
+};
+// A refused request's reply as a client reads it (docs/protocol.md): its error and, for a config
+// the holder judged (invalid_config, does_not_fit), the error's findings as compiler-style text.
+struct Refusal {
+  ErrorInfo error;
+  std::optional<std::string> rendered;
+};
+// `buffer ls`: a list reply's buffers as the holder sent them (printed as they are).
+struct BufferListing {
+  Json buffers = Json::array();
 };
 
 // ---- bench ----

@@ -116,7 +116,8 @@ TEST_CASE("load_profile names the broken key") {
     load_profile(path);
     FAIL("expected an error");
   } catch (const InputError& e) {
-    CHECK(std::string(e.what()).find("devices[0].name: missing") != std::string::npos);
+    // The device's identity (device, uuid, pci_bus_id) is read first, in its declared order.
+    CHECK(std::string(e.what()).find("node.devices[0].uuid: missing") != std::string::npos);
   }
   std::remove(path.c_str());
   CHECK_THROWS_AS(load_profile("/nonexistent/profile.yaml"), InputError);

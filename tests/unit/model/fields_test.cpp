@@ -243,6 +243,34 @@ TEST_CASE("a reader keeps defaults for what is missing and names what is ill-typ
   CHECK(Json{{"reserved_bytes", 5}}.get<Usage>().reserved_bytes == 5);
 }
 
+TEST_CASE("a strict reader's error says the key's path and what is wrong, and `defaulted` is not required") {
+  try {
+    read_json_strict<NodeFacts>(Json::parse(R"({"driver": {"cuda_version_int": 13000}, "host": {"numa_nodes": []},
+                                                "devices": [{"memory": 1}], "peer_access": []})"));
+    FAIL("expected an error");
+  } catch (const FieldError& e) {
+    CHECK(e.path() == "devices[0].device");
+    CHECK(e.problem() == "missing");
+    CHECK(std::string(e.what()) == "missing \"devices[0].device\"");
+  }
+  try {
+    read_json_strict<ProfileHeader>(Json{{"version", "1"}});
+    FAIL("expected an error");
+  } catch (const FieldError& e) {
+    CHECK(e.path() == "version");
+    CHECK(e.problem() == "is not an integer");
+  }
+  // cuda_version and deep are `defaulted`, source and built_with_cuda optional: a profile's node
+  // section has none of them.
+  const NodeFacts n = read_json_strict<NodeFacts>(
+      Json::parse(R"({"driver": {"cuda_version_int": 13000}, "host": {"numa_nodes": [0]}, "devices": [],
+                      "peer_access": []})"));
+  CHECK(n.cuda_version_int == 13000);
+  CHECK(n.cuda_version.empty());
+  CHECK(!n.source);
+  CHECK(!write_json(n).contains("built_with_cuda"));
+}
+
 TEST_CASE("the reader records what a reply had") {
   Status s;
   Seen seen;
