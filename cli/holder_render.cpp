@@ -177,20 +177,36 @@ std::optional<std::uint64_t> shown_count(const Shown& shown, const std::uint64_t
   return shown.has(v) ? std::optional<std::uint64_t>(v) : std::nullopt;
 }
 
+// The high-water marks, each written under its name (`_peak_`, as the JSON field) and, until
+// cupool 0.2, under its old one (`_high_`, after the driver's attribute; docs/naming.md).
+std::optional<std::uint64_t> pool_reserved_peak(const model::PoolStats& p, const Shown& s) {
+  return shown_count(s, p.usage.reserved_peak_bytes);
+}
+std::optional<std::uint64_t> pool_used_peak(const model::PoolStats& p, const Shown& s) {
+  return shown_count(s, p.usage.used_peak_bytes);
+}
+std::optional<std::uint64_t> graph_reserved_peak(const model::DeviceGraph& d, const Shown& s) {
+  return shown_count(s, d.graph.reserved_peak_bytes);
+}
+std::optional<std::uint64_t> graph_used_peak(const model::DeviceGraph& d, const Shown& s) {
+  return shown_count(s, d.graph.used_peak_bytes);
+}
+#define CUPOOL_OLD_NAME(now) "Deprecated: " now " under its old name, written until cupool 0.2."
+
 // The names of the metrics and the fields they come from (docs/naming.md; README maps each).
 const Metric<model::PoolStats> kPoolMetrics[] = {
     {"cupool_pool_reserved_bytes",
      [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.reserved_bytes); },
      "Bytes the pool has reserved from its device now (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)."},
-    {"cupool_pool_reserved_high_bytes",
-     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.reserved_peak_bytes); },
+    {"cupool_pool_reserved_peak_bytes", pool_reserved_peak,
      "High-water mark of the pool's reserved bytes since the last peak reset (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)."},
+    {"cupool_pool_reserved_high_bytes", pool_reserved_peak, CUPOOL_OLD_NAME("cupool_pool_reserved_peak_bytes")},
     {"cupool_pool_used_bytes",
      [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.used_bytes); },
      "Bytes of the pool in use by allocations now (CU_MEMPOOL_ATTR_USED_MEM_CURRENT)."},
-    {"cupool_pool_used_high_bytes",
-     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.usage.used_peak_bytes); },
+    {"cupool_pool_used_peak_bytes", pool_used_peak,
      "High-water mark of the pool's used bytes since the last peak reset (CU_MEMPOOL_ATTR_USED_MEM_HIGH)."},
+    {"cupool_pool_used_high_bytes", pool_used_peak, CUPOOL_OLD_NAME("cupool_pool_used_peak_bytes")},
     // No limit (a release threshold of max, null in JSON) is +Inf.
     {"cupool_pool_release_threshold_bytes",
      [](const model::PoolStats& p, const Shown& s) -> std::optional<std::uint64_t> {
@@ -218,16 +234,17 @@ const Metric<model::DeviceGraph> kDeviceMetrics[] = {
     {"cupool_graph_reserved_bytes",
      [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.reserved_bytes); },
      "Bytes of graph memory the device has reserved now (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)."},
-    {"cupool_graph_reserved_high_bytes",
-     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.reserved_peak_bytes); },
+    {"cupool_graph_reserved_peak_bytes", graph_reserved_peak,
      "High-water mark of the device's reserved graph memory since the last peak reset."},
+    {"cupool_graph_reserved_high_bytes", graph_reserved_peak, CUPOOL_OLD_NAME("cupool_graph_reserved_peak_bytes")},
     {"cupool_graph_used_bytes",
      [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.used_bytes); },
      "Bytes of graph memory in use on the device now (CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)."},
-    {"cupool_graph_used_high_bytes",
-     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.graph.used_peak_bytes); },
+    {"cupool_graph_used_peak_bytes", graph_used_peak,
      "High-water mark of the device's used graph memory since the last peak reset."},
+    {"cupool_graph_used_high_bytes", graph_used_peak, CUPOOL_OLD_NAME("cupool_graph_used_peak_bytes")},
 };
+#undef CUPOOL_OLD_NAME
 
 // A label of a sample and where its value comes from. The device labels are dcgm-exporter's (gpu,
 // UUID, pci_bus_id; for a device's own series also modelName and Hostname, which come from the

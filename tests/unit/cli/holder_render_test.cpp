@@ -190,8 +190,13 @@ TEST_CASE("stats in the Prometheus text format") {
   CHECK(text.find("# HELP cupool_pool_reserved_bytes ") == 0);
   CHECK(text.find("# TYPE cupool_pool_reserved_bytes gauge\ncupool_pool_reserved_bytes" + labels + " 10804527104\n") !=
         std::string::npos);
+  CHECK(text.find("\ncupool_pool_reserved_peak_bytes" + labels + " 10804527104\n") != std::string::npos);
+  // The old names of the peaks are written beside the new ones until cupool 0.2 (docs/naming.md).
   CHECK(text.find("\ncupool_pool_reserved_high_bytes" + labels + " 10804527104\n") != std::string::npos);
+  CHECK(text.find("# HELP cupool_pool_reserved_high_bytes Deprecated: cupool_pool_reserved_peak_bytes under its old "
+                  "name") != std::string::npos);
   CHECK(text.find("\ncupool_pool_used_bytes" + labels + " 10737418240\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_used_peak_bytes" + labels + " 10804527104\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_used_high_bytes" + labels + " 10804527104\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_release_threshold_bytes" + labels + " +Inf\n") != std::string::npos);  // max
   CHECK(text.find("\ncupool_pool_leases" + labels + " 2\n") != std::string::npos);
@@ -199,8 +204,10 @@ TEST_CASE("stats in the Prometheus text format") {
   CHECK(text.find("\ncupool_pool_cached_leases" + labels + " 1\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_cached_bytes" + labels + " 67108864\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_bytes" + device + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_graph_reserved_peak_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_high_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_used_bytes" + device + " 0\n") != std::string::npos);
+  CHECK(text.find("\ncupool_graph_used_peak_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_used_high_bytes" + device + " 0\n") != std::string::npos);
 
   // Every line is a comment or a sample; every family has exactly one HELP and one TYPE line.
@@ -219,9 +226,10 @@ TEST_CASE("stats in the Prometheus text format") {
     CHECK(line.rfind("cupool_", 0) == (line[0] == '#' ? std::string::npos : 0));
     start = end + 1;
   }
-  CHECK(help == 14);
-  CHECK(type == 14);
-  CHECK(samples == 14);
+  // 13 series, the four peaks twice (their old names until cupool 0.2), and cupool_build_info.
+  CHECK(help == 18);
+  CHECK(type == 18);
+  CHECK(samples == 18);
   const cupool::BuildInfo& b = cupool::build_info();
   CHECK(text.find("\ncupool_build_info{version=\"" + b.version + "\",commit=\"" + b.commit + "\",cuda_headers=\"" +
                   b.cuda_headers + "\"} 1\n") != std::string::npos);
@@ -252,12 +260,13 @@ TEST_CASE("Prometheus label values are escaped") {
 
 TEST_CASE("Prometheus: no pools, no samples; a sample without its value is left out") {
   const std::string empty = render_stats_prometheus(json::parse(R"({"pools": [], "devices": []})"));
-  CHECK(empty.find("# TYPE cupool_pool_used_bytes gauge\n# HELP cupool_pool_used_high_bytes") != std::string::npos);
+  CHECK(empty.find("# TYPE cupool_pool_used_bytes gauge\n# HELP cupool_pool_used_peak_bytes") != std::string::npos);
   CHECK(empty.find("\ncupool_pool") == std::string::npos);
   CHECK(empty.find("\ncupool_graph") == std::string::npos);
   json reply = stats_reply();
   reply["pools"][0].erase("used_peak_bytes");
   const std::string text = render_stats_prometheus(reply);
+  CHECK(text.find("\ncupool_pool_used_peak_bytes{") == std::string::npos);
   CHECK(text.find("\ncupool_pool_used_high_bytes{") == std::string::npos);
   CHECK(text.find("\ncupool_pool_used_bytes{") != std::string::npos);
 }
