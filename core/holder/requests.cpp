@@ -15,29 +15,30 @@ namespace cupool {
 
 // The request table: every operation of docs/protocol.md and the handler that serves it.
 std::vector<Holder::Operation> Holder::operations() {
-  auto on = [](auto& unit, Reply (std::remove_reference_t<decltype(unit)>::*handler)(Request&)) {
-    return [&unit, handler](Request& r) { return (unit.*handler)(r); };
+  // A row: the operation's name and the unit's member that serves it.
+  auto row = [](const char* name, auto& unit, Reply (std::remove_reference_t<decltype(unit)>::*handler)(Request&)) {
+    return Operation{name, [&unit, handler](Request& r) { return (unit.*handler)(r); }};
   };
   return {
-      {"hello", on(client_requests_, &ClientRequests::hello)},
-      {"list", on(client_requests_, &ClientRequests::list)},
-      {"import_pool", on(client_requests_, &ClientRequests::import_pool)},
-      {"alloc", on(client_requests_, &ClientRequests::alloc)},
-      {"free", on(client_requests_, &ClientRequests::free)},
-      {"reuse", on(client_requests_, &ClientRequests::reuse)},
-      {"dropped", on(client_requests_, &ClientRequests::dropped)},
-      {"buffer_open", on(buffer_requests_, &BufferRequests::open)},
-      {"buffer_close", on(buffer_requests_, &BufferRequests::close)},
-      {"status", on(admin_requests_, &AdminRequests::status)},
-      {"stats", on(admin_requests_, &AdminRequests::stats)},
-      {"trim", on(admin_requests_, &AdminRequests::trim)},
-      {"plan", on(admin_requests_, &AdminRequests::plan)},
-      {"apply", on(admin_requests_, &AdminRequests::apply)},
-      {"export", on(admin_requests_, &AdminRequests::export_config)},
-      {"buffer_create", on(buffer_requests_, &BufferRequests::create)},
-      {"buffer_remove", on(buffer_requests_, &BufferRequests::remove)},
-      {"buffer_ready", on(buffer_requests_, &BufferRequests::ready)},
-      {"buffer_tensors", on(buffer_requests_, &BufferRequests::tensors)},
+      row("hello", client_requests_, &ClientRequests::hello),
+      row("list", client_requests_, &ClientRequests::list),
+      row("import_pool", client_requests_, &ClientRequests::import_pool),
+      row("alloc", client_requests_, &ClientRequests::alloc),
+      row("free", client_requests_, &ClientRequests::free),
+      row("reuse", client_requests_, &ClientRequests::reuse),
+      row("dropped", client_requests_, &ClientRequests::dropped),
+      row("buffer_open", buffer_requests_, &BufferRequests::open),
+      row("buffer_close", buffer_requests_, &BufferRequests::close),
+      row("status", admin_requests_, &AdminRequests::status),
+      row("stats", admin_requests_, &AdminRequests::stats),
+      row("trim", admin_requests_, &AdminRequests::trim),
+      row("plan", admin_requests_, &AdminRequests::plan),
+      row("apply", admin_requests_, &AdminRequests::apply),
+      row("export", admin_requests_, &AdminRequests::export_config),
+      row("buffer_create", buffer_requests_, &BufferRequests::create),
+      row("buffer_remove", buffer_requests_, &BufferRequests::remove),
+      row("buffer_ready", buffer_requests_, &BufferRequests::ready),
+      row("buffer_tensors", buffer_requests_, &BufferRequests::tensors),
   };
 }
 
