@@ -14,13 +14,11 @@
 
 #include "base/error.h"
 #include "base/units.h"
-#include "holder/holder.h"
+#include "holder/buffer_store.h"
 
 namespace cupool {
 
-void Holder::attach_custody(custody::Custody* custody) { custody_ = custody; }
-
-void Holder::deposit_parts(const std::string& name) {
+void BufferStore::deposit_parts(const std::string& name) {
   if (!custody_) return;
   auto it = buffers_.find(name);
   if (it == buffers_.end() || !it->second.exported) return;
@@ -28,7 +26,7 @@ void Holder::deposit_parts(const std::string& name) {
   manifest_stale_ = true;
 }
 
-bool Holder::held_in_custody(const std::string& name) const {
+bool BufferStore::held_in_custody(const std::string& name) const {
   if (manifest_sequence_ && name == custody::manifest_fd_name(manifest_sequence_)) return true;
   const auto part = custody::parse_part_fd_name(name);
   if (!part) return false;
@@ -36,7 +34,7 @@ bool Holder::held_in_custody(const std::string& name) const {
   return it != buffers_.end() && it->second.exported && part->second < it->second.parts.size();
 }
 
-void Holder::sync_custody(bool retry) noexcept {
+void BufferStore::sync_custody(bool retry) noexcept {
   if (!custody_ || (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty())) return;
   const auto now = std::chrono::steady_clock::now();
   if (!retry && now < custody_retry_at_) return;  // custody failed lately: the audit tries again
@@ -69,7 +67,7 @@ void Holder::sync_custody(bool retry) noexcept {
         mb.name = name;
         mb.pool = b.want.pool;
         mb.device = b.want.device;
-        mb.uuid = device_uuid(b.want.device);
+        mb.uuid = device_uuid(node_, b.want.device);
         mb.size = b.want.size;
         for (const auto& part : b.parts) {
           mb.parts.push_back(part.size);
@@ -215,7 +213,7 @@ std::optional<custody::Manifest> newest_manifest(const std::map<std::string, Fd>
 
 }  // namespace
 
-model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& want) {
+model::Adoption BufferStore::adopt(std::vector<custody::Kept> kept, const Desired& want) {
   const auto started = std::chrono::steady_clock::now();
   model::Adoption report;
   std::map<std::string, Fd> by_name;
@@ -255,7 +253,7 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
       spdlog::info("custody: adopted buffer {} ({}{}, pool {}, device {})", mb.name, format_bytes(mb.size),
                    b.index ? ", " + std::to_string(b.index->tensors.size()) + " tensors" : std::string(), mb.pool,
                    device);
-      report.buffers.push_back({mb.name, mb.pool, device_id(device), mb.size});
+      report.buffers.push_back({mb.name, mb.pool, device_id(node_, device), mb.size});
       buffers_[mb.name] = std::move(b);
     }
   }
@@ -281,7 +279,7 @@ model::Adoption Holder::adopt(std::vector<custody::Kept> kept, const Desired& wa
 // Why the manifest's buffer `mb` on `device` is not adopted before its parts are looked at ("": it
 // may be): a buffer of its name is held, its pool is not a device pool of `want` there, or its
 // parts are not mapped whole.
-std::string Holder::adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const {
+std::string BufferStore::adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const {
   if (buffers_.count(mb.name)) return "a buffer of that name is held already";
   // Charged to a pool the config holds, where it could have been made: a device pool on its device.
   const auto pool = std::find_if(want.pools.begin(), want.pools.end(),
@@ -303,8 +301,8 @@ std::string Holder::adoption_refusal(const custody::ManifestBuffer& mb, int devi
 
 // Maps the parts of `mb` from custody's descriptors (`by_name`, taken from there) into `b`, and its
 // tensor index. Returns why not ("" when done); then what it mapped is unmapped again.
-std::string Holder::adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
-                                adoption::Allocations& allocations, HeldBuffer& b) {
+std::string BufferStore::adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+                                     adoption::Allocations& allocations, HeldBuffer& b) {
   std::string why;
   for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i) {
     const std::string fd_name = custody::part_fd_name(mb.name, i);
@@ -349,7 +347,7 @@ std::string Holder::adopt_parts(const custody::ManifestBuffer& mb, int device, s
   return why;
 }
 
-std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {
+std::size_t BufferStore::forget_custody(std::vector<custody::Kept> kept) {
   std::size_t dropped = 0;
   std::set<std::string> named;  // the buffers whose memory goes, as their parts name them
   for (auto& k : kept) {
@@ -367,7 +365,7 @@ std::size_t Holder::forget_custody(std::vector<custody::Kept> kept) {
   return dropped;
 }
 
-bool Holder::audit_custody() noexcept {
+bool BufferStore::audit_custody() noexcept {
   if (!custody_) return true;
   const auto now = std::chrono::steady_clock::now();
   if (now < custody_retry_at_) return false;  // it failed lately: left alone until then
@@ -404,7 +402,7 @@ bool Holder::audit_custody() noexcept {
   return custody_error_.empty();
 }
 
-model::Custody Holder::custody_status() const {
+model::Custody BufferStore::custody_status() const {
   model::Custody out;
   out.kind = custody_ ? custody_->kind() : "none";
   if (custody_) out.where = custody_->where();

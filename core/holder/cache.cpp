@@ -10,7 +10,7 @@
 #include <chrono>
 
 #include "base/error.h"
-#include "holder/holder.h"
+#include "holder/leasing.h"
 #include "protocol/messages.h"
 
 namespace cupool {
@@ -24,9 +24,7 @@ std::int64_t now_ms() {
 
 }  // namespace
 
-void Holder::cache_lease(std::uint64_t id) { leases_.cache(id); }
-
-void Holder::uncache_lease(std::uint64_t id) noexcept {
+void Leasing::uncache(std::uint64_t id) noexcept {
   const std::uint64_t ask = leases_.uncache(id);
   if (!ask) return;
   if (DropAsk* a = drops_.find(ask)) {
@@ -35,8 +33,8 @@ void Holder::uncache_lease(std::uint64_t id) noexcept {
   }
 }
 
-std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)>& pick, std::uint64_t bytes,
-                                          const char* reason) {
+std::set<std::uint64_t> Leasing::ask_drops(const std::function<bool(const Lease&)>& pick, std::uint64_t bytes,
+                                           const char* reason) {
   std::vector<std::pair<std::uint64_t, const Lease*>> candidates;
   for (const auto& [id, l] : leases_)
     if (l.cached && pick(l)) candidates.emplace_back(id, &l);
@@ -71,7 +69,7 @@ std::set<std::uint64_t> Holder::ask_drops(const std::function<bool(const Lease&)
   return waits;
 }
 
-Reply Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
+Reply Leasing::defer(const Request& r, std::set<std::uint64_t> asks, std::function<Json()> then) {
   // The reply comes later, in the names of the connection's protocol as an answer now would.
   if (r.client.protocol < proto::kNamedProtocol)
     then = [op = r.op, then = std::move(then)] {
@@ -83,7 +81,7 @@ Reply Holder::defer(const Request& r, std::set<std::uint64_t> asks, std::functio
   return Reply::later();
 }
 
-void Holder::notify(std::uint64_t client, Json notice) {
+void Leasing::notify(std::uint64_t client, Json notice) {
   if (!notice_) return;
   const HeldClient* c = clients_.find(client);
   if (c && c->protocol < proto::kNamedProtocol)
@@ -91,11 +89,11 @@ void Holder::notify(std::uint64_t client, Json notice) {
   notice_(client, notice);
 }
 
-void Holder::finish_ask(std::uint64_t ask) {
+void Leasing::finish_ask(std::uint64_t ask) {
   for (std::uint64_t id : drops_.close(ask)) leases_.forget_ask(id, ask);
 }
 
-void Holder::run_ready_waiters() {
+void Leasing::run_ready_waiters() {
   // A waiter's reply may free leases or send notices, never start another wait (then() runs with
   // waiting off), so this ends.
   while (std::optional<DropWaiter> ready = drops_.take_ready()) {
@@ -120,81 +118,29 @@ void Holder::run_ready_waiters() {
   }
 }
 
-std::vector<std::uint64_t> Holder::overdue(std::int64_t now) const { return drops_.overdue(now); }
-
-std::optional<std::int64_t> Holder::next_deadline() const { return drops_.next_deadline(); }
-
-std::size_t Holder::cached_count() const { return leases_.cached_count(); }
-
-std::uint64_t Holder::cached_bytes() const { return leases_.cached_bytes(); }
-
-std::set<std::uint64_t> Holder::ask_drops_for(const Desired& want) {
-  // A pool name is replaced on all its devices or none (plan()): every device of a blocked pool.
-  std::set<std::string> names;
-  for (const Change& ch : plan(want))
-    if (ch.object == "pool" && (ch.action == "remove" || ch.action == "replace") && !ch.blocked.empty())
-      names.insert(ch.name);
-  std::set<PoolKey> keys;
-  for (const auto& [key, p] : pools_) {
-    const model::LeaseTotals t = leases_.of(key);
-    if (names.count(key.first) && t.cached_count && t.cached_count == t.lease_count) keys.insert(key);
-  }
-  if (keys.empty()) return {};
-  return ask_drops([&](const Lease& l) { return keys.count({l.pool, l.device}) > 0; }, UINT64_MAX, "apply");
-}
-
-bool Holder::apply_after_drops(const Desired& want, std::function<void(const std::vector<Change>&)> done) {
-  std::set<std::uint64_t> asks = ask_drops_for(want);
-  if (asks.empty()) {
-    done(apply(want));
-    return false;
-  }
-  drops_.wait(DropWaiter{0, Json(), std::move(asks), [this, want, done = std::move(done)] {
-                           done(apply(want));
-                           return Json::object();
-                         }});
-  return true;
-}
-
-// ---- requests ----
-
-Reply Holder::op_reuse(Request& r) {
-  const std::uint64_t lease = proto::read_reuse(r.args).lease;
-  r.args.finish();
-  const Lease* l = leases_.find(lease);
-  if (!l || l->client != r.id || !l->cached)
-    throw Error(Errc::not_found, "lease " + std::to_string(lease) + " is not a cached lease of this connection");
-  uncache_lease(lease);
-  return proto::to_json(proto::ReuseReply{lease, l->size});
-}
-
-Reply Holder::op_dropped(Request& r) {
-  const proto::Dropped answer = proto::read_dropped(r.args, limits_.max_leases_per_client);
-  r.args.finish();
-  const std::uint64_t ask = answer.ask;
-  const std::vector<std::uint64_t>& ids = answer.leases;
+std::uint64_t Leasing::dropped(std::uint64_t id, std::uint64_t ask, const std::vector<std::uint64_t>& ids) {
   // All or nothing: every lease named must be a cached lease of this connection.
-  for (std::uint64_t id : ids) {
-    const Lease* l = leases_.find(id);
-    if (!l || l->client != r.id || !l->cached)
-      throw Error(Errc::bad_request, "lease " + std::to_string(id) + " is not a cached lease of this connection");
+  for (std::uint64_t lease : ids) {
+    const Lease* l = leases_.find(lease);
+    if (!l || l->client != id || !l->cached)
+      throw Error(Errc::bad_request, "lease " + std::to_string(lease) + " is not a cached lease of this connection");
   }
   std::uint64_t bytes = 0;
-  for (std::uint64_t id : ids) {
-    bytes += leases_.at(id).size;
-    dropped_bytes_ += leases_.at(id).size;
-    free_lease(id);
+  for (std::uint64_t lease : ids) {
+    bytes += leases_.at(lease).size;
+    dropped_bytes_ += leases_.at(lease).size;
+    free(lease);
   }
   const DropAsk* a = drops_.find(ask);
-  if (a && a->client == r.id) {
+  if (a && a->client == id) {
     // What it did not drop it reused (its `reuse` came first on the same socket), or it keeps
     // against the protocol; either way the ask is answered.
-    for (std::uint64_t id : a->leases)
-      if (const Lease* l = leases_.find(id); l && l->cached)
-        spdlog::warn("client {} answered drop {} but kept cached lease {}", r.id, ask, id);
+    for (std::uint64_t lease : a->leases)
+      if (const Lease* l = leases_.find(lease); l && l->cached)
+        spdlog::warn("client {} answered drop {} but kept cached lease {}", id, ask, lease);
     finish_ask(ask);
   }
-  return proto::to_json(proto::DroppedReply{ask, ids.size(), bytes});
+  return bytes;
 }
 
 }  // namespace cupool

@@ -1,76 +1,91 @@
+// The holder as a composition: its units wired together, and what spans them (a client leaving,
+// an apply with its custody sync, the shutdown in order).
 #include "holder/holder.h"
 
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 
 #include "holder/names.h"
 
 namespace cupool {
 
-// ---- Holder ----
-
 Holder::Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits limits)
-    : backend_(backend),
-      node_(std::move(node)),
-      self_uid_(self_uid),
+    : node_(std::move(node)),
       limits_(limits),
       clients_(self_uid, limits),
-      created_at_(now_s()) {}
+      pools_(backend, node_),
+      buffers_(backend, node_, self_uid, pools_),
+      leasing_(backend, clients_, pools_, buffers_, limits_),
+      reconciler_(pools_, buffers_, clients_, leasing_),
+      client_requests_(backend, clients_, pools_, buffers_, leasing_, limits_, identity_, draining_),
+      buffer_requests_(backend, clients_, pools_, buffers_, limits_, draining_),
+      admin_requests_({backend, node_, clients_, pools_, buffers_, leasing_, reconciler_, identity_, draining_}),
+      operations_(operations()) {}
 
 Holder::~Holder() { shutdown(); }
 
-std::string Holder::device_uuid(int device) const {
-  const DeviceReport* d = node_.device(device);
-  return d ? d->info.uuid : "";
+std::vector<Change> Holder::apply(const Desired& want) {
+  return buffers_.then_sync_custody([&] { return reconciler_.apply(want); });
 }
 
-model::PlanChange Holder::view(const Change& c) const {
-  model::PlanChange out;
-  out.action = c.action;
-  out.object = c.object;
-  out.name = c.name;
-  if (c.device >= 0) out.id = device_id(c.device);
-  if (!c.field.empty()) {
-    out.field = c.field;
-    out.from = c.from.text;
-    out.to = c.to.text;
-    out.from_value = c.from.value;
-    out.to_value = c.to.value;
+bool Holder::apply_after_drops(const Desired& want, std::function<void(const std::vector<Change>&)> done) {
+  std::set<std::uint64_t> asks = reconciler_.ask_drops_for(want);
+  if (asks.empty()) {
+    done(apply(want));
+    return false;
   }
-  if (!c.blocked.empty()) out.blocked = c.blocked;
-  return out;
+  leasing_.wait(DropWaiter{0, Json(), std::move(asks), [this, want, done = std::move(done)] {
+                             done(apply(want));
+                             return Json::object();
+                           }});
+  return true;
 }
 
-model::DeviceId Holder::device_id(int device) const { return {device, device_uuid(device), device_pci_bus_id(device)}; }
+void Holder::disconnect(std::uint64_t id) {
+  buffers_.then_sync_custody([&] { forget_client(id); });
+}
 
-std::string Holder::device_pci_bus_id(int device) const {
-  const DeviceReport* d = node_.device(device);
-  return d ? d->info.pci_bus_id : "";
+void Holder::forget_client(std::uint64_t id) {
+  HeldClient* gone = clients_.find(id);
+  if (!gone) return;
+  const std::size_t lease_count = gone->leases.size();
+  leasing_.leave(id, *gone);
+  for (const auto& [name, opens] : gone->open_buffers)
+    if (HeldBuffer* b = buffers_.find(name)) b->opens -= std::min(b->opens, opens);
+  // A buffer it was still loading is half made: nobody may have it.
+  std::vector<std::string> unfinished;
+  for (const auto& [name, b] : buffers_)
+    if (b.loading == id) unfinished.push_back(name);
+  for (const std::string& name : unfinished) {
+    spdlog::warn("client {} (pid {}) left before buffer {} was loaded; removing it", id, gone->peer.pid, name);
+    buffers_.destroy(name);
+  }
+  if (lease_count)
+    spdlog::info("client {} (pid {}) left; freed {} lease{}", id, gone->peer.pid, lease_count,
+                 lease_count == 1 ? "" : "s");
+  clients_.erase(id);
+  leasing_.run_ready_waiters();
 }
 
 void Holder::shutdown() noexcept {
-  custody_ = nullptr;  // what custody keeps stays there: the next holder adopts it
-  notice_ = nullptr;   // the holder is ending: nobody to tell, and the owner may be half gone
-  deferred_ = nullptr;
-  drops_.forget_waiters();
-  for (std::uint64_t id : leases_.ids()) free_lease(id);
-  std::vector<std::string> names;
-  for (const auto& [name, b] : buffers_) names.push_back(name);
-  for (const auto& n : names) {
+  buffers_.detach_custody();  // what custody keeps stays there: the next holder adopts it
+  leasing_.free_all();
+  for (const auto& n : buffers_.names()) {
     try {
-      destroy_buffer(n);
+      buffers_.destroy(n);
     } catch (const std::exception& e) {
       spdlog::error("freeing buffer {}: {}", n, e.what());
     }
   }
-  std::vector<PoolKey> keys;
-  for (const auto& [key, p] : pools_) keys.push_back(key);
-  for (const auto& k : keys) {
+  for (const auto& k : pools_.keys()) {
     try {
-      destroy_pool(k);
+      reconciler_.destroy_pool(k);
     } catch (const std::exception& e) {
       spdlog::error("destroying pool {} on device {}: {}", k.first, k.second, e.what());
-      pools_.erase(k);
+      pools_.forget(k);
     }
   }
 }
+
 }  // namespace cupool

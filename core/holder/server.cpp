@@ -29,6 +29,7 @@
 #include "holder/names.h"
 #include "holder/peer.h"
 #include "holder/socket_file.h"
+#include "holder/start.h"
 #include "protocol/messages.h"
 #include "protocol/protocol.h"
 
@@ -44,8 +45,6 @@ constexpr std::size_t kMaxFdsPerMessage = 253;
 // Descriptors of one user still being closed, past which its new connections are refused. A user
 // that never sends descriptors has at most the sockets of connections it just closed.
 constexpr std::size_t kMaxPendingClosesPerUser = 16;
-// Open files the holder asks for (RLIMIT_NOFILE): 1024 connections and room for the rest.
-constexpr rlim_t kWantedFiles = 4096;
 using proto::Json;
 
 std::int64_t steady_ms() {
@@ -67,12 +66,6 @@ struct Connection {
   bool dead = false;
 };
 
-// How long the holder waits for its keeper in one request once it serves (it asks from the serving
-// thread; Holder::kCustodyBudgetMs bounds all of a request's custody work), and at its start, when
-// it serves nobody yet (--keeper-wait bounds the start's custody work).
-constexpr int kKeeperTimeoutMs = 500;
-constexpr int kKeeperStartTimeoutMs = 5000;
-
 class Server {
  public:
   Server(Backend& backend, const ServerOptions& options) : backend_(backend), options_(options) {}
@@ -82,10 +75,7 @@ class Server {
  private:
   // The steps of run(): the start (signals, open files, config, custody, pools and buffers, the
   // socket), one turn of the loop after another until drained, then the stop.
-  static Fd take_signals();
-  static void raise_file_limit();
   void start();
-  static Desired load_held_config(const SourceFile& file, const NodeReport& node);
   // Attaches custody (if any) and adopts or forgets what it kept; returns the keeper, if that is it.
   custody::KeeperClient* take_custody(const Desired& want);
   // Where the holder's notices and deferred replies go: the connections' queues.
@@ -121,11 +111,6 @@ class Server {
   void reload();
   void start_drain(const char* why);
   void update_identity();
-
-  // Where the held buffers' descriptors are kept (ServerOptions::keeper); null for none.
-  std::unique_ptr<custody::Custody> choose_custody() const;
-  // What custody kept, waiting up to keeper_wait_ms for a keeper that is not there yet.
-  std::vector<custody::Kept> withdraw_from_custody();
 
   Backend& backend_;
   ServerOptions options_;
@@ -430,47 +415,6 @@ void Server::start_drain(const char* why) {
           proto::Kind::notice);
 }
 
-std::unique_ptr<custody::Custody> Server::choose_custody() const {
-  // The holder asks its keeper from the serving thread: a keeper that stops answering (SIGSTOP, a
-  // frozen container) may hold it up at most this long a request (twice, with the one retry).
-  if (!options_.keeper.empty()) return std::make_unique<custody::KeeperClient>(options_.keeper, kKeeperStartTimeoutMs);
-  if (const char* notify = std::getenv("NOTIFY_SOCKET"); notify && *notify) {
-    // systemd 254 and later say how many descriptors the unit may store ($FDSTORE); 0 is none.
-    if (const char* max = std::getenv("FDSTORE"); max && std::string(max) == "0") {
-      spdlog::warn(
-          "the unit has no file-descriptor store (FileDescriptorStoreMax=0): held buffers die with this "
-          "process; see configs/systemd/cupool.service");
-      return nullptr;
-    }
-    return custody::systemd_store();
-  }
-  spdlog::info("no custody for held buffers (no $NOTIFY_SOCKET, no --keeper): they die with this process");
-  return nullptr;
-}
-
-std::vector<custody::Kept> Server::withdraw_from_custody() {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.keeper_wait_ms);
-  bool told = false;
-  while (true) {
-    try {
-      return custody_->withdraw();
-    } catch (const Error& e) {
-      // A keeper that can't be trusted (another user's, or at a path others can take) is given
-      // nothing and nothing is taken from it: the holder runs without custody and says why.
-      if (e.code() == Errc::not_permitted) {
-        spdlog::error("custody is off: {}", e.what());
-        return {};
-      }
-      if (e.code() != Errc::unreachable || Clock::now() >= deadline)
-        throw Error(e.code(), "custody: " + custody_->where() + " did not answer (" + e.what() +
-                                  "); start `cupool keeper` first, or hold with --fresh to start from nothing");
-      if (!told) spdlog::info("waiting up to {} s for the {}", options_.keeper_wait_ms / 1000, custody_->where());
-      told = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-}
-
 int Server::run() {
   started_ = iso_now();
   const Fd signals = take_signals();
@@ -480,34 +424,6 @@ int Server::run() {
   while (!(draining_ && (connections_.empty() || Clock::now() >= drain_deadline_))) turn(signals, fds);
   stop();
   return exit_code_;
-}
-
-Fd Server::take_signals() {
-  // Signals arrive through a descriptor, so the loop sees them between requests. They are blocked
-  // before the driver starts its threads (at cuInit): a thread that doesn't block SIGTERM would
-  // take it and the process would die without draining (measured on a real driver).
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGTERM);
-  sigaddset(&mask, SIGINT);
-  sigaddset(&mask, SIGHUP);
-  if (sigprocmask(SIG_BLOCK, &mask, nullptr) != 0) throw std::runtime_error("sigprocmask: " + errno_text());
-  Fd signals(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC));
-  if (!signals) throw std::runtime_error("signalfd: " + errno_text());
-  ::signal(SIGPIPE, SIG_IGN);
-  return signals;
-}
-
-void Server::raise_file_limit() {
-  // Every connection is a descriptor: the usual soft limit (1024) is below what the holder serves
-  // (1024 connections, plus its pools' descriptors). Raise it as far as the hard limit allows.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < kWantedFiles) {
-    const rlim_t before = files.rlim_cur;
-    files.rlim_cur = files.rlim_max == RLIM_INFINITY ? kWantedFiles : std::min<rlim_t>(kWantedFiles, files.rlim_max);
-    if (files.rlim_cur > before && ::setrlimit(RLIMIT_NOFILE, &files) != 0)
-      spdlog::warn("can't raise the open-files limit from {}: {}", before, errno_text());
-  }
 }
 
 void Server::start() {
@@ -550,23 +466,12 @@ void Server::start() {
   sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() + "\nMAINPID=" + std::to_string(::getpid()));
 }
 
-Desired Server::load_held_config(const SourceFile& file, const NodeReport& node) {
-  try {
-    Loaded loaded = load_config(file, node, Scope::all);
-    if (!loaded.warnings.empty()) std::fputs(loaded.warnings.c_str(), stderr);
-    return std::move(loaded.desired);
-  } catch (const ConfigRejected& e) {
-    std::fputs(e.rendered().c_str(), stderr);
-    throw Error(e.code(), file.path() + " can't be held (" + e.what() + ")");
-  }
-}
-
 custody::KeeperClient* Server::take_custody(const Desired& want) {
-  custody_ = choose_custody();
+  custody_ = choose_custody(options_);
   if (!custody_) return nullptr;
   holder_->attach_custody(custody_.get());
   holder_->set_custody_budget_ms(std::max(options_.keeper_wait_ms, Holder::kCustodyBudgetMs));
-  std::vector<custody::Kept> kept = withdraw_from_custody();
+  std::vector<custody::Kept> kept = withdraw_from_custody(*custody_, options_.keeper_wait_ms);
   if (options_.fresh) {
     const std::size_t dropped = holder_->forget_custody(std::move(kept));
     spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,

@@ -314,3 +314,30 @@ TEST_CASE("custody: adoption believes nothing custody says that the node, the dr
   CHECK_FALSE(custody.kept.count("cupool-buffer.orphan.0"));
   CHECK(custody.kept.count("cupool-buffer.first.0"));
 }
+
+TEST_CASE("custody: a request that fails after changing what custody keeps still leaves custody synced") {
+  FakeCustody custody;
+  CustodyHolder node(custody);
+  node.holder.adopt({}, CustodyHolder::want());
+  node.holder.apply(CustodyHolder::want());
+  REQUIRE(custody.kept.count("cupool-buffer.weights.0"));
+  REQUIRE(custody.manifest().buffers.size() == 1);
+  const auto root = node.root();
+  // The new config drops the buffer (removed first) and adds a pool the driver refuses: the apply
+  // request throws after the buffer went.
+  const std::string without_buffer = R"(version: 1
+holder: {socket: /tmp/cupool-unit.sock, mode: "0666"}
+pools:
+  - {name: kv, devices: [0], handle_types: [posix_fd], max_size: 4GiB}
+  - {name: other, devices: [1], handle_types: [posix_fd]}
+)";
+  node.sim.fail("create_pool", "CUDA_ERROR_OUT_OF_MEMORY");
+  CHECK_THROWS(test::call(node.holder, root, {{"op", "apply"}, {"config", without_buffer}}));
+  // The reply was an error, yet custody heard of the change before it: a new manifest without the
+  // buffer, and its part no longer kept.
+  CHECK(node.custody_error().empty());
+  CHECK(custody.manifest().buffers.empty());
+  CHECK(custody.manifest_count() == 1);
+  CHECK_FALSE(custody.kept.count("cupool-buffer.weights.0"));
+  CHECK(node.holder.status().buffers.empty());
+}

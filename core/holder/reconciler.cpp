@@ -1,5 +1,7 @@
-// Reconciling: what a config asks for (config/resolve.h) against what the holder holds. plan() says
-// what would change; apply() changes it, in order, and only what differs.
+// Reconciling (reconciler.h): plan() says what would change; apply() changes it, in order, and only
+// what differs.
+#include "holder/reconciler.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -9,7 +11,6 @@
 #include "base/limits.h"
 #include "base/text.h"
 #include "base/units.h"
-#include "holder/holder.h"
 #include "holder/names.h"
 
 namespace cupool {
@@ -44,7 +45,7 @@ ChangeValue share_value(const ShareRule& s) {
 
 }  // namespace
 
-std::vector<Change> Holder::plan(const Desired& want) const {
+std::vector<Change> Reconciler::plan(const Desired& want) const {
   std::vector<Change> changes;
   plan_holder(want, changes);
   plan_buffers_out(want, changes);
@@ -53,17 +54,16 @@ std::vector<Change> Holder::plan(const Desired& want) const {
   for (const auto& w : want.pools)
     if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", {}, {}, ""});
   for (const auto& w : want.buffers) {
-    auto it = buffers_.find(w.name);
-    if (it == buffers_.end()) changes.push_back({"create", "buffer", w.name, w.device, "", {}, {}, ""});
+    if (!buffers_.count(w.name)) changes.push_back({"create", "buffer", w.name, w.device, "", {}, {}, ""});
   }
   return changes;
 }
 
 // Why `h` is in use: its leases, by how many clients, and how many of them are cached ("" when none).
-std::string Holder::lease_note(const HeldPool& h) const {
+std::string Reconciler::lease_note(const HeldPool& h) const {
   const PoolKey key{h.want.name, h.want.device};
-  const model::LeaseTotals t = leases_.of(key);
-  const std::size_t holders = leases_.clients_of(key);
+  const model::LeaseTotals t = leasing_.book().of(key);
+  const std::size_t holders = leasing_.book().clients_of(key);
   std::string why;
   if (t.lease_count)
     why = std::to_string(t.lease_count) + (t.lease_count == 1 ? " lease" : " leases") + " held by " +
@@ -77,7 +77,7 @@ std::string Holder::lease_note(const HeldPool& h) const {
 
 // The buffers in the pool `key` that keep it: those `keep` keeps or that are in use, a client's or
 // a tensor set (all of them without `keep`).
-std::vector<std::string> Holder::buffers_in(const PoolKey& key, const Desired* keep) const {
+std::vector<std::string> Reconciler::buffers_in(const PoolKey& key, const Desired* keep) const {
   std::vector<std::string> names;
   for (const auto& [name, b] : buffers_) {
     if (b.want.pool != key.first || b.want.device != key.second) continue;
@@ -93,7 +93,7 @@ std::vector<std::string> Holder::buffers_in(const PoolKey& key, const Desired* k
 }
 
 // Why the pool `key` can't be replaced or removed for `want` ("" when it can).
-std::string Holder::blocked_reason(const PoolKey& key, const HeldPool& h, const Desired& want) const {
+std::string Reconciler::blocked_reason(const PoolKey& key, const HeldPool& h, const Desired& want) const {
   std::vector<std::string> why;
   const std::string leases = lease_note(h);
   if (!leases.empty()) why.push_back(leases);
@@ -104,7 +104,7 @@ std::string Holder::blocked_reason(const PoolKey& key, const HeldPool& h, const 
 }
 
 // The holder section's changes: socket, mode, group.
-void Holder::plan_holder(const Desired& want, std::vector<Change>& changes) const {
+void Reconciler::plan_holder(const Desired& want, std::vector<Change>& changes) const {
   if (!socket_from_command_line_ && want.holder.socket != holder_.socket)
     changes.push_back({"update", "holder", "holder", -1, "socket", text_value(holder_.socket),
                        text_value(want.holder.socket), "the socket path changes only when the holder restarts"});
@@ -119,7 +119,7 @@ void Holder::plan_holder(const Desired& want, std::vector<Change>& changes) cons
                        optional_text(want.holder.group), ""});
 }
 
-void Holder::plan_buffers_out(const Desired& want, std::vector<Change>& changes) const {
+void Reconciler::plan_buffers_out(const Desired& want, std::vector<Change>& changes) const {
   // Buffers that go away or change (before pools, so their pools can go).
   for (const auto& [name, b] : buffers_) {
     // A held tensor set (`cupool buffer load`), or any buffer a client made (`cupool buffer
@@ -141,7 +141,8 @@ void Holder::plan_buffers_out(const Desired& want, std::vector<Change>& changes)
 
 // The held pool `key` against `want`: removed, replaced (the first property that differs) or
 // updated in place.
-void Holder::plan_pool(const PoolKey& key, const HeldPool& h, const Desired& want, std::vector<Change>& changes) const {
+void Reconciler::plan_pool(const PoolKey& key, const HeldPool& h, const Desired& want,
+                           std::vector<Change>& changes) const {
   const PoolWant* w = nullptr;
   for (const auto& pw : want.pools)
     if (pw.name == key.first && pw.device == key.second) w = &pw;
@@ -188,7 +189,7 @@ void Holder::plan_pool(const PoolKey& key, const HeldPool& h, const Desired& wan
   }
 }
 
-void Holder::keep_pools_whole(std::vector<Change>& changes) {
+void Reconciler::keep_pools_whole(std::vector<Change>& changes) {
   // A pool name is one unit: if its replacement is blocked on one device, it is kept on all of
   // them, so the pool's devices never end up with different properties (export writes one entry).
   for (Change& c : changes) {
@@ -202,11 +203,7 @@ void Holder::keep_pools_whole(std::vector<Change>& changes) {
   }
 }
 
-std::vector<Change> Holder::apply(const Desired& want) {
-  return then_sync_custody([&] { return make_changes(want); });
-}
-
-std::vector<Change> Holder::make_changes(const Desired& want) {
+std::vector<Change> Reconciler::apply(const Desired& want) {
   std::vector<Change> changes = plan(want);
   auto find_want = [&](const std::string& name, int device) -> const PoolWant* {
     for (const auto& pw : want.pools)
@@ -231,7 +228,7 @@ std::vector<Change> Holder::make_changes(const Desired& want) {
   }
   for (const Change& c : changes)
     if (c.object == "buffer" && (c.action == "remove" || c.action == "replace") && c.blocked.empty())
-      destroy_buffer(c.name);
+      buffers_.destroy(c.name);
   for (const Change& c : changes) {
     if (c.object != "pool" || !c.blocked.empty()) continue;
     const PoolKey key{c.name, c.device};
@@ -241,203 +238,73 @@ std::vector<Change> Holder::make_changes(const Desired& want) {
       destroy_pool(key);
     } else if (c.action == "replace") {
       destroy_pool(key);
-      create_pool(*find_want(c.name, c.device));
+      pools_.create(*find_want(c.name, c.device));
     }
   }
   for (const Change& c : changes)
-    if (c.object == "pool" && c.action == "create") create_pool(*find_want(c.name, c.device));
+    if (c.object == "pool" && c.action == "create") pools_.create(*find_want(c.name, c.device));
   std::set<PoolKey> updated;
   for (const Change& c : changes)
     if (c.object == "pool" && c.action == "update" && c.blocked.empty() && updated.insert({c.name, c.device}).second)
-      update_pool(pools_.at({c.name, c.device}), *find_want(c.name, c.device));
+      pools_.update(pools_.at({c.name, c.device}), *find_want(c.name, c.device));
   for (const auto& w : want.buffers)
     if (!buffers_.count(w.name)) {
       bool blocked = false;
       for (const Change& c : changes)
         if (c.object == "buffer" && c.name == w.name && !c.blocked.empty()) blocked = true;
-      if (!blocked) create_buffer(w);
+      if (!blocked) buffers_.create(w);
     }
   return changes;
 }
 
-void Holder::create_pool(const PoolWant& w) {
-  HeldPool held;
-  held.want = w;
-  held.handle = backend_.create_pool(w.device, w.props);
-  held.generation = ++next_generation_;
-  PoolKey key{w.name, w.device};
-  try {
-    backend_.set_pool_settings(held.handle, w.settings);
-    for (int peer : w.access) backend_.set_pool_access(held.handle, peer);
-    if (w.reserve > 0) {
-      // Map the reserve and give it back to the pool: it stays reserved because the release
-      // threshold is at least the reserve (check enforces it). Read back what really stayed.
-      const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
-      backend_.free(held.handle, address);
-      held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
-      if (held.reserved_after_reserve < w.reserve)
-        spdlog::warn("pool {} on device {}: reserved {} but only {} stayed reserved after a synchronize", w.name,
-                     w.device, format_bytes(w.reserve), format_bytes(held.reserved_after_reserve));
-    }
-  } catch (...) {
-    try {
-      backend_.destroy_pool(held.handle);
-    } catch (...) {
-    }
-    throw;
-  }
-  pools_[key] = std::move(held);
-  spdlog::info("created pool {} on device {}", w.name, w.device);
-}
-
-void Holder::update_pool(HeldPool& held, const PoolWant& w) {
-  if (held.want.settings != w.settings) {
-    backend_.set_pool_settings(held.handle, w.settings);
-    held.want.settings = w.settings;
-    held.want.threshold_text = w.threshold_text;
-  }
-  for (int peer : w.access)
-    if (std::find(held.want.access.begin(), held.want.access.end(), peer) == held.want.access.end()) {
-      backend_.set_pool_access(held.handle, peer);
-      held.want.access.push_back(peer);
-    }
-  std::sort(held.want.access.begin(), held.want.access.end());
-  held.want.share = w.share;
-  if (w.reserve > held.want.reserve) {
-    const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
-    backend_.free(held.handle, address);
-    held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
-  }
-  held.want.reserve = w.reserve;
-}
-
-void Holder::destroy_pool(const PoolKey& key) {
-  auto it = pools_.find(key);
-  if (it == pools_.end()) return;
+void Reconciler::destroy_pool(const PoolKey& key) {
+  if (!pools_.find(key)) return;
   // Buffers that remain in it go first (apply only gets here when none is open).
-  std::vector<std::string> names;
-  for (const auto& [name, b] : buffers_)
-    if (b.want.pool == key.first && b.want.device == key.second) names.push_back(name);
-  for (const auto& n : names) destroy_buffer(n);
-  backend_.synchronize(key.second);
-  backend_.destroy_pool(it->second.handle);
+  for (const auto& n : buffers_.in_pool(key)) buffers_.destroy(n);
+  const std::uint64_t generation = pools_.destroy(key);
   // Clients that imported it must not go on using their import: tell them (their next import_pool
   // of the name gets whatever is held then).
-  const std::uint64_t generation = it->second.generation;
   for (auto& [id, c] : clients_) {
     auto imp = c.imported.find(key);
     if (imp == c.imported.end() || imp->second != generation) continue;
     c.imported.erase(imp);
-    notify(id, proto::to_json(proto::PoolGone{key.first, device_id(key.second), generation,
-                                              "pool " + key.first + " on device " + std::to_string(key.second) +
-                                                  " was replaced or removed: drop your import of it"}));
+    leasing_.notify(id,
+                    proto::to_json(proto::PoolGone{key.first, pools_.device_id(key.second), generation,
+                                                   "pool " + key.first + " on device " + std::to_string(key.second) +
+                                                       " was replaced or removed: drop your import of it"}));
   }
-  pools_.erase(it);
-  spdlog::info("removed pool {} on device {}", key.first, key.second);
 }
 
-void Holder::create_buffer(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes) {
-  auto it = pools_.find({w.pool, w.device});
-  if (it == pools_.end()) throw Error(Errc::not_found, "no pool " + w.pool + " on device " + std::to_string(w.device));
-  const HeldPool& held = it->second;
-  const PoolHandle pool = held.handle;
-  HeldBuffer b;
-  b.want = w;
-  // A buffer in a pool without an IPC handle type is only kept (check warns about it).
-  b.shared = (held.want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) != 0;
-  // A device pool's buffers are exported allocations charged to the pool: they outlive the holder.
-  b.exported = held.want.props.location == PoolProps::Location::device;
-  const std::vector<std::uint64_t> sizes = part_sizes.empty() ? std::vector<std::uint64_t>{w.size} : part_sizes;
-  // What custody's manifest records and a new holder adopts: one bound for all (base/limits.h).
-  if (sizes.size() > kMaxBufferParts)
-    throw Error(Errc::invalid_input, "buffer " + w.name + " would have " + std::to_string(sizes.size()) +
-                                         " parts; a buffer has at most " + std::to_string(kMaxBufferParts));
-  if (b.exported && held.want.props.max_size) {
-    const std::uint64_t granularity = backend_.allocation_granularity(w.device);
-    std::uint64_t need = 0;
-    for (const std::uint64_t size : sizes) need += (size + granularity - 1) / granularity * granularity;
-    const std::uint64_t charged = buffer_bytes(w.pool, w.device);
-    const std::uint64_t reserved = backend_.pool_usage(pool).reserved_bytes;
-    if (charged + reserved + need > held.want.props.max_size)
-      throw CudaError("cuMemCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY",
-                      "pool " + w.pool + " has max_size " + format_bytes(held.want.props.max_size) + ": " +
-                          format_bytes(charged) + " in buffers and " + format_bytes(reserved) +
-                          " reserved leave no room for " + format_bytes(need));
+std::set<std::uint64_t> Reconciler::ask_drops_for(const Desired& want) {
+  // A pool name is replaced on all its devices or none (plan()): every device of a blocked pool.
+  std::set<std::string> names;
+  for (const Change& ch : plan(want))
+    if (ch.object == "pool" && (ch.action == "remove" || ch.action == "replace") && !ch.blocked.empty())
+      names.insert(ch.name);
+  std::set<PoolKey> keys;
+  for (const auto& [key, p] : pools_) {
+    const model::LeaseTotals t = leasing_.book().of(key);
+    if (names.count(key.first) && t.cached_count && t.cached_count == t.lease_count) keys.insert(key);
   }
-  auto free_part = [&](const HeldBuffer::Part& part) noexcept {
-    try {
-      if (b.exported)
-        backend_.unmap_exported(part.allocation.address);
-      else if (b.shared)
-        backend_.free_shared(pool, part.allocation.address);
-      else
-        backend_.free(pool, part.allocation.address);
-    } catch (const std::exception& e) {
-      spdlog::error("freeing a part of buffer {} failed: {}", w.name, e.what());
-    }
-  };
-  try {
-    for (const std::uint64_t size : sizes) {
-      HeldBuffer::Part part;
-      part.size = size;
-      if (b.exported) {
-        const ExportedAllocation a = backend_.create_exported(w.device, size);
-        part.fd = Fd(a.fd);
-        part.allocation.address = a.address;
-        part.mapped = a.size;
-      } else if (b.shared) {
-        part.allocation = backend_.allocate_shared(pool, size, Backend::Readiness::event);
-      } else {
-        part.allocation.address = backend_.allocate(pool, size);
-      }
-      b.parts.push_back(std::move(part));
-    }
-    // Buffers are opened long after: make them ready now, so opening one needs no event.
-    if (b.shared && !b.exported) backend_.synchronize(w.device);
-  } catch (...) {
-    for (const auto& part : b.parts) free_part(part);
-    throw;
-  }
-  const std::size_t count = b.parts.size();
-  b.owner = self_uid_;
-  buffers_[w.name] = std::move(b);
-  deposit_parts(w.name);
-  if (count == 1)
-    spdlog::info("created buffer {} ({}) in pool {} on device {}", w.name, format_bytes(w.size), w.pool, w.device);
-  else
-    spdlog::info("created buffer {} ({} in {} parts) in pool {} on device {}", w.name, format_bytes(w.size), count,
-                 w.pool, w.device);
+  if (keys.empty()) return {};
+  return leasing_.ask_drops([&](const Lease& l) { return keys.count({l.pool, l.device}) > 0; }, UINT64_MAX, "apply");
 }
 
-void Holder::destroy_buffer(const std::string& name) {
-  auto it = buffers_.find(name);
-  if (it == buffers_.end()) return;
-  const HeldBuffer& b = it->second;
-  auto p = pools_.find({b.want.pool, b.want.device});
-  if (b.exported && custody_) {
-    // Out of custody once a manifest without it is in (sync_custody).
-    for (std::size_t i = 0; i < b.parts.size(); ++i) custody_removals_.push_back(custody::part_fd_name(name, i));
-    manifest_stale_ = true;
+model::PlanChange change_view(const Change& c, const NodeReport& node) {
+  model::PlanChange out;
+  out.action = c.action;
+  out.object = c.object;
+  out.name = c.name;
+  if (c.device >= 0) out.id = device_id(node, c.device);
+  if (!c.field.empty()) {
+    out.field = c.field;
+    out.from = c.from.text;
+    out.to = c.to.text;
+    out.from_value = c.from.value;
+    out.to_value = c.to.value;
   }
-  for (const auto& part : b.parts) {
-    if (b.exported)
-      backend_.unmap_exported(part.allocation.address);
-    else if (p == pools_.end())
-      continue;
-    else if (b.shared)
-      backend_.free_shared(p->second.handle, part.allocation.address);
-    else
-      backend_.free(p->second.handle, part.allocation.address);
-  }
-  buffers_.erase(it);
-  spdlog::info("removed buffer {}", name);
+  if (!c.blocked.empty()) out.blocked = c.blocked;
+  return out;
 }
 
-std::uint64_t Holder::buffer_bytes(const std::string& pool, int device) const {
-  std::uint64_t total = 0;
-  for (const auto& [name, b] : buffers_)
-    if (b.exported && b.want.pool == pool && b.want.device == device)
-      for (const auto& part : b.parts) total += part.mapped;
-  return total;
-}
 }  // namespace cupool

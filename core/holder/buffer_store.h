@@ -1,0 +1,162 @@
+// The holder's buffers and their custody: each buffer it holds (made from the config or by a
+// client, adopted from custody), made and freed through the device seam, and the descriptors of
+// the exported ones kept in custody with a manifest of them, so they outlive the holder
+// (docs/protocol.md, "The keeper"). Making and freeing is buffer_store.cpp; custody is adopt.cpp.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/fd.h"
+#include "config/resolve.h"
+#include "custody/custody.h"
+#include "device/backend.h"
+#include "device/node.h"
+#include "holder/pool_table.h"
+#include "model/model.h"
+#include "tensors/safetensors.h"
+
+namespace cupool {
+
+using Json = nlohmann::ordered_json;
+
+namespace adoption {
+class Allocations;  // adopt.cpp
+}  // namespace adoption
+
+// One buffer the holder holds.
+struct HeldBuffer {
+  BufferWant want;  // want.size: all parts together
+  // One allocation per part: a buffer from a config has one; `cupool buffer load` makes a tensor
+  // set of parts no larger than the driver imports (tensors/safetensors.h, kDefaultPartSize).
+  struct Part {
+    SharedAllocation allocation;  // an exported allocation's: the address only
+    std::uint64_t size = 0;
+    std::uint64_t mapped = 0;  // an exported allocation's size (a multiple of the granularity)
+    Fd fd;                     // an exported allocation's descriptor
+  };
+  std::vector<Part> parts;
+  bool shared = true;  // false in a pool without an IPC handle type (nobody can open it)
+  // Held as exported allocations (Backend::create_exported; the buffers of device pools): what a
+  // restart of the holder keeps. Otherwise allocations of its pool (host pools).
+  bool exported = false;
+  std::uint64_t opens = 0;
+  std::uint64_t loading = 0;            // the client filling it (buffer_create with "loading"); 0 once ready
+  std::optional<tensors::Index> index;  // the tensors it holds (`cupool buffer load`)
+  std::uint32_t owner = 0;              // who made it (the holder's user for the config's)
+  bool from_config = true;              // the config's buffers:, or a client's buffer_create
+  bool adopted = false;                 // taken over from custody at this holder's start
+};
+
+class BufferStore {
+ public:
+  using Map = std::map<std::string, HeldBuffer>;
+  using PoolKey = PoolTable::PoolKey;
+  // What custody may cost the serving thread: every sync, audit or removal gives custody at most
+  // this long in all; after a failure, requests leave custody alone for kCustodyRetryMs and the
+  // audit tries again.
+  static constexpr int kCustodyBudgetMs = 500;
+  static constexpr int kCustodyRetryMs = 10000;
+
+  // `pools`: where buffers are made (their pool's handle and properties); `self_uid` owns the
+  // config's buffers.
+  BufferStore(Backend& backend, const NodeReport& node, std::uint32_t self_uid, PoolTable& pools)
+      : backend_(backend), node_(node), self_uid_(self_uid), pools_(pools) {}
+
+  // ---- buffers (buffer_store.cpp) ----
+  // Makes the buffer `w` from parts of `part_sizes` bytes (empty: one part of w.size); all or
+  // nothing. Throws not_found (no such pool), invalid_input (too many parts) or CudaError.
+  void create(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes = {});
+  // Frees the buffer `name` (none: nothing); its descriptors leave custody with the next sync.
+  void destroy(const std::string& name);
+  // The names of the buffers in pool `key`.
+  std::vector<std::string> in_pool(const PoolKey& key) const;
+  // Bytes of exported allocations charged to a pool (its buffers').
+  std::uint64_t bytes_in(const std::string& pool, int device) const;
+  // The buffer `name` for client `id` to read: not_found, or busy while another client loads it.
+  HeldBuffer& readable(std::uint64_t id, const std::string& name);
+  HeldBuffer* find(const std::string& name);
+  std::size_t count(const std::string& name) const { return buffers_.count(name); }
+  std::vector<std::string> names() const;
+  Map::iterator begin() { return buffers_.begin(); }
+  Map::iterator end() { return buffers_.end(); }
+  Map::const_iterator begin() const { return buffers_.begin(); }
+  Map::const_iterator end() const { return buffers_.end(); }
+  // The buffer's view in list and status.
+  model::BufferInfo view(const std::string& name, const HeldBuffer& b) const;
+  // What the manifest says of the ready buffers changed (one made ready, one a client made).
+  void changed() { manifest_stale_ = true; }
+
+  // ---- custody (adopt.cpp): Holder's functions of the same names say what they do ----
+  void attach_custody(custody::Custody* custody) { custody_ = custody; }
+  model::Adoption adopt(std::vector<custody::Kept> kept, const Desired& want);
+  std::size_t forget_custody(std::vector<custody::Kept> kept);
+  bool audit_custody() noexcept;
+  model::Custody custody_status() const;
+  void set_custody_budget_ms(int ms) { custody_budget_ms_ = ms; }
+  void set_custody_retry_ms(int ms) { custody_retry_ms_ = ms; }
+  // Custody after a change: the parts of new exported buffers are deposited (a buffer that
+  // replaces one of its name takes over its names), then a new manifest of the ready ones, then
+  // what went away and is not held again is removed. Failures are logged and shown in `status`
+  // (custody.error), and what is left waits for the audit (`retry`: the audit's call, made even
+  // while requests leave custody alone); the buffers stay held. Called at the end of each request,
+  // apply and disconnect, before the reply: a buffer made or replaced is in custody when its
+  // client hears so (the manifest is rewritten only when something changed).
+  void sync_custody(bool retry = false) noexcept;
+  // Runs `body` then sync_custody(), on its exception path too: the end of a request, an apply,
+  // a disconnect.
+  template <class Body>
+  auto then_sync_custody(Body&& body) -> decltype(body()) {
+    try {
+      if constexpr (std::is_void_v<decltype(body())>) {
+        body();
+        sync_custody();
+      } else {
+        auto out = body();
+        sync_custody();
+        return out;
+      }
+    } catch (...) {
+      sync_custody();
+      throw;
+    }
+  }
+  // Forgets custody (the holder is ending): what it keeps stays there for the next holder.
+  void detach_custody() { custody_ = nullptr; }
+
+ private:
+  // The parts of exported buffer `name` go to custody with the next sync.
+  void deposit_parts(const std::string& name);
+  // Whether custody's descriptor `name` is one the holder holds now: the manifest written last, or
+  // a part of a buffer it holds (never removed as left over).
+  bool held_in_custody(const std::string& name) const;
+  // The steps of adopt() for one buffer of the manifest.
+  std::string adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const;
+  std::string adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+                          adoption::Allocations& allocations, HeldBuffer& b);
+
+  Backend& backend_;
+  const NodeReport& node_;
+  std::uint32_t self_uid_;
+  PoolTable& pools_;
+  Map buffers_;
+  custody::Custody* custody_ = nullptr;
+  std::uint64_t manifest_sequence_ = 0;        // the one in custody (0: none yet)
+  bool manifest_stale_ = false;                // the ready buffers changed since it was written
+  std::set<std::string> custody_deposits_;     // buffers whose parts custody is still to be given
+  std::vector<std::string> custody_removals_;  // descriptor names to remove once the manifest is new
+  std::string custody_error_;                  // the last failure ("" when custody has it all)
+  int custody_budget_ms_ = kCustodyBudgetMs;
+  int custody_retry_ms_ = kCustodyRetryMs;
+  std::chrono::steady_clock::time_point custody_retry_at_{};  // requests leave custody alone until
+  std::optional<model::Adoption> adoption_;                   // what adopt() reported (none: it did not run)
+};
+
+}  // namespace cupool

@@ -1,0 +1,165 @@
+#include "holder/pool_table.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "base/error.h"
+#include "base/text.h"
+#include "base/units.h"
+#include "holder/names.h"
+
+namespace cupool {
+
+std::string device_uuid(const NodeReport& node, int device) {
+  const DeviceReport* d = node.device(device);
+  return d ? d->info.uuid : "";
+}
+
+model::DeviceId device_id(const NodeReport& node, int device) {
+  const DeviceReport* d = node.device(device);
+  return {device, d ? d->info.uuid : "", d ? d->info.pci_bus_id : ""};
+}
+
+void PoolTable::create(const PoolWant& w) {
+  HeldPool held;
+  held.want = w;
+  held.handle = backend_.create_pool(w.device, w.props);
+  held.generation = ++next_generation_;
+  PoolKey key{w.name, w.device};
+  try {
+    backend_.set_pool_settings(held.handle, w.settings);
+    for (int peer : w.access) backend_.set_pool_access(held.handle, peer);
+    if (w.reserve > 0) {
+      // Map the reserve and give it back to the pool: it stays reserved because the release
+      // threshold is at least the reserve (check enforces it). Read back what really stayed.
+      const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
+      backend_.free(held.handle, address);
+      held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
+      if (held.reserved_after_reserve < w.reserve)
+        spdlog::warn("pool {} on device {}: reserved {} but only {} stayed reserved after a synchronize", w.name,
+                     w.device, format_bytes(w.reserve), format_bytes(held.reserved_after_reserve));
+    }
+  } catch (...) {
+    try {
+      backend_.destroy_pool(held.handle);
+    } catch (...) {
+    }
+    throw;
+  }
+  pools_[key] = std::move(held);
+  spdlog::info("created pool {} on device {}", w.name, w.device);
+}
+
+void PoolTable::update(HeldPool& held, const PoolWant& w) {
+  if (held.want.settings != w.settings) {
+    backend_.set_pool_settings(held.handle, w.settings);
+    held.want.settings = w.settings;
+    held.want.threshold_text = w.threshold_text;
+  }
+  for (int peer : w.access)
+    if (std::find(held.want.access.begin(), held.want.access.end(), peer) == held.want.access.end()) {
+      backend_.set_pool_access(held.handle, peer);
+      held.want.access.push_back(peer);
+    }
+  std::sort(held.want.access.begin(), held.want.access.end());
+  held.want.share = w.share;
+  if (w.reserve > held.want.reserve) {
+    const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
+    backend_.free(held.handle, address);
+    held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
+  }
+  held.want.reserve = w.reserve;
+}
+
+std::uint64_t PoolTable::destroy(const PoolKey& key) {
+  auto it = pools_.find(key);
+  if (it == pools_.end()) return 0;
+  backend_.synchronize(key.second);
+  backend_.destroy_pool(it->second.handle);
+  const std::uint64_t generation = it->second.generation;
+  pools_.erase(it);
+  spdlog::info("removed pool {} on device {}", key.first, key.second);
+  return generation;
+}
+
+bool PoolTable::permitted(const HeldClient& c, const HeldPool& p) {
+  if (c.admin) return true;
+  if (!p.want.share.set) return false;
+  const auto& s = p.want.share;
+  if (!c.peer.user.empty() && std::find(s.users.begin(), s.users.end(), c.peer.user) != s.users.end()) return true;
+  for (const auto& g : c.peer.group_names)
+    if (std::find(s.groups.begin(), s.groups.end(), g) != s.groups.end()) return true;
+  return false;
+}
+
+bool PoolTable::holds(const std::string& name) const {
+  return std::any_of(pools_.begin(), pools_.end(), [&](const auto& kv) { return kv.first.first == name; });
+}
+
+HeldPool& PoolTable::for_client(const HeldClient& c, const std::string& name, int device, bool for_use) {
+  HeldPool* found = nullptr;
+  for (auto& [key, p] : pools_)
+    if (key.first == name && (device < 0 || key.second == device)) {
+      found = &p;
+      break;
+    }
+  if (!found) {
+    if (holds(name)) throw Error(Errc::not_found, "pool " + name + " is not held on device " + std::to_string(device));
+    std::vector<std::string> names;
+    for (const auto& [key, p] : pools_) names.push_back(key.first);
+    const std::string hint = did_you_mean(name, names);
+    throw Error(Errc::not_found, "no pool named \"" + valid_utf8(name) + "\"" +
+                                     (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+  }
+  if (for_use) {
+    if (found->want.props.handle_types == 0)
+      throw Error(Errc::bad_request,
+                  "pool " + name + " has no IPC handle type, so it can't be shared with other processes");
+    if (!permitted(c, *found))
+      throw Error(Errc::not_permitted,
+                  "pool " + name + " is not shared with " +
+                      (c.peer.user.empty() ? "uid " + std::to_string(c.peer.uid) : "user " + c.peer.user) +
+                      (found->want.share.set ? " (its share list names users [" + join(found->want.share.users, ", ") +
+                                                   "] and groups [" + join(found->want.share.groups, ", ") + "])"
+                                             : " (it has no share list: only the holder's user and root may use it)"));
+    if ((found->want.props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) == 0)
+      throw Error(Errc::bad_request,
+                  "pool " + name + " is shared only through fabric handles, which this holder does not serve yet");
+  }
+  return *found;
+}
+
+HeldPool* PoolTable::find(const PoolKey& key) {
+  auto it = pools_.find(key);
+  return it == pools_.end() ? nullptr : &it->second;
+}
+
+const HeldPool* PoolTable::find(const PoolKey& key) const {
+  auto it = pools_.find(key);
+  return it == pools_.end() ? nullptr : &it->second;
+}
+
+std::vector<PoolTable::PoolKey> PoolTable::keys() const {
+  std::vector<PoolKey> out;
+  for (const auto& [key, p] : pools_) out.push_back(key);
+  return out;
+}
+
+model::PoolInfo PoolTable::info(const PoolKey& key, const HeldPool& p) const {
+  model::PoolInfo v;
+  v.name = key.first;
+  v.id = device_id(key.second);
+  v.location = location_text(p.want.props);
+  v.handle_types = handle_type_names(p.want.props.handle_types);
+  if (p.want.props.max_size) v.max_size_bytes = p.want.props.max_size;
+  return v;
+}
+
+std::vector<model::DeviceId> PoolTable::access_of(const HeldPool& p) const {
+  std::vector<model::DeviceId> out;
+  for (int peer : p.want.access) out.push_back(device_id(peer));
+  return out;
+}
+
+}  // namespace cupool
