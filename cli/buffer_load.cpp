@@ -191,7 +191,7 @@ model::BufferMade load_buffer(const LoadArgs& args) {
   out.direct_io = direct;
   out.page_cache_ratio = bytes ? std::clamp(cached_pages / static_cast<double>(bytes), 0.0, 1.0) : 1.0;
   out.read_method = method;
-  if (!gds_note.empty()) out.gds_note = gds_note;
+  out.gds = model::LoadGds{gds_note.empty() ? std::nullopt : std::optional<std::string>(gds_note)};
   return out;
 }
 

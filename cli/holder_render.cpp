@@ -581,8 +581,10 @@ namespace {
 
 // An apply lasts until the holder reads its own file again: said, so it is not undone silently.
 std::string lasts_until_reload(const json& reply) {
-  if (!boolean(reply, "applied").value_or(false) || text(reply, "holder_config") == kNone) return "";
-  return "The holder's file is still " + text(reply, "holder_config") +
+  const Read<model::PlanReply> read(reply);
+  const model::PlanReply& plan = read.value;
+  if (!read.shown.has(plan.applied) || !plan.applied || !plan.config) return "";
+  return "The holder's file is still " + valid_utf8(*plan.config) +
          ": a reload (SIGHUP) or a restart goes back to it; edit that file to keep this.\n";
 }
 

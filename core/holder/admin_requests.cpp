@@ -105,7 +105,7 @@ Reply AdminRequests::plan_or_apply(Request& r, bool apply) {
     for (const auto& ch : changes) out.changes.push_back(change_view(ch, units_.node));
     out.warnings = findings;
     out.warnings_rendered = warnings;
-    if (!units_.identity.config.empty()) out.holder_config = units_.identity.config;
+    if (!units_.identity.config.empty()) out.config = units_.identity.config;
     return model::to_json(out);
   };
   // Pools that only cached blocks keep from being replaced or removed: asked back first.

@@ -205,7 +205,8 @@ std::optional<custody::Manifest> newest_manifest(const std::map<std::string, Fd>
       newest = std::max(newest, seq);
     } catch (const std::exception& e) {
       spdlog::error("custody: refused {}: {}", name, e.what());
-      report.refused.push_back({name, {"refused", e.what(), {}, {}}});
+      // error.code from the error table (docs/naming.md): a manifest that does not read is bad input.
+      report.refused.push_back({name, {errc_info(Errc::invalid_input).wire, e.what(), {}, {}}});
     }
   }
   return manifest;
@@ -228,7 +229,8 @@ model::Adoption BufferStore::adopt(std::vector<custody::Kept> kept, const Desire
     for (const custody::ManifestBuffer& mb : manifest->buffers) {
       auto refuse = [&](const std::string& why) {
         spdlog::error("custody: not adopting buffer {}: {}", mb.name, why);
-        report.refused.push_back({mb.name, {"refused", why, {}, {}}});
+        // Kept memory that does not fit this node or config (its device, pool, size).
+        report.refused.push_back({mb.name, {errc_info(Errc::does_not_fit).wire, why, {}, {}}});
       };
       const int device = ordinal_of(node_, mb.uuid);
       if (device < 0) {
@@ -411,7 +413,8 @@ model::Custody BufferStore::custody_status() const {
   for (const auto& [name, b] : buffers_)
     if (b.exported && !b.loading) ++kept;
   out.kept_buffer_count = custody_ ? kept : 0;
-  if (!custody_error_.empty()) out.error = model::ErrorInfo{"custody_failed", custody_error_, {}, {}};
+  // Custody (the keeper, systemd's store) did not take it all: as a request that could not reach it.
+  if (!custody_error_.empty()) out.error = model::ErrorInfo{errc_info(Errc::unreachable).wire, custody_error_, {}, {}};
   out.adoption = adoption_;
   out.survives_restart = custody_ ? "held buffers and tensor sets of device pools, with their names, indexes "
                                     "and contents; clients keep their mappings and reconnect"

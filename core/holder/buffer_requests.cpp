@@ -166,7 +166,7 @@ Reply BufferRequests::create(Request& r) {
   out.id = pools_.device_id(p.want.device);
   out.size_bytes = size;
   out.part_count = parts.size();
-  out.loading = loading;
+  out.state = loading ? "loading" : "ready";
   if (tensors) out.tensor_count = tensors->size();
   return model::to_json(out);
 }

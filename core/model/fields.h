@@ -19,6 +19,10 @@
 //   f.custom("name", v.member, write, read)  a member with a shape of its own, converted by hand
 //   f.only_if(cond, "name", v.member)  a value written, and read, only where `cond` holds (a
 //                                    member declared before it); listed among the names always
+//   f.old_name("name", v.member, write, read)  a renamed optional's old name (docs/naming.md):
+//                                    written beside the new one as `write` gives it (left out
+//                                    where it gives kLeftOut), read where the new name left the
+//                                    member empty; its schema marks it deprecated
 #pragma once
 
 #include <vector>
@@ -27,6 +31,9 @@
 #include "model/model.h"
 
 namespace cupool::model {
+
+// What an old name's writer gives where the old name is not written.
+inline const Json kLeftOut = Json(Json::value_t::discarded);
 
 // ---- shared objects ----
 
@@ -243,6 +250,7 @@ CUPOOL_FIELDS(BufferTensors) {
   f("tensors", v.tensors);
   f("metadata", v.metadata);
 }
+CUPOOL_FIELDS(LoadGds) { f("note", v.note); }
 CUPOOL_FIELDS(LoadStages) {
   f("index_seconds", v.index_seconds);
   f("create_seconds", v.create_seconds);
@@ -257,7 +265,11 @@ CUPOOL_FIELDS(BufferMade) {
   f.flat(v.id);
   f("size_bytes", v.size_bytes);
   f("part_count", v.part_count, omit_empty);
-  f("loading", v.loading, omit_empty);
+  f("state", v.state, omit_empty);  // create
+  // Until cupool 0.2: create's `state` as the boolean it was.
+  f.old_name(
+      "loading", v.state, [](const std::optional<std::string>& s) { return s ? Json(*s == "loading") : kLeftOut; },
+      [](const Json& j) { return std::optional<std::string>(j.get<bool>() ? "loading" : "ready"); });
   f("tensor_count", v.tensor_count, omit_empty);
   f("file", v.file, omit_empty);
   f("tensor_bytes", v.tensor_bytes, omit_empty);
@@ -268,7 +280,17 @@ CUPOOL_FIELDS(BufferMade) {
   f("direct_io", v.direct_io, omit_empty);
   f("page_cache_ratio", v.page_cache_ratio, omit_empty);
   f("read_method", v.read_method, omit_empty);
-  f.only_if(v.read_method.has_value(), "gds_note", v.gds_note);  // null when GPUDirect Storage was used
+  f.only_if(v.read_method.has_value(), "gds", v.gds);
+  // Until cupool 0.2: gds.note under its old name (null when GPUDirect Storage was used).
+  f.old_name(
+      "gds_note", v.gds,
+      [&v](const std::optional<LoadGds>& g) {
+        if (!v.read_method) return kLeftOut;
+        return g && g->note ? Json(*g->note) : Json(nullptr);
+      },
+      [](const Json& j) {
+        return j.is_null() ? std::optional<LoadGds>() : std::optional<LoadGds>(LoadGds{j.get<std::string>()});
+      });
 }
 
 // ---- in a process ----
@@ -412,7 +434,11 @@ CUPOOL_FIELDS(PlanReply) {
   f("changes", v.changes);
   f("warnings", v.warnings);
   f("warnings_rendered", v.warnings_rendered);
-  f("holder_config", v.holder_config);
+  f("config", v.config);
+  // Until cupool 0.2: `config` under its old name.
+  f.old_name(
+      "holder_config", v.config, [](const std::optional<std::string>& c) { return c ? Json(*c) : Json(nullptr); },
+      [](const Json& j) { return j.is_null() ? std::nullopt : std::optional<std::string>(j.get<std::string>()); });
 }
 CUPOOL_FIELDS(KeeperList) {
   f("socket", v.socket);

@@ -91,6 +91,8 @@ struct AnyVisitor : Visitor {
   void custom(const char*, T&, W, R) {}
   template <class T>
   void only_if(bool, const char*, T&) {}
+  template <class T, class W, class R>
+  void old_name(const char*, T&, W, R) {}
 };
 template <class T, class = void>
 struct declared : std::false_type {};
@@ -139,6 +141,11 @@ class Writer : Visitor {
   template <class T>
   void only_if(bool cond, const char* name, const T& v) {
     if (cond) (*this)(name, v);
+  }
+  template <class T, class W, class R>
+  void old_name(const char* name, const T& v, W write_old, R) {
+    Json old = write_old(v);
+    if (!old.is_discarded()) out_[name] = std::move(old);
   }
 
   template <class T>
@@ -234,6 +241,20 @@ class Reader : Visitor {
       throw FieldError(prefix_ + name, e.what(), "\"" + prefix_ + name + "\": " + e.what());
     }
     mark(v);
+  }
+  // The member's old name, read only where the new one left it empty (an older writer's reply).
+  template <class T, class W, class R>
+  void old_name(const char* name, std::optional<T>& v, W, R read_old) {
+    if (v) return;
+    const Json* j = find(name, false);
+    if (!j) return;
+    try {
+      v = read_old(*j);
+    } catch (const std::exception& e) {
+      if (mode_ == Mode::lenient) return;
+      throw FieldError(prefix_ + name, e.what(), "\"" + prefix_ + name + "\": " + e.what());
+    }
+    if (v) mark(v);
   }
 
  private:
@@ -375,6 +396,10 @@ class Names : Visitor {
   }
   template <class T>
   void only_if(bool, const char* name, T&) {
+    add(name);
+  }
+  template <class T, class W, class R>
+  void old_name(const char* name, T&, W, R) {
     add(name);
   }
   std::vector<std::string> names;

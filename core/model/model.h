@@ -266,13 +266,17 @@ struct LoadStages {
   double copy_wait_seconds = 0;  // of load: waiting for copies to the GPU
   double ready_seconds = 0;      // the holder told the buffer is ready
 };
+// buffer load's GPUDirect Storage (query --deep's `gds` says what the node has).
+struct LoadGds {
+  std::optional<std::string> note;  // why it was not used (--gds auto); null when it was, or --gds never
+};
 struct BufferMade {
   std::string name;
   std::string pool;
   DeviceId id;
   std::uint64_t size_bytes = 0;
   std::optional<std::uint64_t> part_count;         // create and load
-  std::optional<bool> loading;                     // create
+  std::optional<std::string> state;                // create: loading (a client fills it) or ready
   std::optional<std::uint64_t> tensor_count;       // load
   std::optional<std::string> file;                 // load
   std::optional<std::uint64_t> tensor_bytes;       // load
@@ -283,7 +287,7 @@ struct BufferMade {
   std::optional<bool> direct_io;                   // load: read with O_DIRECT
   std::optional<double> page_cache_ratio;          // load: of the file's tensor pages cached before
   std::optional<std::string> read_method;          // load: staged, gpudirect, gpudirect_compatibility
-  std::optional<std::string> gds_note;             // load: why GPUDirect Storage was not used (--gds auto)
+  std::optional<LoadGds> gds;                      // load: GPUDirect Storage's part
 };
 
 // ---- in a process (exec --report, cupool_stats) ----
@@ -420,7 +424,7 @@ struct PlanReply {
   std::vector<Finding> warnings;
   std::string warnings_rendered;
   // The holder's own file: what a reload or a restart holds again (an apply lasts until then).
-  std::optional<std::string> holder_config;
+  std::optional<std::string> config;
 };
 struct KeeperList {
   std::string socket;

@@ -431,6 +431,10 @@ def test_forged_or_mismatched_custody_is_refused(tmp):
         check("does not match" in refused.get("small", "") and "4 MiB" in refused["small"], f"small: {refused}")
         check("not on device 0" in refused.get("elsewhere", "") or "on device 1" in refused.get("elsewhere", ""),
               f"elsewhere: {refused}")
+        # error.code from the error table (docs/naming.md): bad input for a manifest, does_not_fit for memory.
+        codes = {r["name"]: r["error"]["code"] for r in adopted["refused"]}
+        check(codes.get(f"cupool-manifest.{sequence + 1}") == "bad_request" and codes.get("small") == "does_not_fit",
+              f"the codes of what was refused: {codes}")
         names = [b["name"] for b in status["buffers"]]
         check("good" in names and "small" not in names and "elsewhere" not in names, f"held: {names}")
         text = cupool("status", socket_path=h.socket, check_rc=0).stdout
@@ -610,7 +614,8 @@ def test_stopped_keeper_does_not_stall_the_holder(tmp):
             time.sleep(0.02)
         check(worst < 1.5 * H.slowness(), f"a status waited {worst:.2f} s behind the stopped keeper")
         check(slow <= 1, f"{slow} requests waited behind the stopped keeper in 4 s (one audit at most)")
-        check("does not answer" in (body["custody"]["error"] or {}).get("message", ""), f"custody: {body['custody']}")
+        check("does not answer" in (body["custody"]["error"] or {}).get("message", "") and
+              body["custody"]["error"]["code"] == "unreachable", f"custody: {body['custody']}")
         os.kill(keeper.proc.pid, signal.SIGCONT)
         deadline = time.time() + 15 * H.slowness()
         while time.time() < deadline and c.request("status")[0]["custody"]["error"]:

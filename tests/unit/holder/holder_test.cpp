@@ -367,7 +367,8 @@ TEST_CASE("buffers: a loading buffer is its loader's alone until buffer_ready, t
   const auto eve = f.client(peer(1003, "eve", {"eve"}));
   const Json created = f.call(root, loading_buffer("model", {tensor_entry("b", 256, 8), tensor_entry("a", 0, 16)}));
   CHECK(created["tensor_count"] == 2);
-  CHECK(created["loading"] == true);
+  CHECK(created["state"] == "loading");
+  CHECK(created["loading"] == true);  // its old name, until cupool 0.2
   CHECK(f.error_code(alice, {{"op", "buffer_open"}, {"name", "model"}}) == "busy");
   CHECK(f.error_code(alice, {{"op", "buffer_tensors"}, {"name", "model"}}) == "busy");
   CHECK(f.error_code(root, {{"op", "buffer_open"}, {"name", "model"}}) == "ok");
@@ -600,10 +601,11 @@ TEST_CASE("what apply put in place is said in status until the holder reads its 
   const auto root = f.client(peer(0, "root"));
   // A plan changes nothing and is not counted; both say which file a reload goes back to.
   const Json plan = f.call(root, {{"op", "plan"}, {"config", kHolderConfig}, {"path", "other.yaml"}});
-  CHECK(plan["holder_config"] == "/etc/cupool/cupool.yaml");
+  CHECK(plan["config"] == "/etc/cupool/cupool.yaml");
+  CHECK(plan["holder_config"] == "/etc/cupool/cupool.yaml");  // its old name, until cupool 0.2
   CHECK_FALSE(f.holder.status().holder.applied_config);
   const Json applied = f.call(root, {{"op", "apply"}, {"config", kHolderConfig}, {"path", "other.yaml"}});
-  CHECK(applied["holder_config"] == "/etc/cupool/cupool.yaml");
+  CHECK(applied["config"] == "/etc/cupool/cupool.yaml");
   const model::Status s = f.holder.status();
   REQUIRE(s.holder.applied_config);
   CHECK(s.holder.applied_config->path == "other.yaml");

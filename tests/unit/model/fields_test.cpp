@@ -197,7 +197,11 @@ TEST_CASE("every declared object reads back what it wrote") {
   m.stages = LoadStages{1, 2, 3, 4, 5, 6};
   m.read_method = "staged";
   check_round_trip(m);
-  CHECK(write_json(m).contains("gds_note"));
+  m.gds = LoadGds{std::string("no nvidia-fs")};
+  check_round_trip(m);
+  CHECK(write_json(m).at("gds").at("note") == "no nvidia-fs");
+  CHECK(write_json(m).at("gds_note") == "no nvidia-fs");  // its old name, until cupool 0.2
+  CHECK(!write_json(m).contains("loading"));              // no state: no old name either
 
   NodeFacts n;
   n.devices.emplace_back();
@@ -220,6 +224,23 @@ TEST_CASE("every declared object reads back what it wrote") {
   check_round_trip(PlanReply{true, {c}, {Finding{}}, "w", std::string("/etc/cupool.yaml")});
   check_round_trip(ListReply{{PoolListed{}}, {b}});
   check_round_trip(KeeperList{"s", {"a", "b"}});
+}
+
+TEST_CASE("an old name is written beside the new one, and read where the new one is absent") {
+  BufferMade made;
+  made.state = "loading";
+  const Json j = write_json(made);
+  CHECK(j.at("state") == "loading");
+  CHECK(j.at("loading") == true);
+  CHECK(read_json<BufferMade>(Json{{"loading", true}}).state == std::optional<std::string>("loading"));
+  CHECK(read_json<BufferMade>(Json{{"loading", false}}).state == std::optional<std::string>("ready"));
+  CHECK(read_json<BufferMade>(Json{{"state", "ready"}, {"loading", true}}).state ==
+        std::optional<std::string>("ready"));
+  CHECK_THROWS_AS(read_json<BufferMade>(Json{{"loading", "yes"}}), FieldError);
+  Seen seen;
+  BufferMade shown;
+  read_json_lenient(Json{{"loading", "yes"}}, shown, seen);  // for display: passed over
+  CHECK(!shown.state);
 }
 
 TEST_CASE("a reader keeps defaults for what is missing and names what is ill-typed") {
