@@ -228,7 +228,8 @@ std::optional<Failure> cupool_conn::closing_reason() {
 Json cupool_conn::call(Json body, int* fd_out) {
   Json reply = request(std::move(body), fd_out);
   if (auto f = refusal(reply)) throw Failure{*f};
-  if (!reply.value("ok", false)) throw Failure{CUPOOL_E_PROTOCOL, "the holder's reply says neither ok nor an error"};
+  if (!cupool::proto::reply_ok(reply))
+    throw Failure{CUPOOL_E_PROTOCOL, "the holder's reply says neither ok nor an error"};
   return reply;
 }
 
