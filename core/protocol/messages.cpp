@@ -544,6 +544,11 @@ bool reply_ok(const Json& reply) { return reply.value("ok", false); }
 
 Json id_of(const Json& message) { return message.value("id", Json()); }
 
+void address(Json& request, std::uint64_t id, bool quiet) {
+  request["id"] = id;
+  if (quiet) request["quiet"] = true;
+}
+
 std::optional<model::ErrorInfo> error_of_reply(const Json& reply) {
   if (!reply.is_object()) return model::ErrorInfo{"internal", "the holder sent something that is not a reply", {}, {}};
   const auto ok = reply.find("ok");

@@ -295,6 +295,8 @@ Json ok_reply(const Json& id, const Json& body);
 bool reply_ok(const Json& reply);
 // A reply's or a request's "id" (null when it has none).
 Json id_of(const Json& message);
+// Gives a request written by to_json its "id" and, with `quiet`, "quiet": true (after its fields).
+void address(Json& request, std::uint64_t id, bool quiet = false);
 
 // ---- notices ----
 
