@@ -134,9 +134,9 @@ void cupool_conn::reconnect() {
 Json cupool_conn::request(Json body, int* fd_out) {
   if (!fd) throw lost_connection("closed before");
   const std::uint64_t id = next_id++;
-  body["id"] = id;
+  cupool::proto::address(body, id);
   // This library works in protocol 4's names; a holder that speaks 1 to 3 gets and sends the old.
-  const std::string op = body.value("op", "");
+  const std::string op = cupool::proto::request_head(body).op.value_or("");
   const bool old_names = protocol < cupool::proto::kNamedProtocol && op != "hello";
   if (old_names) cupool::proto::to_old_names(cupool::proto::Message::request, op, body);
   std::string frames;
@@ -228,7 +228,8 @@ std::optional<Failure> cupool_conn::closing_reason() {
 Json cupool_conn::call(Json body, int* fd_out) {
   Json reply = request(std::move(body), fd_out);
   if (auto f = refusal(reply)) throw Failure{*f};
-  if (!reply.value("ok", false)) throw Failure{CUPOOL_E_PROTOCOL, "the holder's reply says neither ok nor an error"};
+  if (!cupool::proto::reply_ok(reply))
+    throw Failure{CUPOOL_E_PROTOCOL, "the holder's reply says neither ok nor an error"};
   return reply;
 }
 
@@ -434,10 +435,10 @@ void cupool_conn::release(cupool_lease* lease) {
 
 void cupool_conn::tell(Json body) {
   if (!fd) throw lost_connection("closed before");
-  body["id"] = next_id++;
-  body["quiet"] = true;
+  cupool::proto::address(body, next_id++, /*quiet=*/true);
   if (protocol < cupool::proto::kNamedProtocol)
-    cupool::proto::to_old_names(cupool::proto::Message::request, body.value("op", ""), body);
+    cupool::proto::to_old_names(cupool::proto::Message::request, cupool::proto::request_head(body).op.value_or(""),
+                                body);
   const std::string frames = cupool::proto::encode(cupool::proto::Kind::request, body);
   try {
     cupool::proto::send_all(fd.get(), frames);
@@ -537,7 +538,7 @@ void cupool_conn::read_waiting_frame() {
     } else if (auto f = refusal(body)) {
       // A quiet request that failed, or the holder saying why it closes the connection.
       quiet_failure = f->message;
-      if (body.value("id", Json()).is_null()) close_socket();
+      if (cupool::proto::id_of(body).is_null()) close_socket();
     }
   } catch (...) {
     close_socket();  // the holder is gone (or closed this connection): calls will say so

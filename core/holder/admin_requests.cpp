@@ -10,6 +10,7 @@
 #include "base/text.h"
 #include "config/load.h"
 #include "holder/names.h"
+#include "model/fields.h"
 #include "protocol/messages.h"
 
 namespace cupool {
@@ -65,7 +66,7 @@ Reply AdminRequests::trim(Request& r) {
 Reply AdminRequests::export_config(Request& r) {
   proto::read_export(r.args);
   r.args.finish();
-  return Json{{"config", export_config()}};
+  return model::write_json(model::ExportReply{export_config()});
 }
 
 Reply AdminRequests::plan_or_apply(Request& r, bool apply) {

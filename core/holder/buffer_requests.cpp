@@ -186,7 +186,9 @@ Reply BufferRequests::ready(Request& r) {
   buffers_.changed();  // ready now: in the next manifest
   const std::size_t count = b.index ? b.index->tensors.size() : 0;
   spdlog::info("buffer {} is ready ({}, {} tensor{})", name, format_bytes(b.want.size), count, count == 1 ? "" : "s");
-  return Json{{"name", name}, {"tensor_count", b.index ? Json(count) : Json(nullptr)}};  // null: no index
+  proto::BufferReadyReply out{name, {}};
+  if (b.index) out.tensor_count = count;
+  return proto::to_json(out);
 }
 
 Reply BufferRequests::remove(Request& r) {

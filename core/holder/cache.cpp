@@ -85,7 +85,7 @@ void Leasing::notify(std::uint64_t client, Json notice) {
   if (!notice_) return;
   const HeldClient* c = clients_.find(client);
   if (c && c->protocol < proto::kNamedProtocol)
-    proto::to_old_names(proto::Message::notice, notice.value("notice", ""), notice);
+    proto::to_old_names(proto::Message::notice, proto::notice_name(notice), notice);  // ours have one
   notice_(client, notice);
 }
 
@@ -99,11 +99,8 @@ void Leasing::run_ready_waiters() {
   while (std::optional<DropWaiter> ready = drops_.take_ready()) {
     DropWaiter& w = *ready;
     Json reply;
-    reply["id"] = w.id;
     try {
-      Json body = w.then();
-      reply["ok"] = true;
-      for (auto& [k, v] : body.items()) reply[k] = v;
+      reply = proto::ok_reply(w.id, w.then());
     } catch (const Error& e) {
       reply = proto::error_reply(w.id, {e.wire_code(), e.what(), {}, {}});
     } catch (const std::exception& e) {
@@ -111,7 +108,8 @@ void Leasing::run_ready_waiters() {
       reply = proto::error_reply(w.id, {errc_info(Errc::internal).wire, e.what(), {}, {}});
     }
     if (w.client == 0) {
-      if (!reply.value("ok", false)) spdlog::error("after cached blocks were dropped: {}", reply["error"].dump());
+      if (const auto error = proto::error_of_reply(reply))
+        spdlog::error("after cached blocks were dropped: {}", model::to_json(*error).dump());
     } else if (clients_.find(w.client) && deferred_) {
       deferred_(w.client, reply);
     }

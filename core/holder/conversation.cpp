@@ -16,29 +16,24 @@ Json error_body(const Json& id, const std::string& code, const std::string& mess
 }
 
 Json rejected_body(const Json& id, const ConfigRejected& e, std::size_t limit) {
-  Json body = error_body(id, e.wire_code(), e.what());
-  body["error"]["finding_count"] = e.findings().size();
-  body["error"]["findings"] = e.findings();
-  body["error"]["rendered"] = e.rendered();
+  proto::ConfigRefusal r{{e.wire_code(), e.what(), {}, {}}, e.findings().size(), e.findings(), e.rendered()};
   // Diagnostics are bounded (kMaxFindings; kMaxFindingText, kMaxQuotedLine per finding; the path
   // kMaxConfigName, without control characters), so this is about 10 MiB at the very most, under
   // kMaxReply. Should it not be, the reply still goes: the text is cut, then the last findings.
-  auto size = [&] { return body.dump(-1, ' ', false, Json::error_handler_t::replace).size(); };
+  auto size = [&] { return proto::refusal_reply(id, r).dump(-1, ' ', false, Json::error_handler_t::replace).size(); };
   const std::string note = "\n... (cut: a reply is at most " + std::to_string(limit) + " bytes)\n";
   std::size_t total = size();
-  if (total <= limit) return body;
-  const std::string& rendered = e.rendered();
-  const std::size_t without = total - body["error"]["rendered"].dump().size() + 2;
-  body["error"]["rendered"] = without + note.size() + 64 < limit
-                                  ? utf8_prefix(rendered, (limit - without - note.size() - 64) / 6) + note
-                                  : note;
-  while (size() > limit && !body["error"]["findings"].empty()) {
-    const Json& all = body["error"]["findings"];
+  if (total <= limit) return proto::refusal_reply(id, r);
+  const std::size_t without = total - Json(r.rendered).dump().size() + 2;
+  r.rendered = without + note.size() + 64 < limit
+                   ? utf8_prefix(e.rendered(), (limit - without - note.size() - 64) / 6) + note
+                   : note;
+  while (size() > limit && !r.findings.empty()) {
     Json first = Json::array();
-    for (std::size_t i = 0; i < all.size() / 2; ++i) first.push_back(all[i]);
-    body["error"]["findings"] = std::move(first);
+    for (std::size_t i = 0; i < r.findings.size() / 2; ++i) first.push_back(r.findings[i]);
+    r.findings = std::move(first);
   }
-  return body;
+  return proto::refusal_reply(id, r);
 }
 
 std::size_t Conversation::receive(const char* data, std::size_t size) {
@@ -119,13 +114,8 @@ void Conversation::take(const proto::Header& header, std::string payload) {
 
 void Conversation::handle(const std::string& payload) {
   const Json request = proto::parse_payload(payload);  // bad_frame goes up
-  Json id = Json();
-  if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0)
-    id = *it;
-  const auto quiet_it = request.find("quiet");
-  const bool quiet = quiet_it != request.end() && quiet_it->is_boolean() && quiet_it->get<bool>();
+  const auto [id, op, quiet] = proto::request_head(request);
   if (waiting_) {
-    const std::string op = request.value("op", Json()).is_string() ? request["op"].get<std::string>() : "";
     if (!quiet || (op != "dropped" && op != "free" && op != "reuse")) {
       held_.push_back(payload);
       held_bytes_ += payload.size();
@@ -141,9 +131,7 @@ void Conversation::handle(const std::string& payload) {
       return;
     }
     fd = std::move(answer.fd);
-    reply["id"] = id;
-    reply["ok"] = true;
-    for (auto& [k, v] : answer.body.items()) reply[k] = v;
+    reply = proto::ok_reply(id, answer.body);
   } catch (const ConfigRejected& e) {
     reply = rejected_body(id, e);
   } catch (const Error& e) {
@@ -152,7 +140,7 @@ void Conversation::handle(const std::string& payload) {
     spdlog::error("internal error serving client {}: {}", client_, e.what());
     reply = error_body(id, errc_info(Errc::internal).wire, e.what());
   }
-  const bool ok = reply.value("ok", false);
+  const bool ok = proto::reply_ok(reply);
   if (!ok) fd.reset();
   if (on_reply) on_reply(request, reply);
   if (quiet && ok) return;  // a quiet request is answered only when it fails
@@ -181,7 +169,7 @@ void Conversation::queue(const Json& body, proto::Kind kind, Fd fd) {
     f.bytes = proto::encode(kind, body, f.fd ? 1 : 0);
   } catch (const Error& e) {
     f.fd.reset();
-    f.bytes = proto::encode(kind, error_body(body.value("id", Json()), errc_info(Errc::internal).wire, e.what()));
+    f.bytes = proto::encode(kind, error_body(proto::id_of(body), errc_info(Errc::internal).wire, e.what()));
   }
   queued_ += f.bytes.size();
   if (f.fd) ++fds_queued_;

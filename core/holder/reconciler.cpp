@@ -17,6 +17,9 @@ namespace cupool {
 
 namespace {
 
+using Action = model::ChangeAction;  // the reconciler's own words for them
+using Object = model::ChangeObject;
+
 // Values of a change, as the config writes them and typed (docs/naming.md: no sentinels).
 ChangeValue text_value(const std::string& text) { return {text, text}; }
 ChangeValue optional_text(const std::string& text) {
@@ -37,10 +40,9 @@ ChangeValue share_value(const ShareRule& s) {
   std::string text = "{users: [" + join(s.users, ", ") + "], groups: [" + join(s.groups, ", ") + "]";
   if (s.quota_per_client) text += ", quota_per_client: " + exact_size(s.quota_per_client);
   text += "}";
-  return {text,
-          {{"users", s.users},
-           {"groups", s.groups},
-           {"quota_per_client_bytes", s.quota_per_client ? Json(s.quota_per_client) : Json(nullptr)}}};
+  model::ShareValue value{s.users, s.groups, {}};
+  if (s.quota_per_client) value.quota_per_client_bytes = s.quota_per_client;
+  return {text, model::to_json(value)};
 }
 
 }  // namespace
@@ -52,9 +54,10 @@ std::vector<Change> Reconciler::plan(const Desired& want) const {
   for (const auto& [key, h] : pools_) plan_pool(key, h, want, changes);
   keep_pools_whole(changes);
   for (const auto& w : want.pools)
-    if (!pools_.count({w.name, w.device})) changes.push_back({"create", "pool", w.name, w.device, "", {}, {}, ""});
+    if (!pools_.count({w.name, w.device}))
+      changes.push_back({Action::create, Object::pool, w.name, w.device, "", {}, {}, ""});
   for (const auto& w : want.buffers) {
-    if (!buffers_.count(w.name)) changes.push_back({"create", "buffer", w.name, w.device, "", {}, {}, ""});
+    if (!buffers_.count(w.name)) changes.push_back({Action::create, Object::buffer, w.name, w.device, "", {}, {}, ""});
   }
   return changes;
 }
@@ -106,16 +109,16 @@ std::string Reconciler::blocked_reason(const PoolKey& key, const HeldPool& h, co
 // The holder section's changes: socket, mode, group.
 void Reconciler::plan_holder(const Desired& want, std::vector<Change>& changes) const {
   if (!socket_from_command_line_ && want.holder.socket != holder_.socket)
-    changes.push_back({"update", "holder", "holder", -1, "socket", text_value(holder_.socket),
+    changes.push_back({Action::update, Object::holder, "holder", -1, "socket", text_value(holder_.socket),
                        text_value(want.holder.socket), "the socket path changes only when the holder restarts"});
   if (want.holder.mode != holder_.mode) {
     char from[8], to[8];
     std::snprintf(from, sizeof from, "%04o", holder_.mode);
     std::snprintf(to, sizeof to, "%04o", want.holder.mode);
-    changes.push_back({"update", "holder", "holder", -1, "mode", text_value(from), text_value(to), ""});
+    changes.push_back({Action::update, Object::holder, "holder", -1, "mode", text_value(from), text_value(to), ""});
   }
   if (want.holder.group != holder_.group)
-    changes.push_back({"update", "holder", "holder", -1, "group", optional_text(holder_.group),
+    changes.push_back({Action::update, Object::holder, "holder", -1, "group", optional_text(holder_.group),
                        optional_text(want.holder.group), ""});
 }
 
@@ -131,10 +134,10 @@ void Reconciler::plan_buffers_out(const Desired& want, std::vector<Change>& chan
       if (bw.name == name) w = &bw;
     const std::string busy = b.opens ? std::to_string(b.opens) + " open handle" + (b.opens == 1 ? "" : "s") : "";
     if (!w) {
-      changes.push_back({"remove", "buffer", name, b.want.device, "", {}, {}, busy});
+      changes.push_back({Action::remove, Object::buffer, name, b.want.device, "", {}, {}, busy});
     } else if (w->pool != b.want.pool || w->device != b.want.device || w->size != b.want.size) {
-      changes.push_back(
-          {"replace", "buffer", name, w->device, "size", size_value(b.want.size), size_value(w->size), busy});
+      changes.push_back({Action::replace, Object::buffer, name, w->device, "size", size_value(b.want.size),
+                         size_value(w->size), busy});
     }
   }
 }
@@ -147,13 +150,14 @@ void Reconciler::plan_pool(const PoolKey& key, const HeldPool& h, const Desired&
   for (const auto& pw : want.pools)
     if (pw.name == key.first && pw.device == key.second) w = &pw;
   if (!w) {
-    changes.push_back({"remove", "pool", key.first, key.second, "", {}, {}, blocked_reason(key, h, want)});
+    changes.push_back({Action::remove, Object::pool, key.first, key.second, "", {}, {}, blocked_reason(key, h, want)});
     return;
   }
   const PoolProps& a = h.want.props;
   const PoolProps& b = w->props;
   auto replace = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
-    changes.push_back({"replace", "pool", key.first, key.second, field, from, to, blocked_reason(key, h, want)});
+    changes.push_back(
+        {Action::replace, Object::pool, key.first, key.second, field, from, to, blocked_reason(key, h, want)});
   };
   if (a.location != b.location || a.location_id != b.location_id)
     replace("location", text_value(location_text(a)), text_value(location_text(b)));
@@ -166,7 +170,7 @@ void Reconciler::plan_pool(const PoolKey& key, const HeldPool& h, const Desired&
             b.max_size ? size_value(b.max_size) : ChangeValue{"", nullptr});
   else {
     auto update = [&](const char* field, const ChangeValue& from, const ChangeValue& to) {
-      changes.push_back({"update", "pool", key.first, key.second, field, from, to, ""});
+      changes.push_back({Action::update, Object::pool, key.first, key.second, field, from, to, ""});
     };
     for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
       // The threshold as the files wrote it ("75%"), not only its bytes.
@@ -180,7 +184,7 @@ void Reconciler::plan_pool(const PoolKey& key, const HeldPool& h, const Desired&
       bool revokes = false;
       for (int peer : h.want.access)
         if (std::find(w->access.begin(), w->access.end(), peer) == w->access.end()) revokes = true;
-      changes.push_back({"update", "pool", key.first, key.second, "access", access_value(h.want.access),
+      changes.push_back({Action::update, Object::pool, key.first, key.second, "access", access_value(h.want.access),
                          access_value(w->access),
                          revokes ? "peer access is not revoked from a live pool; remove and recreate the pool" : ""});
     }
@@ -193,9 +197,10 @@ void Reconciler::keep_pools_whole(std::vector<Change>& changes) {
   // A pool name is one unit: if its replacement is blocked on one device, it is kept on all of
   // them, so the pool's devices never end up with different properties (export writes one entry).
   for (Change& c : changes) {
-    if (c.object != "pool" || c.action != "replace" || !c.blocked.empty()) continue;
+    if (c.object != Object::pool || c.action != Action::replace || !c.blocked.empty()) continue;
     for (const Change& other : changes)
-      if (other.object == "pool" && other.action == "replace" && other.name == c.name && !other.blocked.empty()) {
+      if (other.object == Object::pool && other.action == Action::replace && other.name == c.name &&
+          !other.blocked.empty()) {
         c.blocked = "pool " + c.name + " is replaced on all its devices or on none; on device " +
                     std::to_string(other.device) + ": " + other.blocked;
         break;
@@ -215,7 +220,7 @@ std::vector<Change> Reconciler::apply(const Desired& want) {
   // could not be done is reported as blocked, with why.
   std::vector<Change*> socket_changes;
   for (Change& c : changes)
-    if (c.object == "holder" && c.blocked.empty() && (c.field == "mode" || c.field == "group"))
+    if (c.object == Object::holder && c.blocked.empty() && (c.field == "mode" || c.field == "group"))
       socket_changes.push_back(&c);
   if (!socket_changes.empty()) {
     try {
@@ -227,31 +232,32 @@ std::vector<Change> Reconciler::apply(const Desired& want) {
     }
   }
   for (const Change& c : changes)
-    if (c.object == "buffer" && (c.action == "remove" || c.action == "replace") && c.blocked.empty())
+    if (c.object == Object::buffer && (c.action == Action::remove || c.action == Action::replace) && c.blocked.empty())
       buffers_.destroy(c.name);
   for (const Change& c : changes) {
-    if (c.object != "pool" || !c.blocked.empty()) continue;
+    if (c.object != Object::pool || !c.blocked.empty()) continue;
     const PoolKey key{c.name, c.device};
-    if (c.action == "remove") {
+    if (c.action == Action::remove) {
       // Buffers the new config no longer wants in this pool were removed above; any left are kept
       // only if wanted, and then the pool is blocked (plan says so).
       destroy_pool(key);
-    } else if (c.action == "replace") {
+    } else if (c.action == Action::replace) {
       destroy_pool(key);
       pools_.create(*find_want(c.name, c.device));
     }
   }
   for (const Change& c : changes)
-    if (c.object == "pool" && c.action == "create") pools_.create(*find_want(c.name, c.device));
+    if (c.object == Object::pool && c.action == Action::create) pools_.create(*find_want(c.name, c.device));
   std::set<PoolKey> updated;
   for (const Change& c : changes)
-    if (c.object == "pool" && c.action == "update" && c.blocked.empty() && updated.insert({c.name, c.device}).second)
+    if (c.object == Object::pool && c.action == Action::update && c.blocked.empty() &&
+        updated.insert({c.name, c.device}).second)
       pools_.update(pools_.at({c.name, c.device}), *find_want(c.name, c.device));
   for (const auto& w : want.buffers)
     if (!buffers_.count(w.name)) {
       bool blocked = false;
       for (const Change& c : changes)
-        if (c.object == "buffer" && c.name == w.name && !c.blocked.empty()) blocked = true;
+        if (c.object == Object::buffer && c.name == w.name && !c.blocked.empty()) blocked = true;
       if (!blocked) buffers_.create(w);
     }
   return changes;
@@ -279,7 +285,8 @@ std::set<std::uint64_t> Reconciler::ask_drops_for(const Desired& want) {
   // A pool name is replaced on all its devices or none (plan()): every device of a blocked pool.
   std::set<std::string> names;
   for (const Change& ch : plan(want))
-    if (ch.object == "pool" && (ch.action == "remove" || ch.action == "replace") && !ch.blocked.empty())
+    if (ch.object == Object::pool && (ch.action == Action::remove || ch.action == Action::replace) &&
+        !ch.blocked.empty())
       names.insert(ch.name);
   std::set<PoolKey> keys;
   for (const auto& [key, p] : pools_) {
@@ -292,8 +299,8 @@ std::set<std::uint64_t> Reconciler::ask_drops_for(const Desired& want) {
 
 model::PlanChange change_view(const Change& c, const NodeReport& node) {
   model::PlanChange out;
-  out.action = c.action;
-  out.object = c.object;
+  out.action = model::change_word(c.action);
+  out.object = model::change_word(c.object);
   out.name = c.name;
   if (c.device >= 0) out.id = device_id(node, c.device);
   if (!c.field.empty()) {

@@ -28,8 +28,8 @@ struct ChangeValue {
 };
 
 struct Change {
-  std::string action;  // create, update, replace, remove
-  std::string object;  // pool, buffer, holder
+  model::ChangeAction action;
+  model::ChangeObject object;
   std::string name;
   int device = -1;    // -1: not per device
   std::string field;  // for update and replace

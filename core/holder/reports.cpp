@@ -123,73 +123,61 @@ model::Trim AdminRequests::trim(std::uint64_t keep, const std::optional<std::str
 }
 
 std::string AdminRequests::export_config() const {
-  Json doc;
-  doc["version"] = 1;
-  Json holder;
-  holder["socket"] = units_.reconciler.settings().socket;
+  model::ExportedConfig doc;
+  doc.holder.socket = units_.reconciler.settings().socket;
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", units_.reconciler.settings().mode);
-  holder["mode"] = mode;
-  if (!units_.reconciler.settings().group.empty()) holder["group"] = units_.reconciler.settings().group;
-  doc["holder"] = holder;
-  Json pools = Json::array();
+  doc.holder.mode = mode;
+  if (!units_.reconciler.settings().group.empty()) doc.holder.group = units_.reconciler.settings().group;
+  std::vector<model::ExportedPool> pools;
   std::vector<std::string> order;
   for (const auto& [key, p] : units_.pools)
     if (std::find(order.begin(), order.end(), key.first) == order.end()) order.push_back(key.first);
   for (const auto& name : order) {
-    Json devices = Json::array();
+    model::ExportedPool j;
     std::set<int> access;
     const HeldPool* first = nullptr;
     for (const auto& [key, p] : units_.pools) {
       if (key.first != name) continue;
       if (!first) first = &p;
-      devices.push_back(device_uuid(units_.node, key.second));
+      j.devices.push_back(device_uuid(units_.node, key.second));
       access.insert(p.want.access.begin(), p.want.access.end());
     }
     const PoolWant& w = first->want;
-    Json j;
-    j["name"] = name;
-    j["devices"] = devices;
-    j["location"] = w.props.location == PoolProps::Location::device ? "device" : location_text(w.props);
-    j["alloc_type"] = w.props.managed ? "managed" : "pinned";
-    Json handles = handle_type_names(w.props.handle_types);
-    if (handles.empty()) handles.push_back("none");  // the config's word for no IPC handle
-    j["handle_types"] = handles;
-    if (w.props.max_size) j["max_size"] = exact_size(w.props.max_size);
-    j["release_threshold"] = w.threshold_text;
-    if (w.reserve) j["reserve"] = exact_size(w.reserve);
-    j["reuse"] = {{"follow_event_dependencies", w.settings.follow_event_dependencies},
-                  {"allow_opportunistic", w.settings.allow_opportunistic},
-                  {"allow_internal_dependencies", w.settings.allow_internal_dependencies}};
+    j.name = name;
+    j.location = w.props.location == PoolProps::Location::device ? "device" : location_text(w.props);
+    j.alloc_type = w.props.managed ? "managed" : "pinned";
+    j.handle_types = handle_type_names(w.props.handle_types);
+    if (j.handle_types.empty()) j.handle_types.push_back("none");  // the config's word for no IPC handle
+    if (w.props.max_size) j.max_size = exact_size(w.props.max_size);
+    j.release_threshold = w.threshold_text;
+    if (w.reserve) j.reserve = exact_size(w.reserve);
+    j.reuse = {w.settings.follow_event_dependencies, w.settings.allow_opportunistic,
+               w.settings.allow_internal_dependencies};
     if (!access.empty()) {
-      Json a = Json::array();
-      for (int peer : access) a.push_back(device_uuid(units_.node, peer));
-      j["access"] = a;
+      j.access.emplace();
+      for (int peer : access) j.access->push_back(device_uuid(units_.node, peer));
     }
     if (w.share.set) {
-      Json s;
-      if (!w.share.users.empty()) s["users"] = w.share.users;
-      if (!w.share.groups.empty()) s["groups"] = w.share.groups;
-      if (w.share.quota_per_client) s["quota_per_client"] = exact_size(w.share.quota_per_client);
-      j["share"] = s;
+      model::ExportedShare& s = j.share.emplace();
+      if (!w.share.users.empty()) s.users = w.share.users;
+      if (!w.share.groups.empty()) s.groups = w.share.groups;
+      if (w.share.quota_per_client) s.quota_per_client = exact_size(w.share.quota_per_client);
     }
-    pools.push_back(j);
+    pools.push_back(std::move(j));
   }
-  if (!pools.empty()) doc["pools"] = pools;
-  Json buffers = Json::array();
+  if (!pools.empty()) doc.pools = std::move(pools);
+  std::vector<model::ExportedBuffer> buffers;
   std::vector<std::string> loaded;
   for (const auto& [name, b] : units_.buffers)
     if (b.index)
       loaded.push_back(name);  // its contents come from a file, not from a config
     else
-      buffers.push_back({{"name", name},
-                         {"pool", b.want.pool},
-                         {"device", device_uuid(units_.node, b.want.device)},
-                         {"size", exact_size(b.want.size)}});
-  if (!buffers.empty()) doc["buffers"] = buffers;
+      buffers.push_back({name, b.want.pool, device_uuid(units_.node, b.want.device), exact_size(b.want.size)});
+  if (!buffers.empty()) doc.buffers = std::move(buffers);
   std::string note;
   for (const std::string& name : loaded)
     note += "# Not here: buffer " + name + ", a tensor set made by 'cupool buffer load' (load it again).\n";
-  return "# The live state of a cupool holder, written by 'cupool export'.\n" + note + to_yaml(doc);
+  return "# The live state of a cupool holder, written by 'cupool export'.\n" + note + to_yaml(model::to_json(doc));
 }
 }  // namespace cupool

@@ -10,6 +10,7 @@
 #include "base/units.h"
 #include "holder/holder.h"
 #include "holder/names.h"
+#include "protocol/messages.h"
 
 namespace cupool {
 
@@ -48,9 +49,9 @@ Reply Holder::handle(std::uint64_t id, const Json& request) {
 
 Reply Holder::serve(std::uint64_t id, const Json& request) {
   HeldClient& c = clients_.at(id);
-  auto op_it = request.find("op");
-  if (op_it == request.end() || !op_it->is_string()) throw Error(Errc::bad_request, "a request needs \"op\", a string");
-  const std::string op = op_it->get<std::string>();
+  const proto::RequestHead head = proto::request_head(request);
+  if (!head.op) throw Error(Errc::bad_request, "a request needs \"op\", a string");
+  const std::string op = *head.op;
   // Every request is read in protocol 4's names; a connection of 1 to 3 sends the old ones.
   const bool old_names = c.greeted && c.protocol < proto::kNamedProtocol;
   Json renamed;
@@ -64,8 +65,7 @@ Reply Holder::serve(std::uint64_t id, const Json& request) {
                                            std::to_string(proto::kNamedProtocol) + " calls it \"" + now +
                                            "\" (docs/naming.md)");
   proto::Args a(old_names ? renamed : request);
-  if (auto id_it = request.find("id"); id_it == request.end() || !id_it->is_number_integer() ||
-                                       id_it->get<std::int64_t>() < 0 || id_it->get<std::int64_t>() >= (1LL << 53))
+  if (head.id.is_null() || head.id.get<std::int64_t>() >= (1LL << 53))
     throw Error(Errc::bad_request, "a request needs \"id\", an integer from 0 to 2^53-1");
   if (!c.greeted && op != "hello")
     throw Error(Errc::hello_required, "the first request on a connection must be \"hello\"");
@@ -83,7 +83,7 @@ Reply Holder::serve(std::uint64_t id, const Json& request) {
   // client's cache sends on its own, so the warm path never waits for the holder.
   if (a.boolean("quiet", false) && op != "free" && op != "reuse" && op != "dropped")
     throw Error(Errc::bad_request, "\"quiet\" is for free, reuse and dropped only");
-  Request r{id, request["id"], c, a, op};
+  Request r{id, head.id, c, a, op};
   Reply out;
   try {
     out = it->serve(r);

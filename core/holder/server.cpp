@@ -382,7 +382,7 @@ void Server::reload() {
                      applied->since);
       if (changes.empty()) spdlog::info("reload: no changes");
       for (const Change& ch : changes)
-        spdlog::info("reload: {} {} {}{}{}", ch.action, ch.object, ch.name,
+        spdlog::info("reload: {} {} {}{}{}", model::change_word(ch.action), model::change_word(ch.object), ch.name,
                      ch.field.empty() ? "" : " " + ch.field + ": " + ch.from.text + " -> " + ch.to.text,
                      ch.blocked.empty() ? "" : " (not done: " + ch.blocked + ")");
     });

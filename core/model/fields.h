@@ -309,6 +309,11 @@ CUPOOL_FIELDS(ProcessDevice) {
 
 // ---- plan / apply ----
 
+CUPOOL_FIELDS(ShareValue) {
+  f("users", v.users);
+  f("groups", v.groups);
+  f("quota_per_client_bytes", v.quota_per_client_bytes);  // null: no quota
+}
 CUPOOL_FIELDS(PlanChange) {
   f("action", v.action);
   f("object", v.object);
@@ -320,6 +325,44 @@ CUPOOL_FIELDS(PlanChange) {
   f("to", v.to, omit_empty);
   f.only_if(v.to.has_value(), "to_value", v.to_value);
   f("blocked", v.blocked, omit_empty);
+}
+
+// ---- export ----
+
+CUPOOL_FIELDS(ExportedHolder) {
+  f("socket", v.socket);
+  f("mode", v.mode);
+  f("group", v.group, omit_empty);
+}
+CUPOOL_FIELDS(ExportedShare) {
+  f("users", v.users, omit_empty);
+  f("groups", v.groups, omit_empty);
+  f("quota_per_client", v.quota_per_client, omit_empty);
+}
+CUPOOL_FIELDS(ExportedPool) {
+  f("name", v.name);
+  f("devices", v.devices);
+  f("location", v.location);
+  f("alloc_type", v.alloc_type);
+  f("handle_types", v.handle_types);
+  f("max_size", v.max_size, omit_empty);
+  f("release_threshold", v.release_threshold);
+  f("reserve", v.reserve, omit_empty);
+  f("reuse", v.reuse);
+  f("access", v.access, omit_empty);
+  f("share", v.share, omit_empty);
+}
+CUPOOL_FIELDS(ExportedBuffer) {
+  f("name", v.name);
+  f("pool", v.pool);
+  f("device", v.device);
+  f("size", v.size);
+}
+CUPOOL_FIELDS(ExportedConfig) {
+  f("version", v.version);
+  f("holder", v.holder);
+  f("pools", v.pools, omit_empty);
+  f("buffers", v.buffers, omit_empty);
 }
 
 // ---- bench ----

@@ -96,6 +96,8 @@ Json to_json(const TensorEntry& v) { return write_json(v); }
 Json to_json(const BufferTensors& v) { return write_json(v); }
 Json to_json(const BufferMade& v) { return write_json(v); }
 Json to_json(const ProcessDevice& v) { return write_json(v); }
+Json to_json(const ShareValue& v) { return write_json(v); }
+Json to_json(const ExportedConfig& v) { return write_json(v); }
 Json to_json(const PlanChange& v) { return write_json(v); }
 Json to_json(const BenchCase& v) { return write_json(v); }
 Json to_json(const BenchComparison& v) { return write_json(v); }
@@ -108,6 +110,25 @@ Json to_json(const ListReply& v) { return write_json(v); }
 Json to_json(const PlanReply& v) { return write_json(v); }
 Json to_json(const KeeperList& v) { return write_json(v); }
 Json to_json(const BenchReport& v) { return write_json(v); }
+
+const char* change_word(ChangeAction a) {
+  switch (a) {
+    case ChangeAction::create: return "create";
+    case ChangeAction::update: return "update";
+    case ChangeAction::replace: return "replace";
+    case ChangeAction::remove: return "remove";
+  }
+  return "?";
+}
+
+const char* change_word(ChangeObject o) {
+  switch (o) {
+    case ChangeObject::pool: return "pool";
+    case ChangeObject::buffer: return "buffer";
+    case ChangeObject::holder: return "holder";
+  }
+  return "?";
+}
 
 ErrorInfo error_from_json(const Json& j) { return read_json_strict<ErrorInfo>(j); }
 

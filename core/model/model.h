@@ -306,6 +306,20 @@ struct ProcessDevice {
 
 // ---- plan / apply ----
 
+// What a change does, and to what; change_word gives each its one spelling (PlanChange's action
+// and object).
+enum class ChangeAction { create, update, replace, remove };
+enum class ChangeObject { pool, buffer, holder };
+const char* change_word(ChangeAction a);
+const char* change_word(ChangeObject o);
+
+// A pool's share rule as a change's typed value (from_value, to_value).
+struct ShareValue {
+  std::vector<std::string> users;
+  std::vector<std::string> groups;
+  std::optional<std::uint64_t> quota_per_client_bytes;  // none: no quota (null)
+};
+
 struct PlanChange {
   std::string action;  // create, update, replace, remove
   std::string object;  // pool, buffer, holder
@@ -315,6 +329,46 @@ struct PlanChange {
   std::optional<std::string> from, to;  // in config syntax
   Json from_value, to_value;            // typed; null where absent
   std::optional<std::string> blocked;
+};
+
+// ---- export ----
+
+// The config document `cupool export` writes (schemas/cupool-config-v1.schema.json): the holder's
+// live state in the config's own syntax (sizes as exact sizes, devices by UUID); a member left
+// empty is the config's default and is left out.
+struct ExportedHolder {
+  std::string socket;
+  std::string mode;                  // octal, "0660"
+  std::optional<std::string> group;  // none: the holder's own group
+};
+struct ExportedShare {
+  std::optional<std::vector<std::string>> users, groups;
+  std::optional<std::string> quota_per_client;
+};
+struct ExportedPool {
+  std::string name;
+  std::vector<std::string> devices;  // UUIDs
+  std::string location;
+  std::string alloc_type;
+  std::vector<std::string> handle_types;  // ["none"]: no IPC handle
+  std::optional<std::string> max_size;
+  std::string release_threshold;  // as the config wrote it
+  std::optional<std::string> reserve;
+  Reuse reuse;
+  std::optional<std::vector<std::string>> access;  // UUIDs
+  std::optional<ExportedShare> share;
+};
+struct ExportedBuffer {
+  std::string name;
+  std::string pool;
+  std::string device;  // UUID
+  std::string size;
+};
+struct ExportedConfig {
+  int version = 1;
+  ExportedHolder holder;
+  std::optional<std::vector<ExportedPool>> pools;
+  std::optional<std::vector<ExportedBuffer>> buffers;
 };
 
 // ---- bench ----
@@ -489,6 +543,8 @@ Json to_json(const TensorEntry& v);
 Json to_json(const BufferTensors& v);
 Json to_json(const BufferMade& v);
 Json to_json(const ProcessDevice& v);
+Json to_json(const ShareValue& v);
+Json to_json(const ExportedConfig& v);
 Json to_json(const PlanChange& v);
 Json to_json(const BenchCase& v);
 Json to_json(const BenchComparison& v);

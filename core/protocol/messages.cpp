@@ -419,6 +419,9 @@ Json to_json(const BufferOpenReply& v) {
 }
 
 Json to_json(const BufferCloseReply& v) { return {{"name", v.name}}; }
+Json to_json(const BufferReadyReply& v) {
+  return {{"name", v.name}, {"tensor_count", v.tensor_count ? Json(*v.tensor_count) : Json(nullptr)}};
+}
 
 HelloReply hello_reply_from_json(const Json& j) {
   HelloReply v;
@@ -508,6 +511,42 @@ Json error_reply(const Json& id, const model::ErrorInfo& error) {
   out["ok"] = false;
   out["error"] = model::to_json(error);
   return out;
+}
+
+Json refusal_reply(const Json& id, const ConfigRefusal& refusal) {
+  Json out = error_reply(id, refusal.error);
+  Json& error = out["error"];
+  error["finding_count"] = refusal.finding_count;
+  error["findings"] = refusal.findings;
+  error["rendered"] = refusal.rendered;
+  return out;
+}
+
+RequestHead request_head(const Json& request) {
+  RequestHead head;
+  if (auto it = request.find("id"); it != request.end() && it->is_number_integer() && it->get<std::int64_t>() >= 0)
+    head.id = *it;
+  if (auto it = request.find("op"); it != request.end() && it->is_string()) head.op = it->get<std::string>();
+  const auto quiet = request.find("quiet");
+  head.quiet = quiet != request.end() && quiet->is_boolean() && quiet->get<bool>();
+  return head;
+}
+
+Json ok_reply(const Json& id, const Json& body) {
+  Json reply;
+  reply["id"] = id;
+  reply["ok"] = true;
+  for (auto& [k, v] : body.items()) reply[k] = v;
+  return reply;
+}
+
+bool reply_ok(const Json& reply) { return reply.value("ok", false); }
+
+Json id_of(const Json& message) { return message.value("id", Json()); }
+
+void address(Json& request, std::uint64_t id, bool quiet) {
+  request["id"] = id;
+  if (quiet) request["quiet"] = true;
 }
 
 std::optional<model::ErrorInfo> error_of_reply(const Json& reply) {

@@ -238,6 +238,11 @@ struct BufferOpenReply {
 struct BufferCloseReply {
   std::string name;
 };
+// A loaded buffer said ready (buffer_ready, an admin's).
+struct BufferReadyReply {
+  std::string name;
+  std::optional<std::uint64_t> tensor_count;  // none (null): a buffer without an index
+};
 
 Json to_json(const HelloReply& v);
 Json to_json(const ImportPoolReply& v);
@@ -247,6 +252,7 @@ Json to_json(const ReuseReply& v);
 Json to_json(const DroppedReply& v);
 Json to_json(const BufferOpenReply& v);
 Json to_json(const BufferCloseReply& v);
+Json to_json(const BufferReadyReply& v);
 
 HelloReply hello_reply_from_json(const Json& j);
 ImportPoolReply import_pool_reply_from_json(const Json& j);
@@ -259,6 +265,38 @@ BufferOpenReply buffer_open_reply_from_json(const Json& j);
 // object is an error of code "internal" that says so.
 Json error_reply(const Json& id, const model::ErrorInfo& error);
 std::optional<model::ErrorInfo> error_of_reply(const Json& reply);
+
+// A config the holder judged and refused (plan, apply: invalid_config, does_not_fit): the error
+// object carries the findings too (docs/protocol.md, "plan"; schemas/cupool-plan-v1's refusal).
+struct ConfigRefusal {
+  model::ErrorInfo error;
+  std::uint64_t finding_count = 0;  // all of them, even when `findings` was cut to fit a reply
+  Json findings = Json::array();    // model::Finding's JSON, as `cupool check` writes them
+  std::string rendered;             // the findings as compiler-style text
+};
+Json refusal_reply(const Json& id, const ConfigRefusal& refusal);
+
+// ---- the envelope: what every request and reply carries besides its own fields ----
+//
+// A request: "id" (the client's; its reply carries it back), "op", and "quiet" (no reply when it
+// succeeds). A reply: "id" and "ok", then its body's fields or "error". Spelled here only.
+
+// A request's envelope read leniently, for answering even a malformed request: `id` null unless a
+// non-negative integer, `op` none unless a string, `quiet` only when true.
+struct RequestHead {
+  Json id;
+  std::optional<std::string> op;
+  bool quiet = false;
+};
+RequestHead request_head(const Json& request);
+// {"id": id, "ok": true, ...the body's fields}.
+Json ok_reply(const Json& id, const Json& body);
+// Whether a reply says "ok": true (false when it says otherwise or nothing).
+bool reply_ok(const Json& reply);
+// A reply's or a request's "id" (null when it has none).
+Json id_of(const Json& message);
+// Gives a request written by to_json its "id" and, with `quiet`, "quiet": true (after its fields).
+void address(Json& request, std::uint64_t id, bool quiet = false);
 
 // ---- notices ----
 

@@ -304,7 +304,7 @@ TEST_CASE("a reload waits for the cached blocks that keep a pool from going, the
   f.call(alice, {{"op", "dropped"}, {"ask", f.last_notice_for(alice)["ask"]}, {"leases", {lease}}});
   REQUIRE(done);
   REQUIRE(applied.size() == 1);
-  CHECK(applied[0].action == "remove");
+  CHECK(applied[0].action == model::ChangeAction::remove);
   CHECK(applied[0].blocked.empty());
   CHECK(f.deferred.empty());  // nobody waited on a reply
   // Nothing cached in the way: applied at once.

@@ -105,7 +105,7 @@ TEST_CASE("plan shows a threshold change; apply makes only that change") {
   changed.replace(changed.find("release_threshold: max"), 22, "release_threshold: 512MiB");
   const auto plan = f.holder.plan(f.want(changed));
   REQUIRE(plan.size() == 2);  // kv on both devices
-  CHECK(plan[0].action == "update");
+  CHECK(plan[0].action == model::ChangeAction::update);
   CHECK(plan[0].field == "release_threshold");
   CHECK(plan[0].from.text == "max");
   CHECK(plan[0].from.value.is_null());
@@ -186,7 +186,7 @@ TEST_CASE("a pool with leases is not removed, and the answer says so") {
   without.replace(without.find("devices: [0, 1]"), 15, "devices: [0]");
   const auto changes = f.holder.apply(f.want(without));
   REQUIRE(changes.size() == 1);
-  CHECK(changes[0].action == "remove");
+  CHECK(changes[0].action == model::ChangeAction::remove);
   CHECK(changes[0].blocked == "1 lease held by 1 client");
   CHECK(model::to_json(f.holder.status())["pools"].size() == 4);
   f.call(alice, {{"op", "free"}, {"lease", lease["lease"]}});
@@ -404,7 +404,7 @@ pools:
 )";
   bool blocked = false;
   for (const auto& c : f.holder.plan(f.want(without_kv)))
-    if (c.object == "pool" && c.name == "kv" && c.device == 0)
+    if (c.object == model::ChangeObject::pool && c.name == "kv" && c.device == 0)
       blocked = c.blocked.find("buffer model") != std::string::npos;
   CHECK(blocked);
   const std::string exported = f.holder.export_config();
@@ -631,7 +631,7 @@ TEST_CASE("a pool name is replaced on all its devices or on none") {
   const auto changes = f.holder.plan(f.want(bigger));
   int replaces = 0;
   for (const auto& c : changes) {
-    if (c.action != "replace" || c.name != "kv") continue;
+    if (c.action != model::ChangeAction::replace || c.name != "kv") continue;
     ++replaces;
     CHECK_FALSE(c.blocked.empty());
     if (c.device == 1) CHECK(c.blocked.find("replaced on all its devices or on none") != std::string::npos);
@@ -762,7 +762,7 @@ TEST_CASE("a client that imported a pool is told when the pool is replaced; repl
   bigger.replace(at, 14, "max_size: 2GiB");
   const auto changes = f.holder.apply(f.want(bigger));
   REQUIRE(changes.size() == 1);
-  CHECK(changes[0].action == "replace");
+  CHECK(changes[0].action == model::ChangeAction::replace);
   CHECK(changes[0].blocked.empty());
   REQUIRE(notices.size() == 1);
   CHECK(notices[0].first == admin);

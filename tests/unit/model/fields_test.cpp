@@ -124,6 +124,12 @@ TEST_CASE("the declared names are the schemas' properties") {
   // plan / apply: the refusal (`error`) is written by the verb, not by the reply
   check_agrees<PlanReply>("PlanReply", {"cupool-plan-v1.schema.json"}, nullptr, {"error"});
   check_agrees<PlanChange>("PlanChange", {"cupool-plan-v1.schema.json#/$defs/change"});
+  // export: the config it writes (no process section: that is a process's, not the holder's)
+  check_agrees<ExportedConfig>("ExportedConfig", {"cupool-config-v1.schema.json"}, nullptr, {"process"});
+  check_agrees<ExportedHolder>("ExportedHolder", {"cupool-config-v1.schema.json#/$defs/holder"});
+  check_agrees<ExportedPool>("ExportedPool", {"cupool-config-v1.schema.json#/$defs/pool"});
+  check_agrees<ExportedShare>("ExportedShare", {"cupool-config-v1.schema.json#/$defs/share"});
+  check_agrees<ExportedBuffer>("ExportedBuffer", {"cupool-config-v1.schema.json#/$defs/buffer"});
   // bench
   check_agrees<BenchReport>("BenchReport", {"cupool-bench-v1.schema.json"});
   check_agrees<BenchReport>("BenchReport", {"cupool-bench-v1.schema.json#/properties/gpu"}, "gpu");
@@ -184,6 +190,31 @@ TEST_CASE("every declared object reads back what it wrote") {
   CHECK(back.id);
   CHECK(back.from_value.is_null());
   CHECK(!read_json<PlanChange>(Json{{"action", "create"}, {"object", "holder"}}).id);
+  CHECK(std::string(change_word(ChangeAction::replace)) == "replace");
+  CHECK(std::string(change_word(ChangeObject::holder)) == "holder");
+  // A share rule as a change's value: every name written, no quota as null.
+  CHECK(write_json(ShareValue{{"ana"}, {}, {}}).dump() ==
+        R"({"users":["ana"],"groups":[],"quota_per_client_bytes":null})");
+  CHECK(write_json(ShareValue{{}, {"ml"}, 1024}).dump() ==
+        R"({"users":[],"groups":["ml"],"quota_per_client_bytes":1024})");
+
+  // What export writes: members left empty are left out, in the config's order.
+  ExportedConfig e;
+  e.holder = {"/run/cupool.sock", "0660", {}};
+  CHECK(write_json(e).dump() == R"({"version":1,"holder":{"socket":"/run/cupool.sock","mode":"0660"}})");
+  ExportedPool ep;
+  ep.name = "kv";
+  ep.devices = {"GPU-0"};
+  ep.location = "device";
+  ep.alloc_type = "pinned";
+  ep.handle_types = {"none"};
+  ep.release_threshold = "max";
+  ep.share = ExportedShare{{}, {{"ml"}}, {}};
+  e.pools = std::vector<ExportedPool>{ep};
+  CHECK(write_json(e)["pools"][0].dump() ==
+        R"({"name":"kv","devices":["GPU-0"],"location":"device","alloc_type":"pinned","handle_types":["none"],)"
+        R"("release_threshold":"max","reuse":{"follow_event_dependencies":false,"allow_opportunistic":false,)"
+        R"("allow_internal_dependencies":false},"share":{"groups":["ml"]}})");
 
   BufferTensors t;
   t.name = "w";
