@@ -40,7 +40,7 @@ bash scripts/deps.sh
 # The trees' shared options (unity batches among them): scripts/trees.sh.
 . scripts/trees.sh
 t=$SECONDS
-cmake -S . -B "$BUILD" "${TREE_OPTIONS[@]}" "${WERROR[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
+cmake -S . -B "$BUILD" "${TREE_OPTIONS[@]}" "${WERROR[@]}" "${BUILD_DEBUG[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 cmake --build "$BUILD"
 echo "setup: $BUILD/ built in $((SECONDS - t)) s"
 

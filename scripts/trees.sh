@@ -23,14 +23,21 @@ TREE_OPTIONS=(-G Ninja -DCUPOOL_UNITY=ON ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_
 WERROR=()
 [ -z "${CI:-}" ] || WERROR=(-DCUPOOL_WERROR=ON)
 
+# Debug information (CMakeLists.txt's CUPOOL_DEBUG_INFO): line tables in build-san/ and
+# build-tsan/ (their reports name file and line; nobody steps through them in a debugger) and in
+# CI's build/; a user's build/ keeps full information. About a quarter of gcc's time goes.
+SAN_DEBUG=(-DCUPOOL_DEBUG_INFO=lines)
+BUILD_DEBUG=(-DCUPOOL_DEBUG_INFO=full)
+[ -z "${CI:-}" ] || BUILD_DEBUG=(-DCUPOOL_DEBUG_INFO=lines)
+
 # What the sanitized ctest runs need from build-san/ (the GPU programs are left out by the option).
 configure_san() {
-  cmake -S . -B "$SAN_TREE" "${TREE_OPTIONS[@]}" "${WERROR[@]}" -DCMAKE_BUILD_TYPE=Debug -DCUPOOL_FUZZ=ON -DCUPOOL_GPU_PROGRAMS=OFF \
+  cmake -S . -B "$SAN_TREE" "${TREE_OPTIONS[@]}" "${WERROR[@]}" "${SAN_DEBUG[@]}" -DCMAKE_BUILD_TYPE=Debug -DCUPOOL_FUZZ=ON -DCUPOOL_GPU_PROGRAMS=OFF \
     -DCMAKE_C_COMPILER="$FUZZ_CC" -DCMAKE_CXX_COMPILER="$FUZZ_CXX" >/dev/null
 }
 
 configure_tsan() {
-  cmake -S . -B "$TSAN_TREE" "${TREE_OPTIONS[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUPOOL_TSAN=ON \
+  cmake -S . -B "$TSAN_TREE" "${TREE_OPTIONS[@]}" "${SAN_DEBUG[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCUPOOL_TSAN=ON \
     -DCUPOOL_GPU_PROGRAMS=OFF >/dev/null
 }
 

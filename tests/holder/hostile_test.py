@@ -1548,10 +1548,9 @@ def colliding_keys(count):
                 b1 |= digits[(n0 >> np.uint64(4 * (7 - i))) & np.uint64(15)] << np.uint64(8 * i)
             state = (start ^ (shift_mix(b1 * mul) * mul)) * mul
             b2 = shift_mix((state ^ target) * inv) * inv
-            ok = np.ones_like(b2, dtype=bool)
-            for i in range(8):
-                byte = (b2 >> np.uint64(8 * i)) & np.uint64(255)
-                ok &= (byte >= 0x20) & (byte < 0x7f) & (byte != 0x22) & (byte != 0x5c)
+            # Any ASCII byte will do (JSON escapes the controls, the quote and the backslash, and the
+            # reader decodes them back): one second block in 256 qualifies, not one in 3,300 printable.
+            ok = (b2 & np.uint64(0x8080808080808080)) == np.uint64(0)
             for a, b in zip(b1[ok], b2[ok]):
                 keys.append(int(a).to_bytes(8, "little").decode() + int(b).to_bytes(8, "little").decode())
     keys = keys[:count]
@@ -1563,7 +1562,7 @@ def test_request_of_keys_chosen_to_collide(tmp):
     """An admin's request of 50,000 keys chosen to share libstdc++'s hash (1.2 MB in parts): the
     reader's duplicate check stays fast (an ordered set), the observer is served within 1 s."""
     if H.sanitized():
-        raise H.Skip("the keys take 10 s to make; build/ runs it (the reader's fuzz targets run sanitized)")
+        raise H.Skip("the keys take seconds to make there; build/ runs it (the reader's fuzz targets run sanitized)")
     try:
         keys = colliding_keys(50000)
     except ImportError:
