@@ -99,9 +99,13 @@ namespace {
 // Text a finding carries is bounded: messages quote the file, and a file can hold a 60 KiB key,
 // or control characters (escaped "\x1b" in YAML): shown as U+FFFD, they can neither move a
 // terminal's cursor nor grow sixfold as JSON escapes ("\u001b").
+// Shown first, then cut: a byte that is not UTF-8 shows as U+FFFD, three bytes, so 512 bytes of a
+// file could become 1,536 (the config fuzzer's bound found it). Showing never shortens a
+// character, so what lies past the first kMaxFindingText + 1 bytes is past the cut too.
 std::string bounded(const std::string& text) {
-  if (text.size() <= kMaxFindingText) return safe_for_display(text);
-  return safe_for_display(utf8_prefix(text, kMaxFindingText)) + "...";
+  std::string shown = safe_for_display(std::string_view(text).substr(0, kMaxFindingText + 1));
+  if (shown.size() <= kMaxFindingText && text.size() <= kMaxFindingText) return shown;
+  return utf8_prefix(shown, kMaxFindingText) + "...";
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include "base/text.h"
 #include "config/config.h"
 
 using namespace cupool;
@@ -165,6 +166,22 @@ TEST_CASE("bounded input: aliases are counted as often as they are used") {
   Diagnostics ok;
   parse(text.substr(0, text.find("  - *p")), ok);
   CHECK_MESSAGE(!ok.has_invalid_input(), first(ok));
+}
+
+TEST_CASE("a finding's text is bounded as shown: bytes that are not UTF-8 do not triple it") {
+  // A size of "1" and 600 bytes that are not UTF-8: each is shown as U+FFFD (3 bytes), and the
+  // message and help that quote it are cut after that (the config fuzzer found them 1,536 bytes).
+  const std::string text =
+      "version: 1\npools: [{name: kv, devices: [0]}]\nbuffers:\n  - {name: w, pool: kv, device: 0, size: 1" +
+      std::string(600, '\xff') + "}\n";
+  Diagnostics d;
+  parse_config(SourceFile("t.yaml", text), d);
+  REQUIRE(!d.all().empty());
+  for (const auto& f : d.all()) {
+    CHECK(f.message.size() <= kMaxFindingText + 3);
+    CHECK(f.help.size() <= kMaxFindingText + 3);
+    CHECK(valid_utf8(f.message) == f.message);
+  }
 }
 
 TEST_CASE("findings are bounded: how many are kept, what each carries, what of a line is quoted") {
