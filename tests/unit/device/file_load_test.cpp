@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/error.h"
@@ -66,7 +67,12 @@ class TestSink : public LoadSink {
   unsigned char* slot(unsigned i) override { return slots_[i].get(); }
   void wait(unsigned) override {}
   void send(unsigned, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) override {
-    if (++c_.sends == c_.fail_at_send) throw cupool::InputError("the test's sink fails here");
+    const int n = ++c_.sends;
+    if (n == c_.fail_at_send) throw cupool::InputError("the test's sink fails here");
+    // After the failure, a send takes a millisecond: the other threads stop at their next chunk,
+    // and a load that did not stop would send every chunk however slowly its failure travelled
+    // (under TSan an exception's unwinding took long enough for the other thread to send them all).
+    if (c_.fail_at_send > 0 && n > c_.fail_at_send) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::memcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), from, bytes);
   }
   void finish() override { ++c_.finishes; }
