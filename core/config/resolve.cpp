@@ -86,10 +86,13 @@ PoolProps props_of(const PoolSpec& p, int device) {
 ShareRule share_of(const PoolSpec& p) {
   ShareRule share;
   if (!p.share) return share;
-  share.set = true;
   for (const auto& u : p.share->users) share.users.push_back(u.value);
   for (const auto& g : p.share->groups) share.groups.push_back(g.value);
   share.quota_per_client = p.share->quota_per_client.set ? p.share->quota_per_client.value : 0;
+  // A share that names nobody and no quota (`share: {quota_per_client: 0B}`) is no share: only
+  // admins may use the pool either way, and `export` would write an empty `share`, which no config
+  // may hold.
+  share.set = !share.users.empty() || !share.groups.empty() || share.quota_per_client != 0;
   return share;
 }
 

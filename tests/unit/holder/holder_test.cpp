@@ -272,6 +272,23 @@ TEST_CASE("export is a config that applies to the same holder with no changes") 
   CHECK(changes.empty());
 }
 
+TEST_CASE("export writes every share as a config that re-applies: one that names nobody is no share") {
+  Fixture f;
+  const std::string config = R"(version: 1
+pools:
+  - {name: none, devices: [0], handle_types: [posix_fd], share: {quota_per_client: 0B}}
+  - {name: quota, devices: [0], handle_types: [posix_fd], share: {quota_per_client: 1GiB}}
+  - {name: named, devices: [0], handle_types: [posix_fd], share: {users: [alice], groups: [gpu]}}
+)";
+  f.holder.apply(load_config(SourceFile("share.yaml", config), test::two_gpu_node(), Scope::all).desired);
+  const std::string exported = f.holder.export_config();
+  INFO(exported);
+  CHECK(exported.find("{}") == std::string::npos);  // an empty share is refused by check
+  const Loaded back =
+      load_config(SourceFile("export.yaml", exported), test::two_gpu_node(), Scope::all);  // throws if refused
+  CHECK(f.holder.plan(back.desired).empty());
+}
+
 TEST_CASE("trim reports what was really released, measured before and after") {
   Fixture f;
   f.holder.apply(f.want());
