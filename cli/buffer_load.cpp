@@ -101,11 +101,10 @@ model::BufferMade load_buffer(const LoadArgs& args) {
   const tensors::Index placed =
       tensors::layout(header.index, args.part_size ? args.part_size : tensors::kDefaultPartSize);
   const std::uint64_t size = tensors::total_size(placed);
-  const json index = tensors::to_json(placed);
-
   stages.index_seconds = seconds_since(started);
   const json create = proto::to_json(proto::BufferCreate{args.name, args.pool, args.device, size, /*loading=*/true,
-                                                         index["tensors"], index["metadata"], index["parts"]});
+                                                         tensors::tensors_json(placed), tensors::metadata_json(placed),
+                                                         json(placed.parts)});
   const std::size_t request_bytes = create.dump().size();
   if (request_bytes > proto::kMaxRequest)
     throw InputError(args.file + ": its index of " + std::to_string(placed.tensors.size()) + " tensors is " +

@@ -161,8 +161,7 @@ json HolderClient::request_raw(const json& req) {
   json parsed = json::parse(reply.get(), nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded() || !parsed.is_object())
     throw Error(Errc::unreachable, "the holder at " + socket_ + " sent a reply that is not a JSON object");
-  const auto ok = parsed.find("ok");
-  if (ok == parsed.end() || !ok->is_boolean())
+  if (!proto::ok_of(parsed))
     throw Error(Errc::unreachable, "the holder at " + socket_ + " sent a reply without \"ok\"");
   return parsed;
 }

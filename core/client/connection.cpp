@@ -162,15 +162,16 @@ Json cupool_conn::request(Json body, int* fd_out) {
         on_notice(reply);
         continue;
       }
-      const auto rid = reply.find("id");
-      if (rid != reply.end() && rid->is_number_unsigned() && rid->get<std::uint64_t>() != id &&
-          rid->get<std::uint64_t>() < next_id && (rid->get<std::uint64_t>() < id || !reply.value("ok", true))) {
+      const Json rid = cupool::proto::id_of(reply);
+      const std::uint64_t of = rid.is_number_unsigned() ? rid.get<std::uint64_t>() : 0;
+      if (rid.is_number_unsigned() && of != id && of < next_id &&
+          (of < id || cupool::proto::ok_of(reply) == std::optional<bool>(false))) {
         // A quiet request of ours that failed (a quiet request is answered only then): one sent
         // before this request, or while it waited (a `dropped` answer).
         if (auto f = refusal(reply)) quiet_failure = f->message;
         continue;
       }
-      if (rid == reply.end() || !rid->is_number_unsigned() || rid->get<std::uint64_t>() != id) {
+      if (!rid.is_number_unsigned() || of != id) {
         // A reply without our id is the holder telling us why it is closing the connection.
         if (auto f = refusal(reply)) throw Failure{*f};
         throw Failure{CUPOOL_E_PROTOCOL, "the holder answered a different request"};
@@ -246,20 +247,33 @@ void cupool_conn::close_socket() {
   }
 }
 
-cupool::Backend& cupool_conn::backend() {
-  if (!importer) {
-    if (backend_kind == "simulated") {
-      // Importing needs no node description: the simulated pool's memory is the memfd. The rest
-      // of the simulated node's facts (its GPUDirect Storage, for loads) come from the profile that
-      // CUPOOL_PROFILE names, where the caller names one.
-      const char* profile = std::getenv("CUPOOL_PROFILE");
-      importer = std::make_unique<cupool::SimBackend>(profile && *profile ? cupool::load_profile(profile)
-                                                                          : cupool::NodeReport{});
-    } else {
-      importer = cupool::make_cuda_backend();
-      importer->init();
-    }
+namespace {
+
+// The backend that imports for a holder of `kind`: a simulated node's memory is a memfd and needs
+// no node description (the rest of its facts, its GPUDirect Storage for loads, come from the
+// profile that CUPOOL_PROFILE names, where the caller names one); a real one's is the driver's.
+std::unique_ptr<cupool::Backend> make_importer(const std::string& kind) {
+  if (kind == "simulated") {
+    const char* profile = std::getenv("CUPOOL_PROFILE");
+    return std::make_unique<cupool::SimBackend>(profile && *profile ? cupool::load_profile(profile)
+                                                                    : cupool::NodeReport{});
   }
+  auto driver = cupool::make_cuda_backend();
+  driver->init();
+  return driver;
+}
+
+// This process's ordinal of the device with `uuid`; -1 when it does not see it.
+int ordinal_of(cupool::Backend& b, const std::string& uuid) {
+  for (int i = 0; i < b.device_count(); ++i)
+    if (b.device_info(i).uuid == uuid) return i;
+  return -1;
+}
+
+}  // namespace
+
+cupool::Backend& cupool_conn::backend() {
+  if (!importer) importer = make_importer(backend_kind);
   return *importer;
 }
 
@@ -267,9 +281,7 @@ cupool::Backend& cupool_conn::backend() {
 cupool::ProcessDevice cupool_conn::local_device(const std::string& uuid, cupool::HolderDevice holder_device) {
   // A simulated node's "devices" are the holder's own numbering: the memory is a memfd.
   if (backend_kind == "simulated") return cupool::ProcessDevice{holder_device.index};
-  cupool::Backend& b = backend();
-  for (int i = 0; i < b.device_count(); ++i)
-    if (b.device_info(i).uuid == uuid) return cupool::ProcessDevice{i};
+  if (const int i = ordinal_of(backend(), uuid); i >= 0) return cupool::ProcessDevice{i};
   throw Failure{CUPOOL_E_NOT_FOUND, "device " + uuid + " (the holder's device " + std::to_string(holder_device.index) +
                                         ") is not visible in this process; check CUDA_VISIBLE_DEVICES"};
 }
@@ -291,11 +303,9 @@ cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, cupool:
   // An imported pool is reachable only from its own device until this process gives access:
   // give the peers the config names, where this process can see them.
   if (backend_kind != "simulated")
-    for (const cupool::model::DeviceId& peer : reply.access) {
-      cupool::Backend& b = backend();
-      for (int i = 0; i < b.device_count(); ++i)
-        if (i != kept.local_device.ordinal && b.device_info(i).uuid == peer.uuid) b.set_pool_access(kept.handle, i);
-    }
+    for (const cupool::model::DeviceId& peer : reply.access)
+      if (const int i = ordinal_of(backend(), peer.uuid); i >= 0 && i != kept.local_device.ordinal)
+        backend().set_pool_access(kept.handle, i);
   return kept;
 }
 

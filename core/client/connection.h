@@ -67,9 +67,8 @@ struct cupool_lease {
   std::uint64_t address = 0;
   std::uint64_t size = 0;
   cupool::PoolHandle imported = 0;
-  bool exported = false;
-  std::uint64_t session = 0;  // the connection's session it came from (an older one: the holder is gone)  // an
-                              // exported allocation (a buffer of a protocol 3 holder), mapped whole
+  bool exported = false;      // an exported allocation (a buffer of a protocol 3 holder), mapped whole
+  std::uint64_t session = 0;  // the connection's session it came from (an older one: the holder is gone)
 };
 
 struct cupool_conn {

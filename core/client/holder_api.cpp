@@ -21,6 +21,7 @@
 #include "client/connection.h"
 #include "config/config.h"
 #include "cupool/client.h"
+#include "protocol/messages.h"
 #include "protocol/protocol.h"
 
 using cupool::client::Failure;
@@ -389,7 +390,7 @@ int cupool_request(cupool_conn* conn, const char* request_json, char** reply) {
     if (!request_json || !reply) throw Failure{CUPOOL_E_INVALID, "request and reply must not be NULL"};
     Json body = Json::parse(request_json, nullptr, false);
     if (body.is_discarded() || !body.is_object()) throw Failure{CUPOOL_E_INVALID, "the request is not a JSON object"};
-    const std::string op = body.value("op", "");
+    const std::string op = cupool::proto::request_head(body).op.value_or("");
     if (op == "hello" || op == "import_pool" || op == "alloc" || op == "free" || op == "buffer_open" ||
         op == "buffer_close")
       throw Failure{CUPOOL_E_INVALID,

@@ -30,6 +30,9 @@ inline const Mapping kReuse{
     "reuse", {"follow_event_dependencies", "allow_opportunistic", "allow_internal_dependencies"}, {}};
 inline const Mapping kShare{"share", {"users", "groups", "quota_per_client"}, {}};
 
+// The key that names a pool or a buffer (a finding names it by its name as soon as it has one).
+inline constexpr const char* kName = "name";
+
 // Every mapping above, for the test against the schema.
 inline const std::vector<const Mapping*> kAll = {&kTop,  &kHolder, &kProcess, &kDefaultPool, &kCurrentPool,
                                                  &kPool, &kBuffer, &kReuse,   &kShare};

@@ -80,6 +80,13 @@ bool matches_name(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [&](char c) { return lower_digit(c) || c == '.' || c == '_' || c == '-'; });
 }
 
+// A pool's or buffer's name, looked at before its other keys so that messages can name it; "" when
+// it has no valid one (its own finding comes with the rest).
+std::string name_in(const YAML::Node& node) {
+  const YAML::Node n = node[config::keys::kName];
+  return n && n.IsScalar() && matches_name(n.Scalar()) ? n.Scalar() : std::string();
+}
+
 bool matches_account(const std::string& s) {
   if (s.empty() || s.size() > 32) return false;
   if (!((s[0] >= 'a' && s[0] <= 'z') || s[0] == '_')) return false;
@@ -333,8 +340,7 @@ class Parser {
       return p;
     }
     // Name the pool in messages as soon as its name is known.
-    if (node["name"] && node["name"].IsScalar() && matches_name(node["name"].Scalar()))
-      where = "pool '" + node["name"].Scalar() + "'";
+    if (const std::string n = name_in(node); !n.empty()) where = "pool '" + n + "'";
     auto fs = fields(node, where, config::keys::kPool.known, config::keys::kPool.required, p.loc);
     if (auto* v = get(fs, "name")) p.name = name(*v, "pool");
     if (auto* v = get(fs, "devices")) p.devices = device_list(*v, "devices");
@@ -371,8 +377,7 @@ class Parser {
                  "e.g. - {name: weights, pool: kv-cache, device: 0, size: 10GiB}");
       return b;
     }
-    if (node["name"] && node["name"].IsScalar() && matches_name(node["name"].Scalar()))
-      where = "buffer '" + node["name"].Scalar() + "'";
+    if (const std::string n = name_in(node); !n.empty()) where = "buffer '" + n + "'";
     auto fs = fields(node, where, config::keys::kBuffer.known, config::keys::kBuffer.required, b.loc);
     if (auto* v = get(fs, "name")) b.name = name(*v, "buffer");
     if (auto* v = get(fs, "pool")) b.pool = name(*v, "pool");

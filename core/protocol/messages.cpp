@@ -542,6 +542,11 @@ Json ok_reply(const Json& id, const Json& body) {
 
 bool reply_ok(const Json& reply) { return reply.value("ok", false); }
 
+std::optional<bool> ok_of(const Json& reply) {
+  const auto ok = reply.is_object() ? reply.find("ok") : reply.end();
+  return ok != reply.end() && ok->is_boolean() ? std::optional<bool>(ok->get<bool>()) : std::nullopt;
+}
+
 Json id_of(const Json& message) { return message.value("id", Json()); }
 
 void address(Json& request, std::uint64_t id, bool quiet) {

@@ -293,6 +293,8 @@ RequestHead request_head(const Json& request);
 Json ok_reply(const Json& id, const Json& body);
 // Whether a reply says "ok": true (false when it says otherwise or nothing).
 bool reply_ok(const Json& reply);
+// A reply's "ok" when it is a boolean; none when it is absent or of another type (not a reply).
+std::optional<bool> ok_of(const Json& reply);
 // A reply's or a request's "id" (null when it has none).
 Json id_of(const Json& message);
 // Gives a request written by to_json its "id" and, with `quiet`, "quiet": true (after its fields).

@@ -350,12 +350,20 @@ std::uint64_t total_size(const Index& index) {
 
 model::TensorEntry view(const Tensor& t) { return {t.name, t.dtype, t.shape, t.part, t.offset, t.size}; }
 
-Json to_json(const Index& index) {
+Json tensors_json(const Index& index) {
   Json tensors = Json::array();
   for (const Tensor& t : index.tensors) tensors.push_back(model::to_json(view(t)));
+  return tensors;
+}
+
+Json metadata_json(const Index& index) {
   Json metadata = Json::object();
   for (const auto& [k, v] : index.metadata) metadata[k] = v;
-  return {{"tensors", tensors}, {"metadata", metadata}, {"parts", index.parts}};
+  return metadata;
+}
+
+Json to_json(const Index& index) {
+  return {{"tensors", tensors_json(index)}, {"metadata", metadata_json(index)}, {"parts", index.parts}};
 }
 
 Index from_json(const Json& tensors, const Json& metadata, const std::vector<std::uint64_t>& parts) {

@@ -98,8 +98,11 @@ std::uint64_t total_size(const Index& index);
 
 // One tensor as cupool prints and sends it (model::TensorEntry).
 model::TensorEntry view(const Tensor& t);
-// The index as it travels in the protocol: {"tensors": [{name, dtype, shape, part, offset_bytes,
-// size_bytes}], "metadata": {}, "parts": [bytes, ...]}.
+// The index's tensors as they travel in the protocol ([{name, dtype, shape, part, offset_bytes,
+// size_bytes}]) and its metadata ({"key": "text"}): buffer_create's `tensors` and `metadata`.
+Json tensors_json(const Index& index);
+Json metadata_json(const Index& index);
+// The index as custody's manifest keeps it: {"tensors": [...], "metadata": {}, "parts": [bytes, ...]}.
 Json to_json(const Index& index);
 // An index a peer sent, checked against a buffer of parts of `parts` bytes (the same rules as a
 // file, within each part); throws Error(bad_request) saying what is wrong.

@@ -89,9 +89,9 @@ void check_layout(const Index& file, std::uint64_t part_size) {
     }
   // What `cupool buffer load` sends, the holder reads back the same (sorted by part and offset,
   // which file order already is).
-  const cupool::tensors::Json j = cupool::tensors::to_json(placed);
   try {
-    const Index back = cupool::tensors::from_json(j["tensors"], j["metadata"], placed.parts);
+    const Index back = cupool::tensors::from_json(cupool::tensors::tensors_json(placed),
+                                                  cupool::tensors::metadata_json(placed), placed.parts);
     require(same(back, placed));
   } catch (const cupool::Error&) {
     require(false);

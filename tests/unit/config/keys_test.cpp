@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -35,6 +36,13 @@ TEST_CASE("the config's keys are the config schema's properties") {
     CHECK(std::set<std::string>(m->known.begin(), m->known.end()) == s.properties);
     CHECK(std::set<std::string>(m->required.begin(), m->required.end()) == s.required);
     CHECK(m->known.size() == s.properties.size());  // no key twice
+  }
+}
+
+TEST_CASE("the key that names a pool or a buffer is one each requires") {
+  for (const keys::Mapping* m : {&keys::kPool, &keys::kBuffer}) {
+    CAPTURE(m->schema);
+    CHECK(std::find(m->required.begin(), m->required.end(), keys::kName) != m->required.end());
   }
 }
 
