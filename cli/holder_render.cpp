@@ -24,56 +24,14 @@ namespace {
 
 const char* const kNone = "-";
 
-// Field access that never throws: a reply from another version may lack a field or type it
-// differently, and the answer should still be shown.
-// A dotted key ("graph.reserved_bytes") looks into nested objects.
-const json* field(const json& j, const char* key) {
-  const json* at = &j;
-  std::string_view rest(key);
-  while (true) {
-    if (!at->is_object()) return nullptr;
-    const std::size_t dot = rest.find('.');
-    auto it = at->find(std::string(rest.substr(0, dot)));
-    if (it == at->end()) return nullptr;
-    if (dot == std::string_view::npos) return &*it;
-    at = &*it;
-    rest = rest.substr(dot + 1);
-  }
-}
-
-std::optional<std::uint64_t> u64(const json& j, const char* key) {
-  const json* v = field(j, key);
-  if (!v) return std::nullopt;
+// A count the model writes from a list and does not read back (`client_count`): never throws, none
+// when absent or not a count (a reply from another version may type it differently).
+std::optional<std::uint64_t> count_in(const json& reply, const char* key) {
+  const auto v = reply.is_object() ? reply.find(key) : reply.end();
+  if (v == reply.end()) return std::nullopt;
   if (v->is_number_unsigned()) return v->get<std::uint64_t>();
-  if (v->is_number_integer()) {
-    const auto n = v->get<std::int64_t>();
-    if (n >= 0) return static_cast<std::uint64_t>(n);
-  }
+  if (v->is_number_integer() && v->get<std::int64_t>() >= 0) return static_cast<std::uint64_t>(v->get<std::int64_t>());
   return std::nullopt;
-}
-
-std::optional<bool> boolean(const json& j, const char* key) {
-  const json* v = field(j, key);
-  if (!v || !v->is_boolean()) return std::nullopt;
-  return v->get<bool>();
-}
-
-// A scalar as text: strings as they are, numbers in decimal, booleans as yes/no is left to the
-// caller; "-" when missing.
-std::string text(const json& j, const char* key) {
-  const json* v = field(j, key);
-  if (!v || v->is_null()) return kNone;
-  if (v->is_string()) return valid_utf8(v->get<std::string>());
-  if (v->is_number_unsigned()) return std::to_string(v->get<std::uint64_t>());
-  if (v->is_number_integer()) return std::to_string(v->get<std::int64_t>());
-  if (v->is_boolean()) return v->get<bool>() ? "true" : "false";
-  return v->dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-const json& list(const json& j, const char* key) {
-  static const json empty = json::array();
-  const json* v = field(j, key);
-  return v && v->is_array() ? *v : empty;
 }
 
 std::string plural(std::uint64_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
@@ -82,21 +40,6 @@ std::string plural(std::uint64_t n, const char* word) { return std::to_string(n)
 std::string section(const std::string& title, const Table& table, std::size_t rows) {
   if (rows == 0) return title + ": none\n";
   return title + ":\n" + table.str("  ");
-}
-
-// Any JSON value as a short phrase, for a change's "from" and "to".
-std::string value_text(const json& v) {
-  if (v.is_null()) return "none";
-  if (v.is_string()) return valid_utf8(v.get<std::string>());
-  if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
-  if (v.is_number_unsigned()) return std::to_string(v.get<std::uint64_t>());
-  if (v.is_number_integer()) return std::to_string(v.get<std::int64_t>());
-  if (v.is_array()) {
-    std::vector<std::string> parts;
-    for (const auto& e : v) parts.push_back(value_text(e));
-    return "[" + join(parts, ", ") + "]";
-  }
-  return v.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 // HELP text escaping in the exposition format: backslash and newline.
@@ -111,16 +54,6 @@ std::string prometheus_help(std::string_view help) {
       out += c;
   }
   return out;
-}
-
-// A change with a "blocked" reason (a string; false or null would mean not blocked) is not made.
-bool is_blocked(const json& change) {
-  const json* b = field(change, "blocked");
-  return b && !b->is_null() && !(b->is_boolean() && !b->get<bool>());
-}
-
-std::string device_phrase(const json& change) {
-  return field(change, "device") ? " on device " + text(change, "device") : "";
 }
 
 // A member of a reply read into its model object, for people: "-" where the reply did not have
@@ -441,7 +374,7 @@ std::string render_status(const json& reply) {
   }
   out << "\n" << section("Clients", ct, st.clients.size());
   // client_count is written from the list (model/fields.h), so it is read here: a holder may list fewer.
-  if (const auto total = u64(reply, "client_count"); total && *total > st.clients.size())
+  if (const auto total = count_in(reply, "client_count"); total && *total > st.clients.size())
     out << "(" << st.clients.size() << " of " << *total << " clients shown)\n";
   return out.str();
 }
@@ -528,53 +461,53 @@ std::string render_trim(const json& reply) {
   return out.str();
 }
 
-std::string render_change(const json& change) {
-  const std::string action = text(change, "action");
+namespace {
 
+// A change with a reason (`blocked`) is not made.
+bool is_blocked(const model::PlanChange& c) { return c.blocked.has_value(); }
+
+std::string render_change(const model::PlanChange& c, const Shown& shown) {
   std::string mark = "?";
-  if (action == "create")
+  if (c.action == "create")
     mark = "+";
-  else if (action == "update")
+  else if (c.action == "update")
     mark = "~";
-  else if (action == "replace")
+  else if (c.action == "replace")
     mark = "-/+";
-  else if (action == "remove")
+  else if (c.action == "remove")
     mark = "-";
 
   // "holder" changes (e.g. its socket) have no name of their own.
-  const std::string object = text(change, "object");
-  const json* name = field(change, "name");
-  const bool named = name && !name->is_null() && text(change, "name") != object;
-  std::string line = mark + " " + object + (named ? " " + text(change, "name") : "") + device_phrase(change);
-  if (const json* pool = field(change, "pool"); pool && object != "pool") line += " in pool " + value_text(*pool);
-  if (mark == "?") line += " (" + action + ")";
-  if (field(change, "field")) {
-    line += ": " + text(change, "field");
+  const bool named = shown.has(c.name) && c.name != c.object;
+  std::string line = mark + " " + valid_utf8(c.object) + (named ? " " + valid_utf8(c.name) : "");
+  if (c.id) line += " on device " + std::to_string(c.id->device);
+  if (mark == "?") line += " (" + valid_utf8(c.action) + ")";
+  if (c.field) {
+    line += ": " + valid_utf8(*c.field);
     // In config syntax; "" is no value: for a max_size, the driver's default.
-    const std::string absent = text(change, "field") == "max_size" ? "default" : "none";
-    auto shown = [&](const char* key) {
-      const json* t = field(change, key);
-      const std::string v = t ? value_text(*t) : "";
-      return v.empty() ? absent : v;
-    };
-    if (field(change, "from") || field(change, "to")) line += " " + shown("from") + " -> " + shown("to");
+    const std::string absent = *c.field == "max_size" ? "default" : "none";
+    const auto value = [&](const std::optional<std::string>& v) { return v && !v->empty() ? valid_utf8(*v) : absent; };
+    if (c.from || c.to) line += " " + value(c.from) + " -> " + value(c.to);
   }
-  if (is_blocked(change)) {
+  if (is_blocked(c)) {
     // A blocked remove or replace leaves the object as it is: it is kept.
-    const json& reason = *field(change, "blocked");
-    const std::string why = reason.is_string() ? valid_utf8(reason.get<std::string>()) : "in use";
-    line += (action == "remove" || action == "replace" ? " (kept: " : " (blocked: ") + why + ")";
+    line += (c.action == "remove" || c.action == "replace" ? " (kept: " : " (blocked: ") + valid_utf8(*c.blocked) + ")";
   }
   return line;
 }
 
-std::size_t change_count(const json& reply) { return list(reply, "changes").size(); }
+}  // namespace
+
+std::string render_change(const json& change) {
+  const Read<model::PlanChange> read(change);
+  return render_change(read.value, read.shown);
+}
+
+std::size_t change_count(const json& reply) { return Read<model::PlanReply>(reply).value.changes.size(); }
 
 std::size_t blocked_changes(const json& reply) {
-  std::size_t n = 0;
-  for (const auto& c : list(reply, "changes"))
-    if (is_blocked(c)) ++n;
-  return n;
+  const Read<model::PlanReply> read(reply);
+  return static_cast<std::size_t>(std::count_if(read.value.changes.begin(), read.value.changes.end(), is_blocked));
 }
 
 namespace {
@@ -591,9 +524,10 @@ std::string lasts_until_reload(const json& reply) {
 }  // namespace
 
 std::string render_plan(const json& reply) {
-  const json& changes = list(reply, "changes");
-  if (changes.empty()) return "no changes\n" + lasts_until_reload(reply);
-  const bool applied = boolean(reply, "applied").value_or(false);
+  const Read<model::PlanReply> read(reply);
+  const model::PlanReply& plan = read.value;
+  if (plan.changes.empty()) return "no changes\n" + lasts_until_reload(reply);
+  const bool applied = read.shown.has(plan.applied) && plan.applied;
 
   std::ostringstream out;
   // Counted per action; for apply only what was made.
@@ -601,23 +535,21 @@ std::string render_plan(const json& reply) {
   const char* const planned[] = {"to create", "to update", "to replace", "to remove"};
   const char* const made[] = {"created", "updated", "replaced", "removed"};
   std::size_t counts[4] = {0, 0, 0, 0};
-  std::size_t other = 0;
-  for (const auto& c : changes) {
-    out << render_change(c) << "\n";
+  std::size_t other = 0, blocked = 0;
+  for (const model::PlanChange& c : plan.changes) {
+    out << render_change(c, read.shown) << "\n";
+    blocked += is_blocked(c);
     if (applied && is_blocked(c)) continue;
-    bool known = false;
-    for (std::size_t i = 0; i < 4; ++i)
-      if (text(c, "action") == actions[i]) {
-        ++counts[i];
-        known = true;
-      }
-    if (!known) ++other;
+    const auto known = std::find(std::begin(actions), std::end(actions), c.action);
+    if (known == std::end(actions))
+      ++other;
+    else
+      ++counts[known - std::begin(actions)];
   }
   std::vector<std::string> parts;
   for (std::size_t i = 0; i < 4; ++i)
     if (counts[i] > 0) parts.push_back(std::to_string(counts[i]) + " " + (applied ? made[i] : planned[i]));
   if (other > 0) parts.push_back(std::to_string(other) + " other");
-  const std::size_t blocked = blocked_changes(reply);
   out << "\n" << (applied ? "Applied: " : "Plan: ") << (parts.empty() ? "nothing" : join(parts, ", "));
   if (blocked > 0) out << "; " << blocked << " blocked (" << (applied ? "not made" : "will not be made") << ")";
   out << ".\n";

@@ -149,7 +149,7 @@ def main():
     if a.keys or a.not_keys:
         for p in sources('core', 'cli'):
             r = rel(p)
-            if r.startswith('core/model/') or r.startswith('core/protocol/messages'):
+            if r.startswith(DECLARATIONS):
                 continue
             for i, line in enumerate(p.read_text().splitlines(), 1):
                 if keys_in(line, counted=a.keys):

@@ -337,8 +337,9 @@ TEST_CASE("plan: replace and other value types") {
   CHECK(render_change(json::parse(R"({"action": "update", "object": "pool", "name": "p", "device": 0,
       "field": "group", "from": "", "from_value": null, "to": "gpu", "to_value": "gpu"})")) ==
         "~ pool p on device 0: group none -> gpu");
-  CHECK(render_change(json::parse(R"({"action": "create", "object": "buffer", "name": "w", "pool": "kv-cache",
-      "device": 0, "blocked": "no room"})")) == "+ buffer w on device 0 in pool kv-cache (blocked: no room)");
+  CHECK(render_change(json::parse(R"({"action": "create", "object": "buffer", "name": "w", "device": 0,
+      "uuid": "GPU-0", "pci_bus_id": "0000:1b:00.0", "blocked": "no room"})")) ==
+        "+ buffer w on device 0 (blocked: no room)");
   CHECK(render_change(json::parse(R"({"action": "remove", "object": "pool", "name": "p", "blocked": null})")) ==
         "- pool p");
   CHECK(render_change(json::parse(R"({"action": "rename", "object": "pool", "name": "p"})")) == "? pool p (rename)");
