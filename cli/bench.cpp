@@ -21,7 +21,7 @@ std::string render_bench_table(const model::BenchReport& r) {
   std::ostringstream out;
   out << "cupool bench on device " << r.gpu.device << " (" << r.gpu_name << "), " << r.source.backend << "\n";
   if (r.note) out << "NOTE: " << *r.note << "\n";
-  out << "release threshold under test: " << r.release_threshold.text << (r.config ? " (from " + *r.config + ")" : "")
+  out << "release threshold under test: " << r.release_threshold.text() << (r.config ? " (from " + *r.config + ")" : "")
       << "; " << r.iteration_count << " iterations per case; seed " << r.seed << "\n\n";
   Table t({"CASE", "SIZE", "N", "MEDIAN us", "P99 us", "MIN us"});
   auto us = [](double seconds) {
@@ -137,11 +137,9 @@ Verb add_bench(CLI::App& app) {
               else if (config.process && config.process->default_pool &&
                        config.process->default_pool->release_threshold.set)
                 t = &config.process->default_pool->release_threshold;
-              if (t) {
+              if (t)
                 o.threshold =
                     *resolve_settings(*t, std::nullopt, node.device(o.device)->info.total_memory).release_threshold;
-                o.threshold_text = t->value.text;
-              }
             }
             if (::isatty(2))
               o.progress = [](const std::string& line) { std::cerr << "cupool bench: " << line << "\n"; };

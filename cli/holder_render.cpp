@@ -65,6 +65,10 @@ class Shown {
   bool has(const T& member) const {
     return seen_.has(member);
   }
+  template <class P, class T>
+  bool has_part(const T& value) const {
+    return seen_.has_part<P>(value);
+  }
   std::string text(const std::string& v) const { return has(v) ? valid_utf8(v) : kNone; }
   std::string text(const std::optional<std::string>& v) const { return has(v) && v ? valid_utf8(*v) : kNone; }
   template <class N>
@@ -76,6 +80,10 @@ class Shown {
     return has(v) && v ? std::to_string(*v) : kNone;
   }
   std::string bytes(const std::uint64_t& v) const { return has(v) ? format_bytes(v) : kNone; }
+  // A release threshold as reports spell it ("75%", "max"), where the reply had its text.
+  std::string threshold(const ReleaseThreshold& t) const {
+    return has_part<model::ThresholdText>(t) ? valid_utf8(t.text()) : kNone;
+  }
   // "3 (192 MiB)": a count and the bytes behind it.
   std::string count_and_bytes(const std::uint64_t& count, const std::uint64_t& bytes) const {
     return number(count) + (has(bytes) ? " (" + format_bytes(bytes) + ")" : "");
@@ -143,9 +151,8 @@ const Metric<model::PoolStats> kPoolMetrics[] = {
     // No limit (a release threshold of max, null in JSON) is +Inf.
     {"cupool_pool_release_threshold_bytes",
      [](const model::PoolStats& p, const Shown& s) -> std::optional<std::uint64_t> {
-       const std::optional<std::uint64_t>& bytes = p.release_threshold.bytes;
-       if (!s.has(bytes)) return std::nullopt;
-       return bytes.value_or(std::numeric_limits<std::uint64_t>::max());
+       if (!s.has_part<model::ThresholdBytes>(p.release_threshold)) return std::nullopt;
+       return p.release_threshold.bytes();  // max: UINT64_MAX
      },
      "Reserved bytes the pool keeps across a synchronize; +Inf for max, no limit (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)."},
     {"cupool_pool_leases",
@@ -337,7 +344,7 @@ std::string render_status(const json& reply) {
             !shown.has(max_size) ? kNone
             : !max_size          ? "default"
                                  : format_bytes(*max_size),
-            shown.text(p.release_threshold.text), shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
+            shown.threshold(p.release_threshold), shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
             shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes),
             shown.count_and_bytes(p.buffer_count, p.buffer_bytes)});
   }
@@ -389,7 +396,7 @@ std::string render_stats(const json& reply) {
   for (const model::PoolStats& p : st.pools) {
     pt.add({shown.text(p.name), shown.number(p.id.device), shown.bytes(p.usage.reserved_bytes),
             shown.bytes(p.usage.reserved_peak_bytes), shown.bytes(p.usage.used_bytes),
-            shown.bytes(p.usage.used_peak_bytes), shown.text(p.release_threshold.text),
+            shown.bytes(p.usage.used_peak_bytes), shown.threshold(p.release_threshold),
             shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
             shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes)});
   }

@@ -151,4 +151,15 @@ std::string format_threshold(std::uint64_t bytes) {
   return bytes == std::numeric_limits<std::uint64_t>::max() ? "max" : exact_size(bytes);
 }
 
+ReleaseThreshold::ReleaseThreshold(std::uint64_t bytes, std::string written)
+    : bytes_(bytes), written_(std::move(written)) {}
+
+ReleaseThreshold ReleaseThreshold::max() { return ReleaseThreshold(std::numeric_limits<std::uint64_t>::max()); }
+
+bool ReleaseThreshold::is_max() const { return bytes_ == std::numeric_limits<std::uint64_t>::max(); }
+
+std::string ReleaseThreshold::text() const { return is_max() || written_.empty() ? bytes_text() : written_; }
+
+std::string ReleaseThreshold::bytes_text() const { return format_threshold(bytes_); }
+
 }  // namespace cupool

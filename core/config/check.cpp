@@ -160,16 +160,16 @@ class Checker {
   }
 
   // The rules that depend on device `d`'s memory; each reported once per pool (the flags).
-  void check_sizes(const Sizes& s, std::uint64_t threshold, int d, const std::string& what, bool device_located,
-                   bool& reported_threshold, bool& reported_max) {
+  void check_sizes(const Sizes& s, const ReleaseThreshold& threshold, int d, const std::string& what,
+                   bool device_located, bool& reported_threshold, bool& reported_max) {
     const std::uint64_t memory = info(d).total_memory;
     if (s.reserve.set && s.threshold.set && !reported_threshold) {
-      if (s.reserve.value > threshold) {
+      if (s.reserve.value > threshold.bytes()) {
         reported_threshold = true;
         const std::string shown =
             s.threshold.value.kind == Threshold::Kind::percent
-                ? s.threshold.value.text + " of " + format_bytes(memory) + " = " + format_bytes(threshold)
-                : format_bytes(threshold);
+                ? threshold.text() + " of " + format_bytes(memory) + " = " + format_bytes(threshold.bytes())
+                : format_bytes(threshold.bytes());
         d_.error(
             "reserve-above-threshold", s.reserve.loc,
             "reserve (" + format_bytes(s.reserve.value) + ") is above release_threshold (" + shown + ") in " + what +
@@ -224,10 +224,10 @@ class Checker {
   }
 
   // The release threshold process.current_pool gets on `device` (a new pool: unset is the driver's 0).
-  std::uint64_t current_threshold(int device) const {
+  ReleaseThreshold current_threshold(int device) const {
     for (const ProcessDeviceWant& w : w_.process)
       if (w.device == device && w.current_pool) return w.current_pool->settings.over(PoolSettings{}).release_threshold;
-    return 0;
+    return ReleaseThreshold(0);
   }
 
   void check_pool(const PoolSpec& p, std::size_t entry) {

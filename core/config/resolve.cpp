@@ -34,7 +34,8 @@ PoolSettings SettingsPatch::over(PoolSettings base) const {
 SettingsPatch resolve_settings(const At<Threshold>& threshold, const std::optional<Reuse>& reuse,
                                std::uint64_t device_memory) {
   SettingsPatch out;
-  if (threshold.set) out.release_threshold = threshold.value.resolve(device_memory);
+  if (threshold.set)
+    out.release_threshold = ReleaseThreshold(threshold.value.resolve(device_memory), threshold.value.text);
   if (reuse) {
     if (reuse->follow_event_dependencies.set) out.follow_event_dependencies = reuse->follow_event_dependencies.value;
     if (reuse->allow_opportunistic.set) out.allow_opportunistic = reuse->allow_opportunistic.value;
@@ -113,7 +114,6 @@ Desired resolve(const Config& config, const NodeReport& node) {
       w.entry = entry;
       w.props = props_of(p, device);
       w.settings = resolve_settings(p.release_threshold, p.reuse, memory_of(node, device)).over(PoolSettings{});
-      w.threshold_text = p.release_threshold.set ? p.release_threshold.value.text : "0B";
       w.access = peers_of(p.access, node, device);
       std::sort(w.access.begin(), w.access.end());
       w.share = share_of(p);

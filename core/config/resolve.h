@@ -31,7 +31,7 @@ DeviceSelection select_devices(const DeviceList& list, const NodeReport& node);
 
 // The settings a config entry sets, resolved for one device; what the file leaves out is unset.
 struct SettingsPatch {
-  std::optional<std::uint64_t> release_threshold;  // bytes
+  std::optional<ReleaseThreshold> release_threshold;  // as the file wrote it
   std::optional<bool> follow_event_dependencies;
   std::optional<bool> allow_opportunistic;
   std::optional<bool> allow_internal_dependencies;
@@ -60,9 +60,8 @@ struct PoolWant {
   std::string name;
   int device = 0;
   PoolProps props;
-  PoolSettings settings;       // unset fields at the driver's defaults
-  std::string threshold_text;  // the release threshold as written ("max", "75%", "8GiB"; "0B" when unset)
-  std::vector<int> access;     // peers other than `device`, ascending
+  PoolSettings settings;    // unset fields at the driver's defaults; the threshold as the file wrote it
+  std::vector<int> access;  // peers other than `device`, ascending
   ShareRule share;
   std::uint64_t reserve = 0;
   std::size_t entry = 0;  // its index in Config::pools (where findings point); 0 for a pool not from a file

@@ -39,8 +39,7 @@ std::vector<SettingChange> diff_settings(const PoolSettings& from, const PoolSet
   std::vector<SettingChange> out;
   auto text = [](bool b) { return std::string(b ? "true" : "false"); };
   if (from.release_threshold != to.release_threshold)
-    out.push_back(
-        {"release_threshold", format_threshold(from.release_threshold), format_threshold(to.release_threshold)});
+    out.push_back({"release_threshold", from.release_threshold.bytes_text(), to.release_threshold.bytes_text()});
   if (from.follow_event_dependencies != to.follow_event_dependencies)
     out.push_back(
         {"reuse.follow_event_dependencies", text(from.follow_event_dependencies), text(to.follow_event_dependencies)});

@@ -100,7 +100,8 @@ struct PoolProps {
 // defaults are the driver's for a new pool. The one value that the config's settings become
 // (config/resolve.h) and that the holder, the in-process apply and the backends use.
 struct PoolSettings {
-  std::uint64_t release_threshold = 0;  // bytes; UINT64_MAX for the config's max
+  // The resolver's is as the config wrote it; a backend sets the bytes and reads them back unwritten.
+  ReleaseThreshold release_threshold;
   bool follow_event_dependencies = true;
   bool allow_opportunistic = true;
   bool allow_internal_dependencies = true;
@@ -113,7 +114,8 @@ struct PoolSettings {
 };
 
 // One setting that differs between two PoolSettings: its name in the config
-// ("release_threshold", "reuse.allow_opportunistic") and both values as text ("max", "true").
+// ("release_threshold", "reuse.allow_opportunistic") and both values as text ("max", "true"; a
+// threshold's bytes as a config would write them, "40GiB", not how one wrote it).
 struct SettingChange {
   std::string field;
   std::string from;

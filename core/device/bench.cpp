@@ -31,35 +31,33 @@ Summary summarize(std::vector<double> ns) {
 namespace {
 
 struct Run {
-  std::string name;  // case id
-  std::string what;  // for people
+  std::string name;            // case id
+  std::string what;            // for people
+  ReleaseThreshold threshold;  // the case's, as the config wrote it where it is the configured one
   BenchCase c;
 };
-
-// A threshold under test as the config writes it ("max", "75%", "0B") with its bytes.
-model::Threshold threshold_of(std::uint64_t t, const std::string& text) { return model::Threshold::written(text, t); }
 
 }  // namespace
 
 model::BenchReport run_bench(Backend& backend, const BenchOptions& o) {
   const DeviceInfo info = backend.device_info(o.device);
   std::vector<Run> runs;
-  const model::Threshold tested = threshold_of(o.threshold, o.threshold_text);
-  const std::string configured = tested.text;
+  const std::string configured = o.threshold.text();
   for (std::uint64_t size : o.sizes) {
-    auto add = [&](const char* name, const std::string& what, BenchCase::Kind kind, std::uint64_t threshold, int n) {
-      runs.push_back({name, what, BenchCase{kind, size, threshold, n}});
+    auto add = [&](const char* name, const std::string& what, BenchCase::Kind kind, ReleaseThreshold t, int n) {
+      if (t == o.threshold) t = o.threshold;  // at the configured bytes: as the config wrote them
+      runs.push_back({name, what, t, BenchCase{kind, size, t.bytes(), n}});
     };
-    add("malloc_free", "cudaMalloc + cudaFree", BenchCase::Kind::malloc_free, 0, o.iterations);
+    add("malloc_free", "cudaMalloc + cudaFree", BenchCase::Kind::malloc_free, ReleaseThreshold(0), o.iterations);
     add("async_alloc_free", "cudaMallocAsync + cudaFreeAsync", BenchCase::Kind::async_alloc_free, o.threshold,
         o.iterations);
     add("alloc_free_sync_default", "alloc/free/synchronize, threshold 0 (the default)",
-        BenchCase::Kind::alloc_free_sync, 0, o.iterations);
+        BenchCase::Kind::alloc_free_sync, ReleaseThreshold(0), o.iterations);
     add("alloc_free_sync_configured", "alloc/free/synchronize, threshold " + configured,
         BenchCase::Kind::alloc_free_sync, o.threshold, o.iterations);
     add("graph_alloc_free", "captured graph alloc/free, launch + synchronize", BenchCase::Kind::graph_alloc_free,
         o.threshold, o.iterations);
-    add("trim", "cuMemPoolTrimTo(0) of a pool holding the size", BenchCase::Kind::trim, UINT64_MAX,
+    add("trim", "cuMemPoolTrimTo(0) of a pool holding the size", BenchCase::Kind::trim, ReleaseThreshold::max(),
         std::min(o.iterations, 50));
   }
   // The seed shuffles the order, so slow drift of the machine is not charged to one case.
@@ -85,7 +83,7 @@ model::BenchReport run_bench(Backend& backend, const BenchOptions& o) {
   if (backend.simulated())
     report.note = "simulated node: these figures come from a model of measurements on an H100, not from this machine";
   if (!o.config.empty()) report.config = o.config;
-  report.release_threshold = tested;
+  report.release_threshold = o.threshold;
   report.iteration_count = static_cast<std::uint64_t>(o.iterations);
   report.seed = o.seed;
   report.sizes_bytes = o.sizes;
@@ -96,7 +94,7 @@ model::BenchReport run_bench(Backend& backend, const BenchOptions& o) {
     c.name = r.name;
     c.description = r.what;
     c.size_bytes = r.c.bytes;
-    c.release_threshold = threshold_of(r.c.threshold, r.c.threshold == o.threshold ? o.threshold_text : "");
+    c.release_threshold = r.threshold;
     c.iteration_count = static_cast<std::uint64_t>(r.c.iterations);
     c.median_seconds = s.median_us / 1e6;
     c.p99_seconds = s.p99_us / 1e6;

@@ -17,11 +17,10 @@ namespace cupool {
 struct BenchOptions {
   int device = 0;
   std::vector<std::uint64_t> sizes{1ULL << 20, 64ULL << 20};
-  int iterations = 200;                  // per case and size (trim: at most 50)
-  std::uint64_t seed = 1;                // the order in which the cases run
-  std::uint64_t threshold = UINT64_MAX;  // the configured release threshold
-  std::string threshold_text = "max";    // as the config wrote it
-  std::string config;                    // the config file, "" when none
+  int iterations = 200;                                  // per case and size (trim: at most 50)
+  std::uint64_t seed = 1;                                // the order in which the cases run
+  ReleaseThreshold threshold = ReleaseThreshold::max();  // the configured release threshold
+  std::string config;                                    // the config file, "" when none
   // Called before each case: "[3/12] alloc/free/sync 64 MiB, threshold 0".
   std::function<void(const std::string&)> progress;
 };

@@ -55,7 +55,6 @@ void PoolTable::update(HeldPool& held, const PoolWant& w) {
   if (held.want.settings != w.settings) {
     backend_.set_pool_settings(held.handle, w.settings);
     held.want.settings = w.settings;
-    held.want.threshold_text = w.threshold_text;
   }
   for (int peer : w.access)
     if (std::find(held.want.access.begin(), held.want.access.end(), peer) == held.want.access.end()) {

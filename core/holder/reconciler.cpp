@@ -26,9 +26,8 @@ ChangeValue optional_text(const std::string& text) {
   return text.empty() ? ChangeValue{"", nullptr} : text_value(text);
 }
 ChangeValue size_value(std::uint64_t bytes) { return {exact_size(bytes), bytes}; }
-ChangeValue threshold_value(const PoolWant& w) {
-  const model::Threshold t = model::Threshold::written(w.threshold_text, w.settings.release_threshold);
-  return {t.text, t.bytes ? Json(*t.bytes) : Json(nullptr)};
+ChangeValue threshold_value(const ReleaseThreshold& t) {
+  return {t.text(), t.is_max() ? Json(nullptr) : Json(t.bytes())};
 }
 ChangeValue handles_value(std::uint32_t mask) {
   const std::vector<std::string> names = handle_type_names(mask);
@@ -175,7 +174,8 @@ void Reconciler::plan_pool(const PoolKey& key, const HeldPool& h, const Desired&
     for (const SettingChange& ch : diff_settings(h.want.settings, w->settings)) {
       // The threshold as the files wrote it ("75%"), not only its bytes.
       if (ch.field == "release_threshold")
-        update("release_threshold", threshold_value(h.want), threshold_value(*w));
+        update("release_threshold", threshold_value(h.want.settings.release_threshold),
+               threshold_value(w->settings.release_threshold));
       else  // the reuse flags
         update(ch.field.c_str(), {ch.from, ch.from == "true"}, {ch.to, ch.to == "true"});
     }

@@ -28,7 +28,7 @@ model::Status AdminRequests::status() const {
   for (const auto& [key, p] : units_.pools) {
     model::PoolStatus v;
     v.pool = units_.pools.info(key, p);
-    v.release_threshold = model::Threshold::written(p.want.threshold_text, p.want.settings.release_threshold);
+    v.release_threshold = p.want.settings.release_threshold;
     v.leases = units_.leasing.book().of(key);
     for (const auto& [name, b] : units_.buffers)
       if (b.want.pool == key.first && b.want.device == key.second) {
@@ -76,7 +76,7 @@ model::Stats AdminRequests::stats(bool reset_peaks) {
     v.name = key.first;
     v.id = units_.pools.device_id(key.second);
     v.usage = u;
-    v.release_threshold = model::Threshold::written(p.want.threshold_text, p.want.settings.release_threshold);
+    v.release_threshold = p.want.settings.release_threshold;
     v.leases = units_.leasing.book().of(key);
     out.pools.push_back(std::move(v));
   }
@@ -150,7 +150,9 @@ std::string AdminRequests::export_config() const {
     j.handle_types = handle_type_names(w.props.handle_types);
     if (j.handle_types.empty()) j.handle_types.push_back("none");  // the config's word for no IPC handle
     if (w.props.max_size) j.max_size = exact_size(w.props.max_size);
-    j.release_threshold = w.threshold_text;
+    // As the file wrote it, to the letter (text() says max for a size of 2^64-1 bytes); unset: 0B.
+    const ReleaseThreshold& threshold = w.settings.release_threshold;
+    j.release_threshold = threshold.written().empty() ? threshold.text() : threshold.written();
     if (w.reserve) j.reserve = exact_size(w.reserve);
     j.reuse = {w.settings.follow_event_dependencies, w.settings.allow_opportunistic,
                w.settings.allow_internal_dependencies};

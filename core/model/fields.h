@@ -23,8 +23,16 @@
 //                                    written beside the new one as `write` gives it (left out
 //                                    where it gives kLeftOut), read where the new name left the
 //                                    member empty; its schema marks it deprecated
+//   f.part("name", v, P{})           one key of a value type that keeps its members to itself
+//                                    (base's ReleaseThreshold): written as P::get(v) gives it, read
+//                                    as that type and given to P::set(v, part); a reader's `seen`
+//                                    records it as the part P of v (Seen::has_part<P>)
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "model/json_fields.h"
@@ -61,9 +69,23 @@ CUPOOL_FIELDS(ErrorInfo) {
   f("api", v.api, omit_empty);
   f("result", v.result, omit_empty);
 }
-CUPOOL_FIELDS(Threshold) {
-  f("release_threshold", v.text);
-  f("release_threshold_bytes", v.bytes);  // null: max
+// A release threshold's two keys, the parts of base's ReleaseThreshold: its text ("75%", "max", "0B"),
+// read back as written, and its bytes, null for max.
+struct ThresholdText {
+  static std::string get(const ReleaseThreshold& t) { return t.text(); }
+  static void set(ReleaseThreshold& t, std::string text) { t = ReleaseThreshold(t.bytes(), std::move(text)); }
+};
+struct ThresholdBytes {
+  static std::optional<std::uint64_t> get(const ReleaseThreshold& t) {
+    return t.is_max() ? std::nullopt : std::optional<std::uint64_t>(t.bytes());
+  }
+  static void set(ReleaseThreshold& t, const std::optional<std::uint64_t>& bytes) {
+    t = ReleaseThreshold(bytes.value_or(ReleaseThreshold::max().bytes()), t.written());
+  }
+};
+CUPOOL_FIELDS(ReleaseThreshold) {
+  f.part("release_threshold", v, ThresholdText{});
+  f.part("release_threshold_bytes", v, ThresholdBytes{});  // null: max
 }
 CUPOOL_FIELDS(Usage) {
   f("reserved_bytes", v.reserved_bytes);
@@ -516,7 +538,8 @@ CUPOOL_FIELDS(BenchReport) {
 }  // namespace cupool::model
 
 namespace cupool {
-// model::Usage is base's MemoryUsage (so the device seam needs no model): nlohmann looks for its
-// reader in the type's own namespace.
+// model::Usage is base's MemoryUsage and a release threshold base's ReleaseThreshold (so the device
+// seam needs no model): nlohmann looks for their readers in the types' own namespace.
 inline void from_json(const model::Json& j, MemoryUsage& v) { v = model::read_json<MemoryUsage>(j); }
+inline void from_json(const model::Json& j, ReleaseThreshold& v) { v = model::read_json<ReleaseThreshold>(j); }
 }  // namespace cupool

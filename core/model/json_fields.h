@@ -61,6 +61,15 @@ class Seen {
   bool has(const T& member) const {
     return had_.count({static_cast<const void*>(&member), std::type_index(typeid(T))}) > 0;
   }
+  // A part P of a value read through f.part (a ReleaseThreshold's text or bytes).
+  template <class P, class T>
+  void add_part(const T& value) {
+    had_.emplace(static_cast<const void*>(&value), std::type_index(typeid(P)));
+  }
+  template <class P, class T>
+  bool has_part(const T& value) const {
+    return had_.count({static_cast<const void*>(&value), std::type_index(typeid(P))}) > 0;
+  }
 
  private:
   std::set<std::pair<const void*, std::type_index>> had_;
@@ -93,6 +102,8 @@ struct AnyVisitor : Visitor {
   void only_if(bool, const char*, T&) {}
   template <class T, class W, class R>
   void old_name(const char*, T&, W, R) {}
+  template <class T, class P>
+  void part(const char*, T&, P) {}
 };
 template <class T, class = void>
 struct declared : std::false_type {};
@@ -146,6 +157,10 @@ class Writer : Visitor {
   void old_name(const char* name, const T& v, W write_old, R) {
     Json old = write_old(v);
     if (!old.is_discarded()) out_[name] = std::move(old);
+  }
+  template <class T, class P>
+  void part(const char* name, const T& v, P) {
+    out_[name] = value(P::get(v));
   }
 
   template <class T>
@@ -255,6 +270,23 @@ class Reader : Visitor {
       throw FieldError(prefix_ + name, e.what(), "\"" + prefix_ + name + "\": " + e.what());
     }
     if (v) mark(v);
+  }
+  // A part of a value type, read as P::get's type and given to P::set.
+  template <class T, class P>
+  void part(const char* name, T& v, P) {
+    using Part = std::decay_t<decltype(P::get(v))>;
+    const Json* j = find(name, !is_optional<Part>::value);
+    if (!j) return;
+    Part p{};
+    Reader quiet(in_, mode_, prefix_);  // `seen` records the part, not this local
+    try {
+      quiet.read(*j, p, prefix_ + name);
+    } catch (const std::invalid_argument&) {
+      if (mode_ != Mode::lenient) throw;
+      return;  // passed over: shown as missing
+    }
+    P::set(v, std::move(p));
+    if (seen_) seen_->add_part<P>(v);
   }
 
  private:
@@ -400,6 +432,10 @@ class Names : Visitor {
   }
   template <class T, class W, class R>
   void old_name(const char* name, T&, W, R) {
+    add(name);
+  }
+  template <class T, class P>
+  void part(const char* name, T&, P) {
     add(name);
   }
   std::vector<std::string> names;

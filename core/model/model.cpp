@@ -1,29 +1,10 @@
 #include "model/model.h"
 
-#include <limits>
 #include <stdexcept>
 
-#include "base/units.h"
 #include "model/fields.h"
 
 namespace cupool::model {
-
-namespace {
-
-constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
-
-}  // namespace
-
-Threshold Threshold::of_bytes(std::uint64_t bytes) {
-  if (bytes == kMax) return {format_threshold(bytes), std::nullopt};
-  return {format_threshold(bytes), bytes};
-}
-
-Threshold Threshold::written(std::string text, std::uint64_t bytes) {
-  if (bytes == kMax) return {"max", std::nullopt};
-  if (text.empty()) text = format_threshold(bytes);
-  return {std::move(text), bytes};
-}
 
 // The writers and readers come from the declarations in fields.h.
 
@@ -37,7 +18,7 @@ void put_identity(Json& out, const ProcessDeviceId& id) {
   fields(w, id);
 }
 
-void put_threshold(Json& out, const Threshold& t) {
+void put_threshold(Json& out, const ReleaseThreshold& t) {
   io::Writer w(out);
   fields(w, t);
 }

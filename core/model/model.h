@@ -55,16 +55,6 @@ struct ErrorInfo {
   std::optional<std::string> result;
 };
 
-// A release threshold as the config writes it ("max", "75%", "8GiB", "0") and in bytes (none for max).
-struct Threshold {
-  std::string text;
-  std::optional<std::uint64_t> bytes;
-  // From the bytes a pool has (UINT64_MAX is max), written as the config would write them.
-  static Threshold of_bytes(std::uint64_t bytes);
-  // As the config wrote it, with the bytes it resolved to.
-  static Threshold written(std::string text, std::uint64_t bytes);
-};
-
 // Memory of a pool or of a device's graph memory: now and the high-water marks (base/units.h).
 using Usage = MemoryUsage;
 
@@ -105,7 +95,7 @@ struct LeaseTotals {
 
 struct PoolStatus {
   PoolInfo pool;
-  Threshold release_threshold;
+  ReleaseThreshold release_threshold;
   LeaseTotals leases;
   std::uint64_t buffer_count = 0, buffer_bytes = 0;
 };
@@ -208,7 +198,7 @@ struct PoolStats {
   std::string name;
   DeviceId id;
   Usage usage;
-  Threshold release_threshold;
+  ReleaseThreshold release_threshold;
   LeaseTotals leases;
 };
 struct DeviceGraph {
@@ -294,7 +284,7 @@ struct BufferMade {
 
 struct ProcessPool {
   std::string role;  // default, current
-  Threshold release_threshold;
+  ReleaseThreshold release_threshold;
   Reuse reuse;
   Usage usage;
 };
@@ -377,7 +367,7 @@ struct BenchCase {
   std::string name;
   std::string description;
   std::uint64_t size_bytes = 0;
-  Threshold release_threshold;
+  ReleaseThreshold release_threshold;
   std::uint64_t iteration_count = 0;
   double median_seconds = 0, p99_seconds = 0, mean_seconds = 0, min_seconds = 0;
 };
@@ -507,7 +497,7 @@ struct BenchReport {
   std::string gpu_name;
   std::optional<std::string> note;
   std::optional<std::string> config;  // the config the threshold comes from; none: no config
-  Threshold release_threshold;
+  ReleaseThreshold release_threshold;
   std::uint64_t iteration_count = 0;
   std::uint64_t seed = 0;
   std::vector<std::uint64_t> sizes_bytes;
@@ -561,8 +551,8 @@ Json to_json(const BenchReport& v);
 // The identity keys, written into `out` in their one order.
 void put_identity(Json& out, const DeviceId& id);
 void put_identity(Json& out, const ProcessDeviceId& id);
-// release_threshold and release_threshold_bytes, written into `out`.
-void put_threshold(Json& out, const Threshold& t);
+// release_threshold (its text()) and release_threshold_bytes (null for max), written into `out`.
+void put_threshold(Json& out, const ReleaseThreshold& t);
 // A pool's fields and lease totals, written into `out` in their one order.
 void put_pool(Json& out, const PoolInfo& p);
 void put_leases(Json& out, const LeaseTotals& l);

@@ -21,7 +21,7 @@ nlohmann::ordered_json process_stats(Backend& backend) {
       const PoolSettings s = backend.pool_settings(h);
       const PoolUsage u = backend.pool_usage(h);
       d.pools.push_back({h == def ? "default" : "current",
-                         model::Threshold::of_bytes(s.release_threshold),
+                         s.release_threshold,  // as the driver holds it: its bytes
                          {s.follow_event_dependencies, s.allow_opportunistic, s.allow_internal_dependencies},
                          u});
     }

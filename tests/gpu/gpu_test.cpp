@@ -774,7 +774,7 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
     props.handle_types = static_cast<std::uint32_t>(cupool::HandleType::posix_fd);
     const cupool::PoolHandle pool = b.create_pool(0, props);
     // The default threshold is 0: memory goes back at every synchronize.
-    CHECK(b.pool_settings(pool).release_threshold == 0);
+    CHECK(b.pool_settings(pool).release_threshold.bytes() == 0);
     std::uint64_t p = b.allocate(pool, 64 * mib);
     const cupool::PoolUsage during = b.pool_usage(pool);
     CHECK(during.used_bytes == 64 * mib);
@@ -784,11 +784,11 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
     reserved.push_back(b.pool_usage(pool).reserved_bytes);
     // Threshold max: the memory stays reserved across the synchronize.
     cupool::PoolSettings keep;
-    keep.release_threshold = UINT64_MAX;
+    keep.release_threshold = cupool::ReleaseThreshold::max();
     keep.allow_internal_dependencies = false;
     b.set_pool_settings(pool, keep);
     const cupool::PoolSettings back = b.pool_settings(pool);
-    CHECK(back.release_threshold == UINT64_MAX);
+    CHECK(back.release_threshold.bytes() == UINT64_MAX);
     CHECK_FALSE(back.allow_internal_dependencies);
     CHECK(back.allow_opportunistic);
     p = b.allocate(pool, 64 * mib);

@@ -49,7 +49,7 @@ void CudaPools::destroy_pool(PoolHandle handle) {
 
 void CudaPools::set_pool_settings(PoolHandle handle, const PoolSettings& s) {
   CUmemoryPool pool = d_.find(handle).pool;
-  d_.set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, s.release_threshold);
+  d_.set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, s.release_threshold.bytes());
   d_.set_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, s.follow_event_dependencies);
   d_.set_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, s.allow_opportunistic);
   d_.set_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, s.allow_internal_dependencies);
@@ -58,7 +58,7 @@ void CudaPools::set_pool_settings(PoolHandle handle, const PoolSettings& s) {
 PoolSettings CudaPools::pool_settings(PoolHandle handle) {
   CUmemoryPool pool = d_.find(handle).pool;
   PoolSettings s;
-  s.release_threshold = d_.get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+  s.release_threshold = ReleaseThreshold(d_.get_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD));
   s.follow_event_dependencies = d_.get_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES) != 0;
   s.allow_opportunistic = d_.get_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC) != 0;
   s.allow_internal_dependencies = d_.get_attribute<int>(pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES) != 0;

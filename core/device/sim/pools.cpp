@@ -36,7 +36,7 @@ PoolHandle SimPools::create_pool(int dev, const PoolProps& props) {
   p.device = dev;
   p.props = props;
   p.created = true;
-  p.settings.release_threshold = 0;
+  p.settings.release_threshold = ReleaseThreshold(0);
   p.arena = Arena(std::min(round_up(arena, kGranule), kMaxArena));
   if (props.handle_types & static_cast<std::uint32_t>(HandleType::posix_fd)) {
     p.memfd = ::memfd_create("cupool-sim-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -70,7 +70,8 @@ void SimPools::destroy_pool(PoolHandle handle) {
 
 void SimPools::set_pool_settings(PoolHandle handle, const PoolSettings& settings) {
   s_.enter("set_pool_settings", std::to_string(handle));
-  s_.pool(handle, "cuMemPoolSetAttribute").settings = settings;
+  PoolSettings& kept = s_.pool(handle, "cuMemPoolSetAttribute").settings = settings;
+  kept.release_threshold = ReleaseThreshold(settings.release_threshold.bytes());  // a driver keeps the bytes only
 }
 
 PoolSettings SimPools::pool_settings(PoolHandle handle) {
@@ -135,7 +136,7 @@ PoolHandle SimPools::default_pool(int dev) {
   p.device = dev;
   p.props.location_id = dev;
   p.borrowed = true;
-  p.settings.release_threshold = 0;
+  p.settings.release_threshold = ReleaseThreshold(0);
   const PoolHandle handle = s_.add_pool(std::move(p));
   s_.default_pools()[dev] = handle;
   return handle;

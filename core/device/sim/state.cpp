@@ -122,9 +122,9 @@ std::uint64_t SimState::reserved_on(int dev) const {
 }
 
 void SimState::settle(Pool& p) {
-  if (p.usage.reserved_bytes <= p.settings.release_threshold) return;
+  if (p.usage.reserved_bytes <= p.settings.release_threshold.bytes()) return;
   const std::uint64_t floor = round_up(p.usage.used_bytes, kGranule);
-  p.usage.reserved_bytes = std::max(floor, round_up(p.settings.release_threshold, kGranule));
+  p.usage.reserved_bytes = std::max(floor, round_up(p.settings.release_threshold.bytes(), kGranule));
 }
 
 std::uint64_t SimState::take(PoolHandle handle, Pool& p, std::uint64_t bytes, bool shared, const char* api) {

@@ -50,3 +50,37 @@ TEST_CASE("format_bytes") {
   CHECK(format_bytes(32ULL << 30) == "32 GiB");
   CHECK(format_bytes(3ULL << 29) == "1.5 GiB");
 }
+
+TEST_CASE("a release threshold is its bytes, said as a config wrote it") {
+  const ReleaseThreshold unset;  // the driver's default
+  CHECK(unset.bytes() == 0);
+  CHECK(unset.written().empty());
+  CHECK(unset.text() == "0B");
+  // Unwritten: the bytes as a config would write them, exactly.
+  CHECK(ReleaseThreshold(512ULL << 20).text() == "512MiB");
+  CHECK(ReleaseThreshold((512ULL << 20) + 1).text() == "536870913B");
+  // Written: as written; bytes_text() still says the bytes.
+  const ReleaseThreshold share(48ULL << 30, "75%");
+  CHECK(share.text() == "75%");
+  CHECK(share.written() == "75%");
+  CHECK(share.bytes_text() == "48GiB");
+  CHECK_FALSE(share.is_max());
+  // Max: UINT64_MAX bytes, said max however it was written.
+  const ReleaseThreshold max = ReleaseThreshold::max();
+  CHECK(max.is_max());
+  CHECK(max.bytes() == UINT64_MAX);
+  CHECK(max.text() == "max");
+  CHECK(ReleaseThreshold(UINT64_MAX, "max").text() == "max");
+  CHECK(ReleaseThreshold(UINT64_MAX, "18446744073709551615B").text() == "max");
+  CHECK(ReleaseThreshold(UINT64_MAX, "18446744073709551615B").written() == "18446744073709551615B");
+}
+
+TEST_CASE("release thresholds are equal when their bytes are") {
+  // 75% and 48GiB of a 64 GiB device are one threshold.
+  CHECK(ReleaseThreshold(48ULL << 30, "75%") == ReleaseThreshold(48ULL << 30, "48GiB"));
+  CHECK(ReleaseThreshold(48ULL << 30, "75%") == ReleaseThreshold(48ULL << 30));
+  CHECK(ReleaseThreshold::max() == ReleaseThreshold(UINT64_MAX, "max"));
+  CHECK(ReleaseThreshold() == ReleaseThreshold(0));
+  CHECK(ReleaseThreshold(1ULL << 30, "1GiB") != ReleaseThreshold(2ULL << 30, "1GiB"));
+  CHECK_FALSE(ReleaseThreshold(0) != ReleaseThreshold(0, "0B"));
+}

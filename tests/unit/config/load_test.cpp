@@ -42,8 +42,8 @@ TEST_CASE("load_config: a file that fits the node comes back parsed, resolved an
   const PoolWant& kv = loaded.desired.pools[0];
   CHECK(kv.name == "kv");
   CHECK(kv.device == 0);
-  CHECK(kv.settings.release_threshold == 4ULL << 30);
-  CHECK(kv.threshold_text == "4GiB");
+  CHECK(kv.settings.release_threshold.bytes() == 4ULL << 30);
+  CHECK(kv.settings.release_threshold.text() == "4GiB");
   CHECK(kv.reserve == 1ULL << 30);
 }
 

@@ -51,9 +51,9 @@ pools:
   CHECK(w.pools[0].name == "kv");
   CHECK(w.pools[0].device == 0);
   CHECK(w.pools[0].entry == 0);
-  CHECK(w.pools[0].settings.release_threshold == 40ULL << 30);
-  CHECK(w.pools[1].settings.release_threshold == 20ULL << 30);
-  CHECK(w.pools[0].threshold_text == "50%");
+  CHECK(w.pools[0].settings.release_threshold.bytes() == 40ULL << 30);
+  CHECK(w.pools[1].settings.release_threshold.bytes() == 20ULL << 30);
+  CHECK(w.pools[0].settings.release_threshold.text() == "50%");
   CHECK_FALSE(w.pools[0].settings.allow_opportunistic);
   CHECK(w.pools[0].settings.follow_event_dependencies);  // the driver's default, not written
   CHECK(w.pools[0].access == std::vector<int>{1});
@@ -61,7 +61,7 @@ pools:
   CHECK(w.pools[2].name == "scratch");
   CHECK(w.pools[2].entry == 1);
   CHECK(w.pools[2].settings == PoolSettings{});
-  CHECK(w.pools[2].threshold_text == "0B");
+  CHECK(w.pools[2].settings.release_threshold.text() == "0B");
 }
 
 TEST_CASE("the process: section per device; unset settings stay unset") {
@@ -74,18 +74,18 @@ process:
   const auto& d0 = w.process[0];
   CHECK(d0.device == 0);
   REQUIRE(d0.default_pool);
-  CHECK(d0.default_pool->settings.release_threshold == UINT64_MAX);
+  CHECK(d0.default_pool->settings.release_threshold == ReleaseThreshold(UINT64_MAX));
   CHECK_FALSE(d0.default_pool->settings.allow_opportunistic.has_value());
   CHECK(d0.default_pool->access == std::vector<int>{1});
   REQUIRE(d0.current_pool);
   CHECK(d0.current_pool->max_size == 8ULL << 30);
   CHECK(d0.current_pool->reserve == 1ULL << 30);
-  CHECK(d0.current_pool->settings.release_threshold == 2ULL << 30);
+  CHECK(d0.current_pool->settings.release_threshold == ReleaseThreshold(2ULL << 30));
   // A patch over a pool's settings keeps what the file leaves out.
   PoolSettings now;
   now.allow_opportunistic = false;
   const PoolSettings next = d0.default_pool->settings.over(now);
-  CHECK(next.release_threshold == UINT64_MAX);
+  CHECK(next.release_threshold.bytes() == UINT64_MAX);
   CHECK_FALSE(next.allow_opportunistic);
 }
 
@@ -94,7 +94,7 @@ TEST_CASE("check and the holder see the same threshold: the loader resolves once
   const Judged j = judge_config(
       SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all);
   REQUIRE(j.desired);
-  CHECK(j.desired->pools[0].settings.release_threshold == (80ULL << 30) / 10);
+  CHECK(j.desired->pools[0].settings.release_threshold.bytes() == (80ULL << 30) / 10);
   // 9 GiB is above 10% of 80 GiB (8 GiB): the finding quotes the resolved bytes.
   REQUIRE(j.diags.all().size() == 1);
   CHECK(j.diags.all()[0].code == "reserve-above-threshold");

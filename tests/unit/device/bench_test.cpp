@@ -27,7 +27,7 @@ TEST_CASE("bench on a simulated node: every case per size, ratios, and it says t
   o.device = 1;
   o.sizes = {1ULL << 20, 64ULL << 20};
   o.iterations = 20;
-  o.threshold = UINT64_MAX;
+  o.threshold = ReleaseThreshold::max();
   std::vector<std::string> progress;
   o.progress = [&](const std::string& line) { progress.push_back(line); };
   const auto r = model::to_json(run_bench(sim, o));

@@ -119,7 +119,7 @@ TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
   props.handle_types = 0x1;
   props.max_size = 256 * mib;
   const PoolHandle pool = sim.create_pool(0, props);
-  CHECK(sim.pool_settings(pool).release_threshold == 0);
+  CHECK(sim.pool_settings(pool).release_threshold.bytes() == 0);
 
   std::uint64_t p = sim.allocate(pool, 3 * mib);
   CHECK(sim.pool_usage(pool).used_bytes == 3 * mib);
@@ -128,7 +128,7 @@ TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
   CHECK(sim.pool_usage(pool).reserved_bytes == 0);  // threshold 0: released at the synchronize
 
   PoolSettings keep;
-  keep.release_threshold = UINT64_MAX;
+  keep.release_threshold = ReleaseThreshold::max();
   sim.set_pool_settings(pool, keep);
   p = sim.allocate(pool, 64 * mib);
   sim.free(pool, p);
@@ -142,7 +142,7 @@ TEST_CASE("simulated pools: threshold, trim, peaks, limits") {
   CHECK(sim.pool_usage(pool).reserved_peak_bytes == 0);
 
   // A threshold in between keeps that much.
-  keep.release_threshold = 10 * mib;
+  keep.release_threshold = ReleaseThreshold(10 * mib);
   sim.set_pool_settings(pool, keep);
   p = sim.allocate(pool, 64 * mib);
   sim.free(pool, p);
@@ -394,7 +394,7 @@ TEST_CASE("free_shared leaves the memory reserved until synchronize") {
   CHECK(sim.pool_usage(pool).reserved_bytes == 0);          // threshold 0
   CHECK(sim.pool_usage(other).reserved_bytes == 8 * kMiB);  // another device's pool waits
   PoolSettings keep;
-  keep.release_threshold = 2 * kMiB;
+  keep.release_threshold = ReleaseThreshold(2 * kMiB);
   sim.set_pool_settings(other, keep);
   sim.synchronize(1);
   CHECK(sim.pool_usage(other).reserved_bytes == 2 * kMiB);
@@ -522,7 +522,7 @@ TEST_CASE("pool settings: one equality, one diff in the config's words") {
   PoolSettings a;
   PoolSettings b = a;
   CHECK(a == b);
-  b.release_threshold = UINT64_MAX;
+  b.release_threshold = ReleaseThreshold::max();
   b.allow_internal_dependencies = false;
   CHECK(a != b);
   const auto diff = diff_settings(a, b);

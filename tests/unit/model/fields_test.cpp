@@ -85,7 +85,7 @@ TEST_CASE("the declared names are the schemas' properties") {
   check_agrees<ErrorInfo>("ErrorInfo", {"cupool-common-v1.schema.json#/$defs/error"});
   check_agrees<Finding>("Finding", {"cupool-common-v1.schema.json#/$defs/finding"});
   check_agrees<Usage>("Usage", {"cupool-common-v1.schema.json#/$defs/usage"});
-  check_agrees<cupool::model::Threshold>("Threshold", {"cupool-common-v1.schema.json#/$defs/threshold"});
+  check_agrees<cupool::ReleaseThreshold>("ReleaseThreshold", {"cupool-common-v1.schema.json#/$defs/threshold"});
   check_agrees<cupool::model::Reuse>("Reuse", {"cupool-common-v1.schema.json#/$defs/reuse"});
   check_agrees<LeaseTotals>("LeaseTotals", {"cupool-common-v1.schema.json#/$defs/lease_totals"});
   check_agrees<PoolStatus>("PoolStatus", {"cupool-common-v1.schema.json#/$defs/pool"});
@@ -158,7 +158,7 @@ TEST_CASE("every declared object reads back what it wrote") {
   s.holder.applied_config = AppliedConfig{"/tmp/x.yaml", "2026-01-01T00:00:00Z", std::nullopt};
   PoolStatus p;
   p.pool = {"kv", {1, "GPU-1", "0000:1b:00.0"}, "device", {"posix_fd"}, 64ULL << 30};
-  p.release_threshold = cupool::model::Threshold::of_bytes(std::numeric_limits<std::uint64_t>::max());
+  p.release_threshold = cupool::ReleaseThreshold::max();
   p.leases = {2, 128, 1, 64};
   s.pools.push_back(p);
   BufferInfo b;
@@ -336,6 +336,39 @@ TEST_CASE("the reader records what a reply had") {
   CHECK(seen.has(s.pools.at(0).pool.name));
   CHECK(!seen.has(s.pools.at(1).pool.name));
   CHECK(!seen.has(s.custody));
+}
+
+TEST_CASE("a release threshold is read back as its one value, each of its keys recorded as a part") {
+  const ReleaseThreshold share =
+      read_json<ReleaseThreshold>(Json{{"release_threshold", "75%"}, {"release_threshold_bytes", 48ULL << 30}});
+  CHECK(share.bytes() == 48ULL << 30);
+  CHECK(share.text() == "75%");  // as written
+  CHECK(share == ReleaseThreshold(48ULL << 30));
+  const ReleaseThreshold max =
+      read_json<ReleaseThreshold>(Json{{"release_threshold", "max"}, {"release_threshold_bytes", nullptr}});
+  CHECK(max.is_max());
+  CHECK(write_json(max) == Json{{"release_threshold", "max"}, {"release_threshold_bytes", nullptr}});
+  CHECK(write_json(ReleaseThreshold(1ULL << 20)) ==
+        Json{{"release_threshold", "1MiB"}, {"release_threshold_bytes", 1ULL << 20}});
+  CHECK_THROWS_WITH_AS(read_json<ReleaseThreshold>(Json{{"release_threshold_bytes", "x"}}),
+                       "\"release_threshold_bytes\" is not a non-negative integer", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(read_json_strict<ReleaseThreshold>(Json{{"release_threshold_bytes", 0}}),
+                       "missing \"release_threshold\"", std::invalid_argument);
+  CHECK(read_json_strict<ReleaseThreshold>(Json{{"release_threshold", "0B"}}).text() == "0B");  // bytes: optional
+  // For display: each key is a part of its own, there or not (an ill-typed one passed over).
+  PoolStats p;
+  Seen seen;
+  read_json_lenient(Json{{"release_threshold", "8GiB"}, {"release_threshold_bytes", "x"}}, p, seen);
+  CHECK(seen.has_part<ThresholdText>(p.release_threshold));
+  CHECK(!seen.has_part<ThresholdBytes>(p.release_threshold));
+  CHECK(p.release_threshold.text() == "8GiB");
+  PoolStats q;
+  Seen seen_q;
+  read_json_lenient(Json{{"release_threshold_bytes", nullptr}}, q, seen_q);
+  CHECK(!seen_q.has_part<ThresholdText>(q.release_threshold));
+  CHECK(seen_q.has_part<ThresholdBytes>(q.release_threshold));
+  CHECK(q.release_threshold.is_max());
+  CHECK(!seen_q.has(q.release_threshold));  // parts, not the value
 }
 
 }  // namespace cupool::model::fields_test

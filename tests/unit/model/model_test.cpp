@@ -8,16 +8,16 @@
 using namespace cupool::model;
 
 TEST_CASE("a release threshold: config syntax and bytes, max without a sentinel") {
-  const cupool::model::Threshold max = cupool::model::Threshold::of_bytes(std::numeric_limits<std::uint64_t>::max());
-  CHECK(max.text == "max");
-  CHECK(!max.bytes);
-  CHECK(cupool::model::Threshold::of_bytes(8ULL << 30).text == "8GiB");
-  CHECK(cupool::model::Threshold::of_bytes(0).text == "0B");
-  CHECK(cupool::model::Threshold::of_bytes(1000).text == "1000B");
-  const cupool::model::Threshold written = cupool::model::Threshold::written("75%", 60ULL << 30);
-  CHECK(written.text == "75%");
-  CHECK(written.bytes == 60ULL << 30);
-  CHECK(cupool::model::Threshold::written("", 1ULL << 20).text == "1MiB");  // not written: the bytes, exactly
+  const cupool::ReleaseThreshold max(std::numeric_limits<std::uint64_t>::max());
+  CHECK(max.text() == "max");
+  CHECK(max.is_max());
+  CHECK(cupool::ReleaseThreshold(8ULL << 30).text() == "8GiB");
+  CHECK(cupool::ReleaseThreshold(0).text() == "0B");
+  CHECK(cupool::ReleaseThreshold(1000).text() == "1000B");
+  const cupool::ReleaseThreshold written(60ULL << 30, "75%");
+  CHECK(written.text() == "75%");
+  CHECK(written.bytes() == 60ULL << 30);
+  CHECK(cupool::ReleaseThreshold(1ULL << 20, "").text() == "1MiB");  // not written: the bytes, exactly
   Json out;
   put_threshold(out, max);
   CHECK(out.dump() == R"({"release_threshold":"max","release_threshold_bytes":null})");
@@ -36,7 +36,7 @@ TEST_CASE("status: counts carry their unit, unknowns are null, client_count is t
   Status s;
   PoolStatus p;
   p.pool = {"kv", {0, "GPU-0", "0000:1b:00.0"}, "device", {}, std::nullopt};
-  p.release_threshold = cupool::model::Threshold::of_bytes(std::numeric_limits<std::uint64_t>::max());
+  p.release_threshold = cupool::ReleaseThreshold::max();
   p.leases = {2, 128, 1, 64};
   s.pools.push_back(p);
   s.clients.push_back(ClientInfo{});

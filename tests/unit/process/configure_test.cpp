@@ -42,7 +42,7 @@ TEST_CASE("configure sets the selected devices' default pools, and a second call
   CHECK(first.changes[1].field == "reuse.allow_internal_dependencies");
   CHECK(first.changes[2].field == "access");
   const PoolSettings s = sim.pool_settings(sim.default_pool(1));
-  CHECK(s.release_threshold == (40ULL << 30));
+  CHECK(s.release_threshold.bytes() == (40ULL << 30));
   CHECK_FALSE(s.allow_internal_dependencies);
   CHECK(s.allow_opportunistic);  // not named in the file: left as it was
   CHECK(sim.pool_access(sim.default_pool(1), 0));
@@ -120,14 +120,14 @@ TEST_CASE("configure creates a pool on each selected device and makes it current
   CHECK(props->max_size == (8ULL << 30));
   CHECK(props->handle_types == 0);  // never exported
   const PoolSettings s = sim.pool_settings(cur);
-  CHECK(s.release_threshold == UINT64_MAX);
+  CHECK(s.release_threshold.bytes() == UINT64_MAX);
   CHECK_FALSE(s.allow_opportunistic);
   CHECK(s.follow_event_dependencies);                         // not named: the driver's default
   CHECK(sim.pool_usage(cur).reserved_bytes == (1ULL << 30));  // the reserve, kept by the threshold
   CHECK(sim.pool_usage(cur).used_bytes == 0);
   CHECK(sim.pool_access(cur, 0));
   // The default pool is left as it was; device 0 is not selected: no pool made there.
-  CHECK(sim.pool_settings(def).release_threshold == 0);
+  CHECK(sim.pool_settings(def).release_threshold.bytes() == 0);
   CHECK(sim.current_pool(0) == sim.default_pool(0));
   for (const auto& c : sim.calls()) CHECK(c != "create_pool(0)");
 
@@ -164,7 +164,7 @@ TEST_CASE("configure leaves a current pool the application chose itself") {
   const PoolHandle theirs = sim.application_sets_current_pool(1);
   const ConfigureResult r = configure_process(sim, kCurrent, "c.yaml");
   CHECK(sim.current_pool(1) == theirs);
-  CHECK(sim.pool_settings(theirs).release_threshold == 0);  // untouched
+  CHECK(sim.pool_settings(theirs).release_threshold.bytes() == 0);  // untouched
   CHECK(count_calls(sim, "create_pool") == 0);
   CHECK(r.changes.empty());
   CHECK(r.warnings_rendered.find("device 1: the application made a pool of its own current") != std::string::npos);
@@ -207,7 +207,7 @@ process:
   // current pool is the default pool again, and the pool made there is gone.
   for (int d : {0, 1}) {
     CHECK(sim.current_pool(d) == sim.default_pool(d));
-    CHECK(sim.pool_settings(sim.default_pool(d)).release_threshold == 0);
+    CHECK(sim.pool_settings(sim.default_pool(d)).release_threshold.bytes() == 0);
   }
   CHECK(count_calls(sim, "create_pool(0)") == 1);
   CHECK(count_calls(sim, "destroy_pool") == 1);
