@@ -328,6 +328,7 @@ CUPOOL_FIELDS(ProcessDevice) {
   f("pools", v.pools);
   f("graph", v.graph);
 }
+CUPOOL_FIELDS(ProcessStats) { f("devices", v.devices); }
 
 // ---- plan / apply ----
 

@@ -293,6 +293,10 @@ struct ProcessDevice {
   std::vector<ProcessPool> pools;
   Usage graph;
 };
+// cupool_stats' document: the devices this process used.
+struct ProcessStats {
+  std::vector<ProcessDevice> devices;
+};
 
 // ---- plan / apply ----
 
@@ -533,6 +537,7 @@ Json to_json(const TensorEntry& v);
 Json to_json(const BufferTensors& v);
 Json to_json(const BufferMade& v);
 Json to_json(const ProcessDevice& v);
+Json to_json(const ProcessStats& v);
 Json to_json(const ShareValue& v);
 Json to_json(const ExportedConfig& v);
 Json to_json(const PlanChange& v);

@@ -1,12 +1,13 @@
 // This process's own pools as JSON (cupool_stats, cupool exec --report).
+#include <utility>
+
 #include "model/model.h"
 #include "process/process.h"
 
 namespace cupool {
 
 nlohmann::ordered_json process_stats(Backend& backend) {
-  nlohmann::ordered_json out;
-  out["devices"] = nlohmann::ordered_json::array();
+  model::ProcessStats out;
   const int count = backend.device_count();
   for (int device = 0; device < count; ++device) {
     // A device this process never used holds nothing of it; asking would create a context.
@@ -27,9 +28,9 @@ nlohmann::ordered_json process_stats(Backend& backend) {
     }
     const GraphMemUsage g = backend.graph_mem_usage(device);
     d.graph = g;
-    out["devices"].push_back(model::to_json(d));
+    out.devices.push_back(std::move(d));
   }
-  return out;
+  return model::to_json(out);
 }
 
 }  // namespace cupool

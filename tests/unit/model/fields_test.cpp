@@ -118,6 +118,7 @@ TEST_CASE("the declared names are the schemas' properties") {
   // exec --report
   check_agrees<ProcessPool>("ProcessPool", {"cupool-exec-report-v1.schema.json#/$defs/process_pool"});
   check_agrees<ProcessDevice>("ProcessDevice", {"cupool-exec-report-v1.schema.json#/$defs/process_device_stats"});
+  check_agrees<ProcessStats>("ProcessStats", {"cupool-exec-report-v1.schema.json#/properties/stats"});
   // cupool_configure's report
   check_agrees<cupool::ConfigureResult>("ConfigureResult", {"cupool-configure-v1.schema.json"});
   check_agrees<cupool::ProcessChange>("ProcessChange", {"cupool-configure-v1.schema.json#/$defs/change"});
