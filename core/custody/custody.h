@@ -94,6 +94,11 @@ std::string iso_utc_now();
 // "written", "backend", "buffers": [{"name", "pool", "device", "uuid", "size", "parts", "mapped",
 // "owner", "origin", "index"}]}. For `status`, tests, and what the digest is over.
 nlohmann::ordered_json to_json(const Manifest& m);
+// Manifest version 2 (docs/naming.md, "The manifest"): to_json's with each buffer's names as the
+// rules have them (size_bytes, part_sizes_bytes, mapped_sizes_bytes, owner_uid, tensor_index) and
+// "manifest": 2. open_manifest reads both versions; a holder writes version 1 until cupool 0.2, so
+// that a holder rolled back to 0.1.0 still reads what a newer one kept.
+nlohmann::ordered_json manifest_version2(const Manifest& m);
 // "sha256:<64 hex digits>" of the canonical text of `body` (a manifest's JSON without "digest"):
 // nlohmann's compact dump (no white space, keys in the object's order, non-ASCII as UTF-8).
 std::string manifest_digest(const nlohmann::ordered_json& body);

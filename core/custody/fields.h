@@ -47,7 +47,7 @@ CUPOOL_FIELDS(ManifestBuffer) {
   f("index", v.index, TensorIndex{});
 }
 CUPOOL_FIELDS(Manifest) {
-  f.computed("manifest", kManifestVersion);  // the version: a reader takes only its own
+  f.computed("manifest", kManifestVersion);  // the version (manifest.cpp reads version 2 as 1)
   f("sequence", v.sequence, Within{1, kMaxManifestSequence});
   f.object("holder", [&](auto& g) {
     g("uid", v.holder_uid, Within{0, UINT32_MAX});

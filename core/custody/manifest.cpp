@@ -125,12 +125,12 @@ class ManifestReader {
     if (!v.is_null() && !v.is_object()) fail(where(key) + ": must be an object (a tensor index) or null");
   }
   void operator()(const char* key, std::vector<ManifestBuffer>& v, Buffers rule);
-  // The one computed field, the manifest's version: only this holder's is read.
+  // The one computed field, the manifest's version (version 2 arrives here renamed as 1).
   void computed(const char* key, int version) {
     const Json& j = get(key);
     if (!j.is_number_integer() || j.get<std::int64_t>() != version)
       fail("manifest version " + safe_for_display(utf8_prefix(j.dump(), 32)) +
-           " is not supported (this holder reads version " + std::to_string(version) + ")");
+           " is not supported (this holder reads versions 1 and 2)");
   }
   template <class Body>
   void object(const char* key, Body&& body) {
@@ -289,11 +289,65 @@ std::optional<std::uint64_t> parse_manifest_fd_name(const std::string& name) {
 
 Json to_json(const Manifest& m) { return model::write_json(m); }
 
+namespace {
+
+// A buffer's names in manifest version 2 (docs/naming.md, "The manifest"), and in version 1.
+constexpr std::pair<const char*, const char*> kVersion2Names[] = {{"size_bytes", "size"},
+                                                                  {"part_sizes_bytes", "parts"},
+                                                                  {"mapped_sizes_bytes", "mapped"},
+                                                                  {"owner_uid", "owner"},
+                                                                  {"tensor_index", "index"}};
+
+// Renames each buffer's keys of one version to the other's (`to_v2`: 1 to 2), keeping their order;
+// the rest is the same in both. Reading version 2, a buffer with a name of version 1 is refused:
+// returns what is wrong ("" when nothing is).
+std::string rename_buffers(Json& j, bool to_v2) {
+  const auto buffers = j.is_object() ? j.find("buffers") : j.end();
+  if (buffers == j.end() || !buffers->is_array()) return "";
+  for (std::size_t k = 0; k < buffers->size(); ++k) {
+    Json& b = (*buffers)[k];
+    if (!b.is_object()) continue;
+    Json renamed = Json::object();
+    for (auto& [key, value] : b.items()) {
+      std::string name = key;
+      for (const auto& [v2, v1] : kVersion2Names) {
+        if (!to_v2 && key == v1)
+          return "buffers[" + std::to_string(k) + "]: \"" + v1 + "\" is version 1's name (version 2 says \"" + v2 +
+                 "\")";
+        if (key == (to_v2 ? v1 : v2)) name = to_v2 ? v2 : v1;
+      }
+      renamed[name] = std::move(value);
+    }
+    b = std::move(renamed);
+  }
+  return "";
+}
+
+}  // namespace
+
+Json manifest_version2(const Manifest& m) {
+  Json j = to_json(m);
+  j["manifest"] = 2;
+  rename_buffers(j, /*to_v2=*/true);
+  return j;
+}
+
 std::string manifest_digest(const Json& body) {
   return "sha256:" + sha256_hex(body.dump(-1, ' ', false, Json::error_handler_t::strict));
 }
 
-Manifest manifest_from_json(const Json& j, const std::string& fd_name) {
+Manifest manifest_from_json(const Json& written, const std::string& fd_name) {
+  // Version 2 has the names of the rules; read as version 1's, whose reader checks every field.
+  const auto version = written.is_object() ? written.find("manifest") : written.end();
+  Json v1;
+  const bool v2 = version != written.end() && *version == 2;
+  if (v2) {
+    v1 = written;
+    v1["manifest"] = kManifestVersion;
+    if (const std::string wrong = rename_buffers(v1, /*to_v2=*/false); !wrong.empty())
+      ManifestReader(written, "", fd_name).fail(wrong);
+  }
+  const Json& j = v2 ? v1 : written;
   ManifestReader r(j, "", fd_name);
   Manifest m;
   fields(r, m);

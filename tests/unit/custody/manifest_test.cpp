@@ -142,6 +142,24 @@ TEST_SUITE("custody") {
     CHECK(open_manifest(none.get(), "custody-test").buffers.empty());
   }
 
+  TEST_CASE("custody: a manifest of version 2 (the names of the rules) reads as the same manifest") {
+    const Manifest m = sample();
+    const Json v2 = manifest_version2(m);
+    CHECK(v2["manifest"] == 2);
+    const Json& b = v2["buffers"][0];
+    for (const char* name : {"size_bytes", "part_sizes_bytes", "mapped_sizes_bytes", "owner_uid", "tensor_index"})
+      CHECK_MESSAGE(b.contains(name), name);
+    for (const char* name : {"size", "parts", "mapped", "owner", "index"}) CHECK_MESSAGE(!b.contains(name), name);
+    const Fd fd = sealed_json(v2);
+    const Manifest back = open_manifest(fd.get(), manifest_fd_name(7));
+    CHECK(to_json(back) == to_json(m));
+    // What a holder writes is still version 1 (a holder rolled back to 0.1.0 reads it).
+    const Fd written = seal_manifest(m);
+    char text[8192] = {};
+    REQUIRE(::pread(written.get(), text, sizeof text, 0) > 0);
+    CHECK(Json::parse(text)["manifest"] == 1);
+  }
+
   TEST_CASE("custody: a manifest whose contents changed is refused, naming who wrote it") {
     Json j = to_json(sample());
     j["digest"] = manifest_digest(j);
@@ -201,8 +219,11 @@ TEST_SUITE("custody") {
   TEST_CASE("custody: each field of a manifest is checked, and the message says which") {
     const std::string m = "manifest cupool-manifest.7: ";
     CHECK(field_refused_because([](Json&) {}) == "(accepted)");
+    CHECK(field_refused_because([](Json& j) { j["manifest"] = 3; }) ==
+          m + "manifest version 3 is not supported (this holder reads versions 1 and 2)");
+    // Version 2 with version 1's names.
     CHECK(field_refused_because([](Json& j) { j["manifest"] = 2; }) ==
-          m + "manifest version 2 is not supported (this holder reads version 1)");
+          m + "buffers[0]: \"size\" is version 1's name (version 2 says \"size_bytes\")");
     CHECK(field_refused_because([](Json& j) { j["sequence"] = 8; }) == m + "it says it is sequence 8, its name says 7");
     CHECK(field_refused_because([](Json& j) { j["sequence"] = 0; }) ==
           m + "sequence: 0 is outside 1..9007199254740992");
