@@ -303,9 +303,11 @@ cupool_conn::Imported& cupool_conn::import_pool(const std::string& pool, cupool:
   // An imported pool is reachable only from its own device until this process gives access:
   // give the peers the config names, where this process can see them.
   if (backend_kind != "simulated")
-    for (const cupool::model::DeviceId& peer : reply.access)
-      if (const int i = ordinal_of(backend(), peer.uuid); i >= 0 && i != kept.local_device.ordinal)
-        backend().set_pool_access(kept.handle, i);
+    for (const cupool::model::DeviceId& peer : reply.access) {
+      cupool::Backend& b = backend();
+      for (int i = 0; i < b.device_count(); ++i)
+        if (i != kept.local_device.ordinal && b.device_info(i).uuid == peer.uuid) b.set_pool_access(kept.handle, i);
+    }
   return kept;
 }
 
