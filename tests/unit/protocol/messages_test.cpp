@@ -430,3 +430,16 @@ TEST_CASE("an error reply: written in one shape, read back, and a malformed one 
   REQUIRE(malformed);
   CHECK(malformed->message.find("malformed") != std::string::npos);
 }
+
+TEST_CASE("the envelope read by hand: a reply's ok and id, a request's op, whatever a peer sent") {
+  CHECK(ok_of(Json{{"id", 1}, {"ok", true}}) == std::optional<bool>(true));
+  CHECK(ok_of(Json{{"id", 1}, {"ok", false}}) == std::optional<bool>(false));
+  CHECK_FALSE(ok_of(Json{{"id", 1}}));                 // not a reply
+  CHECK_FALSE(ok_of(Json{{"id", 1}, {"ok", "yes"}}));  // not a boolean
+  CHECK_FALSE(ok_of(Json::array({1, 2})));             // not an object
+  CHECK_FALSE(reply_ok(Json{{"id", 1}}));
+  CHECK(id_of(Json{{"id", 7}, {"ok", true}}) == 7);
+  CHECK(id_of(Json{{"ok", true}}).is_null());
+  CHECK(request_head(Json{{"id", 2}, {"op", "list"}}).op == std::optional<std::string>("list"));
+  CHECK_FALSE(request_head(Json{{"id", 2}, {"op", 3}}).op);  // an op that is not a string is none
+}
