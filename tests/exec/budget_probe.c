@@ -16,7 +16,8 @@
  *     freeall               frees them all
  *     fill:WAY:BYTES:MAX    allocates until one fails (at most MAX), then frees them
  *     threads:N:BYTES:EACH  N threads each allocate BYTES EACH times at once, then free
- *     sleep:MS              waits */
+ *     sleep:MS              waits
+ *     bench:N               N pairs of cuMemAlloc (1 MiB) and cuMemFree: the nanoseconds a pair */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -295,6 +296,19 @@ int main(int argc, char** argv) {
       while (n) release(&made[--n]);
     } else if (sscanf(argv[i], "threads:%d:%llu:%d", &a, &bytes, &b) == 3) {
       threads(a, bytes, b);
+    } else if (sscanf(argv[i], "bench:%d", &a) == 1) {
+      alloc_fn alloc = (alloc_fn)proc("cuMemAlloc", 12000, 0);
+      free_fn release_one = (free_fn)proc("cuMemFree", 12000, 0);
+      struct timespec t0, t1;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      for (int k = 0; k < a; ++k) {
+        unsigned long long key = 0;
+        alloc(&key, 1 << 20);
+        release_one(key);
+      }
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      const double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+      printf("{\"cmd\": \"bench\", \"ns_per_pair\": %.1f}\n", ns / (a > 0 ? a : 1));
     } else if (sscanf(argv[i], "sleep:%d", &a) == 1) {
       struct timespec t = {a / 1000, (long)(a % 1000) * 1000000L};
       nanosleep(&t, NULL);

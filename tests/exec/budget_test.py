@@ -84,6 +84,10 @@ class FakeHolder:
             return [(t, m) for t, m in self.requests if m.get("op") == op]
 
     def stop(self):
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept
+        except OSError:
+            pass
         self.server.close()
 
 
@@ -208,7 +212,7 @@ def main():
 
         # Threads allocating at once never take the device past its budget: the driver's own count
         # of what it handed out peaks at the budget.
-        rc, lines, err = probe(budget1, "threads:8:67108864:8")
+        rc, lines, err = probe(budget1, "threads:8:67108864:8", FAKE_CUDA_LATENCY_US="200")
         t = lines[0] if lines else {}
         check(rc == 0 and t.get("ok") == 16 and t.get("failed") == 48 and t.get("other_rc") == 0
               and t.get("driver_peak") == GIB and t.get("view_used") == GIB,
@@ -243,7 +247,8 @@ def main():
 
         # The grant: claimed on a connection kept for the process's life, usage reported when it
         # changes (at most every 250 ms).
-        sock = os.path.join(tmp, "holder.sock")
+        # Each fake holder on a socket of its own: a process never reaches the one before.
+        sock = os.path.join(tmp, "holder1.sock")
         holder = FakeHolder(sock)
         start = time.monotonic()
         rc, lines, err = probe(budget4, "sleep:600", "alloc:getproc:1048576", "sleep:600", "alloc:getproc:2097152",
@@ -265,9 +270,9 @@ def main():
         check(len(times) >= 2 and all(b - a >= 0.24 for a, b in zip(times, times[1:])), f"at most every 250 ms: {times}")
         check(len(holder.closed) == 1, f"the connection lasts until the process ends: {holder.closed}")
         holder.stop()
-        os.unlink(sock)
 
         # A refused claim: said once; the budget is still enforced; --strict ends the process.
+        sock = os.path.join(tmp, "holder2.sock")
         holder = FakeHolder(sock, claim={"ok": False, "error": {"code": "not_found", "message": "no grant g-42"}})
         rc, lines, err = probe(budget4, "fill:getproc:1073741824:10", "sleep:400", CUPOOL_SOCKET=sock,
                                CUPOOL_EXEC_GRANT="g-42")
@@ -278,18 +283,20 @@ def main():
         rc, lines, err = probe(budget4, "view", CUPOOL_SOCKET=sock, CUPOOL_EXEC_GRANT="g-42", CUPOOL_EXEC_STRICT="1")
         check(rc == 3 and lines == [] and "--strict" in err, f"a refused claim under --strict: exit 3: {rc} {err}")
         holder.stop()
-        os.unlink(sock)
+        sock = os.path.join(tmp, "nobody.sock")
         rc, lines, err = probe(budget4, "fill:getproc:1073741824:10", CUPOOL_SOCKET=sock, CUPOOL_EXEC_GRANT="g-42")
         check(rc == 0 and "could not claim" in err and "no holder is listening" in err and lines[0]["ok"] == 4,
               f"no holder: said, the budget enforced: {err}")
 
         # A failed usage report: said once, reports stop, the budget stays.
+        sock = os.path.join(tmp, "holder3.sock")
         holder = FakeHolder(sock, usage={"ok": False, "error": {"code": "bad_request", "message": "no"}})
-        rc, lines, err = probe(budget4, "alloc:getproc:1048576", "sleep:600", "alloc:getproc:1048576", "sleep:600",
+        rc, lines, err = probe(budget4, "alloc:getproc:1048576", "sleep:1000", "alloc:getproc:1048576", "sleep:1000",
                                "fill:getproc:1073741824:10", CUPOOL_SOCKET=sock, CUPOOL_EXEC_GRANT="g-42")
         check(rc == 0 and err.count("stopped reporting") == 1 and "bad_request: no" in err
               and len(holder.ops("budget_usage")) == 1 and lines[-1] == {"cmd": "fill", "ok": 3, "rc": 2},
-              f"a failed report: said once, no more reports, the budget enforced: {err} {lines[-1:]}")
+              f"a failed report: said once, no more reports, the budget enforced: {err} {lines[-1:]} "
+              f"{[m.get('op') for _, m in holder.requests]}")
         holder.stop()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

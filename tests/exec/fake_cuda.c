@@ -5,7 +5,9 @@
  * context of device 0 after cuInit; cuCtxSetCurrent or fake_cuda_set_device switch), the memory
  * figures (cuMemGetInfo_v2, cuDeviceTotalMem_v2) from what it has handed out, and the allocation
  * and free entry points handing out fake addresses, counting per device (fake_cuda_used,
- * fake_cuda_peak) and failing with CUDA_ERROR_OUT_OF_MEMORY when a device is full.
+ * fake_cuda_peak) and failing with CUDA_ERROR_OUT_OF_MEMORY when a device is full; with
+ * FAKE_CUDA_LATENCY_US set, each allocation takes that long before it is made, as the driver's
+ * do (so threads that race past a budget would show in the peak).
  *
  * cuGetProcAddress answers with the library's own definitions (hidden aliases, as the driver's
  * own table does), except for cuInit and cuGetProcAddress, whose addresses go through the GOT and
@@ -13,7 +15,9 @@
  * exported entry point: the preload defines some of them too. */
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define LOCAL(name) extern __typeof(name) local_##name __attribute__((alias(#name), visibility("hidden")));
 
@@ -45,7 +49,11 @@ static struct {
   int device;
 } records[kRecords];
 
+static long latency_us = 0;
+
 static int init_driver(void) {
+  const char* latency = getenv("FAKE_CUDA_LATENCY_US");
+  latency_us = latency ? atol(latency) : 0;
   ++init_calls;
   return 0;
 }
@@ -129,6 +137,10 @@ static int take(int device, unsigned long long bytes, unsigned long long* key) {
   if (init_calls == 0) return 3;
   if (!key || bytes == 0) return 1; /* CUDA_ERROR_INVALID_VALUE */
   if (device < 0 || device >= kDevices) return 101;
+  if (latency_us > 0) {
+    struct timespec t = {latency_us / 1000000, (latency_us % 1000000) * 1000};
+    nanosleep(&t, NULL);
+  }
   int rc = 2;
   pthread_mutex_lock(&mu);
   if (bytes <= kTotal - used[device]) {
