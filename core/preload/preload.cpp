@@ -28,6 +28,10 @@
 //                        to, one JSON object per line and process
 //   CUPOOL_EXEC_QUIET    "1": no line on stderr when the section was applied
 //   CUPOOL_EXEC_DEBUG    "1": say on stderr which of the driver's entry points were handed out
+//   CUPOOL_EXEC_BUDGET   "UUID=BYTES[,UUID=BYTES...]": per-device memory budgets enforced inside the
+//                        process, with or without CUPOOL_EXEC_CONFIG (budget.h, budget_hooks.cpp);
+//                        unset or empty: nothing about the process changes
+//   CUPOOL_EXEC_GRANT    the holder's grant of that budget: claimed at the start, usage reported
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -46,6 +50,7 @@
 #include <string>
 #include <thread>
 
+#include "budget.h"
 #include "cupool/client.h"
 
 #define CUPOOL_HIDDEN __attribute__((visibility("hidden")))
@@ -285,11 +290,18 @@ void* swap_entry(const char* symbol, void* driver, void* handle) {
 extern "C" int cupool_hook_getproc_v1(const char* symbol, void** pfn, int version, std::uint64_t flags);
 extern "C" int cupool_hook_getproc_v2(const char* symbol, void** pfn, int version, std::uint64_t flags, void* status);
 
+// Whether the hooks hand out anything: the section is applied at cuInit, or a budget is in force.
+bool hooking() { return hooks_on() || cupool::preload::budget() != nullptr; }
+
 // What cuGetProcAddress answered: cuInit is swapped, and cuGetProcAddress itself too (asked for
-// at CUDA 12.0 or later it is the _v2 entry point), so lookups through it are seen as well.
+// at CUDA 12.0 or later it is the _v2 entry point), so lookups through it are seen as well; under
+// a budget, the entry points it wraps (budget_hooks.cpp).
 void* swap_getproc_answer(const char* symbol, void* driver, int version) {
-  if (!driver || !symbol || t_inside || !hooks_on() || std::strcmp(symbol, "cuGetProcAddress") != 0)
+  if (!driver || !symbol || t_inside || !hooking()) return driver;
+  if (std::strcmp(symbol, "cuGetProcAddress") != 0) {
+    if (cupool::preload::budget()) driver = cupool::preload::budget_getproc_entry(g_driver_handle.load(), driver);
     return swap_entry(symbol, driver, g_driver_handle.load());
+  }
   if (version >= 12000) {
     g_driver_getproc_v2.store(reinterpret_cast<GetProcV2Fn>(driver));
     return reinterpret_cast<void*>(&cupool_hook_getproc_v2);
@@ -340,7 +352,7 @@ void* real_dlsym(void* handle, const char* name) {
 // dlsym for a real library handle (the trampoline below sends RTLD_DEFAULT and RTLD_NEXT past it).
 extern "C" CUPOOL_HIDDEN void* cupool_dlsym_hook(void* handle, const char* name) {
   void* f = real_dlsym(handle, name);
-  if (!f || !name || t_inside || !hooks_on()) return f;
+  if (!f || !name || t_inside || !hooking()) return f;
   if (std::strcmp(name, "cuGetProcAddress_v2") == 0) {
     g_driver_handle.store(handle);
     g_driver_getproc_v2.store(reinterpret_cast<GetProcV2Fn>(f));
@@ -353,6 +365,7 @@ extern "C" CUPOOL_HIDDEN void* cupool_dlsym_hook(void* handle, const char* name)
     debug("dlsym handed out cuGetProcAddress");
     return reinterpret_cast<void*>(&cupool_hook_getproc_v1);
   }
+  if (cupool::preload::budget()) f = cupool::preload::budget_dlsym_entry(handle, name, f);
   if (std::strcmp(name, "cuInit") == 0) debug("dlsym handed out cuInit");
   return swap_entry(name, f, handle);
 }
@@ -399,12 +412,20 @@ dlsym:
     .size dlsym, .-dlsym
 )");
 
-// Programs linked against libcuda call cuInit through their PLT, which finds this one first.
+// Programs linked against libcuda call cuInit through their PLT, which finds this one first; so
+// may a driver library whose own references go through its GOT (cuGetProcAddress answering
+// cuInit), loaded with RTLD_LOCAL where RTLD_NEXT doesn't see it: then it is asked by its soname.
 extern "C" __attribute__((visibility("default"))) int cuInit(unsigned int flags) {
   CuInitFn driver = g_driver_cuinit.load();
   if (!driver) {
-    Inside inside;  // the lookup below must get the driver's cuInit, not this one
+    Inside inside;  // the lookups below must get the driver's cuInit, not this one
     driver = reinterpret_cast<CuInitFn>(::dlsym(RTLD_NEXT, "cuInit"));
+    if (!driver) {
+      void* loaded = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);  // kept open, as the pointer is
+      void* f = loaded ? real_dlsym(loaded, "cuInit") : nullptr;
+      const CuInitFn self = &cuInit;
+      if (f != reinterpret_cast<void*>(self)) driver = reinterpret_cast<CuInitFn>(f);
+    }
     if (!driver) return 3;  // no driver library is loaded: CUDA_ERROR_NOT_INITIALIZED
     g_driver_cuinit.store(driver);
   }
@@ -449,6 +470,7 @@ void warn_if_missed() {
 }
 
 __attribute__((constructor)) void cupool_exec_start() {
+  cupool::preload::start_budget();
   const char* config = std::getenv("CUPOOL_EXEC_CONFIG");
   if (!config || !*config) return;
   if (hooks_on()) {  // applied at the application's first cuInit
