@@ -38,7 +38,9 @@ Verb add_query(CLI::App& app) {
       "\n"
       "Report what this machine supports for CUDA memory pools: driver and CUDA versions; per device the\n"
       "name, UUID, PCI bus id, memory, compute capability, pool support, pool handle types, host and\n"
-      "host-NUMA pools, managed memory, VMM and IPC events; and the peer-access matrix.\n"
+      "host-NUMA pools, managed memory, VMM and IPC events; the peer-access matrix; and whether this host's\n"
+      "kernel can limit a cgroup's GPU memory (the dmem cgroup controller, Linux 6.14+, and the regions GPU\n"
+      "drivers registered; read where CUPOOL_CGROUP_ROOT says, else /sys/fs/cgroup).\n"
       "It reads device attributes only and creates no CUDA context (no device memory is taken);\n"
       "--deep also creates, uses and exports a small pool per handle type and says why one fails, and\n"
       "says whether the node has GPUDirect Storage for `buffer load --gds` (it loads NVIDIA's libcufile\n"
@@ -75,6 +77,10 @@ Verb add_query(CLI::App& app) {
   return {sub, [args](Context& ctx) {
             QueryOptions options;
             options.deep = args->deep;
+            // The kernel's dmem controller, where cgroup v2 is mounted (a container may see the
+            // host's elsewhere; the CLI tests point it at a tree of their own).
+            const char* cgroup_root = std::getenv("CUPOOL_CGROUP_ROOT");
+            options.cgroup_root = cgroup_root && *cgroup_root ? cgroup_root : "/sys/fs/cgroup";
             if (options.deep) (void)place_cufile_log();  // the deep probe opens cuFile
             for (const auto& text : args->devices) {
               std::string why;

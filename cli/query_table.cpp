@@ -14,7 +14,26 @@ namespace query_table {
 
 const char* yes_no(bool b) { return b ? "yes" : "no"; }
 
+// Whether the kernel can limit a cgroup's GPU memory, and the regions it can limit.
+std::string dmem_line(const DmemSupport& dmem, const NodeReport& report) {
+  std::string line = "GPU memory limits (dmem cgroup) ";
+  if (!dmem.available()) {
+    line += "no: " + dmem.why;
+  } else {
+    std::vector<std::string> regions;
+    for (const DmemRegion& r : dmem.regions) {
+      std::string text = r.name + " (" + format_bytes(r.capacity_bytes);
+      if (const auto ordinal = dmem_device(r, report)) text += ", GPU " + std::to_string(*ordinal);
+      regions.push_back(text + ")");
+    }
+    line += "yes: " + join(regions, ", ");
+  }
+  if (report.source.simulated) line += " [this host's kernel, not the profile's]";
+  return line;
+}
+
 }  // namespace query_table
+using query_table::dmem_line;
 using query_table::yes_no;
 
 std::string render_report_table(const NodeReport& report) {
@@ -40,6 +59,7 @@ std::string render_report_table(const NodeReport& report) {
     out << join(ids, ", ");
   }
   out << "\n";
+  if (report.dmem) out << "Kernel:  " << dmem_line(*report.dmem, report) << "\n";
 
   for (const auto& d : report.devices) {
     const DeviceInfo& i = d.info;

@@ -75,6 +75,28 @@ struct MemoryInfo {
   std::uint64_t total = 0;
 };
 
+// A process that NVML lists on a device (it has a compute or graphics context there) and the device
+// memory NVML counts for it: nullopt where NVML does not know (NVML_VALUE_NOT_AVAILABLE).
+struct GpuProcess {
+  std::uint32_t pid = 0;
+  std::optional<std::uint64_t> used_bytes;
+};
+
+// What NVML says of one device's memory and of the processes using it (DeviceUsage::device_usage).
+struct DeviceUsageReport {
+  std::string source;  // "nvml", "simulated", or "unavailable" (then only note is set)
+  std::string note;    // in words: why unavailable, or why the processes could not be listed; "" otherwise
+  std::uint64_t total_bytes = 0;
+  // used_bytes includes reserved_bytes (NVML's nvmlMemory_v2_t: used = reserved + allocated);
+  // reserved_bytes is the driver's and firmware's own, 0 where only nvmlDeviceGetMemoryInfo (v1)
+  // answers (used then still includes it).
+  std::uint64_t used_bytes = 0;
+  std::uint64_t reserved_bytes = 0;
+  std::uint64_t free_bytes = 0;
+  bool processes_listed = false;      // false: NVML could not list them (note says why), processes is empty
+  std::vector<GpuProcess> processes;  // compute and graphics processes, each pid once, in NVML's order
+};
+
 // The outcome of creating (and, for an IPC handle type, exporting) a small pool.
 struct ExportProbe {
   HandleType handle_type = HandleType::none;
@@ -382,6 +404,20 @@ class ProcessPools {
   virtual bool context_active(int device) = 0;
 };
 
+// The device's memory as the driver sees it across every process of the node (NVML), read without
+// a CUDA context: how much is used, and by which processes. The holder's ledger sets this beside
+// what it knows of (its buffers and pools, budgeted clients).
+class DeviceUsage {
+ public:
+  virtual ~DeviceUsage() = default;
+  // NVML's memory figures (nvmlDeviceGetMemoryInfo_v2, or v1 where v2 is missing) and process lists
+  // (compute and graphics) for the device, matched by UUID. Never throws for a missing or failing
+  // NVML: source "unavailable" with the reason in note. Throws CudaError only for an ordinal the
+  // driver does not know. A simulated node answers from its profile and what this process holds
+  // (device/sim/usage.h).
+  virtual DeviceUsageReport device_usage(int ordinal) = 0;
+};
+
 // Measuring (cupool bench).
 class Bench {
  public:
@@ -403,6 +439,7 @@ class Backend : public virtual NodeQuery,
                 public virtual ExportedMemory,
                 public virtual Transfers,
                 public virtual ProcessPools,
+                public virtual DeviceUsage,
                 public virtual Bench {
  public:
   using Readiness = PoolExport::Readiness;

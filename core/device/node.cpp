@@ -372,6 +372,34 @@ model::Source source_of(const ReportSource& s) {
   return out;
 }
 
+std::optional<int> dmem_device(const DmemRegion& region, const NodeReport& report) {
+  if (report.source.simulated || !region.pci_bus_id) return std::nullopt;
+  for (const auto& d : report.devices)
+    if (normalize_pci_bus_id(d.info.pci_bus_id) == region.pci_bus_id) return d.info.ordinal;
+  return std::nullopt;
+}
+
+namespace {
+
+model::DmemFacts dmem_facts(const DmemSupport& s, const NodeReport& report) {
+  model::DmemFacts out;
+  out.available = s.available();
+  out.cgroup_v2 = s.cgroup_v2;
+  out.controller = s.controller;
+  if (!s.why.empty()) out.note = s.why;
+  for (const DmemRegion& r : s.regions) {
+    model::DmemRegionFacts region{r.name, r.capacity_bytes, std::nullopt, std::nullopt, r.pci_bus_id};
+    if (const auto ordinal = dmem_device(r, report)) {
+      region.device = ordinal;
+      region.uuid = report.device(*ordinal)->info.uuid;
+    }
+    out.regions.push_back(std::move(region));
+  }
+  return out;
+}
+
+}  // namespace
+
 model::NodeFacts facts_of(const NodeReport& report) {
   model::NodeFacts f;
   f.source = source_of(report.source);
@@ -401,6 +429,7 @@ model::NodeFacts facts_of(const NodeReport& report) {
     }
     f.gds = out;
   }
+  if (report.dmem) f.dmem = dmem_facts(*report.dmem, report);
   return f;
 }
 
@@ -466,6 +495,7 @@ void save_profile(const NodeReport& report, const std::string& path) {
   model::NodeFacts node = facts_of(report);
   node.source.reset();  // the header says where the facts come from
   node.built_with_cuda.reset();
+  node.dmem.reset();  // the kernel's, not the node's devices'
   const model::ProfileDocument doc{
       {1, when, host, CUPOOL_VERSION, report.source.synthetic, report.source.description, {}}, model::write_json(node)};
   const std::string text =

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device/backend.h"
+#include "device/dmem.h"
 #include "model/model.h"
 
 namespace cupool {
@@ -28,7 +29,8 @@ struct NodeReport {
   std::vector<DeviceReport> devices;
   std::vector<std::vector<bool>> peer_access;  // [device][peer], true on the diagonal
   bool deep = false;
-  std::optional<GdsReport> gds;  // GPUDirect Storage, with --deep
+  std::optional<GdsReport> gds;     // GPUDirect Storage, with --deep
+  std::optional<DmemSupport> dmem;  // this host's kernel (query asks it); never in a profile
 
   const DeviceReport* device(int ordinal) const;
   // Managed (alloc_type: managed) pools need a CUDA 13 driver and managed memory on the device.
@@ -56,6 +58,9 @@ std::optional<std::string> normalize_pci_bus_id(std::string_view text);
 std::optional<int> resolve_device(const NodeReport& node, const DeviceSelector& selector);
 // "GPU 0 (NVIDIA H100 80GB HBM3)".
 std::string device_label(const NodeReport& node, int ordinal);
+// The ordinal of the reported device a dmem region belongs to (by PCI bus id); nullopt when none
+// is, and on a simulated node (the kernel is this host's, the devices the profile's).
+std::optional<int> dmem_device(const DmemRegion& region, const NodeReport& report);
 
 // ---- serialisation ----
 

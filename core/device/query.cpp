@@ -101,6 +101,7 @@ NodeReport build_report(NodeQuery& backend, const QueryOptions& options) {
     report.peer_access = std::move(peers);
   }
 
+  if (options.cgroup_root) report.dmem = dmem_support(*options.cgroup_root);
   if (options.deep) {
     report.deep = true;
     if (options.gds) report.gds = backend.gds_report();

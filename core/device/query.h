@@ -1,6 +1,7 @@
 // `cupool query`: what this node supports, asked of a Backend (attributes only, unless deep).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,9 @@ struct QueryOptions {
   std::vector<DeviceSelector> devices;  // empty: all
   bool deep = false;                    // create and export a small pool per handle type
   bool gds = true;                      // with deep: ask cuFile about GPUDirect Storage (query; not check)
+  // Ask this host's kernel about its dmem cgroup controller, at this cgroup v2 root (query; not
+  // check): also for a simulated node, whose kernel is this host's.
+  std::optional<std::string> cgroup_root;
 };
 
 // Asks the backend everything `query` reports. Creates no context unless `deep`.

@@ -6,7 +6,7 @@
 // its own made from any profile) maps it, so what one process writes another reads.
 //
 // Each role is a class of its own in device/sim/ (node.h, pools.h, graph_memory.h, sharing.h,
-// exported.h, transfers.h, bench.h; their rules are written there), over one SimState (state.h).
+// exported.h, transfers.h, usage.h, bench.h; their rules are written there), over one SimState (state.h).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,7 @@
 #include "device/sim/sharing.h"
 #include "device/sim/state.h"
 #include "device/sim/transfers.h"
+#include "device/sim/usage.h"
 
 namespace cupool {
 
@@ -35,6 +36,7 @@ class SimBackend final : private sim::SimStateOwner,
                          public sim::SimGraphMemory,
                          public sim::SimExportedMemory,
                          public sim::SimTransfers,
+                         public sim::SimDeviceUsage,
                          public sim::SimBench {
  public:
   explicit SimBackend(NodeReport profile);
@@ -54,6 +56,9 @@ class SimBackend final : private sim::SimStateOwner,
   // fails with the named driver error ("CUDA_ERROR_NOT_PERMITTED"). `call` may also name one call
   // as calls() records it ("create_pool(1)"): only that one fails.
   void fail(const std::string& call, const std::string& error_name) { state_.fail(call, error_name); }
+  // Another process that NVML lists on `device` from now on, with its bytes (a test hook: the
+  // holder's ledger meets a process it does not know).
+  void add_gpu_process(int device, GpuProcess process) { state_.strangers()[device].push_back(process); }
   // The calls made so far, e.g. "device_info(0)", in order.
   const std::vector<std::string>& calls() const { return state_.calls(); }
   const NodeReport& profile() const { return state_.profile(); }

@@ -445,6 +445,20 @@ CUPOOL_FIELDS(GdsFacts) {
   f("note", v.note);
   f("error", v.error);
 }
+CUPOOL_FIELDS(DmemRegionFacts) {
+  f("name", v.name);
+  f("capacity_bytes", v.capacity_bytes);
+  f("device", v.device);
+  f("uuid", v.uuid);
+  f("pci_bus_id", v.pci_bus_id);
+}
+CUPOOL_FIELDS(DmemFacts) {
+  f("available", v.available);
+  f("cgroup_v2", v.cgroup_v2);
+  f("controller", v.controller);
+  f("note", v.note);
+  f("regions", v.regions);
+}
 CUPOOL_FIELDS(NodeFacts) {
   f("source", v.source, omit_empty);  // left out of a profile
   f.object("driver", [&](auto& g) {
@@ -457,7 +471,8 @@ CUPOOL_FIELDS(NodeFacts) {
   f("devices", v.devices);
   f("peer_access", v.peer_access);
   f("deep", v.deep, defaulted);
-  f("gds", v.gds, omit_empty);  // with --deep
+  f("gds", v.gds, omit_empty);    // with --deep
+  f("dmem", v.dmem, omit_empty);  // left out of a profile
 }
 CUPOOL_FIELDS(ProfileHeader) {
   f("version", v.version);

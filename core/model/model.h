@@ -418,6 +418,23 @@ struct GdsFacts {
   std::optional<std::string> note;               // why not gpudirect
   std::optional<ErrorInfo> error;                // the cuFile call that failed
 };
+// A region of device memory that a driver registered with the kernel's dmem cgroup controller.
+struct DmemRegionFacts {
+  std::string name;  // "drm/0000:03:00.0/vram0"
+  std::uint64_t capacity_bytes = 0;
+  std::optional<int> device;              // the node's CUDA device at pci_bus_id; none on a simulated node
+  std::optional<std::string> uuid;        // that device's
+  std::optional<std::string> pci_bus_id;  // out of a drm/<pci>/... name
+};
+// Whether this host's kernel can limit a cgroup's device memory (the dmem cgroup controller, Linux
+// 6.14+): about the host cupool runs on, a simulated node's too.
+struct DmemFacts {
+  bool available = false;           // a limit can be set: the controller, and at least one region
+  bool cgroup_v2 = false;           // cgroup v2 is mounted
+  bool controller = false;          // the kernel has the dmem controller
+  std::optional<std::string> note;  // why not available
+  std::vector<DmemRegionFacts> regions;
+};
 struct NodeFacts {
   std::optional<Source> source;  // none in a profile's node section (its header says)
   std::string cuda_version;      // "13.0"
@@ -428,7 +445,8 @@ struct NodeFacts {
   std::vector<DeviceFacts> devices;
   std::vector<std::vector<bool>> peer_access;  // [device][peer]
   bool deep = false;
-  std::optional<GdsFacts> gds;  // with --deep
+  std::optional<GdsFacts> gds;    // with --deep
+  std::optional<DmemFacts> dmem;  // this host's kernel; none in a profile's node section
 };
 
 // ---- node profiles: what `query --profile-out` writes and `--profile` reads ----
@@ -546,6 +564,7 @@ Json to_json(const BenchComparison& v);
 Json to_json(const HandleProbe& v);
 Json to_json(const DeviceFacts& v);
 Json to_json(const GdsFacts& v);
+Json to_json(const DmemFacts& v);
 Json to_json(const NodeFacts& v);
 Json to_json(const CheckReport& v);
 Json to_json(const ListReply& v);

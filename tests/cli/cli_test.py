@@ -47,6 +47,9 @@ class Runner:
         full_env.pop("CUPOOL_PROFILE", None)
         full_env.pop("CUPOOL_LOG_LEVEL", None)
         full_env["COLUMNS"] = "100"
+        # query reports this host's kernel's dmem controller: the tests give it a tree of their own
+        # (tests/cli/cgroup: the controller, one region), so its output is the same on every host.
+        full_env["CUPOOL_CGROUP_ROOT"] = "tests/cli/cgroup"
         if env:
             full_env.update(env)
         p = subprocess.run([self.cupool] + args, cwd=self.root, input=stdin, capture_output=True,
@@ -204,6 +207,18 @@ def query(r):
             r.ok(f"query {name} round trip", code == 0 and code2 == 0 and strip(out) == strip(out2), err + err2)
         code, out, err = r.run(["query", "--profile", profile, "--format", "yaml"])
         r.ok(f"query {name} yaml", code == 0 and "devices:" in out, out + err)
+    # The kernel's dmem controller: a host without cgroup v2 there, and one whose kernel lacks it.
+    with tempfile.TemporaryDirectory() as tmp:
+        code, out, err = r.run(["query", "--profile", PROFILE_DEFAULT], env={"CUPOOL_CGROUP_ROOT": tmp})
+        r.ok("query says where no cgroup v2 is", code == 0 and
+             f"GPU memory limits (dmem cgroup) no: no cgroup v2 hierarchy at {tmp}" in out, out + err)
+        with open(os.path.join(tmp, "cgroup.controllers"), "w") as f:
+            f.write("cpu memory pids\n")
+        code, out, err = r.run(["query", "--profile", PROFILE_DEFAULT, "--format", "json"],
+                               env={"CUPOOL_CGROUP_ROOT": tmp})
+        dmem = json.loads(out).get("dmem", {}) if code == 0 else {}
+        r.ok("query says the kernel has no dmem controller", dmem.get("available") is False and
+             dmem.get("controller") is False and "CONFIG_CGROUP_DMEM" in (dmem.get("note") or ""), out + err)
 
 
 def usage(r):

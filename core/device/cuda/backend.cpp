@@ -7,6 +7,7 @@
 #include "device/cuda/pools.h"
 #include "device/cuda/sharing.h"
 #include "device/cuda/transfers.h"
+#include "device/cuda/usage.h"
 
 namespace cupool {
 
@@ -30,6 +31,7 @@ class CudaBackend final : private DriverOwner,
                           public CudaGraphMemory,
                           public CudaExportedMemory,
                           public CudaTransfers,
+                          public CudaDeviceUsage,
                           public CudaBench {
  public:
   explicit CudaBackend(DebugLog debug)
@@ -40,6 +42,7 @@ class CudaBackend final : private DriverOwner,
         CudaGraphMemory(driver_),
         CudaExportedMemory(driver_),
         CudaTransfers(driver_),
+        CudaDeviceUsage(driver_),
         CudaBench(driver_) {}
 };
 

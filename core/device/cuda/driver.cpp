@@ -179,13 +179,59 @@ bool Driver::nvml_ready() {
 
 void Driver::load_nvml() {
   nvml_lib_ = std::make_unique<Library>("libnvidia-ml.so.1");
-  if (!nvml_lib_->loaded()) return;
-  nvml_.init = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlInit_v2"));
-  nvml_.shutdown = reinterpret_cast<int (*)()>(nvml_lib_->symbol("nvmlShutdown"));
-  nvml_.by_uuid = reinterpret_cast<int (*)(const char*, NvmlDevice*)>(nvml_lib_->symbol("nvmlDeviceGetHandleByUUID"));
-  nvml_.memory = reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(nvml_lib_->symbol("nvmlDeviceGetMemoryInfo"));
-  nvml_.driver_version = reinterpret_cast<int (*)(char*, unsigned)>(nvml_lib_->symbol("nvmlSystemGetDriverVersion"));
-  nvml_ready_ = nvml_.init && nvml_.shutdown && nvml_.by_uuid && nvml_.memory && nvml_.init() == 0;
+  if (!nvml_lib_->loaded()) {
+    const char* why = dlerror();
+    nvml_why_ = std::string("NVML (libnvidia-ml.so.1) could not be loaded: ") + (why ? why : "not found");
+    return;
+  }
+  const Library& lib = *nvml_lib_;
+  nvml_.init = reinterpret_cast<int (*)()>(lib.symbol("nvmlInit_v2"));
+  nvml_.shutdown = reinterpret_cast<int (*)()>(lib.symbol("nvmlShutdown"));
+  nvml_.by_uuid = reinterpret_cast<int (*)(const char*, NvmlDevice*)>(lib.symbol("nvmlDeviceGetHandleByUUID"));
+  nvml_.memory = reinterpret_cast<int (*)(NvmlDevice, NvmlMemory*)>(lib.symbol("nvmlDeviceGetMemoryInfo"));
+  nvml_.driver_version = reinterpret_cast<int (*)(char*, unsigned)>(lib.symbol("nvmlSystemGetDriverVersion"));
+  nvml_.error_string = reinterpret_cast<const char* (*)(int)>(lib.symbol("nvmlErrorString"));
+  nvml_.memory_v2 = reinterpret_cast<int (*)(NvmlDevice, NvmlMemoryV2*)>(lib.symbol("nvmlDeviceGetMemoryInfo_v2"));
+  // The process lists: _v2 where it exists (its entry has been 24 bytes in every driver); else _v3,
+  // whose entry was 32 bytes only in the drivers that had confidential computing's memory figures
+  // but not yet nvmlDeviceGetRunningProcessDetailList (r530, early r535), as nvitop tells them.
+  nvml_.compute_processes = reinterpret_cast<NvmlProcessList>(lib.symbol("nvmlDeviceGetComputeRunningProcesses_v2"));
+  nvml_.graphics_processes = reinterpret_cast<NvmlProcessList>(lib.symbol("nvmlDeviceGetGraphicsRunningProcesses_v2"));
+  if (!nvml_.compute_processes) {
+    nvml_.compute_processes = reinterpret_cast<NvmlProcessList>(lib.symbol("nvmlDeviceGetComputeRunningProcesses_v3"));
+    nvml_.graphics_processes =
+        reinterpret_cast<NvmlProcessList>(lib.symbol("nvmlDeviceGetGraphicsRunningProcesses_v3"));
+    if (lib.symbol("nvmlDeviceGetConfComputeMemSizeInfo") && !lib.symbol("nvmlDeviceGetRunningProcessDetailList"))
+      nvml_.process_stride = kNvmlProcessInfoV3CcStride;
+  }
+  if (!nvml_.init || !nvml_.shutdown || !nvml_.by_uuid || !nvml_.memory) {
+    nvml_why_ =
+        "NVML (libnvidia-ml.so.1) lacks nvmlInit_v2, nvmlShutdown, nvmlDeviceGetHandleByUUID or "
+        "nvmlDeviceGetMemoryInfo";
+    return;
+  }
+  const int r = nvml_.init();
+  nvml_ready_ = r == kNvmlSuccess;
+  if (!nvml_ready_) nvml_why_ = "nvmlInit_v2 failed: " + nvml_error(r);
+}
+
+std::string Driver::nvml_error(int result) const {
+  const char* text = nvml_.error_string ? nvml_.error_string(result) : nullptr;
+  return text ? std::string(text) : "NVML error " + std::to_string(result);
+}
+
+std::string Driver::uuid(int ordinal) {
+  CUuuid id;
+  check(api_.cuDeviceGetUuid(&id, device(ordinal)), "cuDeviceGetUuid");
+  return format_uuid(id);
+}
+
+std::string format_uuid(const CUuuid& uuid) {
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return buf;
 }
 
 void Driver::debug(const char* type, int ordinal, const char* step) const {

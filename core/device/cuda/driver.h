@@ -13,6 +13,7 @@
 #include <array>
 #include <cctype>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -66,19 +67,53 @@ struct DriverApi {
 #undef CUPOOL_DECLARE
 };
 
-// NVML, declared by hand: four calls of its stable C ABI, so no NVML headers are needed.
-struct NvmlMemory {
+// NVML, declared by hand from nvml.h's stable C ABI, so no NVML headers are needed.
+struct NvmlMemory {  // nvmlMemory_t (v1)
   unsigned long long total;
   unsigned long long free;
-  unsigned long long used;
+  unsigned long long used;  // includes what the driver reserves
 };
+struct NvmlMemoryV2 {  // nvmlMemory_v2_t
+  unsigned version;    // kNvmlMemoryV2
+  unsigned long long total;
+  unsigned long long reserved;
+  unsigned long long free;
+  unsigned long long used;  // includes reserved
+};
+static_assert(sizeof(NvmlMemoryV2) == 40, "nvmlMemory_v2_t is 40 bytes");
+// nvml.h's NVML_STRUCT_VERSION(Memory, 2): the struct's size, and its version in the top byte.
+constexpr unsigned kNvmlMemoryV2 = static_cast<unsigned>(sizeof(NvmlMemoryV2)) | (2U << 24);
+// nvmlProcessInfo_v2_t, what nvmlDeviceGet{Compute,Graphics}RunningProcesses_v2 fill. The _v3
+// entry points fill the same 24 bytes on current drivers, but 32 (usedGpuCcProtectedMemory after
+// computeInstanceId) on r530/early r535 ones, without a version of their own (nvitop PR #79,
+// go-nvml issue #75): so _v2 is asked where it exists, and _v3's stride is worked out (driver.cpp).
+struct NvmlProcessInfo {
+  unsigned pid;
+  unsigned long long used_gpu_memory;  // kNvmlValueNotAvailable when NVML does not know
+  unsigned gpu_instance_id;
+  unsigned compute_instance_id;
+};
+static_assert(sizeof(NvmlProcessInfo) == 24 && offsetof(NvmlProcessInfo, used_gpu_memory) == 8,
+              "nvmlProcessInfo_v2_t is {pid at 0, usedGpuMemory at 8}, 24 bytes");
+constexpr std::size_t kNvmlProcessInfoV3CcStride = 32;  // the r530 layout of _v3's element
+constexpr unsigned long long kNvmlValueNotAvailable = ~0ULL;
+constexpr int kNvmlSuccess = 0;
+constexpr int kNvmlErrorInsufficientSize = 7;
 using NvmlDevice = void*;
+// A process list: device, count in (room) and out (how many; on INSUFFICIENT_SIZE how many there
+// are), the array (process_stride bytes an entry).
+using NvmlProcessList = int (*)(NvmlDevice, unsigned*, void*);
 struct NvmlApi {
   int (*init)() = nullptr;
   int (*shutdown)() = nullptr;
   int (*by_uuid)(const char*, NvmlDevice*) = nullptr;
   int (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
   int (*driver_version)(char*, unsigned) = nullptr;
+  const char* (*error_string)(int) = nullptr;             // nvmlErrorString
+  int (*memory_v2)(NvmlDevice, NvmlMemoryV2*) = nullptr;  // r510 and later
+  NvmlProcessList compute_processes = nullptr;
+  NvmlProcessList graphics_processes = nullptr;
+  std::size_t process_stride = sizeof(NvmlProcessInfo);
 };
 
 // Owns a dlopen handle.
@@ -217,9 +252,14 @@ class Driver {
   void check(CUresult r, const char* api) const;
   std::string error_name(CUresult r) const;
   std::string error_string(CUresult r) const;
-  // NVML, loaded on first use; false when the node has none.
+  // NVML, loaded on first use; false when the node has none (nvml_why() says why).
   bool nvml_ready();
   const NvmlApi& nvml() const noexcept { return nvml_; }
+  const std::string& nvml_why() const noexcept { return nvml_why_; }
+  // NVML's words for one of its results ("Insufficient Permissions"), or "NVML error N".
+  std::string nvml_error(int result) const;
+  // The device's UUID, "GPU-xxxxxxxx-...", as NVML's nvmlDeviceGetHandleByUUID takes it.
+  std::string uuid(int ordinal);
   // A step of a probe, for --log-level debug.
   void debug(const char* type, int ordinal, const char* step) const;
 
@@ -275,8 +315,12 @@ class Driver {
   PoolHandle last_handle_ = 0;
   std::once_flag nvml_once_;
   bool nvml_ready_ = false;  // set once, in nvml_ready()
+  std::string nvml_why_;     // why not ready, in words
   bool initialised_ = false;
 };
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" of a CUuuid.
+std::string format_uuid(const CUuuid& uuid);
 
 // What each role class holds: the shared Driver, its entry points and its error check.
 class DriverRole {

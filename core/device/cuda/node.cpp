@@ -78,7 +78,7 @@ DeviceInfo CudaNodeQuery::device_info(int ordinal) {
 
 std::optional<MemoryInfo> CudaNodeQuery::memory_info(int ordinal) {
   if (!d_.nvml_ready()) return std::nullopt;
-  const std::string uuid = device_info_uuid(ordinal);
+  const std::string uuid = d_.uuid(ordinal);
   NvmlDevice handle = nullptr;
   if (d_.nvml().by_uuid(uuid.c_str(), &handle) != 0) return std::nullopt;
   NvmlMemory mem{};
@@ -184,12 +184,6 @@ ExportProbe CudaNodeQuery::failed(ExportProbe probe, const char* api, CUresult r
   return probe;
 }
 
-std::string CudaNodeQuery::device_info_uuid(int ordinal) {
-  CUuuid uuid;
-  check(api_.cuDeviceGetUuid(&uuid, d_.device(ordinal)), "cuDeviceGetUuid");
-  return format_uuid(uuid);
-}
-
 int CudaNodeQuery::attribute(CUdevice dev, CUdevice_attribute attr) {
   int v = 0;
   check(api_.cuDeviceGetAttribute(&v, attr, dev), "cuDeviceGetAttribute");
@@ -204,11 +198,4 @@ int CudaNodeQuery::attribute_or(CUdevice dev, CUdevice_attribute attr, int fallb
   return v;
 }
 
-std::string CudaNodeQuery::format_uuid(const CUuuid& uuid) {
-  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
-                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
-  return buf;
-}
 }  // namespace cupool::cuda

@@ -24,12 +24,10 @@ class CudaNodeQuery : public virtual NodeQuery, protected DriverRole {
  private:
   // The driver's answer alone; build_report (query.cpp) says in words what it means.
   ExportProbe failed(ExportProbe probe, const char* api, CUresult r);
-  std::string device_info_uuid(int ordinal);
   int attribute(CUdevice dev, CUdevice_attribute attr);
   // Attributes newer than some drivers: an older driver answers INVALID_VALUE, which means "no".
   int attribute_or(CUdevice dev, CUdevice_attribute attr, int fallback);
   int attribute_or_zero(CUdevice dev, CUdevice_attribute attr) { return attribute_or(dev, attr, 0); }
-  static std::string format_uuid(const CUuuid& uuid);
 };
 
 }  // namespace cupool::cuda

@@ -31,6 +31,7 @@ SimBackend::SimBackend(NodeReport profile)
       SimGraphMemory(state_),
       SimExportedMemory(state_),
       SimTransfers(state_),
+      SimDeviceUsage(state_),
       SimBench(state_) {}
 
 }  // namespace cupool

@@ -197,9 +197,7 @@ bool SimPools::pool_access(PoolHandle handle, int peer) {
 bool SimPools::context_active(int dev) {
   s_.enter("context_active", std::to_string(dev));
   s_.device(dev, "cuDevicePrimaryCtxGetState");
-  for (const auto& [h, p] : s_.pools())
-    if (p.device == dev) return true;
-  return false;
+  return s_.has_context(dev);
 }
 
 }  // namespace cupool::sim

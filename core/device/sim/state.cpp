@@ -121,6 +121,14 @@ std::uint64_t SimState::reserved_on(int dev) const {
   return total;
 }
 
+bool SimState::has_context(int dev) const {
+  for (const auto& [h, p] : pools_)
+    if (p.device == dev) return true;
+  for (const auto& [address, m] : mappings_)
+    if (m.device == dev) return true;
+  return false;
+}
+
 void SimState::settle(Pool& p) {
   if (p.usage.reserved_bytes <= p.settings.release_threshold.bytes()) return;
   const std::uint64_t floor = round_up(p.usage.used_bytes, kGranule);

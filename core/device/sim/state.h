@@ -96,6 +96,12 @@ class SimState {
   static void unmap(Pool& p) noexcept;
   // Reserved bytes of all pools on a device.
   std::uint64_t reserved_on(int device) const;
+  // Whether this process has a context on the device: a pool there (made, found or imported), or an
+  // exported allocation mapped there.
+  bool has_context(int device) const;
+  // Processes of other users of the node that NVML would list on a device (a test hook:
+  // SimBackend::add_gpu_process); device_usage reports them and counts their bytes as used.
+  std::map<int, std::vector<GpuProcess>>& strangers() noexcept { return strangers_; }
   // The driver's release at a synchronize: keep at most max(used, threshold) reserved.
   static void settle(Pool& p);
 
@@ -106,6 +112,7 @@ class SimState {
   std::map<int, PoolHandle> default_pools_;
   std::map<int, PoolHandle> current_pools_;
   PoolHandle last_pool_ = 0;
+  std::map<int, std::vector<GpuProcess>> strangers_;
   std::map<std::string, std::string> failures_;
   std::vector<std::string> calls_;
 };

@@ -146,6 +146,9 @@ TEST_CASE("the declared names are the schemas' properties") {
                             "memory");
   check_agrees<HandleProbe>("HandleProbe", {"cupool-query-v1.schema.json#/$defs/deep_result"});
   check_agrees<GdsFacts>("GdsFacts", {"cupool-query-v1.schema.json#/properties/gds"});
+  check_agrees<DmemFacts>("DmemFacts", {"cupool-query-v1.schema.json#/properties/dmem"});
+  check_agrees<DmemRegionFacts>("DmemRegionFacts",
+                                {"cupool-query-v1.schema.json#/properties/dmem/properties/regions/items"});
   // check, keeper --list
   check_agrees<CheckReport>("CheckReport", {"cupool-check-v1.schema.json"});
   check_agrees<CheckReport>("CheckReport", {"cupool-check-v1.schema.json#/properties/summary"}, "summary");
@@ -240,6 +243,8 @@ TEST_CASE("every declared object reads back what it wrote") {
   n.devices.back().probes = std::vector<HandleProbe>{{"fabric", false, ErrorInfo{"cuda_error", "no", {}, {}}}};
   n.peer_access = {{true, false}, {false, true}};
   n.gds = GdsFacts{};
+  check_round_trip(n);
+  n.dmem = DmemFacts{true, true, true, std::nullopt, {{"drm/0000:1b:00.0/vram0", 1, 0, "GPU-x", "0000:1b:00.0"}}};
   check_round_trip(n);
 
   BenchReport r;
