@@ -14,10 +14,15 @@
 
 #include "base/error.h"
 #include "base/fd.h"
+#include "base/text.h"
+#include "cli/exec_budget.h"
+#include "cli/holder_client.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/diagnostics.h"
+#include "config/load.h"
+#include "device/query.h"
 #include "device/sim_backend.h"
 #include "process/process.h"
 
@@ -32,6 +37,11 @@ struct ExecArgs {
   bool strict = false;
   std::string at = "cuinit";
   bool quiet = false;
+  // Options that take values are single strings: CLI11 ends a list option's values at "--" and then
+  // reads CMD's own options as exec's.
+  std::string budget;  // every --budget, joined by newlines
+  std::string socket;
+  std::string wait;  // --wait's seconds ("0": no limit)
   std::vector<std::string> command;
 };
 
@@ -114,6 +124,28 @@ std::string why_no_preload(const std::string& file, int depth = 0) {
   return file + " is statically linked: no dynamic loader runs in it to load the library";
 }
 
+// --budget's values, one a line (CLI11 joins repeated values with newlines).
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    out.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// --wait's SECONDS: a number >= 0 (0: no limit).
+double wait_seconds(const std::string& text) {
+  char* end = nullptr;
+  const double seconds = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !(seconds >= 0) || seconds > 1e9)
+    throw Error(Errc::invalid_input,
+                "--wait=" + text + ": give a number of seconds (0 or --wait alone: as long as it takes)");
+  return seconds;
+}
+
 std::string absolute(const std::string& path) {
   if (path.empty() || path[0] == '/' || path == "-") return path;
   char cwd[4096];
@@ -162,8 +194,17 @@ Verb add_exec(CLI::App& app) {
       "set-group-ID, or a script run by such a program) gets nothing applied: a warning, or with --strict\n"
       "exit 1 before it starts. A file without a process: section applies nothing: a note says so and CMD\n"
       "runs as it is.\n"
+      "\n"
+      "Budgets (docs/budgets.md): with --budget (or the file's process.budget) the running holder grants\n"
+      "CMD that much memory on each device it uses before CMD starts; inside CMD every way of asking how\n"
+      "much memory there is (cuMemGetInfo, cudaMemGetInfo, total memory, NVML) answers from the budget,\n"
+      "and an allocation past it fails with out-of-memory in CMD alone. A budget that does not fit next\n"
+      "to what the holder has granted and holds is refused (exit 1, with the ledger's figures), or waits\n"
+      "with --wait. The grant ends with CMD. See it with 'cupool ledger'.\n"
       "\nExamples:\n"
       "  cupool exec configs/single-gpu-inference.yaml -- python serve.py --port 8000\n"
+      "  cupool exec pools.yaml --budget 20GiB -- ./train        # 20 GiB on each device it uses\n"
+      "  cupool exec pools.yaml --budget 0=40% --wait=60 -- ./batch-job\n"
       "  cupool exec pools.yaml --report=usage.jsonl -- ./train   # per-process pool figures at exit\n"
       "  cupool exec pools.yaml --strict -- ./batch-job\n"
       "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts; with --strict, 3 from a\n"
@@ -182,6 +223,15 @@ Verb add_exec(CLI::App& app) {
       ->expected(0, 1)
       ->default_str("-");
   sub->add_flag("--quiet,-q", args->quiet, "No line on stderr when the section was applied");
+  sub->add_option("--budget,-b", args->budget,
+                  "Memory the holder grants CMD: SIZE or PCT% on each device it uses, or DEVICE=SIZE (repeat, or "
+                  "join with commas)")
+      ->type_name("BUDGET")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Join);
+  sub->add_flag("--wait{0}", args->wait,
+                "With a budget: wait for room instead of refusing at once; --wait=SECONDS waits at most that long")
+      ->disable_flag_override(false);
+  add_socket_option(sub, args->socket);
   sub->add_option("command", args->command, "CMD and its arguments, after --")->required();
 
   return {
@@ -199,10 +249,25 @@ Verb add_exec(CLI::App& app) {
         }
         // A file without a process: section applies nothing: say so, rather than run CMD in silence.
         Diagnostics parsed;
-        if (!parse_config(file, parsed).process)
+        const Config config = parse_config(file, parsed);
+        if (!config.process)
           std::cerr << "cupool exec: note: " << file.path()
                     << " has no process: section, so nothing is applied inside CMD: it runs as it would without "
                        "cupool exec (its pools are for 'cupool hold')\n";
+        BudgetRequest budget;
+        budget.specs = parse_budget_specs(split_lines(args->budget));
+        if (budget.specs.empty() && config.process && config.process->budget.set) {
+          auto backend = ctx.make_backend(args->profile);
+          const Loaded loaded = load_config(
+              file, [&backend] { return build_report(*backend); }, Scope::process);
+          for (const ProcessDeviceWant& w : loaded.desired.process)
+            if (w.budget_bytes)
+              budget.from_config.emplace_back(loaded.node.devices.at(static_cast<std::size_t>(w.device)).info.uuid,
+                                              *w.budget_bytes);
+        }
+        const bool budgeted = !budget.specs.empty() || !budget.from_config.empty();
+        if (!budgeted && sub->get_option("--wait")->count() > 0)
+          throw Error(Errc::invalid_input, "--wait is for a budget: give --budget, or process.budget in the file");
         const std::string preload = checked_preload(find_preload());
         // A program the loader puts no library into gets nothing applied, and nothing inside it
         // could say so: --strict refuses it here (issue 22: it ran with nothing applied, exit 0).
@@ -210,7 +275,15 @@ Verb add_exec(CLI::App& app) {
           if (args->strict)
             throw Error(Errc::does_not_fit,
                         "the process: section can't be applied: " + why + " (--strict; without it, CMD runs as it is)");
+          if (budgeted) throw Error(Errc::does_not_fit, "a budget can't be kept: " + why);
           std::cerr << "cupool exec: warning: nothing will be applied: " << why << "\n";
+        }
+        if (budgeted) {
+          budget.socket = args->socket;
+          if (sub->get_option("--wait")->count() > 0) budget.wait = wait_seconds(args->wait);
+          budget.command = join(args->command, " ");
+          budget.quiet = args->quiet;
+          ask_for_budget(budget);  // the connection closes here: the grant waits for CMD's preload
         }
         const char* old = std::getenv("LD_PRELOAD");
         const std::string ld = old && *old ? preload + ":" + old : preload;

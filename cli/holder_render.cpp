@@ -211,6 +211,7 @@ std::string lower(std::string s) {
 
 const std::string* pool_name(const model::PoolStats& p) { return &p.name; }
 const std::string* pool_name(const model::DeviceGraph&) { return nullptr; }
+const std::string* pool_name(const model::LedgerDevice&) { return nullptr; }
 
 // A label's value from a row (or the node): the PCI bus id as NVML and dcgm-exporter write it
 // ("00000000:1B:00.0"), everything else as text; "" for a missing or null field.
@@ -431,7 +432,125 @@ std::string render_stats_prometheus(const json& reply, const NodeLabels& node) {
   const Read<model::Stats> read(reply);
   for (const auto& m : kPoolMetrics) metric_family(out, m, read.value.pools, kPoolLabels, read.shown, node);
   for (const auto& m : kDeviceMetrics) metric_family(out, m, read.value.devices, kDeviceLabels, read.shown, node);
+  if (const auto it = reply.find("ledger"); it != reply.end() && it->is_object())
+    out << render_ledger_prometheus(*it, node);
   out << prometheus_build_info();
+  return out.str();
+}
+
+namespace {
+
+#define CUPOOL_LEDGER_METRIC(field, help)                                                                          \
+  {                                                                                                                \
+    "cupool_ledger_" #field, [](const model::LedgerDevice& d, const Shown& s) { return shown_count(s, d.field); }, \
+        help                                                                                                       \
+  }
+const Metric<model::LedgerDevice> kLedgerMetrics[] = {
+    CUPOOL_LEDGER_METRIC(total_bytes, "The device's memory as the driver reports it (cuDeviceTotalMem)."),
+    CUPOOL_LEDGER_METRIC(held_bytes, "Bytes of held buffers and tensor sets on the device, each once."),
+    CUPOOL_LEDGER_METRIC(pool_reserved_bytes, "Bytes the holder's device pools have reserved."),
+    CUPOOL_LEDGER_METRIC(budget_bytes, "Bytes granted as budgets to processes (cupool exec --budget)."),
+    CUPOOL_LEDGER_METRIC(budget_used_bytes, "Bytes the budgeted processes hold, as their preloads count them."),
+    CUPOOL_LEDGER_METRIC(context_bytes, "The allowance for CUDA contexts: the holder's and one per budget."),
+    CUPOOL_LEDGER_METRIC(unknown_bytes, "Bytes used by processes cupool does not know (NVML's process list)."),
+    CUPOOL_LEDGER_METRIC(committed_bytes, "Held + pool reserves + budgets + contexts + unknown processes."),
+    CUPOOL_LEDGER_METRIC(available_bytes, "What a new budget may take on the device: total - committed."),
+    {"cupool_ledger_nvml_used_bytes",
+     [](const model::LedgerDevice& d, const Shown& s) {
+       return d.memory ? shown_count(s, d.memory->used_bytes) : std::nullopt;
+     },
+     "The device's used memory as NVML reports it (nvmlDeviceGetMemoryInfo_v2; the driver's own reserve included)."},
+    {"cupool_ledger_accounted_bytes",
+     [](const model::LedgerDevice& d, const Shown& s) {
+       return d.accounted_bytes && s.has(d.accounted_bytes) ? d.accounted_bytes : std::nullopt;
+     },
+     "What the ledger explains of NVML's used memory (cupool_ledger_nvml_used_bytes minus this is unexplained)."},
+};
+#undef CUPOOL_LEDGER_METRIC
+
+}  // namespace
+
+std::string render_ledger_prometheus(const json& ledger, const NodeLabels& node) {
+  std::ostringstream out;
+  const Read<model::Ledger> read(ledger);
+  for (const auto& m : kLedgerMetrics) metric_family(out, m, read.value.devices, kDeviceLabels, read.shown, node);
+  // A budget's series: gpu and UUID as the device's, and the grant, pid and user.
+  const struct {
+    const char* name;
+    std::uint64_t model::LedgerBudget::*field;
+    const char* help;
+  } budget_metrics[] = {
+      {"cupool_budget_bytes", &model::LedgerBudget::budget_bytes, "A process's budget on the device."},
+      {"cupool_budget_used_bytes", &model::LedgerBudget::used_bytes,
+       "What a budgeted process holds on the device (its preload's count)."},
+      {"cupool_budget_peak_bytes", &model::LedgerBudget::peak_bytes,
+       "The most a budgeted process has held on the device."},
+  };
+  for (const auto& m : budget_metrics) {
+    out << "# HELP " << m.name << ' ' << m.help << "\n# TYPE " << m.name << " gauge\n";
+    for (const model::LedgerDevice& d : read.value.devices)
+      for (const model::LedgerBudget& b : d.budgets) {
+        if (!read.shown.has(b.*m.field)) continue;
+        out << m.name << "{gpu=\"" << d.id.device << "\",UUID=\"" << prometheus_label_value(d.id.uuid) << "\",grant=\""
+            << prometheus_label_value(b.grant) << "\",pid=\"" << b.pid << "\",user=\"" << prometheus_label_value(b.user)
+            << "\"} " << b.*m.field << "\n";
+      }
+  }
+  return out.str();
+}
+
+std::string render_ledger(const json& reply) {
+  const Read<model::Ledger> read(reply);
+  const Shown& shown = read.shown;
+  std::ostringstream out;
+  Table dt({"DEVICE", "TOTAL", "HELD", "POOLS", "BUDGETS", "USED", "CONTEXTS", "UNKNOWN", "AVAILABLE", "NVML USED",
+            "UNEXPLAINED"});
+  for (const model::LedgerDevice& d : read.value.devices) {
+    const std::string unexplained = !d.unexplained_bytes ? kNone
+                                    : *d.unexplained_bytes < 0
+                                        ? "-" + format_bytes(static_cast<std::uint64_t>(-*d.unexplained_bytes))
+                                        : format_bytes(static_cast<std::uint64_t>(*d.unexplained_bytes));
+    dt.add({shown.number(d.id.device), shown.bytes(d.total_bytes), shown.bytes(d.held_bytes),
+            shown.bytes(d.pool_reserved_bytes), shown.bytes(d.budget_bytes), shown.bytes(d.budget_used_bytes),
+            shown.bytes(d.context_bytes), shown.bytes(d.unknown_bytes), shown.bytes(d.available_bytes),
+            d.memory ? shown.bytes(d.memory->used_bytes) : kNone, unexplained});
+  }
+  out << section("Devices", dt, read.value.devices.size());
+  for (const model::LedgerDevice& d : read.value.devices)
+    if (d.usage_source == "unavailable" && !d.usage_note.empty())
+      out << "device " << d.id.device << ": no NVML figures (" << valid_utf8(d.usage_note) << ")\n";
+
+  Table bt({"GRANT", "DEVICE", "PID", "USER", "BUDGET", "USED", "PEAK", "ON DEVICE", "COMMAND"});
+  std::size_t budgets = 0;
+  for (const model::LedgerDevice& d : read.value.devices)
+    for (const model::LedgerBudget& b : d.budgets) {
+      ++budgets;
+      bt.add({shown.text(b.grant) + (b.claimed ? "" : " (unclaimed)"), std::to_string(d.id.device), shown.number(b.pid),
+              shown.text(b.user), shown.bytes(b.budget_bytes), shown.bytes(b.used_bytes), shown.bytes(b.peak_bytes),
+              b.device_bytes ? format_bytes(*b.device_bytes) : kNone, utf8_prefix(valid_utf8(b.command), 60)});
+    }
+  out << "\n" << section("Budgets", bt, budgets);
+
+  Table ht({"BUFFER", "DEVICE", "SIZE", "MAPPED BY"});
+  std::size_t buffers = 0;
+  for (const model::LedgerDevice& d : read.value.devices)
+    for (const model::LedgerBuffer& b : d.buffers) {
+      ++buffers;
+      ht.add({shown.text(b.name), std::to_string(d.id.device), shown.bytes(b.size_bytes), shown.number(b.mappers)});
+    }
+  out << "\n" << section("Held", ht, buffers);
+
+  Table pt({"PID", "DEVICE", "ROLE", "ON DEVICE", "COMMAND"});
+  std::size_t processes = 0;
+  for (const model::LedgerDevice& d : read.value.devices)
+    for (const model::LedgerProcess& p : d.processes) {
+      ++processes;
+      pt.add({shown.number(p.pid), std::to_string(d.id.device), shown.text(p.role),
+              p.used_bytes ? format_bytes(*p.used_bytes) : kNone, utf8_prefix(valid_utf8(p.command), 60)});
+    }
+  out << "\n" << section("Processes on the GPUs (NVML)", pt, processes);
+  out << "\nEach budget is charged " << shown.bytes(read.value.context_allowance_bytes)
+      << " more for its context; AVAILABLE is what a new budget may take.\n";
   return out.str();
 }
 

@@ -44,6 +44,12 @@ struct NodeLabels {
 // modelName and Hostname (from `node`; "" where it does not know). A release threshold of max is
 // +Inf, and cupool_build_info ends it.
 std::string render_stats_prometheus(const nlohmann::ordered_json& reply, const NodeLabels& node = {});
+// `ledger`: per device where its memory went (held, pool reserves, budgets, contexts, processes
+// cupool does not know, what is left), NVML's figures beside them, then each budget and process.
+std::string render_ledger(const nlohmann::ordered_json& reply);
+// The ledger's Prometheus families (cupool_ledger_*_bytes per device, cupool_budget_*_bytes per
+// budget): what render_stats_prometheus adds when the stats reply carries a ledger.
+std::string render_ledger_prometheus(const nlohmann::ordered_json& ledger, const NodeLabels& node = {});
 // The cupool_build_info family alone (HELP, TYPE, one sample of value 1).
 std::string prometheus_build_info();
 // A Prometheus label value with `\`, `"` and newline escaped (the exposition format's rule).

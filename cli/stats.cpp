@@ -14,6 +14,7 @@
 #include "cli/holder_render.h"
 #include "cli/options.h"
 #include "cli/verbs.h"
+#include "cli/watch.h"
 #include "protocol/messages.h"
 
 namespace cupool::cli {
@@ -28,51 +29,6 @@ struct StatsArgs {
   std::string output;  // a file written atomically at every poll; "": standard output
 };
 
-volatile std::sig_atomic_t g_interrupted = 0;
-
-void on_interrupt(int) { g_interrupted = 1; }
-
-// SIGINT and SIGTERM end --watch cleanly while installed; the old handlers come back after.
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    g_interrupted = 0;
-    struct sigaction action {};
-    action.sa_handler = on_interrupt;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = 0;  // no SA_RESTART: a sleep or a blocked read returns at once
-    sigaction(SIGINT, &action, &old_int_);
-    sigaction(SIGTERM, &action, &old_term_);
-  }
-  ~InterruptGuard() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  InterruptGuard(const InterruptGuard&) = delete;
-  InterruptGuard& operator=(const InterruptGuard&) = delete;
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-};
-
-// Sleeps `seconds`; false when a signal asked to stop first.
-bool pause_for(double seconds) {
-  using clock = std::chrono::steady_clock;
-  const auto deadline =
-      clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
-  while (!g_interrupted) {
-    const auto left = deadline - clock::now();
-    if (left <= clock::duration::zero()) return true;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-    timespec ts{};
-    ts.tv_sec = static_cast<std::time_t>(ns / 1000000000);
-    ts.tv_nsec = static_cast<long>(ns % 1000000000);
-    nanosleep(&ts, nullptr);  // EINTR: the loop looks at the flag
-  }
-  return false;
-}
-
 std::string render(const std::string& format, const nlohmann::ordered_json& reply, bool watching,
                    const NodeLabels& labels) {
   if (format == "prometheus") return render_stats_prometheus(reply, labels);
@@ -81,18 +37,6 @@ std::string render(const std::string& format, const nlohmann::ordered_json& repl
     return watching ? reply_body(reply).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n"
                     : dump_json(reply_body(reply)) + "\n";
   return (watching ? "---\n" : "") + to_yaml(reply_body(reply));
-}
-
-// The line above each refresh of --watch: when, in local time, and how often.
-std::string when_line(double every) {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  ::localtime_r(&now, &local);
-  char when[64] = "";
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %Z", &local);
-  std::ostringstream line;
-  line << "cupool stats at " << when << ", every " << every << " s (Ctrl-C ends it)\n";
-  return line.str();
 }
 
 // --format prometheus --output FILE --watch: the file a textfile collector reads, rewritten at
@@ -191,8 +135,8 @@ Verb add_stats(CLI::App& app) {
               }
               std::string text = render(args->format, reply, true, labels);
               // A table says when it was read; so does the Prometheus text, in a comment.
-              if (args->format == "table") text = when_line(args->watch) + "\n" + text;
-              if (args->format == "prometheus") text = "# " + when_line(args->watch) + text;
+              if (args->format == "table") text = when_line("stats", args->watch) + "\n" + text;
+              if (args->format == "prometheus") text = "# " + when_line("stats", args->watch) + text;
               if (redraw)
                 text = "\033[H\033[2J" + text;
               else if (!first && (args->format == "table" || args->format == "prometheus"))

@@ -42,6 +42,7 @@ Verb add_man(CLI::App& app);
 // The verbs that talk to a running holder (through include/cupool/client.h).
 Verb add_status(CLI::App& app);
 Verb add_stats(CLI::App& app);
+Verb add_ledger(CLI::App& app);
 Verb add_trim(CLI::App& app);
 Verb add_plan(CLI::App& app);
 Verb add_apply(CLI::App& app);

@@ -5,7 +5,7 @@
 # The subcommands of command path $1.
 __cupool_commands() {
   case $1 in
-    '') echo 'query check hold keeper status stats trim plan apply export buffer exporter exec bench completion help man' ;;
+    '') echo 'query check hold keeper status stats ledger trim plan apply export buffer exporter exec bench completion help man' ;;
     'buffer') echo 'create load ls list rm remove' ;;
   esac
 }
@@ -19,6 +19,7 @@ __cupool_subcommand() {
     '|keeper') echo 'keeper' ;;
     '|status') echo 'status' ;;
     '|stats') echo 'stats' ;;
+    '|ledger') echo 'ledger' ;;
     '|trim') echo 'trim' ;;
     '|plan') echo 'plan' ;;
     '|apply') echo 'apply' ;;
@@ -47,6 +48,7 @@ __cupool_options() {
     'keeper') echo '--help -h --socket -s --list --release --format -o --version --log-level' ;;
     'status') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'stats') echo '--help -h --socket -s --format -o --output --reset-peaks --watch -w --version --log-level' ;;
+    'ledger') echo '--help -h --socket -s --format -o --watch -w --version --log-level' ;;
     'trim') echo '--help -h --socket -s --format -o --keep --pool --no-graph --keep-cached --version --log-level' ;;
     'plan') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'apply') echo '--help -h --socket -s --format -o --version --log-level' ;;
@@ -57,7 +59,7 @@ __cupool_options() {
     'buffer ls') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'buffer rm') echo '--help -h --force --socket -s --format -o --version --log-level' ;;
     'exporter') echo '--help -h --listen -l --socket -s --version --log-level' ;;
-    'exec') echo '--help -h --profile -p --strict --at --report --quiet -q --version --log-level' ;;
+    'exec') echo '--help -h --profile -p --strict --at --report --quiet -q --budget -b --wait --socket -s --version --log-level' ;;
     'bench') echo '--help -h --profile -p --format -o --device -d --sizes --iterations -n --seed --version --log-level' ;;
     'completion') echo '--help -h --version --log-level' ;;
     'help') echo '--help -h --version --log-level' ;;
@@ -97,6 +99,10 @@ __cupool_option_value() {
     'stats|--output') echo 'file' ;;
     'stats|--watch' | 'stats|-w') echo 'any' ;;
     'stats|--log-level') echo 'choices trace debug info warn error off' ;;
+    'ledger|--socket' | 'ledger|-s') echo 'file' ;;
+    'ledger|--format' | 'ledger|-o') echo 'choices table json yaml' ;;
+    'ledger|--watch' | 'ledger|-w') echo 'any' ;;
+    'ledger|--log-level') echo 'choices trace debug info warn error off' ;;
     'trim|--socket' | 'trim|-s') echo 'file' ;;
     'trim|--format' | 'trim|-o') echo 'choices table json yaml' ;;
     'trim|--keep') echo 'any' ;;
@@ -140,6 +146,8 @@ __cupool_option_value() {
     'exec|--profile' | 'exec|-p') echo 'yaml' ;;
     'exec|--at') echo 'choices cuinit start' ;;
     'exec|--report') echo 'any' ;;
+    'exec|--budget' | 'exec|-b') echo 'any' ;;
+    'exec|--socket' | 'exec|-s') echo 'file' ;;
     'exec|--log-level') echo 'choices trace debug info warn error off' ;;
     'bench|--profile' | 'bench|-p') echo 'yaml' ;;
     'bench|--format' | 'bench|-o') echo 'choices table json yaml' ;;

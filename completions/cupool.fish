@@ -2,7 +2,7 @@
 # command-line definition: do not edit (in the repository, run scripts/regen-completions.sh).
 
 # Every option that takes a value, as 'PATH|OPTION' (PATH: the command path, '' for cupool).
-set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--keeper' 'hold|--keeper-wait' 'hold|--log-level' 'keeper|--socket' 'keeper|-s' 'keeper|--format' 'keeper|-o' 'keeper|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--format' 'export|-o' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--read-threads' 'buffer load|--direct-io' 'buffer load|--gds' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level' 'help|--log-level' 'man|--log-level'
+set -g __cupool_valued '|--log-level' 'query|--format' 'query|-o' 'query|--devices' 'query|-d' 'query|--profile' 'query|-p' 'query|--profile-out' 'query|--log-level' 'check|--profile' 'check|-p' 'check|--format' 'check|-o' 'check|--log-level' 'hold|--socket' 'hold|-s' 'hold|--profile' 'hold|-p' 'hold|--drain-timeout' 'hold|--drop-timeout' 'hold|--max-clients-per-user' 'hold|--keeper' 'hold|--keeper-wait' 'hold|--log-level' 'keeper|--socket' 'keeper|-s' 'keeper|--format' 'keeper|-o' 'keeper|--log-level' 'status|--socket' 'status|-s' 'status|--format' 'status|-o' 'status|--log-level' 'stats|--socket' 'stats|-s' 'stats|--format' 'stats|-o' 'stats|--output' 'stats|--watch' 'stats|-w' 'stats|--log-level' 'ledger|--socket' 'ledger|-s' 'ledger|--format' 'ledger|-o' 'ledger|--watch' 'ledger|-w' 'ledger|--log-level' 'trim|--socket' 'trim|-s' 'trim|--format' 'trim|-o' 'trim|--keep' 'trim|--pool' 'trim|--log-level' 'plan|--socket' 'plan|-s' 'plan|--format' 'plan|-o' 'plan|--log-level' 'apply|--socket' 'apply|-s' 'apply|--format' 'apply|-o' 'apply|--log-level' 'export|--socket' 'export|-s' 'export|--output' 'export|--format' 'export|-o' 'export|--log-level' 'buffer|--log-level' 'buffer create|--pool' 'buffer create|--device' 'buffer create|-d' 'buffer create|--size' 'buffer create|--socket' 'buffer create|-s' 'buffer create|--format' 'buffer create|-o' 'buffer create|--log-level' 'buffer load|--pool' 'buffer load|--device' 'buffer load|-d' 'buffer load|--part-size' 'buffer load|--read-threads' 'buffer load|--direct-io' 'buffer load|--gds' 'buffer load|--socket' 'buffer load|-s' 'buffer load|--format' 'buffer load|-o' 'buffer load|--log-level' 'buffer ls|--socket' 'buffer ls|-s' 'buffer ls|--format' 'buffer ls|-o' 'buffer ls|--log-level' 'buffer rm|--socket' 'buffer rm|-s' 'buffer rm|--format' 'buffer rm|-o' 'buffer rm|--log-level' 'exporter|--listen' 'exporter|-l' 'exporter|--socket' 'exporter|-s' 'exporter|--log-level' 'exec|--profile' 'exec|-p' 'exec|--at' 'exec|--report' 'exec|--budget' 'exec|-b' 'exec|--socket' 'exec|-s' 'exec|--log-level' 'bench|--profile' 'bench|-p' 'bench|--format' 'bench|-o' 'bench|--device' 'bench|-d' 'bench|--sizes' 'bench|--iterations' 'bench|-n' 'bench|--seed' 'bench|--log-level' 'completion|--log-level' 'help|--log-level' 'man|--log-level'
 
 # Prints the subcommand that word $argv[2] names under command path $argv[1] (aliases resolved);
 # fails if none.
@@ -20,6 +20,8 @@ function __cupool_subcommand
             echo 'status'
         case '|stats'
             echo 'stats'
+        case '|ledger'
+            echo 'ledger'
         case '|trim'
             echo 'trim'
         case '|plan'
@@ -111,6 +113,7 @@ complete -c cupool -n '__cupool_at ""' -a 'hold' -d 'Run the holder: keep the co
 complete -c cupool -n '__cupool_at ""' -a 'keeper' -d 'Keep the holder\'s buffers alive across its restarts (where there is no systemd fd store)'
 complete -c cupool -n '__cupool_at ""' -a 'status' -d 'Show what the running holder holds: pools, buffers, clients'
 complete -c cupool -n '__cupool_at ""' -a 'stats' -d 'Show pool and graph memory usage in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'ledger' -d 'Show where each GPU\'s memory went: held sets, pools, budgets, other processes'
 complete -c cupool -n '__cupool_at ""' -a 'trim' -d 'Release reserved pool and graph memory in the running holder'
 complete -c cupool -n '__cupool_at ""' -a 'plan' -d 'Show what \'apply\' would change in the running holder, as a diff'
 complete -c cupool -n '__cupool_at ""' -a 'apply' -d 'Make the running holder match a config file'
@@ -185,6 +188,14 @@ complete -c cupool -n '__cupool_at "stats"' -l 'reset-peaks' -d 'Reset the high-
 complete -c cupool -n '__cupool_at "stats"' -l 'watch' -s 'w' -x -d 'Poll again every SECONDS (default 2) until Ctrl-C'
 complete -c cupool -n '__cupool_at "stats"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "stats"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+
+# cupool ledger
+complete -c cupool -n '__cupool_at "ledger"' -l 'help' -s 'h' -d 'Print this help message and exit'
+complete -c cupool -n '__cupool_at "ledger"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
+complete -c cupool -n '__cupool_at "ledger"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
+complete -c cupool -n '__cupool_at "ledger"' -l 'watch' -s 'w' -x -d 'Poll again every SECONDS (default 2) until Ctrl-C'
+complete -c cupool -n '__cupool_at "ledger"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
+complete -c cupool -n '__cupool_at "ledger"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 
 # cupool trim
 complete -c cupool -n '__cupool_at "trim"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -285,6 +296,9 @@ complete -c cupool -n '__cupool_at "exec"' -l 'strict' -d 'A failure to apply in
 complete -c cupool -n '__cupool_at "exec"' -l 'at' -x -a 'cuinit start' -d 'When to apply: cuinit (after CMD\'s first cuInit) or start (before main)'
 complete -c cupool -n '__cupool_at "exec"' -l 'report' -x -d 'When a process that initialised CUDA exits, write its pool figures (JSON, one line per process) to FILE, or stderr with \'-\''
 complete -c cupool -n '__cupool_at "exec"' -l 'quiet' -s 'q' -d 'No line on stderr when the section was applied'
+complete -c cupool -n '__cupool_at "exec"' -l 'budget' -s 'b' -x -d 'Memory the holder grants CMD: SIZE or PCT% on each device it uses, or DEVICE=SIZE (repeat, or join with commas)'
+complete -c cupool -n '__cupool_at "exec"' -l 'wait' -d 'With a budget: wait for room instead of refusing at once; --wait=SECONDS waits at most that long'
+complete -c cupool -n '__cupool_at "exec"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "exec"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "exec"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
 complete -c cupool -n '__cupool_at "exec" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file whose process: section is applied'

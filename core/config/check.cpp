@@ -198,6 +198,18 @@ class Checker {
     if (!c_.process) return;
     const ProcessSpec& p = *c_.process;
     const std::vector<int> devices = resolve(p.devices);
+    if (p.budget.set)
+      for (int d : devices) {
+        const std::uint64_t memory = info(d).total_memory;
+        const std::uint64_t budget = p.budget.value.resolve(memory);
+        if (budget > memory) {
+          d_.error("budget-too-large", p.budget.loc,
+                   "process.budget " + p.budget.value.text + " is more than " + label(d) + " has (" +
+                       format_bytes(memory) + ")",
+                   "", "give a size up to the device's memory, or a percentage of it (e.g. 40%)");
+          break;
+        }
+      }
     if (p.default_pool) {
       if (p.default_pool->access) resolve(*p.default_pool->access);
       for (int d : devices) {

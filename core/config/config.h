@@ -119,6 +119,9 @@ struct ProcessSpec {
   DeviceList devices;  // default all
   std::optional<DefaultPoolSpec> default_pool;
   std::optional<CurrentPoolSpec> current_pool;
+  // A budget on each selected device for `cupool exec` (docs/budgets.md): a size or a percentage of
+  // the device's memory (kind max is never parsed here).
+  At<Threshold> budget;
 };
 
 struct Config {

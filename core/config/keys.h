@@ -18,7 +18,7 @@ struct Mapping {
 
 inline const Mapping kTop{"", {"version", "holder", "process", "pools", "buffers"}, {"version"}};
 inline const Mapping kHolder{"holder", {"socket", "mode", "group"}, {}};
-inline const Mapping kProcess{"process", {"devices", "default_pool", "current_pool"}, {}};
+inline const Mapping kProcess{"process", {"devices", "default_pool", "current_pool", "budget"}, {}};
 inline const Mapping kDefaultPool{"defaultPool", {"release_threshold", "reuse", "access"}, {}};
 inline const Mapping kCurrentPool{"currentPool", {"max_size", "release_threshold", "reserve", "reuse", "access"}, {}};
 inline const Mapping kPool{"pool",

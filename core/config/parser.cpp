@@ -327,6 +327,7 @@ class Parser {
       }
       p.current_pool = cp;
     }
+    if (auto* v = get(fs, "budget")) p.budget = threshold(*v, "budget", false);
     c.process = p;
   }
 
@@ -549,21 +550,22 @@ class Parser {
     return {*bytes, f.value_loc, true};
   }
 
-  At<Threshold> threshold(const Field& f) {
+  // A size or a percentage of device memory under `key`, and with `allow_max` the word max.
+  At<Threshold> threshold(const Field& f, const std::string& key = "release_threshold", bool allow_max = true) {
     At<Threshold> out;
-    auto s = scalar(f, "release_threshold");
+    auto s = scalar(f, key);
     if (!s) return out;
     Threshold t;
     t.text = *s;
-    if (*s == "max") {
+    const std::string forms = allow_max ? "a size, a percentage or max" : "a size or a percentage";
+    if (*s == "max" && allow_max) {
       t.kind = Threshold::Kind::max;
       return {t, f.value_loc, true};
     }
     if (!s->empty() && s->back() == '%') {
       auto fraction = parse_percent(*s);
       if (!fraction) {
-        d_.invalid("invalid-value", f.value_loc,
-                   "release_threshold: '" + *s + "' is not a percentage between 0 and 100",
+        d_.invalid("invalid-value", f.value_loc, key + ": '" + *s + "' is not a percentage between 0 and 100",
                    "e.g. 75% (of the device's memory)");
         return out;
       }
@@ -572,15 +574,16 @@ class Parser {
       return {t, f.value_loc, true};
     }
     if (plain_digits(f.value)) {
-      d_.invalid("bare-number", f.value_loc, "release_threshold: " + *s + " has no unit",
-                 "write a size (e.g. 16GiB), a percentage of device memory (e.g. 75%) or max");
+      d_.invalid("bare-number", f.value_loc, key + ": " + *s + " has no unit",
+                 std::string("write a size (e.g. 16GiB), a percentage of device memory (e.g. 75%)") +
+                     (allow_max ? " or max" : ""));
       return out;
     }
     std::string why;
     auto bytes = parse_size(*s, &why);
     if (!bytes) {
-      d_.invalid("invalid-size", f.value_loc, "release_threshold: '" + *s + "' is not a size, a percentage or max",
-                 why + "; or a percentage of device memory (75%), or max");
+      d_.invalid("invalid-size", f.value_loc, key + ": '" + *s + "' is not " + forms,
+                 why + "; or a percentage of device memory (75%)" + (allow_max ? ", or max" : ""));
       return out;
     }
     t.kind = Threshold::Kind::bytes;

@@ -160,6 +160,7 @@ Desired resolve(const Config& config, const NodeReport& node) {
         cp.access = peers_of(c.access, node, device);
         w.current_pool = cp;
       }
+      if (spec.budget.set) w.budget_bytes = spec.budget.value.resolve(memory);
       want.process.push_back(std::move(w));
     }
   }

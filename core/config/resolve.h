@@ -95,6 +95,7 @@ struct ProcessDeviceWant {
   };
   std::optional<DefaultPool> default_pool;
   std::optional<CurrentPool> current_pool;
+  std::optional<std::uint64_t> budget_bytes;  // process.budget on this device
 };
 
 // What a config file asks for on a node.

@@ -11,6 +11,7 @@
 #include "device/backend.h"
 #include "device/node.h"
 #include "holder/account_book.h"
+#include "holder/budget_requests.h"
 #include "holder/buffer_store.h"
 #include "holder/client_table.h"
 #include "holder/leasing.h"
@@ -31,6 +32,7 @@ struct AdminUnits {
   BufferStore& buffers;
   Leasing& leasing;
   Reconciler& reconciler;
+  const BudgetRequests& budgets;
   const model::HolderInfo& identity;
   const bool& draining;
 };

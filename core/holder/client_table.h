@@ -32,6 +32,9 @@ struct HolderLimits {
   // Admins (root, the holder's user) may connect beyond max_clients by this many, so the operator
   // can always run `cupool status` on a full holder; they have no per-user limit.
   std::size_t admin_reserve = 16;
+  // The allowance for a CUDA context that a budget is charged beside its bytes on each device (and
+  // the holder's own where it holds memory): docs/budgets.md.
+  std::uint64_t budget_context_bytes = 768ULL << 20;
 };
 
 // One connection, as the holder knows it.

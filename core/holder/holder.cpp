@@ -20,7 +20,9 @@ Holder::Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits
       reconciler_(pools_, buffers_, clients_, leasing_),
       client_requests_(backend, clients_, pools_, buffers_, leasing_, limits_, identity_, draining_),
       buffer_requests_(backend, clients_, pools_, buffers_, limits_, draining_),
-      admin_requests_({backend, node_, clients_, pools_, buffers_, leasing_, reconciler_, identity_, draining_}),
+      budget_requests_(backend, node_, clients_, pools_, buffers_, budgets_, limits_.budget_context_bytes, draining_),
+      admin_requests_(
+          {backend, node_, clients_, pools_, buffers_, leasing_, reconciler_, budget_requests_, identity_, draining_}),
       operations_(operations()) {}
 
 Holder::~Holder() { shutdown(); }
@@ -64,8 +66,15 @@ void Holder::forget_client(std::uint64_t id) {
   if (lease_count)
     spdlog::info("client {} (pid {}) left; freed {} lease{}", id, gone->peer.pid, lease_count,
                  lease_count == 1 ? "" : "s");
+  for (const Grant& g : budgets_.leave(id))
+    spdlog::info("budget {} of pid {} ended with its connection", g.id, g.claimed_pid);
   clients_.erase(id);
   leasing_.run_ready_waiters();
+}
+
+void Holder::expire_budgets() {
+  for (const Grant& g : budgets_.expire())
+    spdlog::info("budget {} of pid {} ended with its process (no process of it claimed it)", g.id, g.pid);
 }
 
 void Holder::shutdown() noexcept {

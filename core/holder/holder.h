@@ -18,6 +18,8 @@
 #include "device/node.h"
 #include "holder/account_book.h"
 #include "holder/admin_requests.h"
+#include "holder/budget_requests.h"
+#include "holder/budgets.h"
 #include "holder/buffer_requests.h"
 #include "holder/buffer_store.h"
 #include "holder/client_requests.h"
@@ -86,6 +88,11 @@ class Holder {
   // `drop` answers go on, and a request of its own that waited is forgotten.
   void disconnect(std::uint64_t client);
   std::size_t client_count() const { return clients_.size(); }
+  // Frees the budgets granted to processes that ended before one of them claimed it (the server
+  // calls it on each turn of its loop).
+  void expire_budgets();
+  // The ledger: every byte of each device (`cupool ledger`).
+  model::Ledger ledger() const { return budget_requests_.ledger(); }
   // Root or the holder's user (false for a client it does not know).
   bool admin(std::uint64_t client) const { return clients_.admin(client); }
 
@@ -176,6 +183,8 @@ class Holder {
   Reconciler reconciler_;
   ClientRequests client_requests_;
   BufferRequests buffer_requests_;
+  Budgets budgets_;
+  BudgetRequests budget_requests_;
   AdminRequests admin_requests_;
   std::vector<Operation> operations_;
 };

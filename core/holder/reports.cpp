@@ -86,6 +86,7 @@ model::Stats AdminRequests::stats(bool reset_peaks) {
     if (reset_peaks) units_.backend.reset_graph_mem_peaks(d);
     out.devices.push_back({units_.pools.device_id(d), g});
   }
+  out.ledger = units_.budgets.ledger();
   return out;
 }
 

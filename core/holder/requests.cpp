@@ -40,6 +40,10 @@ std::vector<Holder::Operation> Holder::operations() {
       row("buffer_remove", buffer_requests_, &BufferRequests::remove),
       row("buffer_ready", buffer_requests_, &BufferRequests::ready),
       row("buffer_tensors", buffer_requests_, &BufferRequests::tensors),
+      row("budget_grant", budget_requests_, &BudgetRequests::grant),
+      row("budget_claim", budget_requests_, &BudgetRequests::claim),
+      row("budget_usage", budget_requests_, &BudgetRequests::usage),
+      row("ledger", budget_requests_, &BudgetRequests::ledger),
   };
 }
 

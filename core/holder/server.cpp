@@ -527,6 +527,7 @@ void Server::turn(const Fd& signals, std::vector<pollfd>& fds) {
   serve_requests();
   audit_custody_when_due();
   enforce_deadlines();
+  holder_->expire_budgets();
   for (auto& [fd, c] : connections_)
     if (c.peer_gone && !c.dead && !c.talk.has_work()) drop(c, "");
   for (auto it = connections_.begin(); it != connections_.end();) {

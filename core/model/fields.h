@@ -216,6 +216,65 @@ CUPOOL_FIELDS(Status) {
   f("clients", v.clients);
   f.computed("client_count", v.clients.size());
 }
+CUPOOL_FIELDS(LedgerBuffer) {
+  f("name", v.name);
+  f("size_bytes", v.size_bytes);
+  f("mappers", v.mappers);
+}
+CUPOOL_FIELDS(LedgerPool) {
+  f("name", v.name);
+  f("reserved_bytes", v.reserved_bytes);
+}
+CUPOOL_FIELDS(LedgerBudget) {
+  f("grant", v.grant);
+  f("pid", v.pid);
+  f("user", v.user);
+  f("command", v.command);
+  f("claimed", v.claimed);
+  f("budget_bytes", v.budget_bytes);
+  f("used_bytes", v.used_bytes);
+  f("peak_bytes", v.peak_bytes);
+  f("device_bytes", v.device_bytes);
+}
+CUPOOL_FIELDS(LedgerProcess) {
+  f("pid", v.pid);
+  f("role", v.role);
+  f("command", v.command);
+  f("used_bytes", v.used_bytes);
+}
+CUPOOL_FIELDS(LedgerMemory) {
+  f("total_bytes", v.total_bytes);
+  f("used_bytes", v.used_bytes);
+  f("reserved_bytes", v.reserved_bytes);
+  f("free_bytes", v.free_bytes);
+}
+CUPOOL_FIELDS(LedgerDevice) {
+  f.flat(v.id);
+  f("total_bytes", v.total_bytes);
+  f("held_bytes", v.held_bytes);
+  f("buffers", v.buffers);
+  f("pool_reserved_bytes", v.pool_reserved_bytes);
+  f("pools", v.pools);
+  f("budget_bytes", v.budget_bytes);
+  f("budget_used_bytes", v.budget_used_bytes);
+  f("budgets", v.budgets);
+  f("context_bytes", v.context_bytes);
+  f("unknown_bytes", v.unknown_bytes);
+  f("processes", v.processes);
+  f("committed_bytes", v.committed_bytes);
+  f("available_bytes", v.available_bytes);
+  f.object("usage", [&](auto& g) {
+    g("source", v.usage_source);
+    g("note", v.usage_note);
+    g("memory", v.memory);
+    g("accounted_bytes", v.accounted_bytes);
+    g("unexplained_bytes", v.unexplained_bytes);
+  });
+}
+CUPOOL_FIELDS(Ledger) {
+  f("context_allowance_bytes", v.context_allowance_bytes);
+  f("devices", v.devices);
+}
 CUPOOL_FIELDS(PoolStats) {
   f("name", v.name);
   f.flat(v.id);
@@ -231,6 +290,7 @@ CUPOOL_FIELDS(Stats) {
   f("pools", v.pools);
   f("dropped_bytes", v.dropped_bytes);
   f("devices", v.devices);
+  f("ledger", v.ledger, omit_empty);
 }
 CUPOOL_FIELDS(PoolTrim) {
   f("name", v.name);

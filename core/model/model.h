@@ -194,6 +194,65 @@ struct Status {
   std::vector<ClientInfo> clients;
 };
 
+// The ledger (`cupool ledger`, and stats' "ledger"): every byte of each device as the holder
+// accounts for it (docs/budgets.md). Each held buffer once, however many processes map it.
+struct LedgerBuffer {
+  std::string name;
+  std::uint64_t size_bytes = 0;
+  std::uint64_t mappers = 0;  // connections that have it open
+};
+struct LedgerPool {
+  std::string name;
+  std::uint64_t reserved_bytes = 0;
+};
+// A budget the holder granted (`cupool exec --budget`) on one device.
+struct LedgerBudget {
+  std::string grant;
+  std::int64_t pid = 0;  // the process that holds it (the one exec started until a process claims it)
+  std::string user;
+  std::string command;
+  bool claimed = false;  // a process's preload holds it and reports its use
+  std::uint64_t budget_bytes = 0, used_bytes = 0, peak_bytes = 0;
+  std::optional<std::uint64_t> device_bytes;  // NVML's figure for the process (its context included)
+};
+// A process NVML lists on the device: the holder, a budgeted process, a client of the holder, or
+// one cupool does not know.
+struct LedgerProcess {
+  std::int64_t pid = 0;
+  std::string role;  // "holder", "budgeted", "client", "unknown"
+  std::string command;
+  std::optional<std::uint64_t> used_bytes;  // NVML's (absent where NVML has no figure)
+};
+// The device's memory as NVML reports it.
+struct LedgerMemory {
+  std::uint64_t total_bytes = 0, used_bytes = 0, reserved_bytes = 0, free_bytes = 0;
+};
+struct LedgerDevice {
+  DeviceId id;
+  std::uint64_t total_bytes = 0;  // the driver's (cuDeviceTotalMem): what grants must fit
+  std::uint64_t held_bytes = 0;   // held buffers and sets
+  std::vector<LedgerBuffer> buffers;
+  std::uint64_t pool_reserved_bytes = 0;  // the holder's device pools
+  std::vector<LedgerPool> pools;
+  std::uint64_t budget_bytes = 0;  // granted, all budgets together
+  std::uint64_t budget_used_bytes = 0;
+  std::vector<LedgerBudget> budgets;
+  std::uint64_t context_bytes = 0;  // the allowance for each process's context: the holder and each budget
+  std::uint64_t unknown_bytes = 0;  // processes cupool does not know, by NVML
+  std::vector<LedgerProcess> processes;
+  std::uint64_t committed_bytes = 0;  // held + pool reserves + budgets + contexts + unknown
+  std::uint64_t available_bytes = 0;  // total - committed: what a new budget may take
+  std::string usage_source;           // "nvml", "simulated" or "unavailable"
+  std::string usage_note;             // why unavailable
+  std::optional<LedgerMemory> memory;
+  std::optional<std::uint64_t> accounted_bytes;   // what the ledger explains of NVML's used
+  std::optional<std::int64_t> unexplained_bytes;  // NVML's used - accounted
+};
+struct Ledger {
+  std::uint64_t context_allowance_bytes = 0;
+  std::vector<LedgerDevice> devices;
+};
+
 struct PoolStats {
   std::string name;
   DeviceId id;
@@ -209,6 +268,7 @@ struct Stats {
   std::vector<PoolStats> pools;
   std::uint64_t dropped_bytes = 0;
   std::vector<DeviceGraph> devices;
+  std::optional<Ledger> ledger;  // every byte of each device (none from a holder before budgets)
 };
 
 struct PoolTrim {
@@ -550,6 +610,7 @@ Json to_json(const Custody& v);
 Json to_json(const HolderInfo& v);
 Json to_json(const Status& v);
 Json to_json(const Stats& v);
+Json to_json(const Ledger& v);
 Json to_json(const Trim& v);
 Json to_json(const TensorEntry& v);
 Json to_json(const BufferTensors& v);

@@ -81,8 +81,10 @@ class Ledger {
 // 3). Read on first use, which may come before this library's constructor. Never freed.
 Ledger* budget();
 
-// At the preload's start: with a budget in force and CUPOOL_EXEC_GRANT set, claims the grant from
-// the holder on a connection kept for the process's life, and reports usage from a thread.
+// When the process first asks the driver about a device (the wrappers' device lookup): with a
+// budget in force and CUPOOL_EXEC_GRANT set, claims the grant from the holder on a connection kept
+// for the process's life, and reports usage from a thread. A launcher that never uses CUDA (a
+// shell, `env`) never claims, so the grant is left for the process of the command that does.
 void start_budget();
 
 // What the dlsym hook hands out for `name` looked up on `handle`, the library having answered

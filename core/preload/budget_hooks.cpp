@@ -334,6 +334,9 @@ class DeviceSlots {
         std::fprintf(stderr, "cupool exec: pid %d has no device %s (CUDA_VISIBLE_DEVICES?): its budget is unused\n",
                      static_cast<int>(::getpid()), ledger.budget(slot).uuid.c_str());
     slots_.store(slots, std::memory_order_release);
+    // The first time the process asks the driver about a device: it uses CUDA, so it is the
+    // process of the command that holds the grant (a shell or launcher before it never gets here).
+    start_budget();
     return slots;
   }
   std::atomic<const std::vector<int>*> slots_{nullptr};

@@ -31,7 +31,8 @@
 //   CUPOOL_EXEC_BUDGET   "UUID=BYTES[,UUID=BYTES...]": per-device memory budgets enforced inside the
 //                        process, with or without CUPOOL_EXEC_CONFIG (budget.h, budget_hooks.cpp);
 //                        unset or empty: nothing about the process changes
-//   CUPOOL_EXEC_GRANT    the holder's grant of that budget: claimed at the start, usage reported
+//   CUPOOL_EXEC_GRANT    the holder's grant of that budget: claimed by the first process of the
+//                        command that asks the driver about a device; its use is reported
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -470,7 +471,6 @@ void warn_if_missed() {
 }
 
 __attribute__((constructor)) void cupool_exec_start() {
-  cupool::preload::start_budget();
   const char* config = std::getenv("CUPOOL_EXEC_CONFIG");
   if (!config || !*config) return;
   if (hooks_on()) {  // applied at the application's first cuInit

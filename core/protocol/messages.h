@@ -129,6 +129,46 @@ struct BufferRemove {
   bool force = false;  // even while it is open
 };
 
+// ---- budgets (docs/budgets.md): exec asks, the process's preload claims and reports ----
+
+// One device of a budget: bytes, or a percentage of the device's total memory.
+struct BudgetAsk {
+  int device = 0;  // the holder's ordinal
+  std::optional<std::uint64_t> budget_bytes;
+  std::optional<double> budget_percent;  // (0, 100]
+};
+// exec, for the process it is about to run the command in (the peer's pid): a grant, or a refusal
+// with the ledger's figures.
+struct BudgetGrant {
+  std::vector<BudgetAsk> devices;
+  std::string command;  // shown in the ledger
+};
+// The preload, inside the process: the grant is now this connection's (it lives as long as it).
+struct BudgetClaim {
+  std::string grant;
+};
+// The preload's figures, per device (by UUID): what the process holds and its peak.
+struct BudgetUse {
+  std::string uuid;
+  std::uint64_t used_bytes = 0;
+  std::uint64_t peak_bytes = 0;
+};
+struct BudgetUsage {
+  std::vector<BudgetUse> devices;
+};
+struct LedgerAsk {};
+constexpr std::size_t kMaxBudgetDevices = 64;  // devices in one budget request
+constexpr std::size_t kMaxCommand = 4096;      // a budget's command line, as shown
+
+Json to_json(const BudgetGrant& v);
+Json to_json(const BudgetClaim& v);
+Json to_json(const BudgetUsage& v);
+Json to_json(const LedgerAsk& v);
+BudgetGrant read_budget_grant(Args& a);
+BudgetClaim read_budget_claim(Args& a);
+BudgetUsage read_budget_usage(Args& a);
+LedgerAsk read_ledger(Args& a);
+
 Json to_json(const List& v);
 Json to_json(const Status& v);
 Json to_json(const Export& v);

@@ -451,7 +451,7 @@ def foreground_server(block, script_lines):
     for n, (doc_line, text) in enumerate(zip(script_lines, block.script()[0].split("\n"))):
         code = re.sub(r"\s#.*$", "", text)
         if runs_until_stopped(code.strip()) or re.search(r"\bcupool\s+(hold|keeper|exporter)\b(?!.*--(list|release|help))", code) \
-                or re.search(r"\bcupool\s+stats\b.*--watch", code):
+                or re.search(r"\bcupool\s+(stats|ledger)\b.*--watch", code):
             if not re.search(r"(?<![&>])&(?![&>])", code):
                 return doc_line, text.strip()
     return None
@@ -583,7 +583,7 @@ def read_help_skips(path):
 
 def runs_until_stopped(example):
     """Whether the example is a command that serves until it is stopped."""
-    if re.search(r"\bcupool\s+stats\b.*--watch", example):
+    if re.search(r"\bcupool\s+(stats|ledger)\b.*--watch", example):
         return True
     return bool(re.match(r"^(sudo\s+)?cupool\s+(hold|keeper|exporter)\b", example)) and \
         not re.search(r"--(list|release|help)\b", example)

@@ -394,7 +394,8 @@ def test_readme_maps_each_metric_to_its_field(tmp):
     names, of the same pool or device (null: +Inf)."""
     import math
     with open(os.path.join(H.ARGS.root, "README.md"), encoding="utf-8") as f:
-        rows = re.findall(r"^\| `(cupool_\w+)` \| `(pools|devices)\[\]\.([\w.]+)`", f.read(), re.M)
+        rows = re.findall(r"^\| `(cupool_\w+)` \| `((?:ledger\.)?(?:pools|devices)(?:\[\]\.budgets)?)\[\]\.([\w.]+)`",
+                          f.read(), re.M)
     check(len(rows) >= 13, f"README's metric table: {rows}")
     table = {metric: (group, path) for metric, group, path in rows}
     h = Holder(tmp)
@@ -415,9 +416,14 @@ def test_readme_maps_each_metric_to_its_field(tmp):
             metric, labels, value = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), m.group(3)
             check(metric in table, f"{metric} is not in README's metric table")
             group, path = table[metric]
-            rows = [r for r in stats[group] if str(r["device"]) == labels["gpu"] and
-                    (group == "devices" or r["name"] == labels["pool"])]
-            check(len(rows) == 1, f"{metric}{{{m.group(2)}}}: no one {group} row in {stats[group]}")
+            if group.startswith("ledger.devices"):  # the ledger's devices, and their budgets by grant
+                rows = [d for d in stats["ledger"]["devices"] if str(d["device"]) == labels["gpu"]]
+                if group.endswith("budgets"):
+                    rows = [b for d in rows for b in d["budgets"] if b["grant"] == labels["grant"]]
+            else:
+                rows = [r for r in stats[group] if str(r["device"]) == labels["gpu"] and
+                        (group == "devices" or r["name"] == labels["pool"])]
+            check(len(rows) == 1, f"{metric}{{{m.group(2)}}}: no one {group} row in {stats.get(group, stats.get('ledger'))}")
             field = rows[0]
             for key in path.split("."):
                 field = field[key]

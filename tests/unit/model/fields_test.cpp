@@ -105,6 +105,15 @@ TEST_CASE("the declared names are the schemas' properties") {
   check_agrees<Stats>("Stats", {"cupool-stats-v1.schema.json"});
   check_agrees<PoolStats>("PoolStats", {"cupool-stats-v1.schema.json#/$defs/pool_usage"});
   check_agrees<DeviceGraph>("DeviceGraph", {"cupool-stats-v1.schema.json#/$defs/device_graph"});
+  // ledger (and stats' "ledger")
+  check_agrees<Ledger>("Ledger", {"cupool-ledger-v1.schema.json#/$defs/ledger_body"});
+  check_agrees<LedgerDevice>("LedgerDevice", {"cupool-ledger-v1.schema.json#/$defs/device"});
+  check_agrees<LedgerDevice>("LedgerDevice", {"cupool-ledger-v1.schema.json#/$defs/device/properties/usage"}, "usage");
+  check_agrees<LedgerBuffer>("LedgerBuffer", {"cupool-ledger-v1.schema.json#/$defs/buffer"});
+  check_agrees<LedgerPool>("LedgerPool", {"cupool-ledger-v1.schema.json#/$defs/pool"});
+  check_agrees<LedgerBudget>("LedgerBudget", {"cupool-ledger-v1.schema.json#/$defs/budget"});
+  check_agrees<LedgerProcess>("LedgerProcess", {"cupool-ledger-v1.schema.json#/$defs/process"});
+  check_agrees<LedgerMemory>("LedgerMemory", {"cupool-ledger-v1.schema.json#/$defs/memory"});
   check_agrees<Trim>("Trim", {"cupool-trim-v1.schema.json"});
   check_agrees<PoolTrim>("PoolTrim", {"cupool-trim-v1.schema.json#/$defs/pool_trim"});
   check_agrees<GraphTrim>("GraphTrim", {"cupool-trim-v1.schema.json#/$defs/device_trim"});
@@ -254,7 +263,19 @@ TEST_CASE("every declared object reads back what it wrote") {
   r.comparisons.emplace_back();
   check_round_trip(r);
 
-  check_round_trip(Stats{{PoolStats{}}, 5, {DeviceGraph{}}});
+  check_round_trip(Stats{{PoolStats{}}, 5, {DeviceGraph{}}, std::nullopt});
+  Ledger ledger;
+  ledger.context_allowance_bytes = 7;
+  ledger.devices.emplace_back();
+  ledger.devices[0].buffers.push_back({"w", 8, 2});
+  ledger.devices[0].pools.push_back({"kv", 9});
+  ledger.devices[0].budgets.push_back({"b1-x", 42, "u", "cmd", true, 10, 4, 5, std::uint64_t{6}});
+  ledger.devices[0].processes.push_back({42, "budgeted", "cmd", std::nullopt});
+  ledger.devices[0].memory = LedgerMemory{1, 2, 3, 4};
+  ledger.devices[0].accounted_bytes = 11;
+  ledger.devices[0].unexplained_bytes = -3;
+  check_round_trip(ledger);
+  check_round_trip(Stats{{PoolStats{}}, 5, {DeviceGraph{}}, ledger});
   check_round_trip(Trim{1, 2, {PoolTrim{}}, {GraphTrim{{0, "u", "p"}, 3, 2, 1}}});
   check_round_trip(CheckReport{"f", "fits", 0, Source{}, 1, 2, 3, 4, {Finding{}}});
   check_round_trip(ProcessDevice{{0, "u", "p"}, {ProcessPool{}}, Usage{1, 2, 3, 4}});

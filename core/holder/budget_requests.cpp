@@ -1,0 +1,241 @@
+#include "holder/budget_requests.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+
+#include "base/error.h"
+#include "base/text.h"
+#include "base/units.h"
+#include "protocol/messages.h"
+
+namespace cupool {
+
+std::string command_of(std::int64_t pid, std::size_t max) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string text;
+  char c = 0;
+  while (text.size() < max && in.get(c)) text += c == '\0' ? ' ' : c;
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return valid_utf8(text);
+}
+
+namespace {
+
+std::string plural(std::size_t n, const char* one, const char* many) {
+  return std::to_string(n) + " " + (n == 1 ? one : many);
+}
+
+// The device's memory that a budget's refusal quotes: where it went.
+std::string accounting_words(const model::LedgerDevice& d) {
+  std::vector<std::string> parts;
+  if (d.budget_bytes)
+    parts.push_back(format_bytes(d.budget_bytes) + " granted to " + plural(d.budgets.size(), "process", "processes"));
+  if (d.held_bytes)
+    parts.push_back(format_bytes(d.held_bytes) + " held in " + plural(d.buffers.size(), "buffer", "buffers"));
+  if (d.pool_reserved_bytes) parts.push_back(format_bytes(d.pool_reserved_bytes) + " reserved by the holder's pools");
+  if (d.context_bytes) parts.push_back(format_bytes(d.context_bytes) + " allowed for contexts");
+  std::size_t unknown = 0;
+  for (const model::LedgerProcess& p : d.processes) unknown += p.role == "unknown";
+  if (d.unknown_bytes)
+    parts.push_back(format_bytes(d.unknown_bytes) + " used by " +
+                    plural(unknown, "process cupool does not know", "processes cupool does not know"));
+  return "of its " + format_bytes(d.total_bytes) + ", " + (parts.empty() ? "nothing is committed" : join(parts, ", "));
+}
+
+}  // namespace
+
+DeviceUse BudgetRequests::device_use(int device) const {
+  DeviceUse use;
+  DeviceUsageReport r;
+  try {
+    r = backend_.device_usage(device);
+  } catch (const std::exception& e) {
+    use.note = e.what();
+    return use;
+  }
+  use.source = r.source;
+  use.note = r.note;
+  if (r.source == "unavailable") return use;
+  use.memory = model::LedgerMemory{r.total_bytes, r.used_bytes, r.reserved_bytes, r.free_bytes};
+  for (const GpuProcess& p : r.processes) use.processes[p.pid] = p.used_bytes;
+  return use;
+}
+
+model::LedgerDevice BudgetRequests::account(int device) const {
+  model::LedgerDevice v;
+  v.id = pools_.device_id(device);
+  const DeviceReport* report = node_.device(device);
+  v.total_bytes = report ? report->info.total_memory : 0;
+
+  for (const auto& [name, b] : buffers_) {
+    if (!b.exported || b.want.device != device) continue;  // host pools' buffers are not device memory
+    model::LedgerBuffer row{name, 0, 0};
+    for (const HeldBuffer::Part& p : b.parts) row.size_bytes += p.mapped ? p.mapped : p.size;
+    for (const auto& [id, c] : clients_)
+      if (auto it = c.open_buffers.find(name); it != c.open_buffers.end() && it->second > 0) ++row.mappers;
+    v.held_bytes += row.size_bytes;
+    v.buffers.push_back(std::move(row));
+  }
+  for (const auto& [key, p] : pools_) {
+    if (key.second != device || p.want.props.location != PoolProps::Location::device) continue;
+    const std::uint64_t reserved = backend_.pool_usage(p.handle).reserved_bytes;
+    v.pool_reserved_bytes += reserved;
+    v.pools.push_back({key.first, reserved});
+  }
+
+  const DeviceUse use = device_use(device);
+  v.usage_source = use.source;
+  v.usage_note = use.note;
+  v.memory = use.memory;
+  auto nvml_figure = [&](std::int64_t pid) -> std::optional<std::uint64_t> {
+    const auto it = use.processes.find(pid);
+    return it == use.processes.end() ? std::nullopt : it->second;
+  };
+
+  // The holder's own context, where it holds anything on the device.
+  const bool holder_here = !v.buffers.empty() || !v.pools.empty();
+  // NVML's used memory includes the driver's own reserve: that much is explained.
+  std::uint64_t accounted = use.memory ? use.memory->reserved_bytes : 0;
+  const std::int64_t self = ::getpid();
+  if (holder_here) {
+    v.context_bytes += context_bytes_;
+    accounted += nvml_figure(self).value_or(v.held_bytes + v.pool_reserved_bytes + context_bytes_);
+  }
+  std::map<std::int64_t, const char*> roles{{self, "holder"}};
+  for (const auto& [id, g] : budgets_)
+    for (const GrantDevice& gd : g.devices) {
+      if (gd.device != device) continue;
+      model::LedgerBudget row;
+      row.grant = g.id;
+      row.pid = g.claimed_by ? g.claimed_pid : g.pid;
+      row.user = g.user;
+      row.command = g.command;
+      row.claimed = g.claimed_by != 0;
+      row.budget_bytes = gd.budget_bytes;
+      row.used_bytes = gd.used_bytes;
+      row.peak_bytes = gd.peak_bytes;
+      row.device_bytes = nvml_figure(row.pid);
+      v.budget_bytes += gd.budget_bytes;
+      v.budget_used_bytes += gd.used_bytes;
+      v.context_bytes += context_bytes_;
+      accounted += row.device_bytes.value_or(gd.used_bytes + context_bytes_);
+      roles[row.pid] = "budgeted";
+      v.budgets.push_back(std::move(row));
+    }
+  for (const auto& [id, c] : clients_) roles.emplace(c.peer.pid, "client");
+  for (const auto& [pid, figure] : use.processes) {
+    const auto role = roles.find(pid);
+    model::LedgerProcess row{pid, role == roles.end() ? "unknown" : role->second, command_of(pid), figure};
+    if (row.role == "unknown") v.unknown_bytes += figure.value_or(0);
+    if (row.role == "unknown" || row.role == "client") accounted += figure.value_or(0);
+    v.processes.push_back(std::move(row));
+  }
+  v.committed_bytes = v.held_bytes + v.pool_reserved_bytes + v.budget_bytes + v.context_bytes + v.unknown_bytes;
+  v.available_bytes = v.total_bytes > v.committed_bytes ? v.total_bytes - v.committed_bytes : 0;
+  if (v.memory) {
+    v.accounted_bytes = accounted;
+    v.unexplained_bytes = static_cast<std::int64_t>(v.memory->used_bytes) - static_cast<std::int64_t>(accounted);
+  }
+  return v;
+}
+
+model::Ledger BudgetRequests::ledger() const {
+  model::Ledger out;
+  out.context_allowance_bytes = context_bytes_;
+  for (std::size_t d = 0; d < node_.devices.size(); ++d) out.devices.push_back(account(static_cast<int>(d)));
+  return out;
+}
+
+Reply BudgetRequests::ledger(Request& r) {
+  proto::read_ledger(r.args);
+  r.args.finish();
+  return model::to_json(ledger());
+}
+
+Reply BudgetRequests::grant(Request& r) {
+  require_not_draining(draining_, "budget_grant");
+  const proto::BudgetGrant want = proto::read_budget_grant(r.args);
+  r.args.finish();
+  const Peer& peer = r.client.peer;
+  Grant g;
+  g.pid = peer.pid;
+  g.uid = peer.uid;
+  g.user = peer.user;
+  g.command = want.command.empty() ? command_of(peer.pid) : valid_utf8(want.command);
+  for (const proto::BudgetAsk& ask : want.devices) {
+    const DeviceReport* report = node_.device(ask.device);
+    if (!report)
+      throw Error(Errc::not_found, "no device " + std::to_string(ask.device) + " on this node (it has " +
+                                       plural(node_.devices.size(), "device", "devices") + ")");
+    const std::uint64_t total = report->info.total_memory;
+    const std::uint64_t bytes =
+        ask.budget_bytes
+            ? *ask.budget_bytes
+            : static_cast<std::uint64_t>(std::floor(static_cast<double>(total) * *ask.budget_percent / 100));
+    const std::string on = "device " + std::to_string(ask.device) + " (" + report->info.uuid + ")";
+    if (bytes + context_bytes_ > total)
+      throw Error(Errc::bad_request, "a budget of " + format_bytes(bytes) + " is larger than " + on +
+                                         " can give: " + format_bytes(total) + " in all, less " +
+                                         format_bytes(context_bytes_) + " for the process's context");
+    const model::LedgerDevice d = account(ask.device);
+    for (const model::LedgerProcess& p : d.processes)
+      if (p.pid == peer.pid && p.used_bytes && *p.used_bytes > bytes)
+        throw Error(Errc::bad_request, "pid " + std::to_string(peer.pid) + " already uses " +
+                                           format_bytes(*p.used_bytes) + " of " + on +
+                                           " (NVML); a budget below what the process holds can't be kept");
+    if (bytes + context_bytes_ > d.available_bytes)
+      throw Error(Errc::out_of_memory, "a budget of " + format_bytes(bytes) + " (and " + format_bytes(context_bytes_) +
+                                           " for the context) does not fit " + on + ": " +
+                                           format_bytes(d.available_bytes) + " is left for budgets; " +
+                                           accounting_words(d) + " (`cupool ledger` shows each)");
+    g.devices.push_back({ask.device, report->info.uuid, bytes, 0, 0});
+  }
+  const Grant& made = budgets_.add(std::move(g));
+  std::vector<std::string> words;
+  Json devices = Json::array();
+  for (const GrantDevice& gd : made.devices) {
+    words.push_back(format_bytes(gd.budget_bytes) + " on device " + std::to_string(gd.device));
+    devices.push_back({{"device", gd.device}, {"uuid", gd.uuid}, {"budget_bytes", gd.budget_bytes}});
+  }
+  spdlog::info("granted budget {} to pid {} ({}): {}", made.id, made.pid, made.user, join(words, ", "));
+  return Json{{"grant", made.id},
+              {"pid", made.pid},
+              {"context_allowance_bytes", context_bytes_},
+              {"devices", std::move(devices)}};
+}
+
+Reply BudgetRequests::claim(Request& r) {
+  const proto::BudgetClaim want = proto::read_budget_claim(r.args);
+  r.args.finish();
+  if (budgets_.claimed_by(r.id))
+    throw Error(Errc::busy, "this connection holds a budget grant already; one a connection");
+  const Grant& g = budgets_.claim(want.grant, r.id, r.client.peer.pid, r.client.peer.uid);
+  spdlog::info("budget {} claimed by pid {}", g.id, g.claimed_pid);
+  Json devices = Json::array();
+  for (const GrantDevice& gd : g.devices)
+    devices.push_back({{"device", gd.device}, {"uuid", gd.uuid}, {"budget_bytes", gd.budget_bytes}});
+  return Json{{"grant", g.id}, {"pid", g.claimed_pid}, {"devices", std::move(devices)}};
+}
+
+Reply BudgetRequests::usage(Request& r) {
+  const proto::BudgetUsage report = proto::read_budget_usage(r.args);
+  r.args.finish();
+  Grant* g = budgets_.claimed_by(r.id);
+  if (!g) throw Error(Errc::not_found, "this connection holds no budget grant (send budget_claim first)");
+  for (const proto::BudgetUse& use : report.devices) {
+    const auto it =
+        std::find_if(g->devices.begin(), g->devices.end(), [&](const GrantDevice& gd) { return gd.uuid == use.uuid; });
+    if (it == g->devices.end())
+      throw Error(Errc::bad_request, "budget " + g->id + " has no device " + valid_utf8(use.uuid));
+    it->used_bytes = use.used_bytes;
+    it->peak_bytes = std::max({it->peak_bytes, use.peak_bytes, use.used_bytes});
+  }
+  return Json::object();
+}
+
+}  // namespace cupool
