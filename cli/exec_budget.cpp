@@ -93,7 +93,7 @@ int holder_device(const std::vector<model::DeviceId>& node, const std::string& t
   for (const model::DeviceId& d : node) {
     if (!selector) break;
     if ((selector->kind == DeviceSelector::Kind::index && selector->index == d.device) ||
-        (selector->kind == DeviceSelector::Kind::uuid && to_lower(d.uuid) == selector->normalized) ||
+        (selector->kind == DeviceSelector::Kind::uuid && iequals(d.uuid, selector->normalized)) ||
         (selector->kind == DeviceSelector::Kind::pci_bus_id && d.pci_bus_id == selector->normalized))
       return d.device;
   }

@@ -21,7 +21,7 @@ import time
 
 GIB = 1 << 30
 MIB = 1 << 20
-DEV0 = "GPU-8d1c6a3e-0c11-4e4e-9f1e-1c2d3e4f5a6b"
+DEV0 = "GPU-e886b279-2f4c-84d2-1f32-11a9c23257b7"  # the bundled H100 profile's
 DEV1 = "GPU-8d1c6a3e-0c11-4e4e-9f1e-1c2d3e4f5a6c"
 HEADER = struct.Struct("<4sHHII")  # magic, version, kind, length, fds
 

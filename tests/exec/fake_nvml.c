@@ -17,7 +17,7 @@ typedef struct {
 } Device;
 
 static const unsigned long long kTotal = 16ull << 30, kUsed = 3ull << 30, kReserved = 512ull << 20;
-static Device devices[2] = {{"GPU-8d1c6a3e-0c11-4e4e-9f1e-1c2d3e4f5a6c"}, {"GPU-8d1c6a3e-0c11-4e4e-9f1e-1c2d3e4f5a6b"}};
+static Device devices[2] = {{"GPU-8d1c6a3e-0c11-4e4e-9f1e-1c2d3e4f5a6c"}, {"GPU-e886b279-2f4c-84d2-1f32-11a9c23257b7"}};
 static int initialised = 0;
 
 int nvmlInit_v2(void) {
