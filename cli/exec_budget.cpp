@@ -191,6 +191,9 @@ void ask_for_budget(const BudgetRequest& req) {
     env += (env.empty() ? "" : ",") + uuid + "=" + std::to_string(bytes);
     words +=
         (words.empty() ? "" : ", ") + format_bytes(bytes) + " on device " + std::to_string(d.at("device").get<int>());
+    // Where the kernel enforces it too (the dmem cgroup controller), say so.
+    const std::string kernel = d.value("kernel_limit", "");
+    if (starts_with(kernel, "dmem.max")) words += " (and the kernel's " + kernel + ")";
   }
   ::setenv("CUPOOL_EXEC_BUDGET", env.c_str(), 1);
   ::setenv("CUPOOL_EXEC_GRANT", reply.at("grant").get<std::string>().c_str(), 1);

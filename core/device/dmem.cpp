@@ -94,6 +94,19 @@ void write_dmem_max(pid_t pid, const std::string& region, std::uint64_t bytes, c
   if (cgroup == "/")
     throw Error(Errc::not_permitted, "process " + std::to_string(pid) +
                                          " is in the root cgroup, which has no dmem.max: move it into a cgroup first");
+  // A cgroup's limit binds every process in it: only a cgroup of the process alone gets one.
+  {
+    std::ifstream procs(cgroup_root + cgroup + "/cgroup.procs");
+    std::size_t others = 0;
+    std::string line;
+    while (std::getline(procs, line))
+      if (!line.empty() && line != std::to_string(pid)) ++others;
+    if (others)
+      throw Error(Errc::not_permitted, "process " + std::to_string(pid) + "'s cgroup " + cgroup + " holds " +
+                                           std::to_string(others) +
+                                           " other process(es): a limit there would bind them all (run the command "
+                                           "in a cgroup of its own, e.g. systemd-run --scope)");
+  }
   const std::string file = cgroup_root + cgroup + "/dmem.max";
   const std::string text = region + " " + std::to_string(bytes) + "\n";
   Fd fd(::open(file.c_str(), O_WRONLY | O_CLOEXEC));

@@ -32,7 +32,8 @@ struct DmemSupport {
 DmemSupport dmem_support(const std::string& cgroup_root = "/sys/fs/cgroup");
 
 // Limits process `pid`'s cgroup (the `0::/path` line of PROC_ROOT/PID/cgroup) to `bytes` of
-// `region`: writes "REGION BYTES" to that cgroup's dmem.max. Throws cupool::Error naming the file
+// `region`: writes "REGION BYTES" to that cgroup's dmem.max, only where the cgroup holds that
+// process alone (its cgroup.procs): a limit binds every process of the cgroup. Throws cupool::Error naming the file
 // and what the system said (not_found: no such process, no cgroup v2 entry, or no dmem.max there;
 // not_permitted: EACCES/EPERM; invalid_input: a region the kernel does not know).
 void write_dmem_max(pid_t pid, const std::string& region, std::uint64_t bytes,

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 
 #include "base/error.h"
 #include "base/text.h"
 #include "base/units.h"
+#include "device/dmem.h"
 #include "protocol/messages.h"
 
 namespace cupool {
@@ -45,6 +47,26 @@ std::string accounting_words(const model::LedgerDevice& d) {
     parts.push_back(format_bytes(d.unknown_bytes) + " used by " +
                     plural(unknown, "process cupool does not know", "processes cupool does not know"));
   return "of its " + format_bytes(d.total_bytes) + ", " + (parts.empty() ? "nothing is committed" : join(parts, ", "));
+}
+
+// The budget as the kernel's limit as well, where it has the dmem cgroup controller and a region
+// for the device: written to the process's cgroup's dmem.max (docs/budgets.md, "The kernel").
+// What happened, in words, for the grant's reply and the log.
+std::string kernel_limit(int pid, const GrantDevice& gd, const std::string& pci_bus_id) {
+  const char* env = std::getenv("CUPOOL_CGROUP_ROOT");
+  const std::string root = env && *env ? env : "/sys/fs/cgroup";
+  const DmemSupport dmem = dmem_support(root);
+  if (!dmem.available()) return "not set: " + dmem.why;
+  for (const DmemRegion& r : dmem.regions) {
+    if (!r.pci_bus_id || *r.pci_bus_id != pci_bus_id) continue;
+    try {
+      write_dmem_max(pid, r.name, gd.budget_bytes, root);
+      return "dmem.max " + r.name + " " + std::to_string(gd.budget_bytes);
+    } catch (const Error& e) {
+      return std::string("not set: ") + e.what();
+    }
+  }
+  return "not set: no dmem region for " + pci_bus_id;
 }
 
 }  // namespace
@@ -199,8 +221,11 @@ Reply BudgetRequests::grant(Request& r) {
   std::vector<std::string> words;
   Json devices = Json::array();
   for (const GrantDevice& gd : made.devices) {
-    words.push_back(format_bytes(gd.budget_bytes) + " on device " + std::to_string(gd.device));
-    devices.push_back({{"device", gd.device}, {"uuid", gd.uuid}, {"budget_bytes", gd.budget_bytes}});
+    const std::string kernel = kernel_limit(made.pid, gd, pools_.device_id(gd.device).pci_bus_id);
+    words.push_back(format_bytes(gd.budget_bytes) + " on device " + std::to_string(gd.device) + " (kernel limit " +
+                    kernel + ")");
+    devices.push_back(
+        {{"device", gd.device}, {"uuid", gd.uuid}, {"budget_bytes", gd.budget_bytes}, {"kernel_limit", kernel}});
   }
   spdlog::info("granted budget {} to pid {} ({}): {}", made.id, made.pid, made.user, join(words, ", "));
   return Json{{"grant", made.id},

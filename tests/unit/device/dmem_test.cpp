@@ -76,6 +76,20 @@ TEST_CASE("dmem: a limit goes to the process's cgroup's dmem.max") {
   dmem_put(t.cgroup + "/cupool.slice/app.scope/dmem.max", "");
   write_dmem_max(123, "drm/0000:03:00.0/vram0", 1ULL << 30, t.cgroup, t.proc);
   CHECK(dmem_slurp(t.cgroup + "/cupool.slice/app.scope/dmem.max") == "drm/0000:03:00.0/vram0 1073741824\n");
+  // Its cgroup listing it alone is its own; one with other processes is left alone (a limit there
+  // would bind them all).
+  dmem_put(t.cgroup + "/cupool.slice/app.scope/cgroup.procs", "123\n");
+  write_dmem_max(123, "drm/0000:03:00.0/vram0", 2ULL << 30, t.cgroup, t.proc);
+  CHECK(dmem_slurp(t.cgroup + "/cupool.slice/app.scope/dmem.max") == "drm/0000:03:00.0/vram0 2147483648\n");
+  dmem_put(t.cgroup + "/cupool.slice/app.scope/cgroup.procs", "123\n456\n789\n");
+  try {
+    write_dmem_max(123, "drm/0000:03:00.0/vram0", 1, t.cgroup, t.proc);
+    FAIL("a shared cgroup got a limit");
+  } catch (const Error& e) {
+    CHECK(e.code() == Errc::not_permitted);
+    CHECK(std::string(e.what()).find("holds 2 other process(es)") != std::string::npos);
+  }
+  CHECK(dmem_slurp(t.cgroup + "/cupool.slice/app.scope/dmem.max") == "drm/0000:03:00.0/vram0 2147483648\n");
 }
 
 TEST_CASE("dmem: what write_dmem_max says when it can't") {

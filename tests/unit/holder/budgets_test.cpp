@@ -9,7 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "config/load.h"
@@ -229,6 +231,51 @@ TEST_CASE("the ledger counts the processes cupool does not know, and NVML's figu
   const std::uint64_t exec = f.client(::getpid());
   CHECK(f.error_message(exec, Fixture::grant(d.available_bytes)).find("used by 2 processes cupool does not know") !=
         std::string::npos);
+}
+
+TEST_CASE("where the kernel has the dmem controller, a grant is its cgroup's dmem.max too") {
+  Fixture f;
+  // A cgroup tree of this process's own cgroup path, under a root CUPOOL_CGROUP_ROOT names.
+  std::ifstream self("/proc/self/cgroup");
+  std::string line, cgroup;
+  while (std::getline(self, line))
+    if (line.rfind("0::", 0) == 0) cgroup = line.substr(3);
+  const std::string root = test::temp_path("cgroup");
+  ::mkdir(root.c_str(), 0700);
+  std::ofstream(root + "/cgroup.controllers") << "cpu memory dmem\n";
+  std::ofstream(root + "/dmem.capacity") << "drm/0000:1b:00.0/vram0 85899345920\n";
+  std::string dir = root;
+  for (std::size_t at = 1; at < cgroup.size();) {
+    const std::size_t end = std::min(cgroup.find('/', at), cgroup.size());
+    dir += "/" + cgroup.substr(at, end - at);
+    ::mkdir(dir.c_str(), 0700);
+    at = end + 1;
+  }
+  std::ofstream(dir + "/cgroup.procs") << ::getpid() << "\n";
+  std::ofstream(dir + "/dmem.max") << "";
+  ::setenv("CUPOOL_CGROUP_ROOT", root.c_str(), 1);
+  const std::uint64_t exec = f.client(::getpid());
+  const Json g = f.call(exec, Fixture::grant(3 * kGiB));
+  const std::string kernel = g["devices"][0]["kernel_limit"].get<std::string>();
+  if (cgroup.empty() || cgroup == "/") {
+    CHECK(kernel.find("root cgroup") != std::string::npos);  // no dmem.max there to write
+  } else {
+    CHECK(kernel == "dmem.max drm/0000:1b:00.0/vram0 3221225472");
+    std::ifstream written(dir + "/dmem.max");
+    const std::string text((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
+    CHECK(text == "drm/0000:1b:00.0/vram0 3221225472\n");
+    // A cgroup of other processes too is left alone: a limit there would bind them all.
+    std::ofstream(dir + "/cgroup.procs") << ::getpid() << "\n1\n";
+    const std::string shared = f.call(exec, Fixture::grant(kGiB))["devices"][0]["kernel_limit"].get<std::string>();
+    CHECK(shared.find("holds 1 other process") != std::string::npos);
+  }
+  // No region for device 1, and no controller at all: said, and the grant stands.
+  CHECK(f.call(exec, Fixture::grant(kGiB, 1))["devices"][0]["kernel_limit"] ==
+        "not set: no dmem region for 0000:2b:00.0");
+  std::ofstream(root + "/cgroup.controllers") << "cpu memory\n";
+  CHECK(f.call(exec, Fixture::grant(kGiB, 1))["devices"][0]["kernel_limit"].get<std::string>().find(
+            "not set: the kernel has no dmem cgroup controller") == 0);
+  ::unsetenv("CUPOOL_CGROUP_ROOT");
 }
 
 TEST_CASE("descends_from follows the parents /proc names, past a command with a parenthesis") {
