@@ -87,9 +87,9 @@ struct DeviceUsageReport {
   std::string source;  // "nvml", "simulated", or "unavailable" (then only note is set)
   std::string note;    // in words: why unavailable, or why the processes could not be listed; "" otherwise
   std::uint64_t total_bytes = 0;
-  // used_bytes includes reserved_bytes (NVML's nvmlMemory_v2_t: used = reserved + allocated);
-  // reserved_bytes is the driver's and firmware's own, 0 where only nvmlDeviceGetMemoryInfo (v1)
-  // answers (used then still includes it).
+  // reserved_bytes is the driver's and firmware's own, outside used_bytes: on driver 580 an idle
+  // H200 answers nvmlDeviceGetMemoryInfo_v2 with used 0 and reserved 606 MiB (tests/gpu/RESULTS.md,
+  // 2026-11-29), though NVML's header says used includes it. 0 where only v1 answers.
   std::uint64_t used_bytes = 0;
   std::uint64_t reserved_bytes = 0;
   std::uint64_t free_bytes = 0;

@@ -84,6 +84,7 @@ DeviceUse BudgetRequests::device_use(int device) const {
   use.note = r.note;
   if (r.source == "unavailable") return use;
   use.memory = model::LedgerMemory{r.total_bytes, r.used_bytes, r.reserved_bytes, r.free_bytes};
+  use.listed = r.processes_listed;
   for (const GpuProcess& p : r.processes) use.processes[p.pid] = p.used_bytes;
   return use;
 }
@@ -114,21 +115,55 @@ model::LedgerDevice BudgetRequests::account(int device) const {
   v.usage_source = use.source;
   v.usage_note = use.note;
   v.memory = use.memory;
+
+  // Whose is each process NVML lists. cupool's own: the holder (where it holds memory, it has a
+  // context there) and each budget's process; then the holder's clients; the rest it does not know.
+  const std::int64_t self = ::getpid();
+  const bool holder_here = !v.buffers.empty() || !v.pools.empty();
+  std::map<std::int64_t, const char*> roles;
+  if (holder_here) roles[self] = "holder";
+  for (const auto& [id, g] : budgets_)
+    for (const GrantDevice& gd : g.devices)
+      if (gd.device == device) roles[g.claimed_by ? g.claimed_pid : g.pid] = "budgeted";
+  for (const auto& [id, c] : clients_) roles.emplace(c.peer.pid, "client");
+  // NVML names processes by the pids of the host's PID namespace. In a container they are not this
+  // holder's: then it can't tell whose a process is, and says so. It can tell when one of its own
+  // that must be there (the holder with memory, a budget's process using some) is, or is not.
+  bool expected = false, found = false;
+  if (use.listed) {
+    if (holder_here) {
+      expected = true;
+      found = use.processes.count(self) > 0;
+    }
+    for (const auto& [id, g] : budgets_)
+      for (const GrantDevice& gd : g.devices)
+        if (gd.device == device && g.claimed_by && gd.used_bytes > 0) {
+          expected = true;
+          found = found || use.processes.count(g.claimed_pid) > 0;
+        }
+  }
+  const bool matched = use.listed && (!expected || found);
+  if (use.listed && !matched)
+    v.usage_note =
+        "NVML's process ids are not this holder's PID namespace's (a container?): cupool can't tell "
+        "which processes are its own; unknown is what NVML sees beyond cupool's own";
   auto nvml_figure = [&](std::int64_t pid) -> std::optional<std::uint64_t> {
+    if (!matched) return std::nullopt;
     const auto it = use.processes.find(pid);
     return it == use.processes.end() ? std::nullopt : it->second;
   };
+  // What a process of cupool's uses on the device: NVML's figure; where NVML lists the processes
+  // and not this one, nothing (it has no context there yet); where it can't tell, `estimate`.
+  auto on_device = [&](std::int64_t pid, std::uint64_t estimate) -> std::uint64_t {
+    if (const auto figure = nvml_figure(pid)) return *figure;
+    return matched ? 0 : estimate;
+  };
 
-  // The holder's own context, where it holds anything on the device.
-  const bool holder_here = !v.buffers.empty() || !v.pools.empty();
-  // NVML's used memory includes the driver's own reserve: that much is explained.
-  std::uint64_t accounted = use.memory ? use.memory->reserved_bytes : 0;
-  const std::int64_t self = ::getpid();
+  std::uint64_t ours = 0;  // what cupool's own processes use on the device
   if (holder_here) {
     v.context_bytes += context_bytes_;
-    accounted += nvml_figure(self).value_or(v.held_bytes + v.pool_reserved_bytes + context_bytes_);
+    ours += on_device(self, v.held_bytes + v.pool_reserved_bytes + context_bytes_);
   }
-  std::map<std::int64_t, const char*> roles{{self, "holder"}};
   for (const auto& [id, g] : budgets_)
     for (const GrantDevice& gd : g.devices) {
       if (gd.device != device) continue;
@@ -145,21 +180,28 @@ model::LedgerDevice BudgetRequests::account(int device) const {
       v.budget_bytes += gd.budget_bytes;
       v.budget_used_bytes += gd.used_bytes;
       v.context_bytes += context_bytes_;
-      accounted += row.device_bytes.value_or(gd.used_bytes + context_bytes_);
-      roles[row.pid] = "budgeted";
+      ours += on_device(row.pid, row.claimed ? gd.used_bytes + context_bytes_ : 0);
       v.budgets.push_back(std::move(row));
     }
-  for (const auto& [id, c] : clients_) roles.emplace(c.peer.pid, "client");
+  std::uint64_t listed = 0, others = 0;  // every figure NVML gave; those of processes not cupool's own
   for (const auto& [pid, figure] : use.processes) {
     const auto role = roles.find(pid);
-    model::LedgerProcess row{pid, role == roles.end() ? "unknown" : role->second, command_of(pid), figure};
-    if (row.role == "unknown") v.unknown_bytes += figure.value_or(0);
-    if (row.role == "unknown" || row.role == "client") accounted += figure.value_or(0);
-    v.processes.push_back(std::move(row));
+    const char* as = matched && role != roles.end() ? role->second : "unknown";
+    v.processes.push_back({pid, as, command_of(pid), figure});
+    listed += figure.value_or(0);
+    if (std::string(as) == "unknown" || std::string(as) == "client") others += figure.value_or(0);
+  }
+  // Memory NVML sees that is not cupool's own: by process where pids match, else all of it beyond
+  // what cupool's own use (so a budget never fits where that memory is).
+  v.unknown_bytes = matched ? others : (listed > ours ? listed - ours : 0);
+  if (use.listed && !matched) {
+    for (model::LedgerProcess& p : v.processes) p.command.clear();  // another namespace's pid: not ours to read
   }
   v.committed_bytes = v.held_bytes + v.pool_reserved_bytes + v.budget_bytes + v.context_bytes + v.unknown_bytes;
   v.available_bytes = v.total_bytes > v.committed_bytes ? v.total_bytes - v.committed_bytes : 0;
   if (v.memory) {
+    // NVML's used (the driver's own reserve outside it): cupool's own processes, and the rest.
+    const std::uint64_t accounted = ours + v.unknown_bytes + (matched ? others - v.unknown_bytes : 0);
     v.accounted_bytes = accounted;
     v.unexplained_bytes = static_cast<std::int64_t>(v.memory->used_bytes) - static_cast<std::int64_t>(accounted);
   }

@@ -26,6 +26,7 @@ struct DeviceUse {
   std::string source = "unavailable";  // "nvml", "simulated", "unavailable"
   std::string note;
   std::optional<model::LedgerMemory> memory;
+  bool listed = false;  // NVML listed the processes (else `processes` is empty for want of them)
   std::map<std::int64_t, std::optional<std::uint64_t>> processes;  // pid -> NVML's figure
 };
 

@@ -36,10 +36,12 @@ missing). Progress goes to stderr.
   ledger_vs_nvml  `cupool ledger --format json` sampled every 0.5 s beside NVML's device used
                   (nvmlDeviceGetMemoryInfo_v2, else v1) read by this script just before and just
                   after it, while shared and offender run (with `all`: while starts, offender, agree
-                  and shared run). Goal: |accounted_bytes - NVML used after| <= max(1% of total,
-                  64 MiB) in >= 95% of the steady samples (NVML's used moved by no more than that
-                  across the sample: the co-tenant's 8 GiB swings fall between reads otherwise), at
-                  least 10 of them; every sample and unexplained_bytes are recorded.
+                  and shared run). Goal: in every sample, |NVML used - accounted_bytes| as the holder
+                  read them in one request (the ledger's unexplained_bytes) <= max(1% of total,
+                  64 MiB), at least 10 samples. Beside it, the same against this script's own NVML
+                  read (before and after the ledger), over the steady samples (NVML's used moved by
+                  no more than that across the sample): reported, not judged, since the workloads
+                  move gigabytes between the two reads (measured 2026-11-29: 391 of 394).
   overhead        20,000 pairs of 1 MiB cudaMalloc/cudaFree (cupy.cuda.runtime) and 20,000
                   torch.empty of 1-64 MiB with empty_cache every 100, in plain python and under
                   `cupool exec --budget`, alternately, --reps times each. Goal: the budgeted time /
@@ -90,12 +92,11 @@ H200_NVML_TOTAL = 150_754_820_096
 
 # Per mode: what --quick changes (flags override each).
 MODES = {
-    "full": {"trials": 10, "cycles": 1000, "samples": 10000, "pairs": 20000, "churn": 20000, "reps": 3},
+    "full": {"trials": 10, "cycles": 1000, "samples": 10000, "pairs": 20000, "churn": 100000, "reps": 5},
     "quick": {"trials": 2, "cycles": 100, "samples": 1000, "pairs": 5000, "churn": 5000, "reps": 2},
 }
 PARTS = ("starts", "offender", "agree", "shared", "ledger_vs_nvml", "overhead")
 JAX_BYTES_LIMIT_TOLERANCE = 4 * MIB
-LEDGER_WITHIN_SHARE = 0.95
 
 
 def log(*words):
@@ -276,8 +277,10 @@ def child_offender(p):
             if len(other) < 3:
                 other.append(str(e).splitlines()[0][:200])
         reached.append(len(held) * chunk)
-        # Refused exactly where the budget ends: what it held fits, one chunk more would not.
-        at_budget += base + len(held) * chunk <= budget < base + (len(held) + 1) * chunk
+        # Refused exactly where the budget ends: what it held at the refusal (its chunks and what
+        # torch kept besides, read then) fits, one chunk more would not.
+        used_now = budget - torch.cuda.mem_get_info()[0]
+        at_budget += used_now <= budget < used_now + chunk
         del held
         torch.cuda.empty_cache()
     done({"ok": True, "cycles": p["cycles"], "ooms": ooms, "runaway": runaway, "other_errors": other,
@@ -840,12 +843,18 @@ class LedgerSampler:
                                    s["budgets"], s["processes"]] for s in self.samples]}
         n = len(steady)
         share = within / n if n else 0.0
-        g = goal("ledger_vs_nvml", f"|accounted_bytes - NVML used| <= max(1% of total, 64 MiB) = {tol / MIB:.0f} MiB "
-                 f"in >= {LEDGER_WITHIN_SHARE:.0%} of the steady samples (0.5 s apart; at least 10)",
-                 f"{within} of {n} steady samples within ({share:.1%}; {len(self.samples)} samples in all, "
-                 f"{section['all_within']} within); max {section['max_steady_diff_bytes']} B when steady; "
-                 f"{self.failed} failed samples",
-                 None if self.run.dry else (n >= 10 and share >= LEDGER_WITHIN_SHARE))
+        # The goal: in every sample, the ledger's account against NVML's used as the holder read it
+        # in the same request (unexplained_bytes): the one comparison of two figures of one instant.
+        same_instant = sum(abs(u) <= tol for u in unexplained)
+        g = goal("ledger_vs_nvml", f"|NVML used - accounted_bytes| (unexplained_bytes, NVML read by the holder in the "
+                 f"same request) <= max(1% of total, 64 MiB) = {tol / MIB:.0f} MiB in every sample (0.5 s apart; "
+                 f"at least 10)",
+                 f"{same_instant} of {len(unexplained)} samples within (unexplained {section['unexplained_bytes']}); "
+                 f"against this script's own NVML read, {within} of {n} steady samples within ({share:.1%}; "
+                 f"{len(self.samples)} in all, {section['all_within']} within; max {section['max_steady_diff_bytes']} "
+                 f"B when steady); {self.failed} failed samples",
+                 None if self.run.dry else (len(unexplained) >= 10 and same_instant == len(unexplained) and
+                                            len(unexplained) == len(self.samples)))
         return section, [g]
 
 
@@ -1205,8 +1214,8 @@ def main():
     common.add_argument("--cycles", type=int, help="offender: overshoot cycles (default 1000; quick 100)")
     common.add_argument("--samples", type=int, help="agree: samples (default 10000; quick 1000)")
     common.add_argument("--pairs", type=int, help="overhead: cudaMalloc/cudaFree pairs (default 20000; quick 5000)")
-    common.add_argument("--churn", type=int, help="overhead: torch.empty calls (default 20000; quick 5000)")
-    common.add_argument("--reps", type=int, help="overhead: repetitions of each (default 3; quick 2)")
+    common.add_argument("--churn", type=int, help="overhead: torch.empty calls (default 100000; quick 5000)")
+    common.add_argument("--reps", type=int, help="overhead: repetitions of each (default 5; quick 2)")
     common.add_argument("--set-gib", type=int, default=8, help="shared: the set's tensors of 1 GiB (default 8)")
     helps = {"starts": "JAX and engines started together under budgets, beside a co-tenant",
              "offender": "a process past its budget beside two neighbours",

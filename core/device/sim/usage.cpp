@@ -15,7 +15,7 @@ DeviceUsageReport SimDeviceUsage::device_usage(int dev) {
   report.source = "simulated";
   report.total_bytes = d.info.total_memory;
   report.reserved_bytes = std::min(kDriverReserve, report.total_bytes);
-  std::uint64_t used = report.reserved_bytes;
+  std::uint64_t used = 0;  // the reserve is outside it, as driver 580 answers (backend.h)
   if (s_.has_context(dev)) {
     GpuProcess self;
     self.pid = static_cast<std::uint32_t>(::getpid());
@@ -28,8 +28,8 @@ DeviceUsageReport SimDeviceUsage::device_usage(int dev) {
     report.processes.push_back(p);
   }
   report.processes_listed = true;
-  report.used_bytes = std::min(used, report.total_bytes);
-  report.free_bytes = report.total_bytes - report.used_bytes;
+  report.used_bytes = std::min(used, report.total_bytes - report.reserved_bytes);
+  report.free_bytes = report.total_bytes - report.reserved_bytes - report.used_bytes;
   return report;
 }
 

@@ -14,15 +14,15 @@ constexpr std::uint64_t kUsageMiB = 1ULL << 20;
 using SimUsage = sim::SimDeviceUsage;
 }  // namespace
 
-TEST_CASE("device usage: an idle simulated device has the driver's reserve and no process") {
+TEST_CASE("device usage: an idle simulated device has the driver's reserve, outside used, and no process") {
   SimBackend sim(test::two_gpu_node());
   const DeviceUsageReport u = sim.device_usage(0);
   CHECK(u.source == "simulated");
   CHECK(u.note.empty());
   CHECK(u.total_bytes == 80ULL << 30);
   CHECK(u.reserved_bytes == SimUsage::kDriverReserve);
-  CHECK(u.used_bytes == SimUsage::kDriverReserve);
-  CHECK(u.free_bytes == u.total_bytes - u.used_bytes);
+  CHECK(u.used_bytes == 0);  // as driver 580 answers nvmlDeviceGetMemoryInfo_v2 (backend.h)
+  CHECK(u.free_bytes == u.total_bytes - u.reserved_bytes);
   CHECK(u.processes_listed);
   CHECK(u.processes.empty());
   CHECK(sim.calls().back() == "device_usage(0)");
@@ -46,8 +46,8 @@ TEST_CASE("device usage: this process with a pool's reserve, and a stranger") {
   CHECK(u.processes[1].pid == 4242);
   CHECK(u.processes[1].used_bytes == 1024 * kUsageMiB);
   CHECK(!u.processes[2].used_bytes);
-  CHECK(u.used_bytes == SimUsage::kDriverReserve + SimUsage::kContextBytes + 64 * kUsageMiB + 1024 * kUsageMiB);
-  CHECK(u.free_bytes == u.total_bytes - u.used_bytes);
+  CHECK(u.used_bytes == SimUsage::kContextBytes + 64 * kUsageMiB + 1024 * kUsageMiB);
+  CHECK(u.free_bytes == u.total_bytes - u.reserved_bytes - u.used_bytes);
 
   // The other device: no context there, no stranger.
   CHECK(sim.device_usage(0).processes.empty());
@@ -72,6 +72,6 @@ TEST_CASE("device usage: used never passes the device's total") {
   sim.add_gpu_process(0, GpuProcess{7, 1024 * kUsageMiB});
   const DeviceUsageReport u = sim.device_usage(0);
   CHECK(u.reserved_bytes == 256 * kUsageMiB);
-  CHECK(u.used_bytes == 256 * kUsageMiB);
+  CHECK(u.used_bytes == 0);  // all of it is the reserve
   CHECK(u.free_bytes == 0);
 }

@@ -229,6 +229,12 @@ TEST_CASE("the ledger counts the processes cupool does not know, and NVML's figu
   CHECK(*d.unexplained_bytes == 0);
   // A budget does not fit around a stranger's memory.
   const std::uint64_t exec = f.client(::getpid());
+  // A granted budget whose process NVML does not list uses nothing on the device yet: the ledger
+  // still explains every byte (it once counted such a budget's context, and went negative).
+  const std::uint64_t other = f.client(1);  // a process of its own (this one is the holder's too)
+  f.call(other, Fixture::grant(kGiB));
+  f.call(other, Fixture::grant(kGiB));
+  CHECK(*f.device().unexplained_bytes == 0);
   CHECK(f.error_message(exec, Fixture::grant(d.available_bytes)).find("used by 2 processes cupool does not know") !=
         std::string::npos);
 }
