@@ -160,7 +160,7 @@ void ask_for_budget(const BudgetRequest& req) {
   for (const model::LedgerDevice& d : before.devices) node.push_back(d.id);
   proto::BudgetGrant ask;
   ask.devices = asks_of(req, node);
-  ask.command = req.command;
+  ask.command = utf8_prefix(req.command, proto::kMaxCommand);  // what the ledger shows of a long one
   if (ask.devices.empty()) throw Error(Errc::invalid_input, "--budget: no device to give a budget on");
 
   using clock = std::chrono::steady_clock;
@@ -169,38 +169,34 @@ void ask_for_budget(const BudgetRequest& req) {
   nlohmann::ordered_json reply;
   while (true) {
     reply = holder.request_raw(proto::to_json(ask));
-    if (reply.value("ok", false)) break;
-    const std::string code = reply.contains("error") ? reply["error"].value("code", "") : "";
+    if (proto::ok_of(reply).value_or(false)) break;
+    const model::ErrorInfo error = proto::error_of_reply(reply).value_or(model::ErrorInfo{});
     const double waited = std::chrono::duration<double>(clock::now() - started).count();
-    if (code != "out_of_memory" || !req.wait || (*req.wait > 0 && waited >= *req.wait)) {
-      if (said && code == "out_of_memory")
+    if (error.code != "out_of_memory" || !req.wait || (*req.wait > 0 && waited >= *req.wait)) {
+      if (said && error.code == "out_of_memory")
         std::cerr << "cupool exec: waited " << static_cast<long>(waited) << " s for room; none came\n";
       throw_reply_error(reply);
     }
     if (!said && !req.quiet)
       std::cerr << "cupool exec: waiting for room"
                 << (*req.wait > 0 ? " (at most " + std::to_string(static_cast<long>(*req.wait)) + " s)" : "") << ": "
-                << reply["error"].value("message", "") << "\n";
+                << error.message << "\n";
     said = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
+  const model::BudgetGrant granted = model::read_json<model::BudgetGrant>(reply);
   std::string env, words;
-  for (const auto& d : reply.at("devices")) {
-    const std::string uuid = d.at("uuid").get<std::string>();
-    const std::uint64_t bytes = d.at("budget_bytes").get<std::uint64_t>();
-    env += (env.empty() ? "" : ",") + uuid + "=" + std::to_string(bytes);
-    words +=
-        (words.empty() ? "" : ", ") + format_bytes(bytes) + " on device " + std::to_string(d.at("device").get<int>());
+  for (const model::BudgetDevice& d : granted.devices) {
+    env += (env.empty() ? "" : ",") + d.id.uuid + "=" + std::to_string(d.budget_bytes);
+    words += (words.empty() ? "" : ", ") + format_bytes(d.budget_bytes) + " on device " + std::to_string(d.id.device);
     // Where the kernel enforces it too (the dmem cgroup controller), say so.
-    const std::string kernel = d.value("kernel_limit", "");
-    if (starts_with(kernel, "dmem.max")) words += " (and the kernel's " + kernel + ")";
+    if (starts_with(d.kernel_limit, "dmem.max")) words += " (and the kernel's " + d.kernel_limit + ")";
   }
   ::setenv("CUPOOL_EXEC_BUDGET", env.c_str(), 1);
-  ::setenv("CUPOOL_EXEC_GRANT", reply.at("grant").get<std::string>().c_str(), 1);
+  ::setenv("CUPOOL_EXEC_GRANT", granted.grant.c_str(), 1);
   ::setenv("CUPOOL_SOCKET", holder.socket().c_str(), 1);
   if (!req.quiet)
-    std::cerr << "cupool exec: budget " << reply.at("grant").get<std::string>() << " for pid " << ::getpid() << ": "
-              << words << "\n";
+    std::cerr << "cupool exec: budget " << granted.grant << " for pid " << ::getpid() << ": " << words << "\n";
 }
 
 }  // namespace cupool::cli

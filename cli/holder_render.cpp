@@ -427,13 +427,17 @@ std::string prometheus_label_value(std::string_view value) {
   return valid_utf8(out);
 }
 
+namespace {
+// The ledger's families (below): cupool_ledger_* per device, cupool_budget_* per budget.
+void ledger_families(std::ostringstream& out, const model::Ledger& ledger, const Shown& shown, const NodeLabels& node);
+}  // namespace
+
 std::string render_stats_prometheus(const json& reply, const NodeLabels& node) {
   std::ostringstream out;
   const Read<model::Stats> read(reply);
   for (const auto& m : kPoolMetrics) metric_family(out, m, read.value.pools, kPoolLabels, read.shown, node);
   for (const auto& m : kDeviceMetrics) metric_family(out, m, read.value.devices, kDeviceLabels, read.shown, node);
-  if (const auto it = reply.find("ledger"); it != reply.end() && it->is_object())
-    out << render_ledger_prometheus(*it, node);
+  if (read.value.ledger) ledger_families(out, *read.value.ledger, read.shown, node);
   out << prometheus_build_info();
   return out.str();
 }
@@ -468,12 +472,8 @@ const Metric<model::LedgerDevice> kLedgerMetrics[] = {
 };
 #undef CUPOOL_LEDGER_METRIC
 
-}  // namespace
-
-std::string render_ledger_prometheus(const json& ledger, const NodeLabels& node) {
-  std::ostringstream out;
-  const Read<model::Ledger> read(ledger);
-  for (const auto& m : kLedgerMetrics) metric_family(out, m, read.value.devices, kDeviceLabels, read.shown, node);
+void ledger_families(std::ostringstream& out, const model::Ledger& ledger, const Shown& shown, const NodeLabels& node) {
+  for (const auto& m : kLedgerMetrics) metric_family(out, m, ledger.devices, kDeviceLabels, shown, node);
   // A budget's series: gpu and UUID as the device's, and the grant, pid and user.
   const struct {
     const char* name;
@@ -488,14 +488,22 @@ std::string render_ledger_prometheus(const json& ledger, const NodeLabels& node)
   };
   for (const auto& m : budget_metrics) {
     out << "# HELP " << m.name << ' ' << m.help << "\n# TYPE " << m.name << " gauge\n";
-    for (const model::LedgerDevice& d : read.value.devices)
+    for (const model::LedgerDevice& d : ledger.devices)
       for (const model::LedgerBudget& b : d.budgets) {
-        if (!read.shown.has(b.*m.field)) continue;
+        if (!shown.has(b.*m.field)) continue;
         out << m.name << "{gpu=\"" << d.id.device << "\",UUID=\"" << prometheus_label_value(d.id.uuid) << "\",grant=\""
             << prometheus_label_value(b.grant) << "\",pid=\"" << b.pid << "\",user=\"" << prometheus_label_value(b.user)
             << "\"} " << b.*m.field << "\n";
       }
   }
+}
+
+}  // namespace
+
+std::string render_ledger_prometheus(const json& ledger, const NodeLabels& node) {
+  std::ostringstream out;
+  const Read<model::Ledger> read(ledger);
+  ledger_families(out, read.value, read.shown, node);
   return out.str();
 }
 
@@ -536,7 +544,7 @@ std::string render_ledger(const json& reply) {
   for (const model::LedgerDevice& d : read.value.devices)
     for (const model::LedgerBuffer& b : d.buffers) {
       ++buffers;
-      ht.add({shown.text(b.name), std::to_string(d.id.device), shown.bytes(b.size_bytes), shown.number(b.mappers)});
+      ht.add({shown.text(b.name), std::to_string(d.id.device), shown.bytes(b.size_bytes), shown.number(b.mapper_count)});
     }
   out << "\n" << section("Held", ht, buffers);
 

@@ -384,6 +384,26 @@ int cupool_load_file_gds(cupool_conn* conn, const cupool_lease* lease, int fd, c
   });
 }
 
+int cupool_budget_claim(cupool_conn* conn, const char* grant) {
+  return guarded_session(conn, [&] {
+    if (!grant) throw Failure{CUPOOL_E_INVALID, "grant must not be NULL"};
+    conn->call(cupool::proto::to_json(cupool::proto::BudgetClaim{grant}));
+  });
+}
+
+int cupool_budget_report(cupool_conn* conn, const cupool_budget_use* uses, size_t count) {
+  return guarded_session(conn, [&] {
+    if (!uses || count == 0 || count > cupool::proto::kMaxBudgetDevices)
+      throw Failure{CUPOOL_E_INVALID,
+                    "uses must name 1 to " + std::to_string(cupool::proto::kMaxBudgetDevices) + " devices"};
+    cupool::proto::BudgetUsage report;
+    for (size_t i = 0; i < count; ++i)
+      report.devices.push_back({std::string(uses[i].uuid, strnlen(uses[i].uuid, sizeof uses[i].uuid)),
+                                uses[i].used_bytes, uses[i].peak_bytes});
+    conn->call(cupool::proto::to_json(report));
+  });
+}
+
 int cupool_request(cupool_conn* conn, const char* request_json, char** reply) {
   if (reply) *reply = nullptr;
   return guarded_session(conn, [&] {

@@ -388,10 +388,10 @@ model::DmemFacts dmem_facts(const DmemSupport& s, const NodeReport& report) {
   out.controller = s.controller;
   if (!s.why.empty()) out.note = s.why;
   for (const DmemRegion& r : s.regions) {
-    model::DmemRegionFacts region{r.name, r.capacity_bytes, std::nullopt, std::nullopt, r.pci_bus_id};
+    model::DmemRegionFacts region{r.name, r.capacity_bytes, r.pci_bus_id, std::nullopt};
     if (const auto ordinal = dmem_device(r, report)) {
-      region.device = ordinal;
-      region.uuid = report.device(*ordinal)->info.uuid;
+      const DeviceInfo& info = report.device(*ordinal)->info;
+      region.gpu = model::DeviceId{*ordinal, info.uuid, info.pci_bus_id};
     }
     out.regions.push_back(std::move(region));
   }

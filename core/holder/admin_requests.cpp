@@ -27,7 +27,9 @@ Reply AdminRequests::stats(Request& r) {
   const bool reset = proto::read_stats(r.args).reset_peaks;
   if (reset) require_admin(r.client, "stats with reset_peaks");
   r.args.finish();
-  return model::to_json(stats(reset));
+  model::Stats out = stats(reset);
+  if (!r.client.admin) out.ledger = units_.budgets.ledger(r.client.peer.uid);  // others' command lines left out
+  return model::to_json(out);
 }
 
 Reply AdminRequests::trim(Request& r) {

@@ -26,6 +26,20 @@ std::string command_of(std::int64_t pid, std::size_t max) {
   return valid_utf8(text);
 }
 
+std::optional<std::uint32_t> owner_of(std::int64_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Uid:", 0) == 0) {
+      try {
+        return static_cast<std::uint32_t>(std::stoul(line.substr(4)));
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    }
+  return std::nullopt;
+}
+
 namespace {
 
 std::string plural(std::size_t n, const char* one, const char* many) {
@@ -89,7 +103,7 @@ DeviceUse BudgetRequests::device_use(int device) const {
   return use;
 }
 
-model::LedgerDevice BudgetRequests::account(int device) const {
+model::LedgerDevice BudgetRequests::account(int device, std::optional<std::uint32_t> viewer) const {
   model::LedgerDevice v;
   v.id = pools_.device_id(device);
   const DeviceReport* report = node_.device(device);
@@ -100,7 +114,7 @@ model::LedgerDevice BudgetRequests::account(int device) const {
     model::LedgerBuffer row{name, 0, 0};
     for (const HeldBuffer::Part& p : b.parts) row.size_bytes += p.mapped ? p.mapped : p.size;
     for (const auto& [id, c] : clients_)
-      if (auto it = c.open_buffers.find(name); it != c.open_buffers.end() && it->second > 0) ++row.mappers;
+      if (auto it = c.open_buffers.find(name); it != c.open_buffers.end() && it->second > 0) ++row.mapper_count;
     v.held_bytes += row.size_bytes;
     v.buffers.push_back(std::move(row));
   }
@@ -171,7 +185,7 @@ model::LedgerDevice BudgetRequests::account(int device) const {
       row.grant = g.id;
       row.pid = g.claimed_by ? g.claimed_pid : g.pid;
       row.user = g.user;
-      row.command = g.command;
+      if (!viewer || *viewer == g.uid) row.command = g.command;
       row.claimed = g.claimed_by != 0;
       row.budget_bytes = gd.budget_bytes;
       row.used_bytes = gd.used_bytes;
@@ -187,7 +201,7 @@ model::LedgerDevice BudgetRequests::account(int device) const {
   for (const auto& [pid, figure] : use.processes) {
     const auto role = roles.find(pid);
     const char* as = matched && role != roles.end() ? role->second : "unknown";
-    v.processes.push_back({pid, as, command_of(pid), figure});
+    v.processes.push_back({pid, as, !viewer || owner_of(pid) == viewer ? command_of(pid) : "", figure});
     listed += figure.value_or(0);
     if (std::string(as) == "unknown" || std::string(as) == "client") others += figure.value_or(0);
   }
@@ -208,17 +222,17 @@ model::LedgerDevice BudgetRequests::account(int device) const {
   return v;
 }
 
-model::Ledger BudgetRequests::ledger() const {
+model::Ledger BudgetRequests::ledger(std::optional<std::uint32_t> viewer) const {
   model::Ledger out;
   out.context_allowance_bytes = context_bytes_;
-  for (std::size_t d = 0; d < node_.devices.size(); ++d) out.devices.push_back(account(static_cast<int>(d)));
+  for (std::size_t d = 0; d < node_.devices.size(); ++d) out.devices.push_back(account(static_cast<int>(d), viewer));
   return out;
 }
 
 Reply BudgetRequests::ledger(Request& r) {
   proto::read_ledger(r.args);
   r.args.finish();
-  return model::to_json(ledger());
+  return model::to_json(ledger(r.client.admin ? std::nullopt : std::optional<std::uint32_t>(r.client.peer.uid)));
 }
 
 Reply BudgetRequests::grant(Request& r) {
@@ -226,6 +240,14 @@ Reply BudgetRequests::grant(Request& r) {
   const proto::BudgetGrant want = proto::read_budget_grant(r.args);
   r.args.finish();
   const Peer& peer = r.client.peer;
+  if (!r.client.admin) {
+    std::size_t mine = 0;
+    for (const auto& [id, other] : budgets_) mine += other.uid == peer.uid;
+    if (mine >= kMaxGrantsPerUser)
+      throw Error(Errc::limit_exceeded, "user " + (peer.user.empty() ? std::to_string(peer.uid) : peer.user) +
+                                            " holds " + std::to_string(mine) + " budgets already, the most one user " +
+                                            "who is not an admin may hold");
+  }
   Grant g;
   g.pid = peer.pid;
   g.uid = peer.uid;
@@ -260,20 +282,17 @@ Reply BudgetRequests::grant(Request& r) {
     g.devices.push_back({ask.device, report->info.uuid, bytes, 0, 0});
   }
   const Grant& made = budgets_.add(std::move(g));
+  model::BudgetGrant reply{made.id, made.pid, context_bytes_, {}};
   std::vector<std::string> words;
-  Json devices = Json::array();
   for (const GrantDevice& gd : made.devices) {
-    const std::string kernel = kernel_limit(made.pid, gd, pools_.device_id(gd.device).pci_bus_id);
+    const model::DeviceId id = pools_.device_id(gd.device);
+    const std::string kernel = kernel_limit(made.pid, gd, id.pci_bus_id);
     words.push_back(format_bytes(gd.budget_bytes) + " on device " + std::to_string(gd.device) + " (kernel limit " +
                     kernel + ")");
-    devices.push_back(
-        {{"device", gd.device}, {"uuid", gd.uuid}, {"budget_bytes", gd.budget_bytes}, {"kernel_limit", kernel}});
+    reply.devices.push_back({id, gd.budget_bytes, kernel});
   }
   spdlog::info("granted budget {} to pid {} ({}): {}", made.id, made.pid, made.user, join(words, ", "));
-  return Json{{"grant", made.id},
-              {"pid", made.pid},
-              {"context_allowance_bytes", context_bytes_},
-              {"devices", std::move(devices)}};
+  return model::to_json(reply);
 }
 
 Reply BudgetRequests::claim(Request& r) {
@@ -283,10 +302,9 @@ Reply BudgetRequests::claim(Request& r) {
     throw Error(Errc::busy, "this connection holds a budget grant already; one a connection");
   const Grant& g = budgets_.claim(want.grant, r.id, r.client.peer.pid, r.client.peer.uid);
   spdlog::info("budget {} claimed by pid {}", g.id, g.claimed_pid);
-  Json devices = Json::array();
-  for (const GrantDevice& gd : g.devices)
-    devices.push_back({{"device", gd.device}, {"uuid", gd.uuid}, {"budget_bytes", gd.budget_bytes}});
-  return Json{{"grant", g.id}, {"pid", g.claimed_pid}, {"devices", std::move(devices)}};
+  model::BudgetGrant reply{g.id, g.claimed_pid, context_bytes_, {}};
+  for (const GrantDevice& gd : g.devices) reply.devices.push_back({pools_.device_id(gd.device), gd.budget_bytes, ""});
+  return model::to_json(reply);
 }
 
 Reply BudgetRequests::usage(Request& r) {

@@ -50,11 +50,14 @@ class BudgetRequests {
   Reply usage(Request& r);
   Reply ledger(Request& r);
 
-  // Every device's account now.
-  model::Ledger ledger() const;
+  // Every device's account now. For `viewer` (a user who is not an admin), the command lines of
+  // other users' processes are left out: the holder may read /proc past hidepid, its clients may not.
+  model::Ledger ledger(std::optional<std::uint32_t> viewer = std::nullopt) const;
+  // Grants one user who is not an admin may hold at once, so no one user fills every device.
+  static constexpr std::size_t kMaxGrantsPerUser = 64;
 
  private:
-  model::LedgerDevice account(int device) const;
+  model::LedgerDevice account(int device, std::optional<std::uint32_t> viewer = std::nullopt) const;
   DeviceUse device_use(int device) const;
 
   Backend& backend_;
@@ -70,5 +73,7 @@ class BudgetRequests {
 // A process's command line as /proc shows it (arguments joined by spaces, at most `max` bytes);
 // "" when it can't be read.
 std::string command_of(std::int64_t pid, std::size_t max = 256);
+// The real user id of a process (/proc/PID/status); nullopt when it can't be read.
+std::optional<std::uint32_t> owner_of(std::int64_t pid);
 
 }  // namespace cupool

@@ -219,7 +219,7 @@ CUPOOL_FIELDS(Status) {
 CUPOOL_FIELDS(LedgerBuffer) {
   f("name", v.name);
   f("size_bytes", v.size_bytes);
-  f("mappers", v.mappers);
+  f("mapper_count", v.mapper_count);
 }
 CUPOOL_FIELDS(LedgerPool) {
   f("name", v.name);
@@ -264,7 +264,7 @@ CUPOOL_FIELDS(LedgerDevice) {
   f("committed_bytes", v.committed_bytes);
   f("available_bytes", v.available_bytes);
   f.object("usage", [&](auto& g) {
-    g("source", v.usage_source);
+    g("reader", v.usage_source);
     g("note", v.usage_note);
     g("memory", v.memory);
     g("accounted_bytes", v.accounted_bytes);
@@ -272,6 +272,17 @@ CUPOOL_FIELDS(LedgerDevice) {
   });
 }
 CUPOOL_FIELDS(Ledger) {
+  f("context_allowance_bytes", v.context_allowance_bytes);
+  f("devices", v.devices);
+}
+CUPOOL_FIELDS(BudgetDevice) {
+  f.flat(v.id);
+  f("budget_bytes", v.budget_bytes);
+  f("kernel_limit", v.kernel_limit);
+}
+CUPOOL_FIELDS(BudgetGrant) {
+  f("grant", v.grant);
+  f("pid", v.pid);
   f("context_allowance_bytes", v.context_allowance_bytes);
   f("devices", v.devices);
 }
@@ -508,9 +519,8 @@ CUPOOL_FIELDS(GdsFacts) {
 CUPOOL_FIELDS(DmemRegionFacts) {
   f("name", v.name);
   f("capacity_bytes", v.capacity_bytes);
-  f("device", v.device);
-  f("uuid", v.uuid);
   f("pci_bus_id", v.pci_bus_id);
+  f("gpu", v.gpu);
 }
 CUPOOL_FIELDS(DmemFacts) {
   f("available", v.available);

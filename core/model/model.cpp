@@ -73,6 +73,7 @@ Json to_json(const HolderInfo& v) { return write_json(v); }
 Json to_json(const Status& v) { return write_json(v); }
 Json to_json(const Stats& v) { return write_json(v); }
 Json to_json(const Ledger& v) { return write_json(v); }
+Json to_json(const BudgetGrant& v) { return write_json(v); }
 Json to_json(const Trim& v) { return write_json(v); }
 Json to_json(const TensorEntry& v) { return write_json(v); }
 Json to_json(const BufferTensors& v) { return write_json(v); }

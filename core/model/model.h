@@ -199,7 +199,7 @@ struct Status {
 struct LedgerBuffer {
   std::string name;
   std::uint64_t size_bytes = 0;
-  std::uint64_t mappers = 0;  // connections that have it open
+  std::uint64_t mapper_count = 0;  // connections that have it open
 };
 struct LedgerPool {
   std::string name;
@@ -251,6 +251,19 @@ struct LedgerDevice {
 struct Ledger {
   std::uint64_t context_allowance_bytes = 0;
   std::vector<LedgerDevice> devices;
+};
+// A budget granted (budget_grant's reply) or claimed (budget_claim's): its id, the process, and
+// per device the bytes and what the kernel was told (the dmem cgroup's limit, or why not).
+struct BudgetDevice {
+  DeviceId id;
+  std::uint64_t budget_bytes = 0;
+  std::string kernel_limit;
+};
+struct BudgetGrant {
+  std::string grant;
+  std::int64_t pid = 0;
+  std::uint64_t context_allowance_bytes = 0;
+  std::vector<BudgetDevice> devices;
 };
 
 struct PoolStats {
@@ -482,9 +495,8 @@ struct GdsFacts {
 struct DmemRegionFacts {
   std::string name;  // "drm/0000:03:00.0/vram0"
   std::uint64_t capacity_bytes = 0;
-  std::optional<int> device;              // the node's CUDA device at pci_bus_id; none on a simulated node
-  std::optional<std::string> uuid;        // that device's
   std::optional<std::string> pci_bus_id;  // out of a drm/<pci>/... name
+  std::optional<DeviceId> gpu;            // the node's CUDA device at pci_bus_id; none on a simulated node
 };
 // Whether this host's kernel can limit a cgroup's device memory (the dmem cgroup controller, Linux
 // 6.14+): about the host cupool runs on, a simulated node's too.
@@ -611,6 +623,7 @@ Json to_json(const HolderInfo& v);
 Json to_json(const Status& v);
 Json to_json(const Stats& v);
 Json to_json(const Ledger& v);
+Json to_json(const BudgetGrant& v);
 Json to_json(const Trim& v);
 Json to_json(const TensorEntry& v);
 Json to_json(const BufferTensors& v);

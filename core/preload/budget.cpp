@@ -1,17 +1,18 @@
 // The budget read from CUPOOL_EXEC_BUDGET, its account, and the holder's side of it: the grant
 // claimed at the start and the usage reported while the process runs (docs in budget.h and
 // budget_hooks.cpp).
-#include "budget.h"
+#include "preload/budget.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "cupool/client.h"
 
@@ -75,51 +76,45 @@ Ledger* read_budget() {
   return new Ledger(std::move(*budgets));  // never freed: hooks may run during the process's exit
 }
 
-// The holder's answer to a request: empty when it said "ok": true, else what went wrong in words.
-std::string refusal(int rc, char* reply, cupool_conn* conn) {
-  std::string why;
-  if (rc != CUPOOL_OK) {
-    why = std::string(cupool_status_name(rc)) + ": " + cupool_last_error(conn);
-  } else {
-    const nlohmann::json j = nlohmann::json::parse(reply ? reply : "", nullptr, false);
-    if (!j.is_object()) {
-      why = "the holder's reply is not a JSON object";
-    } else if (j.value("ok", false) != true) {
-      const nlohmann::json error = j.value("error", nlohmann::json::object());
-      why = error.is_object() ? error.value("code", std::string("error")) + ": " + error.value("message", std::string())
-                              : "the holder said no";
-    }
-  }
-  cupool_free_string(reply);
-  return why;
+// What went wrong with a call to the holder, in words ("" when nothing did).
+std::string refusal(int rc, cupool_conn* conn) {
+  return rc == CUPOOL_OK ? "" : std::string(cupool_status_name(rc)) + ": " + cupool_last_error(conn);
 }
 
-// {"op": "budget_usage", "devices": [{"uuid", "used_bytes", "peak_bytes"}, ...]}
-std::string usage_request(const Ledger& ledger) {
-  nlohmann::json devices = nlohmann::json::array();
-  for (int slot = 0; slot < ledger.size(); ++slot)
-    devices.push_back(
-        {{"uuid", ledger.budget(slot).uuid}, {"used_bytes", ledger.used(slot)}, {"peak_bytes", ledger.peak(slot)}});
-  return nlohmann::json{{"op", "budget_usage"}, {"devices", devices}}.dump();
+// What the process holds on each device of its budget now, as cupool_budget_report takes it.
+std::vector<cupool_budget_use> usage(const Ledger& ledger) {
+  std::vector<cupool_budget_use> out(static_cast<std::size_t>(ledger.size()));
+  for (int slot = 0; slot < ledger.size(); ++slot) {
+    cupool_budget_use& u = out[static_cast<std::size_t>(slot)];
+    std::snprintf(u.uuid, sizeof u.uuid, "%s", ledger.budget(slot).uuid.c_str());
+    u.used_bytes = ledger.used(slot);
+    u.peak_bytes = ledger.peak(slot);
+  }
+  return out;
+}
+
+bool same(const std::vector<cupool_budget_use>& a, const std::vector<cupool_budget_use>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const auto& x, const auto& y) {
+           return std::strcmp(x.uuid, y.uuid) == 0 && x.used_bytes == y.used_bytes && x.peak_bytes == y.peak_bytes;
+         });
 }
 
 // The reporting thread: every 250 ms, the figures when they changed since the last report. A
 // failed report is said once and ends the reports (the budget stays enforced here).
-void report_usage(Ledger& ledger, cupool_conn* conn, std::string last) {
+void report_usage(Ledger& ledger, cupool_conn* conn, std::vector<cupool_budget_use> last) {
   while (true) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
-    std::string request = usage_request(ledger);
-    if (request == last) continue;
-    char* reply = nullptr;
-    const int rc = cupool_request(conn, request.c_str(), &reply);
-    if (const std::string why = refusal(rc, reply, conn); !why.empty()) {
+    std::vector<cupool_budget_use> now = usage(ledger);
+    if (same(now, last)) continue;
+    const int rc = cupool_budget_report(conn, now.data(), now.size());
+    if (const std::string why = refusal(rc, conn); !why.empty()) {
       std::fprintf(stderr,
                    "cupool exec: pid %d stopped reporting its budget's usage to the holder (%s); the budget is still "
                    "enforced in the process\n",
                    static_cast<int>(::getpid()), why.c_str());
       return;
     }
-    last = std::move(request);
+    last = std::move(now);
   }
 }
 
@@ -232,14 +227,10 @@ void start_budget() {
   // The grant lives as long as this connection: it is kept (never disconnected) for the process's life.
   cupool_conn* conn = nullptr;
   int rc = cupool_connect(nullptr, "cupool exec budget", &conn);
-  char* reply = nullptr;
-  if (rc == CUPOOL_OK) {
-    const std::string claim = nlohmann::json{{"op", "budget_claim"}, {"grant", grant}}.dump();
-    rc = cupool_request(conn, claim.c_str(), &reply);
-  }
-  const std::string why = refusal(rc, reply, conn);
+  if (rc == CUPOOL_OK) rc = cupool_budget_claim(conn, grant);
+  const std::string why = refusal(rc, conn);
   if (why.empty()) {
-    std::thread(report_usage, std::ref(*ledger), conn, usage_request(*ledger)).detach();
+    std::thread(report_usage, std::ref(*ledger), conn, usage(*ledger)).detach();
     return;
   }
   std::fprintf(stderr,

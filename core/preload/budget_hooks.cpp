@@ -64,7 +64,7 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include "budget.h"
+#include "preload/budget.h"
 
 // The C library's dlsym (preload.cpp): lookups here must not go through the hook.
 extern "C" void* cupool_resolve_dlsym();

@@ -51,8 +51,8 @@
 #include <string>
 #include <thread>
 
-#include "budget.h"
 #include "cupool/client.h"
+#include "preload/budget.h"
 
 #define CUPOOL_HIDDEN __attribute__((visibility("hidden")))
 

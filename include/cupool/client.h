@@ -204,6 +204,21 @@ CUPOOL_API int cupool_load_file_gds(cupool_conn* conn, const cupool_lease* lease
 CUPOOL_API int cupool_request(cupool_conn* conn, const char* request_json, char** reply);
 CUPOOL_API void cupool_free_string(char* text);
 
+/* ---- budgets (docs/budgets.md): what the preload of `cupool exec --budget` says to the holder ---- */
+
+/* Claims the budget grant `grant` (CUPOOL_EXEC_GRANT) for this process: the grant then lives as
+ * long as `conn`. CUPOOL_E_NOT_FOUND (no such grant), CUPOOL_E_REFUSED (another user's, or made for
+ * a process this one does not descend from), CUPOOL_E_BUSY (another process holds it). */
+CUPOOL_API int cupool_budget_claim(cupool_conn* conn, const char* grant);
+/* What this process holds on one device of its budget (by UUID, "GPU-..."), and its peak. */
+typedef struct cupool_budget_use {
+  char uuid[48];
+  uint64_t used_bytes;
+  uint64_t peak_bytes;
+} cupool_budget_use;
+/* Reports `count` devices' use of the grant `conn` claimed (the ledger shows it). */
+CUPOOL_API int cupool_budget_report(cupool_conn* conn, const cupool_budget_use* uses, size_t count);
+
 /* ---- in this process (no holder involved) ---- */
 
 /* Applies the config file's `process:` section to the calling process: on each selected device,

@@ -3,7 +3,8 @@
 
 libcupool-client.so.1 (linked by applications) and libcupool-preload.so (injected by `cupool
 exec`) may need only the C and C++ runtime (the preload also the client library), and may export
-only the C API (cupool_*) and, for the preload, the two functions it interposes (dlsym, cuInit).
+only the C API (cupool_*) and, for the preload, the functions it interposes (dlsym, cuInit, and the
+entry points a budget wraps, as core/preload/preload.map names them).
 This reads each library's dynamic section and dynamic symbol table (readelf) and fails on anything
 else. Then it runs an application that carries its own, different build of yaml-cpp, spdlog and
 fmt (a stand-in library whose every symbol aborts) under `cupool exec`: the config must be applied
@@ -96,10 +97,17 @@ def main():
     for must in ("cupool_connect", "cupool_alloc", "cupool_release", "cupool_configure", "cupool_stats"):
         if must not in {e[0] for e in exported}:
             failures.append(f"the client library does not export {must}")
-    _, exported = check_library(args.preload, {"libcupool-client.so.1"}, lambda n, ndx: n in ("dlsym", "cuInit"),
+    # The preload exports what its version script names: dlsym, cuInit and, for a budget, the driver's
+    # and NVML's entry points it wraps (core/preload/budget_hooks.cpp); nothing else.
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../core/preload/preload.map")) as f:
+        script = f.read()
+    interposed = set(re.findall(r"^\s*(\w+);", script.split("global:")[1].split("local:")[0], re.M))
+    if not {"dlsym", "cuInit", "cuMemAlloc_v2", "cuMemGetInfo_v2", "nvmlDeviceGetMemoryInfo"} <= interposed:
+        failures.append(f"core/preload/preload.map's global names are not what this test expects: {sorted(interposed)}")
+    _, exported = check_library(args.preload, {"libcupool-client.so.1"}, lambda n, ndx: n in interposed,
                                 args.sanitized, failures)
-    if {e[0] for e in exported} != {"dlsym", "cuInit"}:
-        failures.append(f"the preload library exports {sorted(e[0] for e in exported)}, not dlsym and cuInit")
+    if {e[0] for e in exported} != interposed:
+        failures.append(f"the preload library exports {sorted(e[0] for e in exported)}, not {sorted(interposed)}")
 
     if args.sanitized:
         print("(the stand-in application is not run in a sanitized build: the sanitizer runtime must come first, "

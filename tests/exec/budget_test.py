@@ -276,7 +276,7 @@ def main():
         holder = FakeHolder(sock, claim={"ok": False, "error": {"code": "not_found", "message": "no grant g-42"}})
         rc, lines, err = probe(budget4, "fill:getproc:1073741824:10", "sleep:400", CUPOOL_SOCKET=sock,
                                CUPOOL_EXEC_GRANT="g-42")
-        check(rc == 0 and "could not claim its budget grant g-42" in err and "not_found: no grant g-42" in err
+        check(rc == 0 and "could not claim its budget grant g-42" in err and "CUPOOL_E_NOT_FOUND: no grant g-42" in err
               and err.count("cupool exec:") == 1 and lines and lines[0] == {"cmd": "fill", "ok": 4, "rc": 2}
               and holder.ops("budget_usage") == [],
               f"a refused claim is said once, the budget enforced, nothing reported: {lines} {err}")
@@ -293,7 +293,7 @@ def main():
         holder = FakeHolder(sock, usage={"ok": False, "error": {"code": "bad_request", "message": "no"}})
         rc, lines, err = probe(budget4, "alloc:getproc:1048576", "sleep:1000", "alloc:getproc:1048576", "sleep:1000",
                                "fill:getproc:1073741824:10", CUPOOL_SOCKET=sock, CUPOOL_EXEC_GRANT="g-42")
-        check(rc == 0 and err.count("stopped reporting") == 1 and "bad_request: no" in err
+        check(rc == 0 and err.count("stopped reporting") == 1 and "CUPOOL_E_INVALID: no" in err
               and len(holder.ops("budget_usage")) == 1 and lines[-1] == {"cmd": "fill", "ok": 3, "rc": 2},
               f"a failed report: said once, no more reports, the budget enforced: {err} {lines[-1:]} "
               f"{[m.get('op') for _, m in holder.requests]}")

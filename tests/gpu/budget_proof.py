@@ -1088,7 +1088,7 @@ def part_shared(run):
     led = out.get("ledger") or {}
     row = [b for b in (led.get("buffers") or []) if b.get("name") == name]
     held = led.get("held_bytes")
-    mappers = row[0].get("mappers") if row else None
+    mappers = row[0].get("mapper_count") if row else None
     near = held is not None and abs(held - set_bytes) <= max(set_bytes // 100, 64 * MIB)
     goals.append(goal("shared_counted_once", "the ledger counts the set once (held_bytes = its size, within 1% or 64 MiB) "
                       "with 4 mappers", f"held_bytes {held} (set {set_bytes}); mappers {mappers}; "

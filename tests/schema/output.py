@@ -39,7 +39,7 @@ COMMON = "common"  # the shared definitions: no verb prints it, every verb's sch
 
 # The verbs that print machine output, and the schema of each (buffer's subcommands by name).
 VERBS = {"query": "query", "check": "check", "bench": "bench", "status": "status", "stats": "stats",
-         "trim": "trim", "plan": "plan", "apply": "plan"}
+         "trim": "trim", "plan": "plan", "apply": "plan", "ledger": "ledger"}
 BUFFER_VERBS = {"create": "buffer-create", "load": "buffer-load", "ls": "buffer-ls", "rm": "buffer-rm",
                 "remove": "buffer-rm"}
 KEEPER_LIST = "keeper-list"  # `cupool keeper --list`
@@ -221,7 +221,7 @@ def schema_of(args):
         return None, fmt, False
     for i, a in enumerate(args):
         if a in VERBS:
-            return VERBS[a], fmt, a == "stats" and has_flag(args, "--watch")
+            return VERBS[a], fmt, a in ("stats", "ledger") and has_flag(args, "--watch")
         if a == "keeper":
             return (KEEPER_LIST if has_flag(args, "--list") else None), fmt, False
         if a == "buffer":

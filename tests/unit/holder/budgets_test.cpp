@@ -239,6 +239,24 @@ TEST_CASE("the ledger counts the processes cupool does not know, and NVML's figu
         std::string::npos);
 }
 
+TEST_CASE("a user who is not an admin sees only their own command lines, and holds at most so many grants") {
+  Fixture f;
+  const std::uint64_t admin = f.client(1);  // uid 1000: the holder's user
+  Json g = Fixture::grant(kGiB);
+  g["command"] = "serve --token secret";
+  f.call(admin, g);
+  const std::uint64_t bob = f.client(1, 2000);
+  const Json seen_by_bob = f.call(bob, {{"op", "ledger"}});
+  CHECK(seen_by_bob["devices"][0]["budgets"][0]["command"] == "");
+  CHECK(seen_by_bob["devices"][0]["budgets"][0]["user"] == "alice");
+  CHECK(f.call(admin, {{"op", "ledger"}})["devices"][0]["budgets"][0]["command"] == "serve --token secret");
+  CHECK(f.call(bob, {{"op", "stats"}})["ledger"]["devices"][0]["budgets"][0]["command"] == "");
+  for (std::size_t i = 0; i < BudgetRequests::kMaxGrantsPerUser; ++i)
+    REQUIRE(f.error_code(bob, Fixture::grant(1 << 20)) == "ok");
+  CHECK(f.error_code(bob, Fixture::grant(1 << 20)) == "limit_exceeded");
+  CHECK(f.error_code(admin, Fixture::grant(1 << 20)) == "ok");  // an admin is not held to it
+}
+
 TEST_CASE("where the kernel has the dmem controller, a grant is its cgroup's dmem.max too") {
   Fixture f;
   // A cgroup tree of this process's own cgroup path, under a root CUPOOL_CGROUP_ROOT names.
