@@ -544,7 +544,8 @@ std::string render_ledger(const json& reply) {
   for (const model::LedgerDevice& d : read.value.devices)
     for (const model::LedgerBuffer& b : d.buffers) {
       ++buffers;
-      ht.add({shown.text(b.name), std::to_string(d.id.device), shown.bytes(b.size_bytes), shown.number(b.mapper_count)});
+      ht.add(
+          {shown.text(b.name), std::to_string(d.id.device), shown.bytes(b.size_bytes), shown.number(b.mapper_count)});
     }
   out << "\n" << section("Held", ht, buffers);
 

@@ -135,12 +135,12 @@ int main(int argc, char** argv) {
 
   // All verbs, in one place, in the order --help lists them.
   namespace verb = cupool::cli;
-  const std::vector<verb::Verb> verbs = {verb::add_query(app),  verb::add_check(app),  verb::add_hold(app),
-                                         verb::add_keeper(app), verb::add_status(app), verb::add_stats(app), verb::add_ledger(app),
-                                         verb::add_trim(app),   verb::add_plan(app),   verb::add_apply(app),
-                                         verb::add_export(app), verb::add_buffer(app), verb::add_exporter(app),
-                                         verb::add_exec(app),   verb::add_bench(app),  verb::add_completion(app),
-                                         verb::add_help(app),   verb::add_man(app)};
+  const std::vector<verb::Verb> verbs = {verb::add_query(app),      verb::add_check(app),  verb::add_hold(app),
+                                         verb::add_keeper(app),     verb::add_status(app), verb::add_stats(app),
+                                         verb::add_ledger(app),     verb::add_trim(app),   verb::add_plan(app),
+                                         verb::add_apply(app),      verb::add_export(app), verb::add_buffer(app),
+                                         verb::add_exporter(app),   verb::add_exec(app),   verb::add_bench(app),
+                                         verb::add_completion(app), verb::add_help(app),   verb::add_man(app)};
 
   try {
     std::vector<std::string> args = arguments(app, argc, argv);

@@ -108,7 +108,8 @@ TEST_CASE("the declared names are the schemas' properties") {
   // ledger (and stats' "ledger")
   check_agrees<Ledger>("Ledger", {"cupool-ledger-v1.schema.json#/$defs/ledger_body"});
   check_agrees<LedgerDevice>("LedgerDevice", {"cupool-ledger-v1.schema.json#/$defs/ledger_device"});
-  check_agrees<LedgerDevice>("LedgerDevice", {"cupool-ledger-v1.schema.json#/$defs/ledger_device/properties/usage"}, "usage");
+  check_agrees<LedgerDevice>("LedgerDevice", {"cupool-ledger-v1.schema.json#/$defs/ledger_device/properties/usage"},
+                             "usage");
   check_agrees<LedgerBuffer>("LedgerBuffer", {"cupool-ledger-v1.schema.json#/$defs/ledger_buffer"});
   check_agrees<LedgerPool>("LedgerPool", {"cupool-ledger-v1.schema.json#/$defs/ledger_pool"});
   check_agrees<LedgerBudget>("LedgerBudget", {"cupool-ledger-v1.schema.json#/$defs/budget"});
@@ -253,7 +254,11 @@ TEST_CASE("every declared object reads back what it wrote") {
   n.peer_access = {{true, false}, {false, true}};
   n.gds = GdsFacts{};
   check_round_trip(n);
-  n.dmem = DmemFacts{true, true, true, std::nullopt, {{"drm/0000:1b:00.0/vram0", 1, "0000:1b:00.0", DeviceId{0, "GPU-x", "0000:1b:00.0"}}}};
+  n.dmem = DmemFacts{true,
+                     true,
+                     true,
+                     std::nullopt,
+                     {{"drm/0000:1b:00.0/vram0", 1, "0000:1b:00.0", DeviceId{0, "GPU-x", "0000:1b:00.0"}}}};
   check_round_trip(n);
 
   BenchReport r;
