@@ -35,9 +35,11 @@ Verb add_hold(CLI::App& app) {
       "(docs/protocol.md); 'cupool status', 'stats', 'trim', 'plan', 'apply', 'export' and 'buffer' talk to it.\n"
       "\n"
       "Signals: SIGHUP reloads the file (a file with errors is reported and the old state kept; a pool with\n"
-      "leases is never removed); SIGTERM stops taking new work, asks clients to leave, waits up to\n"
-      "--drain-timeout, then frees leases, buffers and pools in that order (SIGINT does the same, exit 130;\n"
-      "a second signal stops at once). Only one holder serves a socket (a lock file beside it); a socket left\n"
+      "leases is never removed); SIGTERM stops taking new work, tells every client, waits up to\n"
+      "--drain-timeout only for clients with leases in use (an exporter, a watcher or an engine that only\n"
+      "maps held buffers does not delay it), then frees leases, buffers and pools in that order (SIGINT does\n"
+      "the same, exit 130; a second signal stops at once). Only one holder serves a socket (a lock file beside it); a "
+      "socket left\n"
       "by a holder that crashed is replaced. Under systemd (Type=notify) it reports READY, RELOADING and\n"
       "STOPPING: see configs/systemd/cupool.service.\n"
       "\n"
@@ -69,7 +71,8 @@ Verb add_hold(CLI::App& app) {
   sub->add_option("--socket,-s", args->socket, "Listen here instead of the config's holder.socket")
       ->envname("CUPOOL_SOCKET");
   add_profile_option(sub, args->profile, "Hold pools on");
-  sub->add_option("--drain-timeout", args->drain_timeout, "Seconds SIGTERM waits for clients to leave")
+  sub->add_option("--drain-timeout", args->drain_timeout,
+                  "Seconds SIGTERM waits for clients with leases in use to free them")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   sub->add_option("--drop-timeout", args->drop_timeout,

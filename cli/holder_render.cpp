@@ -315,6 +315,10 @@ std::string render_status(const json& reply) {
   if (const auto& applied = holder.applied_config)
     head.add({"applied", shown.text(applied->path) + " since " + shown.text(applied->since) + " by " +
                              shown.text(applied->user) + " (a reload or a restart goes back to the config)"});
+  if (const auto& reload = holder.last_reload)
+    head.add({"last reload", shown.text(reload->at) +
+                                 (reload->applied ? ": applied, " : ": NOT applied, kept the old state: ") +
+                                 shown.text(reload->message)});
   head.add({"socket", shown.text(holder.socket)});
   head.add({"state", !shown.has(holder.draining) ? kNone
                      : holder.draining           ? "draining (stopping; takes no new allocations)"

@@ -153,7 +153,7 @@ complete -c cupool -n '__cupool_at "check" 0' -k -a '(__fish_complete_suffix .ya
 complete -c cupool -n '__cupool_at "hold"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "hold"' -l 'socket' -s 's' -r -F -d 'Listen here instead of the config\'s holder.socket'
 complete -c cupool -n '__cupool_at "hold"' -l 'profile' -s 'p' -x -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'Hold pools on this recorded node profile instead of the driver'
-complete -c cupool -n '__cupool_at "hold"' -l 'drain-timeout' -x -d 'Seconds SIGTERM waits for clients to leave'
+complete -c cupool -n '__cupool_at "hold"' -l 'drain-timeout' -x -d 'Seconds SIGTERM waits for clients with leases in use to free them'
 complete -c cupool -n '__cupool_at "hold"' -l 'drop-timeout' -x -d 'Seconds a client has to give back cached blocks when asked, before it is disconnected'
 complete -c cupool -n '__cupool_at "hold"' -l 'max-clients-per-user' -x -d 'Connections one user (not root, not the holder\'s user) may hold at once'
 complete -c cupool -n '__cupool_at "hold"' -l 'keeper' -x -d 'Keep the held buffers\' descriptors in the keeper at this socket (\'cupool keeper\'), where there is no systemd file-descriptor store'

@@ -86,12 +86,18 @@ void BufferStore::destroy(const std::string& name) {
   auto it = buffers_.find(name);
   if (it == buffers_.end()) return;
   const HeldBuffer& b = it->second;
-  const HeldPool* p = pools_.find({b.want.pool, b.want.device});
   if (b.exported && custody_) {
     // Out of custody once a manifest without it is in (sync_custody).
     for (std::size_t i = 0; i < b.parts.size(); ++i) custody_removals_.push_back(custody::part_fd_name(name, i));
     manifest_stale_ = true;
   }
+  unmap_and_erase(it);
+  spdlog::info("removed buffer {}", name);
+}
+
+void BufferStore::unmap_and_erase(Map::iterator it) {
+  const HeldBuffer& b = it->second;
+  const HeldPool* p = pools_.find({b.want.pool, b.want.device});
   for (const auto& part : b.parts) {
     if (b.exported)
       backend_.unmap_exported(part.allocation.address);
@@ -103,7 +109,30 @@ void BufferStore::destroy(const std::string& name) {
       backend_.free(p->handle, part.allocation.address);
   }
   buffers_.erase(it);
-  spdlog::info("removed buffer {}", name);
+}
+
+void BufferStore::close_all_for_stop() noexcept {
+  // What the newest manifest in custody describes is the next holder's; a buffer made or changed
+  // since (the manifest is stale, its parts not deposited yet) goes with this holder.
+  const std::string where = custody_ ? custody_->where() : std::string();
+  while (!buffers_.empty()) {
+    auto it = buffers_.begin();
+    const std::string name = it->first;
+    const HeldBuffer& b = it->second;
+    const bool stays = custody_ && b.exported && !b.loading && !manifest_stale_ && !custody_deposits_.count(name);
+    try {
+      unmap_and_erase(it);
+      if (stays) {
+        spdlog::info("buffer {} stays in custody ({}): the next holder adopts it", name, where);
+      } else {
+        spdlog::info("removed buffer {} (its memory is freed)", name);
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("freeing buffer {}: {}", name, e.what());
+      buffers_.erase(name);
+    }
+  }
+  custody_ = nullptr;  // what custody keeps stays there: the next holder adopts it
 }
 
 std::uint64_t BufferStore::bytes_in(const std::string& pool, int device) const {
@@ -132,6 +161,11 @@ HeldBuffer& BufferStore::readable(std::uint64_t id, const std::string& name) {
 }
 
 HeldBuffer* BufferStore::find(const std::string& name) {
+  auto it = buffers_.find(name);
+  return it == buffers_.end() ? nullptr : &it->second;
+}
+
+const HeldBuffer* BufferStore::find(const std::string& name) const {
   auto it = buffers_.find(name);
   return it == buffers_.end() ? nullptr : &it->second;
 }

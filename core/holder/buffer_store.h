@@ -76,6 +76,9 @@ class BufferStore {
   void create(const BufferWant& w, const std::vector<std::uint64_t>& part_sizes = {});
   // Frees the buffer `name` (none: nothing); its descriptors leave custody with the next sync.
   void destroy(const std::string& name);
+  // The holder is stopping: closes this process's mapping of every buffer. A buffer custody keeps
+  // for the next holder (in the manifest written last) is said to stay there; the rest are removed.
+  void close_all_for_stop() noexcept;
   // The names of the buffers in pool `key`.
   std::vector<std::string> in_pool(const PoolKey& key) const;
   // Bytes of exported allocations charged to a pool (its buffers').
@@ -83,6 +86,7 @@ class BufferStore {
   // The buffer `name` for client `id` to read: not_found, or busy while another client loads it.
   HeldBuffer& readable(std::uint64_t id, const std::string& name);
   HeldBuffer* find(const std::string& name);
+  const HeldBuffer* find(const std::string& name) const;
   std::size_t count(const std::string& name) const { return buffers_.count(name); }
   std::vector<std::string> names() const;
   Map::iterator begin() { return buffers_.begin(); }
@@ -128,10 +132,10 @@ class BufferStore {
       throw;
     }
   }
-  // Forgets custody (the holder is ending): what it keeps stays there for the next holder.
-  void detach_custody() { custody_ = nullptr; }
 
  private:
+  // Unmaps or frees buffer `name`'s parts and forgets it (destroy() without custody or the log).
+  void unmap_and_erase(Map::iterator it);
   // The parts of exported buffer `name` go to custody with the next sync.
   void deposit_parts(const std::string& name);
   // Whether custody's descriptor `name` is one the holder holds now: the manifest written last, or

@@ -79,8 +79,10 @@ class Conversation {
   void sent(std::size_t n);
 
   std::uint64_t client() const { return client_; }
-  // After a malformed frame: close once the queue is flushed.
+  // After a malformed frame, or when the holder stops and the peer holds nothing that needs it:
+  // close once the queue is flushed.
   bool closing() const { return closing_; }
+  void close_after_sending() { closing_ = true; }
   // Between a frame's first byte and its last (for a request in parts: the first part's first
   // byte and the last frame's last).
   bool mid_frame() const { return decoder_.mid_frame() || parts_started_; }

@@ -48,6 +48,20 @@ void Holder::disconnect(std::uint64_t id) {
   buffers_.then_sync_custody([&] { forget_client(id); });
 }
 
+bool Holder::needs_holder(std::uint64_t id) const {
+  const HeldClient* c = clients_.find(id);
+  if (!c) return false;
+  for (std::uint64_t lease : c->leases)
+    if (const Lease* l = leasing_.book().find(lease); l && !l->cached) return true;
+  for (const auto& [name, b] : buffers_)
+    if (b.loading == id) return true;
+  for (const auto& [name, opens] : c->open_buffers) {
+    const HeldBuffer* b = buffers_.find(name);
+    if (opens > 0 && b && !b->exported) return true;
+  }
+  return false;
+}
+
 void Holder::forget_client(std::uint64_t id) {
   HeldClient* gone = clients_.find(id);
   if (!gone) return;
@@ -78,15 +92,8 @@ void Holder::expire_budgets() {
 }
 
 void Holder::shutdown() noexcept {
-  buffers_.detach_custody();  // what custody keeps stays there: the next holder adopts it
   leasing_.free_all();
-  for (const auto& n : buffers_.names()) {
-    try {
-      buffers_.destroy(n);
-    } catch (const std::exception& e) {
-      spdlog::error("freeing buffer {}: {}", n, e.what());
-    }
-  }
+  buffers_.close_all_for_stop();  // and forgets custody: what it keeps stays there for the next holder
   for (const auto& k : pools_.keys()) {
     try {
       reconciler_.destroy_pool(k);

@@ -88,6 +88,11 @@ class Holder {
   // `drop` answers go on, and a request of its own that waited is forgotten.
   void disconnect(std::uint64_t client);
   std::size_t client_count() const { return clients_.size(); }
+  // Whether the client `id` would lose something if the holder stopped now: a lease in use (not
+  // one it only caches), a buffer it is loading, or a buffer open through a pool's import (not an
+  // exported allocation, which its own descriptor keeps). Exporters, watchers and engines that
+  // only map held sets need nothing: a stopping holder does not wait for them.
+  bool needs_holder(std::uint64_t id) const;
   // Frees the budgets granted to processes that ended before one of them claimed it (the server
   // calls it on each turn of its loop).
   void expire_budgets();

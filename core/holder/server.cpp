@@ -110,6 +110,11 @@ class Server {
   void drop(Connection& c, const std::string& why);
   void reload();
   void start_drain(const char* why);
+  // Whether stopping now would take something from the peer (Holder::needs_holder, or a request
+  // of it that waits for cached blocks).
+  bool needs_holder(const Connection& c) const;
+  // Draining, and no client needs the holder any more (or the drain timeout passed).
+  bool drained() const;
   void update_identity();
 
   Backend& backend_;
@@ -128,7 +133,8 @@ class Server {
   bool accept_failing_ = false;
   int exit_code_ = 0;
   int reloads_ = 0;
-  Clock::time_point next_audit_{};  // when custody is next asked what it keeps
+  std::optional<model::ReloadOutcome> last_reload_;  // status says it: a rejected file leaves a trace
+  Clock::time_point next_audit_{};                   // when custody is next asked what it keeps
   std::string started_;
 };
 
@@ -140,6 +146,7 @@ void Server::update_identity() {
   id.socket = socket_->path();
   id.started = started_;
   id.reload_count = static_cast<std::uint64_t>(reloads_);
+  id.last_reload = last_reload_;
   holder_->set_identity(id);
 }
 
@@ -266,8 +273,11 @@ void Server::accept_clients() {
                         .emplace(std::piecewise_construct, std::forward_as_tuple(key),
                                  std::forward_as_tuple(std::move(fd), *holder_, client, uid, admin))
                         .first->second;
-    if (draining_)
-      queue(c, proto::to_json(proto::Draining{"the holder is stopping; release your leases"}), proto::Kind::notice);
+    if (draining_) {
+      c.talk.close_after_sending();  // it holds nothing yet: told, and let go
+      queue(c, proto::to_json(proto::Draining{"the holder is stopping; connect again when a holder is back"}),
+            proto::Kind::notice);
+    }
   }
 }
 
@@ -375,6 +385,14 @@ void Server::reload() {
     if (!loaded.warnings.empty()) spdlog::warn("{}:\n{}", options_.config_path, loaded.warnings);
     const bool waits = holder_->apply_after_drops(loaded.desired, [this](const std::vector<Change>& changes) {
       ++reloads_;
+      std::size_t blocked = 0;
+      for (const Change& ch : changes)
+        if (!ch.blocked.empty()) ++blocked;
+      std::string said = changes.empty()
+                             ? "no changes"
+                             : std::to_string(changes.size()) + (changes.size() == 1 ? " change" : " changes");
+      if (blocked) said += ", " + std::to_string(blocked) + " not done (see 'cupool plan')";
+      last_reload_ = model::ReloadOutcome{iso_now(), true, said};
       update_identity();
       // What `cupool apply` made is replaced by the file: said, not silently undone.
       if (auto applied = holder_->forget_applied())
@@ -391,8 +409,13 @@ void Server::reload() {
                    options_.drop_timeout_ms);
   } catch (const ConfigRejected& e) {
     spdlog::error("reload: {} was not applied; the holder keeps its state.\n{}", options_.config_path, e.rendered());
+    last_reload_ =
+        model::ReloadOutcome{iso_now(), false, e.what() + std::string(" (the holder's log has each finding)")};
+    update_identity();
   } catch (const std::exception& e) {
     spdlog::error("reload: {} was not applied: {}", options_.config_path, e.what());
+    last_reload_ = model::ReloadOutcome{iso_now(), false, e.what()};
+    update_identity();
   }
   sd_notify_state("READY=1\nSTATUS=holding " + std::to_string(holder_->lease_count()) + " leases");
 }
@@ -405,14 +428,44 @@ void Server::start_drain(const char* why) {
   }
   draining_ = true;
   holder_->set_draining(true);
-  spdlog::info("{}: draining ({} clients, {} leases)", why, connections_.size(), holder_->lease_count());
   sd_notify_state("STOPPING=1");
   drain_deadline_ = Clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
-  // New clients can't come in; those here are asked to leave.
+  // New clients can't come in; those here are told. Only a client that would lose something is
+  // waited for (leases in use, a buffer it loads): the others (exporters, watchers, engines that
+  // only map held sets, which their own descriptors keep) are let go once told.
   socket_->close();
-  for (auto& [fd, c] : connections_)
-    queue(c, proto::to_json(proto::Draining{std::string("the holder is stopping (") + why + "); release your leases"}),
-          proto::Kind::notice);
+  std::size_t waited = 0, told = 0;
+  for (auto& [fd, c] : connections_) {
+    if (c.dead) continue;
+    const std::string stopping = std::string("the holder is stopping (") + why + ")";
+    if (needs_holder(c)) {
+      ++waited;
+      queue(c, proto::to_json(proto::Draining{stopping + "; release your leases"}), proto::Kind::notice);
+    } else {
+      ++told;
+      c.talk.close_after_sending();
+      queue(c, proto::to_json(proto::Draining{stopping + "; connect again when a holder is back"}),
+            proto::Kind::notice);
+    }
+  }
+  if (waited)
+    spdlog::info("{}: draining: waiting up to {} ms for {} client{} with leases ({} leases; {} other client{} told)",
+                 why, options_.drain_timeout_ms, waited, waited == 1 ? "" : "s", holder_->lease_count(), told,
+                 told == 1 ? "" : "s");
+  else
+    spdlog::info("{}: stopping ({} client{} told; none holds a lease)", why, told, told == 1 ? "" : "s");
+}
+
+bool Server::needs_holder(const Connection& c) const {
+  return !c.dead && (c.talk.waiting() || holder_->needs_holder(c.talk.client()));
+}
+
+bool Server::drained() const {
+  if (!draining_) return false;
+  if (Clock::now() >= drain_deadline_) return true;
+  for (const auto& [fd, c] : connections_)
+    if (needs_holder(c)) return false;
+  return true;
 }
 
 int Server::run() {
@@ -421,7 +474,7 @@ int Server::run() {
   raise_file_limit();
   start();
   std::vector<pollfd> fds;
-  while (!(draining_ && (connections_.empty() || Clock::now() >= drain_deadline_))) turn(signals, fds);
+  while (!drained()) turn(signals, fds);
   stop();
   return exit_code_;
 }
@@ -625,7 +678,7 @@ void Server::enforce_deadlines() {
 
 void Server::stop() {
   // Drained (or timed out): free what is left in order, then the pools.
-  const std::size_t left = holder_->lease_count();
+  const std::size_t left = holder_->lease_count() - holder_->cached_count();  // cached ones are nobody's loss
   for (auto& [fd, c] : connections_) {
     holder_->disconnect(c.talk.client());
     let_go(c.uid, std::move(c.fd));

@@ -195,6 +195,11 @@ CUPOOL_FIELDS(AppliedConfig) {
   f("since", v.since);
   f("user", v.user);
 }
+CUPOOL_FIELDS(ReloadOutcome) {
+  f("at", v.at);
+  f("applied", v.applied);
+  f("message", v.message);
+}
 CUPOOL_FIELDS(HolderInfo) {
   f("pid", v.pid);
   f("version", v.version);
@@ -204,6 +209,7 @@ CUPOOL_FIELDS(HolderInfo) {
   f("reload_count", v.reload_count);
   f("apply_count", v.apply_count);
   f("applied_config", v.applied_config);
+  f("last_reload", v.last_reload);
   f("draining", v.draining);
   f("uptime_seconds", v.uptime_seconds);
 }

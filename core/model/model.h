@@ -172,6 +172,13 @@ struct AppliedConfig {
   std::optional<std::string> user;  // who (null: unknown)
 };
 
+// The outcome of the holder's last reload of its file (SIGHUP, `systemctl reload`).
+struct ReloadOutcome {
+  std::string at;       // when, ISO 8601 UTC
+  bool applied = true;  // false: the file was not applied and the holder kept its state
+  std::string message;  // what changed, or why it was not applied (the log has every finding)
+};
+
 struct HolderInfo {
   std::int64_t pid = 0;
   std::string version;
@@ -181,6 +188,7 @@ struct HolderInfo {
   std::uint64_t reload_count = 0;
   std::uint64_t apply_count = 0;
   std::optional<AppliedConfig> applied_config;  // none: what is held is `config`
+  std::optional<ReloadOutcome> last_reload;     // none: no reload since the holder started
   bool draining = false;
   std::int64_t uptime_seconds = 0;
 };

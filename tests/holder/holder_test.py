@@ -705,6 +705,11 @@ def test_sighup_reload(tmp):
         line = good.splitlines().index("    max_size: 256MiB") + 1
         check(f"{h.config}:{line}:15: error: max_size: '256MB_' is not a size [invalid-size]" in h.text(), h.text())
         check(len(status(h)["pools"]) == 2, "state changed after a bad reload")
+        # status keeps the trace of the rejected reload (the log may be gone or far away).
+        last = status(h)["holder"]["last_reload"]
+        check(last and last["applied"] is False and "error" in last["message"], last)
+        text = cupool("status", socket_path=h.socket, check_rc=0).stdout
+        check(re.search(r"last reload +\S+: NOT applied, kept the old state: ", text), text)
         with open(h.config, "w") as f:
             f.write(good + "  - {name: added, pool: kv, device: 0, size: 1MiB}\n")
         h.proc.send_signal(signal.SIGHUP)
@@ -713,6 +718,8 @@ def test_sighup_reload(tmp):
             time.sleep(0.05)
         check(len(status(h)["buffers"]) == 2, "a good reload was not applied")
         check(status(h)["holder"]["reload_count"] == 1, status(h)["holder"])
+        last = status(h)["holder"]["last_reload"]
+        check(last["applied"] is True and last["message"] == "1 change", last)
     finally:
         h.stop()
 
@@ -918,6 +925,101 @@ def test_sigterm_drains(tmp):
     rc = h.proc.wait(10)
     check(rc == 0, f"holder exit {rc}")
     check("stopped" in h.text(), h.text())
+
+
+def test_sigterm_waits_only_for_leases(tmp):
+    """SIGTERM waits only for clients that would lose something. With the exporter, a `stats
+    --watch` and two engines that only map a held buffer connected, the holder stops and a new one
+    answers in under 1 s (it waited the whole drain timeout before); each of them is told; the
+    exporter says cupool_holder_up 0 while no holder answers, and 1 again once one does. A client
+    with a lease in use is still waited for, and the holder stops as soon as it frees it."""
+    import urllib.request
+    h = Holder(tmp)
+    exporter = subprocess.Popen([H.ARGS.cupool, "exporter", "--listen", "127.0.0.1:0", "--socket", h.socket],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen([H.ARGS.cupool, "stats", "--watch", "0.2", "--socket", h.socket],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    engines, h2, h3 = [], None, None
+    try:
+        m = re.search(r"serving http://(127\.0\.0\.1:\d+)/metrics", exporter.stderr.readline())
+        check(m is not None, "the exporter did not say where it serves")
+
+        def up():
+            with urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10) as r:
+                found = re.search(r"^cupool_holder_up (\d)$", r.read().decode(), re.M)
+            check(found is not None, "no cupool_holder_up in the scrape")
+            return int(found.group(1))
+
+        check(up() == 1, "the exporter does not see the holder")
+        for _ in range(2):
+            c = RawClient(h.socket)
+            c.hello(protocol=3)
+            opened, fds = c.request("buffer_open", name="shared")
+            check(opened["ok"] and len(fds) == 1, f"buffer_open: {opened}")
+            engines.append((c, fds))
+        deadline = time.time() + 10 * H.slowness()
+        while len(status(h)["clients"]) < 5 and time.time() < deadline:  # + status's own connection
+            time.sleep(0.05)
+        check(len(status(h)["clients"]) >= 5, status(h)["clients"])
+
+        limit = 1.0 if not H.sanitized() else 2.5  # the harness's drain timeout is 3 s
+        started = time.monotonic()
+        h.proc.send_signal(signal.SIGTERM)
+        rc = h.proc.wait(10)
+        stopped = time.monotonic() - started
+        check(rc == 0, f"holder exit {rc}:\n{h.text()}")
+        h2 = Holder(tmp)  # the same config and socket: a restart
+        restarted = time.monotonic() - started
+        check(restarted < limit, f"the restart took {restarted:.2f} s (the stop {stopped:.2f} s):\n{h.text()}")
+        check("none holds a lease" in h.text(), h.text())
+        for c, fds in engines:
+            kind, notice, _ = c.receive()
+            check(kind == 3 and notice["notice"] == "draining", notice)
+            try:
+                c.receive()
+                check(False, "the connection stayed open after the notice")
+            except (EOFError, OSError):
+                pass
+        # The exporter: 0 while no holder answered (its connection went with the old holder), then 1.
+        h2.stop()
+        deadline = time.time() + 5 * H.slowness()
+        while up() != 0 and time.time() < deadline:
+            time.sleep(0.2)
+        check(up() == 0, "the exporter says the holder is up while none answers")
+        h3 = Holder(tmp)
+        deadline = time.time() + 5 * H.slowness()
+        while up() != 1 and time.time() < deadline:
+            time.sleep(0.2)
+        check(up() == 1, "the exporter does not see the new holder")
+
+        # A lease in use is waited for, and only until it is freed.
+        c = RawClient(h3.socket)
+        c.hello()
+        body, _ = c.request("alloc", pool="kv", device=0, size=1 << 20)
+        check(body["ok"], body)
+        started = time.monotonic()
+        h3.proc.send_signal(signal.SIGTERM)
+        kind, notice, _ = c.receive()
+        check(kind == 3 and "release your leases" in notice["message"], notice)
+        time.sleep(0.5)
+        check(h3.proc.poll() is None, "the holder stopped while a lease was in use")
+        c.request("free", lease=body["lease"])
+        rc = h3.proc.wait(10)
+        waited = time.monotonic() - started
+        check(rc == 0 and waited < 0.5 + limit, f"exit {rc} after {waited:.2f} s:\n{h3.text()}")
+        c.close()
+    finally:
+        for c, fds in engines:
+            c.close()
+            for fd in fds:
+                os.close(fd)
+        for p in (watcher, exporter):
+            p.terminate()
+            p.wait(10)
+        exporter.stderr.close()
+        for x in (h3, h2, h):
+            if x:
+                x.stop()
 
 
 # ---- load, faults and threads ----
