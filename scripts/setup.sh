@@ -44,6 +44,30 @@ cmake -S . -B "$BUILD" "${TREE_OPTIONS[@]}" "${WERROR[@]}" "${BUILD_DEBUG[@]}" -
 cmake --build "$BUILD"
 echo "setup: $BUILD/ built in $((SECONDS - t)) s"
 
+# Which Python the examples and tests have: setup's packages (python3-numpy, ...) serve Debian's
+# /usr/bin/python3 only; a python3 first on PATH (pyenv, a venv) has its own modules.
+python_report() {
+  local sys=/usr/bin/python3 own version numpy
+  version=$("$sys" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo "?")
+  if numpy=$("$sys" -c 'import numpy; print(numpy.__version__)' 2>/dev/null); then
+    echo "setup: Python: $sys (Python $version) has numpy $numpy (python3-numpy): the README's Python examples and the tests run with it"
+  else
+    echo "setup: Python: $sys (Python $version) has no numpy, though python3-numpy was installed: check 'dpkg -s python3-numpy'"
+  fi
+  own=$(command -v python3 || true)
+  if [ -n "$own" ] && [ "$(readlink -f "$own")" != "$(readlink -f "$sys")" ]; then
+    version=$("$own" -c 'import sys; print(sys.version.split()[0])' 2>/dev/null || echo "?")
+    if numpy=$("$own" -c 'import numpy; print(numpy.__version__)' 2>/dev/null); then
+      echo "setup: your python3 ($own, Python $version, first on PATH) has numpy $numpy too"
+    else
+      echo "setup: your python3 ($own, Python $version, first on PATH) is another python, without numpy:"
+      echo "       run the examples with $sys, or give yours numpy: python3 -m pip install numpy"
+      echo "       (and, to import cupool without PYTHONPATH=python, its package: python3 -m pip install ./python)"
+    fi
+  fi
+}
+python_report
+
 [ -z "${SKIP_MAIN_JOB:-}" ] || exit 0
 
 # The main job.

@@ -17,16 +17,28 @@ with `build/` holding the binary and the client library under test. Each block r
 `bash -e -o pipefail`; the exported variables and the directory a block ends with carry into the
 next one, and what a block starts in the background (`cupool hold ... &`) keeps serving the next
 ones. A python block runs as `python3 BLOCK` with python/ on PYTHONPATH and CUPOOL_CLIENT_LIB set
-(as python/cupool/_lib.py looks for the library). The environment is a fresh user's: PATH is the
-system's plus the binary's folder (cupool on it), HOME is an empty folder, XDG_RUNTIME_DIR one of
+(as python/cupool/_lib.py looks for the library), `python3` being the first on the user's PATH.
+The environment is a fresh user's: PATH is the binary's folder (cupool on it) and then the PATH
+this test inherited, as it is (the user's own python3 first where it is first: a block that needs
+a module that python lacks fails, and the failure says which python3 ran, and whether
+scripts/setup.sh provides that module to it or only to Debian's /usr/bin/python3), HOME is an
+empty folder, XDG_RUNTIME_DIR one of
 mode 0700 (as a login session has), no CUPOOL_* variable is
 set (CUPOOL_PROFILE only where the document itself exports it), and as root without sudo a `sudo`
 that runs its command with the environment kept (sudo -E; without root, help examples with
 sudo are skipped). At the end every process the session started is stopped (each carries
 CUPOOL_DOC_TEST=<session> in its environment; this test is their subreaper).
 
+A block that is not run (a C snippet, or one marked skip) but calls the C API or the Python
+package with a pool or buffer name (`cupool_alloc(conn, "NAME"`, `conn.alloc("NAME"`,
+`open_buffer("NAME"`, `cupool.tensors("NAME"`, ...) is checked against the holder the document's
+session has at that point (or, where the block before stopped it, the holder of the config the
+document started last, started again for the question): a pool it takes memory from must exist
+and have an IPC handle type, a buffer it opens must be held or made by a block of the document.
+
 A document may state what its examples run against; the table SESSION_SETUP below makes that so
-(docs/python.md: a holder of a shipped config on the simulated node, CUPOOL_SOCKET naming it).
+(docs/python.md: a holder of a shipped config on the simulated node, CUPOOL_SOCKET naming it, and
+a python3 with numpy: the user's first where it has numpy, else setup.sh's /usr/bin/python3).
 
 Help examples run one by one in a session of their own: a scratch directory with the
 repository's files, `pools.yaml` (a copy of configs/single-gpu-inference.yaml), `model.safetensors`
@@ -45,6 +57,7 @@ Exit status: 0 every block and example passed (or was skipped with its reason), 
 """
 import argparse
 import ctypes
+import json
 import os
 import pwd
 import re
@@ -201,7 +214,9 @@ class Session:
         os.mkdir(runtime, 0o700)
         user = pwd.getpwuid(os.geteuid()).pw_name
         self.env = {
-            "PATH": bindir + ":" + SYSTEM_PATH, "HOME": home, "USER": user, "LOGNAME": user,
+            # The user's own PATH, as inherited (their python3 first where it is first), after the
+            # binary's folder: never /usr/bin forced in front of what the user has.
+            "PATH": bindir + ":" + os.environ.get("PATH", SYSTEM_PATH), "HOME": home, "USER": user, "LOGNAME": user,
             "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "XDG_RUNTIME_DIR": runtime,
             SESSION_VAR: self.id,
         }
@@ -411,12 +426,215 @@ def start_holder(session, config, profile):
 # What a document says its examples run against, made so before its first block.
 def python_md_setup(session):
     start_holder(session, "configs/single-gpu-inference.yaml", "configs/profiles/h100.yaml")
+    # "a python3 with numpy": the user's first python3 where it has numpy, else the one
+    # scripts/setup.sh gave numpy (Debian's), first on PATH for this document only.
+    found = python_of(session.env)
+    if found and has_module(found[0], "numpy", session.env):
+        print(f"   session: python3 is {found[0]} (Python {found[2]}, first on PATH), which has numpy", flush=True)
+        return
+    if not has_module(SYSTEM_PYTHON, "numpy", session.env):
+        raise Failed(f"its examples need a python3 with numpy (as its opening says), and neither "
+                     f"{found[0] if found else 'the python3 on PATH'} nor {SYSTEM_PYTHON} has it: run scripts/setup.sh "
+                     "(python3-numpy), or python3 -m pip install numpy")
+    bindir = os.path.join(session.state, "python-with-numpy")
+    os.mkdir(bindir)
+    os.symlink(SYSTEM_PYTHON, os.path.join(bindir, "python3"))
+    session.env["PATH"] = bindir + ":" + session.env["PATH"]
+    print(f"   session: python3 is {SYSTEM_PYTHON} (setup.sh's, with numpy): "
+          f"{found[0] if found else 'the python3 on PATH'} has no numpy", flush=True)
 
 
 SESSION_SETUP = {
     "docs/python.md": ("a holder of configs/single-gpu-inference.yaml on the simulated H100, CUPOOL_SOCKET "
-                       "naming its socket (as the document's opening says)", python_md_setup),
+                       "naming its socket, and a python3 with numpy (as the document's opening says)",
+                       python_md_setup),
 }
+
+
+# ---- the python3 a block runs with ----
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's python3: the one setup.sh's python3-* packages serve
+MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([^'.]+)")
+
+
+def setup_python_modules(root):
+    """{module: Debian package} that scripts/setup.sh installs for /usr/bin/python3 (its python3-*
+    packages; python3-pip and python3-venv are tools, not modules a block imports)."""
+    try:
+        with open(os.path.join(root, "scripts", "setup.sh"), encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return {}
+    m = re.search(r"^PACKAGES=\((.*?)\)", text, re.S | re.M)
+    out = {}
+    for pkg in (m.group(1).split() if m else []):
+        if pkg.startswith("python3-") and pkg not in ("python3-pip", "python3-venv"):
+            out[pkg[len("python3-"):].replace("-", "_")] = pkg
+    return out
+
+
+def python_of(env, exe=None):
+    """(the python3 first on env's PATH (or exe), the interpreter it runs, its version, its
+    sys.prefix: a venv's is its own, Debian's /usr); None where there is no such python3."""
+    exe = exe or shutil.which("python3", path=env.get("PATH", ""))
+    if not exe or not os.access(exe, os.X_OK):
+        return None
+    try:
+        p = subprocess.run([exe, "-c", "import sys; print(sys.executable); print(sys.version.split()[0]); "
+                            "print(sys.prefix)"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True, timeout=30)
+        real, version, prefix = p.stdout.split("\n")[:3]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        real, version, prefix = exe, "?", "?"
+    return exe, real, version, prefix
+
+
+def has_module(python, module, env):
+    try:
+        return subprocess.run([python, "-c", f"import {module}"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def missing_module_why(root, env, output):
+    """Why a block failed when its output says a module is missing: which python3 ran it (the first
+    on the user's PATH), and whether scripts/setup.sh provides that module to it; None otherwise."""
+    m = MISSING_MODULE.search(output)
+    if not m:
+        return None
+    module = m.group(1)
+    found = python_of(env)
+    if not found:
+        return f"the block needs the python module {module}, and there is no python3 on PATH"
+    exe, real, version, prefix = found
+    which = f"python3 ({exe}" + (f", that is {real}" if real != exe else "") + f", Python {version}: the first on PATH)"
+    provided = setup_python_modules(root)
+    system = python_of(env, SYSTEM_PYTHON)
+    if module in provided and system and (os.path.realpath(real), prefix) == (os.path.realpath(system[1]), system[3]):
+        return (f"the block needs the python module {module}, which {which} lacks; scripts/setup.sh installs it "
+                f"for this python ({provided[module]}): run scripts/setup.sh")
+    if module in provided:
+        there = " (it has it)" if has_module(SYSTEM_PYTHON, module, env) else ""
+        return (f"the block needs the python module {module}, which {which} lacks, and scripts/setup.sh did not "
+                f"provide it to that python: setup installs {provided[module]} for {SYSTEM_PYTHON} only{there}. "
+                f"The document must say which python the block needs and run that one, or tell the reader to "
+                f"give theirs {module} (python3 -m pip install {module})")
+    return (f"the block needs the python module {module}, which {which} lacks, and scripts/setup.sh provides it "
+            f"to no python: the document must say how to get it, or the block not need it")
+
+
+# ---- snippets that are not run: the pools and buffers they name ----
+
+# Calls of the C API and the Python package that name a pool (to take memory from it: it must
+# serve other processes, so it needs an IPC handle type) or a buffer (it must exist).
+SNIPPET_CALLS = [
+    ("pool", re.compile(r'\b(?P<call>cupool_alloc)\s*\(\s*[^,()]+,\s*"(?P<name>[^"]*)"')),
+    ("pool", re.compile(r'\.(?P<call>alloc)\(\s*(?:pool\s*=\s*)?(?P<q>["\'])(?P<name>.*?)(?P=q)')),
+    ("buffer", re.compile(r'\b(?P<call>cupool_open_buffer(?:_part|_on)?)\s*\(\s*[^,()]+,\s*"(?P<name>[^"]*)"')),
+    ("buffer", re.compile(r'\.(?P<call>open_buffer)\(\s*(?:name\s*=\s*)?(?P<q>["\'])(?P<name>.*?)(?P=q)')),
+    ("buffer", re.compile(r'\b(?P<call>cupool\.tensors)\(\s*(?:name\s*=\s*)?(?P<q>["\'])(?P<name>.*?)(?P=q)')),
+]
+MADE_BUFFER = re.compile(r"\bcupool\s+buffer\s+(?:create|load)\s+([a-z0-9][a-z0-9._-]*)")
+
+
+def snippet_uses(block):
+    """[(doc line, 'pool'|'buffer', call, name)] of the calls in a block."""
+    out = []
+    for n, text in block.lines:
+        for kind, rx in SNIPPET_CALLS:
+            for m in rx.finditer(text):
+                out.append((n, kind, m.group("call"), m.group("name")))
+    return out
+
+
+HOLD_COMMAND = re.compile(r"\bcupool\s+hold\s+(?!-)(\S+)(.*)")
+
+
+def holds_started(block):
+    """[(config, --profile or None)] of the `cupool hold CONFIG` commands of a block."""
+    out = []
+    for _, text in block.lines:
+        m = HOLD_COMMAND.search(re.sub(r"\s#.*$", "", text))
+        if m:
+            prof = re.search(r"--profile[= ](\S+)", m.group(2))
+            out.append((m.group(1), prof.group(1) if prof else None))
+    return out
+
+
+def holder_status(session, last_hold):
+    """(`cupool status --format json` of the holder the document's session has at this point, what
+    it is) or (None, why not). Where no holder runs there (the block before stopped it), the
+    holder the document started last is started again, of the same config on the same node, at a
+    socket of its own, for the question only."""
+    def status(env, cwd):
+        return subprocess.run(["cupool", "status", "--format", "json"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=BLOCK_TIMEOUT)
+    p = status(session.env, session.cwd)
+    if p.returncode == 0:
+        return json.loads(p.stdout), "the document's holder here"
+    if not last_hold:
+        return None, f"cupool status: {p.stderr.strip() or 'exit ' + str(p.returncode)}"
+    config, profile, cwd, where = last_hold
+    sock = os.path.join(session.state, f"snippet-{session.next()}.sock")
+    env = {k: v for k, v in session.env.items() if k != "CUPOOL_KEEPER"}  # never the session's keeper
+    env["CUPOOL_SOCKET"] = sock
+    argv = ["cupool", "hold", config, "--socket", sock] + (["--profile", profile] if profile else [])
+    log = os.path.join(session.state, "snippet-holder.log")
+    with open(log, "wb") as out:
+        h = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        if not wait_for_socket(sock, h):
+            with open(log, errors="replace") as f:
+                return None, f"the holder of {config} the document started at {where} did not start again:\n{f.read()}"
+        p = status(env, cwd)
+        if p.returncode != 0:
+            return None, f"cupool status of the holder of {config} (as at {where}): {p.stderr.strip()}"
+        return json.loads(p.stdout), f"the holder of {config} the document started last (at {where})"
+    finally:
+        stop_group(h.pid)
+        h.wait()
+
+
+def check_snippet(session, block, made_buffers, last_hold):
+    """A block that is not run (C, or marked skip) against the holder the document's session has
+    at this point, as its reader's would be: every pool it takes memory from exists and has an IPC
+    handle type, every buffer it opens is held or made by a block of the document. Returns
+    [(where, what is wrong)]."""
+    uses = snippet_uses(block)
+    if not uses:
+        return []
+    status, holder = holder_status(session, last_hold)
+    if status is None:
+        return [(f"{block.doc}:{uses[0][0]}",
+                 f"the snippet uses {uses[0][1]} \"{uses[0][3]}\" ({uses[0][2]}), but no holder serves the "
+                 f"document at this point ({holder}): start the holder the "
+                 "snippet talks to in a block before it, as its reader would")]
+    config = status.get("holder", {}).get("config", "?")
+    pools = {}
+    for pool in status.get("pools", []):
+        pools.setdefault(pool["name"], set()).update(pool.get("handle_types") or [])
+    usable = sorted(n for n, h in pools.items() if "posix_fd" in h)
+    buffers = {b["name"] for b in status.get("buffers", [])} | made_buffers
+    wrong = []
+    for line, kind, call, name in uses:
+        where = f"{block.doc}:{line}"
+        if kind == "pool":
+            if name not in pools:
+                wrong.append((where, f"{call} takes memory from pool \"{name}\", which the config of {holder} "
+                                     f"({config}) does not have; its pools: "
+                                     f"{', '.join(sorted(pools)) or 'none'}"))
+            elif "posix_fd" not in pools[name]:
+                wrong.append((where, f"{call} takes memory from pool \"{name}\", which has no IPC handle type "
+                                     f"in the config of {holder} ({config}): another "
+                                     "process can't get memory from it (the holder answers InvalidArgument); "
+                                     f"pools of that config that can serve it: {', '.join(usable) or 'none'}"))
+        elif name not in buffers:
+            wrong.append((where, f"{call} opens buffer \"{name}\", which {holder} ({config}) "
+                                 f"does not hold ({', '.join(sorted(buffers)) or 'none'}) and no block of the "
+                                 "document makes (cupool buffer create|load)"))
+    return wrong
 
 
 # ---- reporting ----
@@ -435,14 +653,15 @@ class Report:
         self.skipped.append((where, reason))
         print(f"skip  {where}: {reason}", flush=True)
 
-    def fail(self, where, command, rc, output, timed_out, block=None, timeout=BLOCK_TIMEOUT, how=None):
+    def fail(self, where, command, rc, output, timed_out, block=None, timeout=BLOCK_TIMEOUT, how=None, why=None):
         self.failures.append(where)
         how = how or (f"timed out after {timeout} s" if timed_out else f"exit code {rc}")
         if block and block != where:
             how += f" (the block at {block})"
         text = output if len(output) < 8000 else output[:2000] + "\n[...]\n" + output[-5000:]
         shown = "".join("    " + l + "\n" for l in text.rstrip("\n").split("\n")) if text.strip() else "    (none)\n"
-        print(f"FAIL  {where}: {how}\n  command: {command}\n  output:\n{shown}", flush=True)
+        print(f"FAIL  {where}: {how}\n  command: {command}\n  output:\n{shown}" + (f"  why: {why}\n" if why else ""),
+              flush=True)
 
 
 def foreground_server(block, script_lines):
@@ -468,19 +687,38 @@ def failing_command(block, script_lines, line):
 
 def run_document(args, rel, report):
     blocks = read_blocks(args.root, rel)
-    runnable = [b for b in blocks if b.lang in RUN_LANGUAGES]
     if args.k:
-        runnable = [b for b in runnable if args.k in b.where or args.k in rel]
-    if not runnable:
+        blocks = [b for b in blocks if args.k in b.where or args.k in rel]
+    runnable = [b for b in blocks if b.lang in RUN_LANGUAGES]
+    # Not run (C, or marked skip) but naming pools or buffers: checked against the session's holder.
+    checked = [b for b in blocks if (b.lang not in RUN_LANGUAGES or b.skip) and snippet_uses(b)]
+    if not runnable and not checked:
         return
-    print(f"== {rel}: {len(runnable)} blocks of {', '.join(sorted(RUN_LANGUAGES))}", flush=True)
+    print(f"== {rel}: {len(runnable)} blocks of {', '.join(sorted(RUN_LANGUAGES))}"
+          + (f", {len(checked)} not run whose pools and buffers are checked" if checked else ""), flush=True)
+    made_buffers = {m.group(1) for b in read_blocks(args.root, rel) for _, t in b.lines for m in MADE_BUFFER.finditer(t)}
     session = Session(args, rel)
+    last_hold = None  # (config, --profile, cwd, where) of the last `cupool hold` a block ran
     try:
         if rel in SESSION_SETUP:
             what, setup = SESSION_SETUP[rel]
             print(f"   session: {what}", flush=True)
             setup(session)
-        for b in runnable:
+        for b in blocks:
+            if b in checked:
+                t = time.monotonic()
+                wrong = check_snippet(session, b, made_buffers, last_hold)
+                lines = {f"{b.doc}:{n}": x.strip() for n, x in b.lines}
+                for where, what in wrong:
+                    report.fail(where, lines.get(where, b.where), None, "", False, block=b.where, how=what)
+                if b.skip:
+                    report.skip(b.where, b.skip + ("; its pools and buffers checked" if not wrong else ""))
+                elif not wrong:
+                    report.ok(b.where, f"{b.lang or 'text'} not run: its pools and buffers checked",
+                              time.monotonic() - t)
+                continue
+            if b not in runnable:
+                continue
             if b.skip:
                 report.skip(b.where, b.skip)
                 continue
@@ -494,6 +732,9 @@ def run_document(args, rel, report):
                                     "mark the block <!-- doc-test: skip REASON -->")
                     continue
             t = time.monotonic()
+            env, cwd = dict(session.env), session.cwd
+            for config, profile in holds_started(b) if b.lang != "python" else []:
+                last_hold = (config, profile, cwd, b.where)
             if b.lang == "python":
                 rc, output, line, timed_out = session.run_python(text)
                 where = f"{b.doc}:{b.lines[line - 1][0]}" if line and line <= len(b.lines) else b.where
@@ -504,7 +745,8 @@ def run_document(args, rel, report):
             if rc == 0 and not timed_out:
                 report.ok(b.where, b.lang, time.monotonic() - t)
             else:
-                report.fail(where, command, rc, output, timed_out, block=b.where)
+                report.fail(where, command, rc, output, timed_out, block=b.where,
+                            why=missing_module_why(args.root, env, output))
     except Failed as e:
         report.failures.append(rel)
         print(f"FAIL  {rel}: {e}", flush=True)

@@ -389,14 +389,14 @@ def test_exporter_and_textfile(tmp):
 
 
 def test_readme_maps_each_metric_to_its_field(tmp):
-    """README's table of metrics and JSON fields holds for a real holder: every metric `stats
+    """The table of metrics and JSON fields (docs/verbs.md, `cupool exporter`) holds for a real holder: every metric `stats
     --format prometheus` writes is in the table, and each sample's value is the field the table
     names, of the same pool or device (null: +Inf)."""
     import math
-    with open(os.path.join(H.ARGS.root, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(H.ARGS.root, "docs", "verbs.md"), encoding="utf-8") as f:
         rows = re.findall(r"^\| `(cupool_\w+)` \| `((?:ledger\.)?(?:pools|devices)(?:\[\]\.budgets)?)\[\]\.([\w.]+)`",
                           f.read(), re.M)
-    check(len(rows) >= 13, f"README's metric table: {rows}")
+    check(len(rows) >= 13, f"docs/verbs.md's metric table: {rows}")
     table = {metric: (group, path) for metric, group, path in rows}
     h = Holder(tmp)
     try:
@@ -414,7 +414,7 @@ def test_readme_maps_each_metric_to_its_field(tmp):
             if not m or m.group(1) in ("cupool_build_info", "cupool_holder_up"):
                 continue
             metric, labels, value = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), m.group(3)
-            check(metric in table, f"{metric} is not in README's metric table")
+            check(metric in table, f"{metric} is not in docs/verbs.md's metric table")
             group, path = table[metric]
             if group.startswith("ledger.devices"):  # the ledger's devices, and their budgets by grant
                 rows = [d for d in stats["ledger"]["devices"] if str(d["device"]) == labels["gpu"]]

@@ -8,7 +8,7 @@ through setpriv) where that matters and the suite runs as root; the raw client s
 as docs/protocol.md writes it.
 
 At the end the observer's latency per attack (median and p99, milliseconds) is printed as a table;
-README.md quotes it.
+docs/measured.md quotes it.
 
   hostile_test.py --cupool build/cupool --testclient build/tests/holder/testclient \\
                   --client-lib build/libcupool-client.so.1 --root . [-k NAME]

@@ -344,7 +344,7 @@ _SAMPLES = {
 def self_check(root):
     """The output schemas are valid draft 2020-12 schemas, each is used by a verb above (common by
     every verb's schema), every $ref resolves among them, none refuses unknown fields
-    (additionalProperties: false), their strict copies refuse them, and the README's table lists
+    (additionalProperties: false), their strict copies refuse them, and docs/verbs.md's table lists
     each. Returns the problems found."""
     problems = []
     used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {"exec-report", KEEPER_LIST, CONFIGURE}
@@ -407,11 +407,11 @@ def self_check(root):
                 if got != want:
                     label = "strict copy" if kind is strict else "published schema"
                     problems.append(f"the {label} of cupool-{name}-v{VERSION} {'refuses' if want else 'accepts'} {what}")
-    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(root, "docs", "verbs.md"), encoding="utf-8") as f:
         readme = f.read()
     for name in sorted(shipped):
         if f"schemas/cupool-{name}-v{VERSION}.schema.json" not in readme:
-            problems.append(f"README.md's table of machine output does not list cupool-{name}-v{VERSION}")
+            problems.append(f"docs/verbs.md's table of machine output does not list cupool-{name}-v{VERSION}")
     return problems
 
 
