@@ -24,7 +24,6 @@ One line per check, then "N passed, M failed"; exit 1 if anything failed.
 """
 
 import argparse
-import configparser
 import json
 import os
 import shlex
@@ -35,25 +34,14 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from deploy_test import Report, finish  # noqa: E402  (one report format for tests/deploy)
+
 HOLDER, KEEPER, EXPORTER = "cupool.service", "cupool-keeper.service", "cupool-exporter.service"
 FDSTORE = "cupool-fdstore.service"  # the holder's unit with systemd's fd store instead of the keeper
 UNITS = (HOLDER, KEEPER, EXPORTER)
 # Dependencies that stop or restart a unit with another (systemd.unit(5)).
 STOPPING = ("Requires", "BindsTo", "PartOf", "Requisite", "Upholds", "PropagatesStopTo", "StopPropagatedFrom")
-
-
-class Report:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, name, ok, detail=""):
-        if ok:
-            self.passed += 1
-            print(f"ok   {name}")
-        else:
-            self.failed += 1
-            print(f"FAIL {name}" + (f"\n     {detail}" if detail else ""))
-        return ok
 
 
 def read_unit(path):
@@ -404,11 +392,6 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return finish(r)
-
-
-def finish(r):
-    print(f"{r.passed} passed, {r.failed} failed")
-    return 1 if r.failed else 0
 
 
 if __name__ == "__main__":
