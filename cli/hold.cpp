@@ -50,9 +50,11 @@ Verb add_hold(CLI::App& app) {
       "\n"
       "Held buffers outlive the holder: a buffer or tensor set of a device pool is an exported allocation\n"
       "whose descriptor goes into custody as soon as it exists, with a manifest of names, sizes, device UUIDs\n"
-      "and tensor indexes: systemd's file-descriptor store under the unit, or a keeper ('cupool keeper',\n"
-      "--keeper) elsewhere. A holder that restarts, is upgraded or crashes adopts them (checked against the\n"
-      "node and the manifest) before it serves: nothing is read again, and clients keep their mappings.\n"
+      "and tensor indexes: a keeper ('cupool keeper', --keeper; the shipped units and the Kubernetes manifest\n"
+      "run one), or without --keeper under systemd the unit's file-descriptor store (which outlives\n"
+      "'systemctl stop' only on systemd 254 and later). A holder that restarts, is upgraded or crashes\n"
+      "adopts them (checked against the node and the manifest) before it serves: nothing is read again,\n"
+      "and clients keep their mappings.\n"
       "Pools, leases and cached blocks are this process's and are made again from the config. --fresh starts\n"
       "from nothing. 'cupool status' says what custody holds.\n"
       "\n"
@@ -84,8 +86,8 @@ Verb add_hold(CLI::App& app) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   sub->add_option("--keeper", args->keeper,
-                  "Keep the held buffers' descriptors in the keeper at this socket ('cupool keeper'), where there is "
-                  "no systemd file-descriptor store")
+                  "Keep the held buffers' descriptors in the keeper at this socket ('cupool keeper'; the shipped unit "
+                  "names /run/cupool/keeper.sock) rather than in systemd's file-descriptor store")
       ->envname("CUPOOL_KEEPER");
   sub->add_option("--keeper-wait", args->keeper_wait, "Seconds the start waits for the keeper to answer")
       ->check(CLI::Range(0.0, 3600.0))

@@ -26,17 +26,17 @@ struct KeeperArgs {
 
 Verb add_keeper(CLI::App& app) {
   auto args = std::make_shared<KeeperArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "keeper", "Keep the holder's buffers alive across its restarts (where there is no systemd fd store)");
+  CLI::App* sub = app.add_subcommand("keeper", "Keep the holder's buffers alive while it stops, restarts or crashes");
   sub->footer(
       "\n"
       "The holder's buffers are GPU memory that other processes map. Each part is a file descriptor, and\n"
       "the memory lives as long as any process holds that descriptor open. The holder gives every one\n"
       "to custody, with a manifest that says what they are, and a holder that starts after a restart or\n"
-      "a crash takes them back and adopts the buffers. Under systemd, custody is the unit's file-\n"
-      "descriptor store; where there is none (a Kubernetes pod, a container), run a keeper beside the\n"
-      "holder: in a pod, a second container of the DaemonSet sharing /run/cupool\n"
-      "(configs/kubernetes/cupool.yaml).\n"
+      "a crash takes them back and adopts the buffers. The shipped systemd units run a keeper\n"
+      "(cupool-keeper.service, which 'systemctl stop cupool' leaves running), and so does the Kubernetes\n"
+      "manifest, in a DaemonSet of its own beside the holder's, sharing /run/cupool\n"
+      "(configs/kubernetes/cupool.yaml). The other custody is systemd's own file-descriptor store (a\n"
+      "holder under a unit, without --keeper): it outlives 'systemctl stop' only on systemd 254 and later.\n"
       "\n"
       "The keeper runs in the foreground and never loads CUDA. It listens on --socket (mode 0600, a lock\n"
       "file beside it: one keeper per socket) and only its own user and root may use it. The socket's\n"

@@ -12,7 +12,9 @@ usage: deploy_test.py --cupool PATH --root REPO
    directory, the client read-only; the client runs as the user and group that the holder's
    `share` list and socket group name, as the image (Containerfile) defines them; the grace period
    covers the drain timeout; readiness is `cupool status` on the config's socket; node labels go
-   to NFD's features.d.
+   to NFD's features.d; the keeper runs in a DaemonSet of its own (not in the holder's pod, so that
+   deleting that pod leaves the held buffers), on the holder's nodes and socket directory, at the
+   socket the holder's --keeper names; both DaemonSets OnDelete.
 3. `cupool check --strict` of the ConfigMap's config on the recorded H100, and `cupool query
    --format nfd` on it writes what NFD reads.
 4. The checks can fail: a misspelt field, hostIPC and a wrongly typed quantity are caught.
@@ -191,6 +193,10 @@ def drain_timeout(command):
     return 30.0  # cupool hold's default
 
 
+def option_of(argv, name):
+    return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+
 def run(cmd):
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
@@ -234,14 +240,21 @@ def main():
         found = [d for _, d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
         return found[0] if len(found) == 1 else None
 
-    ns, cm, ds, client = one("Namespace"), one("ConfigMap"), one("DaemonSet"), one("Pod")
-    if not r.check("one Namespace, ConfigMap, DaemonSet and client Pod", None not in (ns, cm, ds, client)):
+    def runs(d, verb):
+        return any(c.get("command", [])[:2] == ["cupool", verb] for c in (pod_spec(d) or {}).get("containers", []))
+
+    daemonsets = [d for _, d in docs if d.get("kind") == "DaemonSet"]
+    holder_sets = [d for d in daemonsets if runs(d, "hold")]
+    ds = holder_sets[0] if len(holder_sets) == 1 else None
+    ns, cm, client = one("Namespace"), one("ConfigMap"), one("Pod")
+    if not r.check("one Namespace, ConfigMap, DaemonSet of the holder and client Pod", None not in (ns, cm, ds, client)):
         return finish(r)
 
     # ---- 2. policy ----
     namespace = ns["metadata"]["name"]
-    r.check("ConfigMap and DaemonSet are in the Namespace",
-            cm["metadata"].get("namespace") == namespace and ds["metadata"].get("namespace") == namespace)
+    r.check("ConfigMap and DaemonSets are in the Namespace",
+            cm["metadata"].get("namespace") == namespace and
+            all(d["metadata"].get("namespace") == namespace for d in daemonsets))
     config_text = cm["data"].get("cupool.yaml", "")
     config = yaml.safe_load(config_text) or {}
     socket = config.get("holder", {}).get("socket", "/run/cupool/cupool.sock")
@@ -276,15 +289,38 @@ def main():
             "--socket" in exporters[0]["command"] and
             exporters[0]["command"][exporters[0]["command"].index("--socket") + 1] == socket,
             exporters)
-    # The keeper holds the held buffers' descriptors across holder restarts, beside the holder, on
-    # the shared socket directory, with no GPU (it never loads CUDA); the holder is told where.
-    keepers = [c for c in all_ds_containers if c.get("command", [])[:2] == ["cupool", "keeper"]]
+    # The keeper holds the held buffers' descriptors while the holder's pod restarts, is deleted,
+    # evicted or replaced (README, "What survives what"): so in a pod of its own (a DaemonSet
+    # beside the holder's, on the same nodes), never a container of the holder's pod, whose
+    # containers all stop when it goes. No GPU (it never loads CUDA); the holder is told where.
     holder_command = holder.get("command", []) + holder.get("args", [])
-    r.check("a keeper container keeps the buffers' descriptors (no GPU), and the holder uses it (--keeper)",
-            len(keepers) == 1 and "NVIDIA_VISIBLE_DEVICES" not in env_of(keepers[0]) and
-            any(m.get("mountPath") == os.path.dirname(socket) for m in keepers[0].get("volumeMounts", [])) and
-            ("--keeper" in holder_command or "CUPOOL_KEEPER" in env_of(holder)),
-            [keepers, holder_command])
+    keeper_path = option_of(holder_command, "--keeper") or env_of(holder).get("CUPOOL_KEEPER")
+    keeper_sets = [d for d in daemonsets if runs(d, "keeper")]
+    keepers = [c for c in all_ds_containers if c.get("command", [])[:2] == ["cupool", "keeper"]]
+    r.check("no keeper in the holder's pod (deleting that pod would take the buffers with it)", not keepers, keepers)
+    if r.check("a DaemonSet of its own runs the keeper", len(keeper_sets) == 1 and keeper_sets[0] is not ds,
+               [d["metadata"]["name"] for d in daemonsets]):
+        kpod = pod_spec(keeper_sets[0])
+        keeper = [c for c in kpod["containers"] if c.get("command", [])[:2] == ["cupool", "keeper"]][0]
+        kcommand = keeper.get("command", []) + keeper.get("args", [])
+        r.check("the holder's --keeper is the keeper's --socket, in the socket directory",
+                keeper_path is not None and option_of(kcommand, "--socket") == keeper_path and
+                posixpath.dirname(keeper_path) == socket_dir, [holder_command, kcommand])
+        r.check("the keeper mounts the holder's socket directory (the same hostPath) at the same path",
+                (socket_dir, socket_dir, False) in mounts_of(keeper, kpod), mounts_of(keeper, kpod))
+        r.check("the keeper runs on the holder's nodes (the same nodeSelector and tolerations)",
+                kpod.get("nodeSelector") == pod.get("nodeSelector") and
+                kpod.get("tolerations") == pod.get("tolerations"), [kpod.get("nodeSelector"), kpod.get("tolerations")])
+        r.check("the keeper asks for no GPU (no NVIDIA_VISIBLE_DEVICES, no nvidia.com/gpu)",
+                all("NVIDIA_VISIBLE_DEVICES" not in env_of(c) and
+                    not any("nvidia.com/gpu" in c.get("resources", {}).get(k, {}) for k in ("limits", "requests"))
+                    for c in kpod.get("containers", [])))
+        resources = keeper.get("resources", {})
+        r.check("the keeper is QoS Guaranteed (requests equal limits): the last the kubelet evicts",
+                resources.get("requests") and resources.get("requests") == resources.get("limits"), resources)
+        r.check("neither DaemonSet replaces its pods by itself (updateStrategy OnDelete)",
+                all(d["spec"].get("updateStrategy", {}).get("type") == "OnDelete" for d in (ds, keeper_sets[0])),
+                [d["spec"].get("updateStrategy") for d in (ds, keeper_sets[0])])
     # Every container but the exporter and the keeper (which never touch the GPUs) uses them.
     all_ds_containers = [c for c in all_ds_containers if c not in exporters and c not in keepers]
     gpu_requests = [c["name"] for c in all_ds_containers
