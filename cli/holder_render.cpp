@@ -168,6 +168,13 @@ const Metric<model::PoolStats> kPoolMetrics[] = {
     {"cupool_pool_cached_bytes",
      [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.leases.cached_bytes); },
      "Bytes of the pool's cached leases."},
+    {"cupool_pool_held_buffers",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.buffers.buffer_count); },
+     "Buffers and tensor sets the holder holds in the pool (cupool buffer create/load, the config's buffers)."},
+    {"cupool_pool_held_bytes",
+     [](const model::PoolStats& p, const Shown& s) { return shown_count(s, p.buffers.buffer_bytes); },
+     "Bytes of the pool's held buffers and tensor sets: a device pool's are exported allocations, not in its "
+     "reserved or used bytes."},
 };
 
 const Metric<model::DeviceGraph> kDeviceMetrics[] = {
@@ -183,26 +190,33 @@ const Metric<model::DeviceGraph> kDeviceMetrics[] = {
     {"cupool_graph_used_peak_bytes", graph_used_peak,
      "High-water mark of the device's used graph memory since the last peak reset."},
     {"cupool_graph_used_high_bytes", graph_used_peak, CUPOOL_OLD_NAME("cupool_graph_used_peak_bytes")},
+    {"cupool_device_held_buffers",
+     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.buffers.buffer_count); },
+     "Buffers and tensor sets the holder holds in the device's pools."},
+    {"cupool_device_held_bytes",
+     [](const model::DeviceGraph& d, const Shown& s) { return shown_count(s, d.buffers.buffer_bytes); },
+     "Bytes of the buffers and tensor sets held in the device's pools (its pools' cupool_pool_held_bytes)."},
 };
 #undef CUPOOL_OLD_NAME
 
 // A label of a sample and where its value comes from. The device labels are dcgm-exporter's (gpu,
-// UUID, pci_bus_id; for a device's own series also modelName and Hostname, which come from the
-// node, not the reply), so dashboards join cupool's series with its.
+// UUID, pci_bus_id, modelName and Hostname; the last two come from the node, not the reply), on
+// every series of a pool or a device, so dashboards join cupool's series with its.
 enum class LabelFrom { pool_name, device, uuid, pci_bus_id, model_name, hostname };
 struct Label {
   const char* name;
   LabelFrom from;
 };
-const std::vector<Label> kPoolLabels = {{"pool", LabelFrom::pool_name},
-                                        {"gpu", LabelFrom::device},
-                                        {"UUID", LabelFrom::uuid},
-                                        {"pci_bus_id", LabelFrom::pci_bus_id}};
 const std::vector<Label> kDeviceLabels = {{"gpu", LabelFrom::device},
                                           {"UUID", LabelFrom::uuid},
                                           {"pci_bus_id", LabelFrom::pci_bus_id},
                                           {"modelName", LabelFrom::model_name},
                                           {"Hostname", LabelFrom::hostname}};
+const std::vector<Label> kPoolLabels = [] {
+  std::vector<Label> out = {{"pool", LabelFrom::pool_name}};
+  out.insert(out.end(), kDeviceLabels.begin(), kDeviceLabels.end());
+  return out;
+}();
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -351,7 +365,7 @@ std::string render_status(const json& reply) {
                                  : format_bytes(*max_size),
             shown.threshold(p.release_threshold), shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
             shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes),
-            shown.count_and_bytes(p.buffer_count, p.buffer_bytes)});
+            shown.count_and_bytes(p.buffers.buffer_count, p.buffers.buffer_bytes)});
   }
   out << "\n" << section("Pools", pt, st.pools.size());
 
@@ -396,16 +410,24 @@ std::string render_stats(const json& reply) {
   const model::Stats& st = read.value;
   const Shown& shown = read.shown;
   std::ostringstream out;
-  Table pt(
-      {"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES", "CACHED"});
+  // HELD: the pool's buffers and tensor sets, outside its reserved and used (exported allocations).
+  Table pt({"POOL", "DEVICE", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH", "RELEASE THRESHOLD", "LEASES", "CACHED",
+            "HELD"});
   for (const model::PoolStats& p : st.pools) {
     pt.add({shown.text(p.name), shown.number(p.id.device), shown.bytes(p.usage.reserved_bytes),
             shown.bytes(p.usage.reserved_peak_bytes), shown.bytes(p.usage.used_bytes),
             shown.bytes(p.usage.used_peak_bytes), shown.threshold(p.release_threshold),
             shown.count_and_bytes(p.leases.lease_count, p.leases.leased_bytes),
-            shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes)});
+            shown.count_and_bytes(p.leases.cached_count, p.leases.cached_bytes),
+            shown.count_and_bytes(p.buffers.buffer_count, p.buffers.buffer_bytes)});
   }
   out << section("Pools", pt, st.pools.size());
+
+  Table ht({"DEVICE", "UUID", "HELD"});
+  for (const model::DeviceGraph& d : st.devices)
+    ht.add({shown.number(d.id.device), shown.text(d.id.uuid),
+            shown.count_and_bytes(d.buffers.buffer_count, d.buffers.buffer_bytes)});
+  out << "\n" << section("Held buffers", ht, st.devices.size());
 
   Table dt({"DEVICE", "UUID", "RESERVED", "RESERVED HIGH", "USED", "USED HIGH"});
   for (const model::DeviceGraph& d : st.devices)
@@ -478,7 +500,7 @@ const Metric<model::LedgerDevice> kLedgerMetrics[] = {
 
 void ledger_families(std::ostringstream& out, const model::Ledger& ledger, const Shown& shown, const NodeLabels& node) {
   for (const auto& m : kLedgerMetrics) metric_family(out, m, ledger.devices, kDeviceLabels, shown, node);
-  // A budget's series: gpu and UUID as the device's, and the grant, pid and user.
+  // A budget's series: the device's labels, and the grant, pid and user.
   const struct {
     const char* name;
     std::uint64_t model::LedgerBudget::*field;
@@ -495,9 +517,12 @@ void ledger_families(std::ostringstream& out, const model::Ledger& ledger, const
     for (const model::LedgerDevice& d : ledger.devices)
       for (const model::LedgerBudget& b : d.budgets) {
         if (!shown.has(b.*m.field)) continue;
-        out << m.name << "{gpu=\"" << d.id.device << "\",UUID=\"" << prometheus_label_value(d.id.uuid) << "\",grant=\""
-            << prometheus_label_value(b.grant) << "\",pid=\"" << b.pid << "\",user=\"" << prometheus_label_value(b.user)
-            << "\"} " << b.*m.field << "\n";
+        out << m.name << '{';
+        for (const Label& label : kDeviceLabels)
+          out << label.name << "=\"" << prometheus_label_value(label_value(d.id, nullptr, label.from, shown, node))
+              << "\",";
+        out << "grant=\"" << prometheus_label_value(b.grant) << "\",pid=\"" << b.pid << "\",user=\""
+            << prometheus_label_value(b.user) << "\"} " << b.*m.field << "\n";
       }
   }
 }

@@ -28,7 +28,8 @@ std::string format_duration(std::uint64_t seconds);
 // `status`: the holder line, devices, pools, buffers and clients.
 std::string render_status(const nlohmann::ordered_json& reply);
 
-// `stats`: per pool reserved/used current and high (human sizes); per device graph memory.
+// `stats`: per pool reserved/used current and high (human sizes) and held buffers; per device held
+// buffers and graph memory.
 std::string render_stats(const nlohmann::ordered_json& reply);
 // The labels dcgm-exporter gives a device that no holder reply carries: the host's name and each
 // GPU's name (cli/holder_client.h reads them from the node).
@@ -39,10 +40,10 @@ struct NodeLabels {
 
 // `stats` in the Prometheus text exposition format (version 0.0.4): HELP and TYPE lines, every
 // metric family's samples together, label values escaped.
-// Labels are dcgm-exporter's: a pool's series have pool, gpu, UUID and pci_bus_id (written as
-// NVML does, "00000000:1B:00.0"); a device's (cupool_graph_*) have gpu, UUID, pci_bus_id,
-// modelName and Hostname (from `node`; "" where it does not know). A release threshold of max is
-// +Inf, and cupool_build_info ends it.
+// Labels are dcgm-exporter's: a device's series (cupool_graph_*, cupool_device_held_*, the
+// ledger's and the budgets') have gpu, UUID, pci_bus_id (written as NVML does,
+// "00000000:1B:00.0"), modelName and Hostname (from `node`; "" where it does not know); a pool's
+// have pool and those five. A release threshold of max is +Inf, and cupool_build_info ends it.
 std::string render_stats_prometheus(const nlohmann::ordered_json& reply, const NodeLabels& node = {});
 // `ledger`: per device where its memory went (held, pool reserves, budgets, contexts, processes
 // cupool does not know, what is left), NVML's figures beside them, then each budget and process.

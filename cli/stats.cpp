@@ -58,11 +58,13 @@ int watch_textfile(const StatsArgs& args, const Context& ctx, const nlohmann::or
 
 Verb add_stats(CLI::App& app) {
   auto args = std::make_shared<StatsArgs>();
-  CLI::App* sub = app.add_subcommand("stats", "Show pool and graph memory usage in the running holder");
+  CLI::App* sub = app.add_subcommand("stats", "Show pool, held buffer and graph memory usage in the running holder");
   sub->footer(
       "\n"
       "Ask the running holder for every pool's reserved and used bytes, current and high-water mark, its\n"
-      "release threshold and leases, and every device's graph memory. The holder synchronises its\n"
+      "release threshold, leases and held buffers and tensor sets (HELD: exported allocations, outside the\n"
+      "pool's reserved and used), and every device's held buffers and graph memory. USED HIGH is what clients\n"
+      "used (the holder's own mapping of a pool's reserve is not counted). The holder synchronises its\n"
       "streams first, so freed memory is accounted. --reset-peaks (admin) resets the high-water marks\n"
       "after reading them: the values shown are those before the reset (with --watch, every poll resets,\n"
       "so the highs are per interval).\n"
@@ -71,11 +73,12 @@ Verb add_stats(CLI::App& app) {
       "document per poll.\n"
       "--format prometheus writes the Prometheus text format, e.g. for the node exporter's textfile collector\n"
       "with --output, which replaces the file atomically ('cupool exporter' serves the same over HTTP). A\n"
-      "pool's series (cupool_pool_reserved_bytes, ...) are labelled pool, gpu, UUID and pci_bus_id, a device's\n"
-      "(cupool_graph_reserved_bytes, ...) gpu, UUID, pci_bus_id, modelName and Hostname, as dcgm-exporter\n"
-      "labels its own; cupool_build_info names the build. With --watch too, the file is written at every poll\n"
-      "and ends with cupool_holder_up: while the holder is away it keeps watching, and the file holds\n"
-      "cupool_holder_up 0 and no pool values until the holder is back.\n"
+      "device's series (cupool_graph_reserved_bytes, cupool_device_held_bytes, ...) are labelled gpu, UUID,\n"
+      "pci_bus_id, modelName and Hostname, as dcgm-exporter labels its own, and a pool's\n"
+      "(cupool_pool_reserved_bytes, cupool_pool_held_bytes, ...) pool and those five; cupool_build_info\n"
+      "names the build. With --watch too, the file is written at every poll and ends with cupool_holder_up:\n"
+      "while the holder is away it keeps watching, and the file holds cupool_holder_up 0 and no pool values\n"
+      "until the holder is back.\n"
       "\nExamples:\n"
       "  cupool stats\n"
       "  cupool stats --watch                  # every 2 s; --watch=0.5 for twice a second\n"

@@ -112,7 +112,7 @@ complete -c cupool -n '__cupool_at ""' -a 'check' -d 'Judge a config file agains
 complete -c cupool -n '__cupool_at ""' -a 'hold' -d 'Run the holder: keep the config\'s pools and serve them to other processes'
 complete -c cupool -n '__cupool_at ""' -a 'keeper' -d 'Keep the holder\'s buffers alive while it stops, restarts or crashes'
 complete -c cupool -n '__cupool_at ""' -a 'status' -d 'Show what the running holder holds: pools, buffers, clients'
-complete -c cupool -n '__cupool_at ""' -a 'stats' -d 'Show pool and graph memory usage in the running holder'
+complete -c cupool -n '__cupool_at ""' -a 'stats' -d 'Show pool, held buffer and graph memory usage in the running holder'
 complete -c cupool -n '__cupool_at ""' -a 'ledger' -d 'Show where each GPU\'s memory went: held sets, pools, budgets, other processes'
 complete -c cupool -n '__cupool_at ""' -a 'trim' -d 'Release reserved pool and graph memory in the running holder'
 complete -c cupool -n '__cupool_at ""' -a 'plan' -d 'Show what \'apply\' would change in the running holder, as a diff'

@@ -267,6 +267,8 @@ class Pools {
   virtual PoolUsage pool_usage(PoolHandle pool) = 0;
   // Resets the peaks (reserved_peak_bytes, used_peak_bytes) to the current values.
   virtual void reset_pool_peaks(PoolHandle pool) = 0;
+  // Resets used_peak_bytes alone to the current value (CU_MEMPOOL_ATTR_USED_MEM_HIGH set to 0).
+  virtual void reset_pool_used_peak(PoolHandle pool) = 0;
   // Gives device `peer` read-write access to the pool's memory (cuMemPoolSetAccess).
   virtual void set_pool_access(PoolHandle pool, int peer) = 0;
   // Whether `peer` may read and write the pool's memory (cuMemPoolGetAccess).

@@ -31,11 +31,7 @@ void PoolTable::create(const PoolWant& w) {
     backend_.set_pool_settings(held.handle, w.settings);
     for (int peer : w.access) backend_.set_pool_access(held.handle, peer);
     if (w.reserve > 0) {
-      // Map the reserve and give it back to the pool: it stays reserved because the release
-      // threshold is at least the reserve (check enforces it). Read back what really stayed.
-      const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
-      backend_.free(held.handle, address);
-      held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
+      map_reserve(held, w.reserve);
       if (held.reserved_after_reserve < w.reserve)
         spdlog::warn("pool {} on device {}: reserved {} but only {} stayed reserved after a synchronize", w.name,
                      w.device, format_bytes(w.reserve), format_bytes(held.reserved_after_reserve));
@@ -51,6 +47,19 @@ void PoolTable::create(const PoolWant& w) {
   spdlog::info("created pool {} on device {}", w.name, w.device);
 }
 
+void PoolTable::map_reserve(HeldPool& held, std::uint64_t reserve) {
+  // Map the reserve and give it back to the pool: it stays reserved because the release threshold
+  // is at least the reserve (check enforces it). Read back what really stayed. The driver counts
+  // the mapping in the pool's used high-water mark, which says what clients used: reset it (to
+  // the current use, CU_MEMPOOL_ATTR_USED_MEM_HIGH) and keep the mark from before.
+  held.used_peak_before_reserve =
+      std::max(held.used_peak_before_reserve, backend_.pool_usage(held.handle).used_peak_bytes);
+  const std::uint64_t address = backend_.allocate(held.handle, reserve);
+  backend_.free(held.handle, address);
+  backend_.reset_pool_used_peak(held.handle);
+  held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
+}
+
 void PoolTable::update(HeldPool& held, const PoolWant& w) {
   if (held.want.settings != w.settings) {
     backend_.set_pool_settings(held.handle, w.settings);
@@ -63,11 +72,7 @@ void PoolTable::update(HeldPool& held, const PoolWant& w) {
     }
   std::sort(held.want.access.begin(), held.want.access.end());
   held.want.share = w.share;
-  if (w.reserve > held.want.reserve) {
-    const std::uint64_t address = backend_.allocate(held.handle, w.reserve);
-    backend_.free(held.handle, address);
-    held.reserved_after_reserve = backend_.pool_usage(held.handle).reserved_bytes;
-  }
+  if (w.reserve > held.want.reserve) map_reserve(held, w.reserve);
   held.want.reserve = w.reserve;
 }
 

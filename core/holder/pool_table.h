@@ -24,6 +24,10 @@ struct HeldPool {
   PoolHandle handle = 0;
   std::uint64_t generation = 0;              // unique per pool the holder made: a replaced pool gets a new one
   std::uint64_t reserved_after_reserve = 0;  // reserved bytes read back after mapping `reserve`
+  // The used high-water mark from before the holder last mapped its reserve: the driver's is reset
+  // after the reserve is freed (the reserve is no client's use), so stats report the larger of the
+  // two; 0 again after a peak reset.
+  std::uint64_t used_peak_before_reserve = 0;
 };
 
 // A device of the node by its holder ordinal: ordinal, UUID and PCI bus id ("" where unknown).
@@ -73,6 +77,9 @@ class PoolTable {
   model::DeviceId device_id(int device) const { return cupool::device_id(node_, device); }
 
  private:
+  // Maps `reserve` bytes of the pool and frees them, so they stay reserved.
+  void map_reserve(HeldPool& held, std::uint64_t reserve);
+
   Backend& backend_;
   const NodeReport& node_;
   Map pools_;

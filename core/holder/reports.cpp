@@ -1,6 +1,7 @@
 // What the holder says about its state: status, stats, trim (with the bytes really released) and
 // the live state as a config file (export).
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "base/error.h"
@@ -10,6 +11,19 @@
 #include "holder/names.h"
 
 namespace cupool {
+
+namespace {
+// The buffers held in pool `key`: how many and their bytes (status's and stats' counts).
+model::BufferTotals buffers_in(const BufferStore& buffers, const PoolTable::PoolKey& key) {
+  model::BufferTotals out;
+  for (const auto& [name, b] : buffers)
+    if (b.want.pool == key.first && b.want.device == key.second) {
+      ++out.buffer_count;
+      out.buffer_bytes += b.want.size;
+    }
+  return out;
+}
+}  // namespace
 
 std::optional<model::AppliedConfig> AdminRequests::forget_applied() {
   std::optional<model::AppliedConfig> out = std::move(applied_config_);
@@ -30,11 +44,7 @@ model::Status AdminRequests::status() const {
     v.pool = units_.pools.info(key, p);
     v.release_threshold = p.want.settings.release_threshold;
     v.leases = units_.leasing.book().of(key);
-    for (const auto& [name, b] : units_.buffers)
-      if (b.want.pool == key.first && b.want.device == key.second) {
-        ++v.buffer_count;
-        v.buffer_bytes += b.want.size;
-      }
+    v.buffers = buffers_in(units_.buffers, key);
     out.pools.push_back(std::move(v));
   }
   for (const auto& [name, b] : units_.buffers) out.buffers.push_back(units_.buffers.view(name, b));
@@ -69,22 +79,32 @@ model::Stats AdminRequests::stats(bool reset_peaks) {
   for (const auto& [key, p] : units_.pools) devices.insert(key.second);
   for (int d : devices) units_.backend.synchronize(d);
   model::Stats out;
-  for (const auto& [key, p] : units_.pools) {
-    const PoolUsage u = units_.backend.pool_usage(p.handle);
-    if (reset_peaks) units_.backend.reset_pool_peaks(p.handle);
+  std::map<int, model::BufferTotals> on_device;
+  for (auto& [key, p] : units_.pools) {
+    PoolUsage u = units_.backend.pool_usage(p.handle);
+    // What clients used: the mark from before the holder mapped its reserve, or the driver's since.
+    u.used_peak_bytes = std::max(u.used_peak_bytes, p.used_peak_before_reserve);
+    if (reset_peaks) {
+      units_.backend.reset_pool_peaks(p.handle);
+      p.used_peak_before_reserve = 0;
+    }
     model::PoolStats v;
     v.name = key.first;
     v.id = units_.pools.device_id(key.second);
     v.usage = u;
     v.release_threshold = p.want.settings.release_threshold;
     v.leases = units_.leasing.book().of(key);
+    // Held buffers are exported allocations (a device pool's), outside the pool's usage above.
+    v.buffers = buffers_in(units_.buffers, key);
+    on_device[key.second].buffer_count += v.buffers.buffer_count;
+    on_device[key.second].buffer_bytes += v.buffers.buffer_bytes;
     out.pools.push_back(std::move(v));
   }
   out.dropped_bytes = units_.leasing.dropped_bytes();
   for (int d : devices) {
     const GraphMemUsage g = units_.backend.graph_mem_usage(d);
     if (reset_peaks) units_.backend.reset_graph_mem_peaks(d);
-    out.devices.push_back({units_.pools.device_id(d), g});
+    out.devices.push_back({units_.pools.device_id(d), g, on_device[d]});
   }
   out.ledger = units_.budgets.ledger();
   return out;

@@ -125,12 +125,15 @@ CUPOOL_FIELDS(LeaseTotals) {
   f("cached_count", v.cached_count);
   f("cached_bytes", v.cached_bytes);
 }
+CUPOOL_FIELDS(BufferTotals) {
+  f("buffer_count", v.buffer_count);
+  f("buffer_bytes", v.buffer_bytes);
+}
 CUPOOL_FIELDS(PoolStatus) {
   f.flat(v.pool);
   f.flat(v.release_threshold);
   f.flat(v.leases);
-  f("buffer_count", v.buffer_count);
-  f("buffer_bytes", v.buffer_bytes);
+  f.flat(v.buffers);
 }
 CUPOOL_FIELDS(PoolListed) {
   f.flat(v.pool);
@@ -298,10 +301,12 @@ CUPOOL_FIELDS(PoolStats) {
   f.flat(v.usage);
   f.flat(v.release_threshold);
   f.flat(v.leases);
+  f.flat(v.buffers);
 }
 CUPOOL_FIELDS(DeviceGraph) {
   f.flat(v.id);
   f("graph", v.graph);
+  f.flat(v.buffers);
 }
 CUPOOL_FIELDS(Stats) {
   f("pools", v.pools);

@@ -93,11 +93,17 @@ struct LeaseTotals {
   std::uint64_t lease_count = 0, leased_bytes = 0, cached_count = 0, cached_bytes = 0;
 };
 
+// The held buffers and tensor sets of a pool or a device: how many and their bytes (named buffers,
+// their sizes). A device pool's are exported allocations, outside its reserved and used.
+struct BufferTotals {
+  std::uint64_t buffer_count = 0, buffer_bytes = 0;
+};
+
 struct PoolStatus {
   PoolInfo pool;
   ReleaseThreshold release_threshold;
   LeaseTotals leases;
-  std::uint64_t buffer_count = 0, buffer_bytes = 0;
+  BufferTotals buffers;
 };
 
 // A pool as `list` shows it to one peer.
@@ -280,10 +286,12 @@ struct PoolStats {
   Usage usage;
   ReleaseThreshold release_threshold;
   LeaseTotals leases;
+  BufferTotals buffers;
 };
 struct DeviceGraph {
   DeviceId id;
   Usage graph;
+  BufferTotals buffers;  // its pools' together
 };
 struct Stats {
   std::vector<PoolStats> pools;

@@ -797,6 +797,13 @@ TEST_CASE("pools: settings, usage, release threshold, trim and peers, real drive
     reserved.push_back(kept.reserved_bytes);
     CHECK(kept.reserved_bytes >= 64 * mib);
     CHECK(kept.used_bytes == 0);
+    // The holder's reserve (map, free): the used high-water mark alone goes back to the current use,
+    // the reserved one stays (what stats' USED HIGH relies on).
+    CHECK(kept.used_peak_bytes >= 64 * mib);
+    b.reset_pool_used_peak(pool);
+    const cupool::PoolUsage used_reset = b.pool_usage(pool);
+    CHECK(used_reset.used_peak_bytes == 0);
+    CHECK(used_reset.reserved_peak_bytes >= 64 * mib);
     // Trim: does an IPC (posix_fd) pool give its memory back?
     b.trim_pool(pool, 16 * mib);
     reserved.push_back(b.pool_usage(pool).reserved_bytes);

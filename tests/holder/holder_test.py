@@ -325,7 +325,7 @@ def test_exporter_and_textfile(tmp):
         reserved = [s for s in families["cupool_pool_reserved_bytes"].samples if s.labels["pool"] == "kv"]
         check(len(reserved) == 1, families["cupool_pool_reserved_bytes"].samples)
         labels = reserved[0].labels
-        check(set(labels) == {"pool", "gpu", "UUID", "pci_bus_id"}, labels)
+        check(set(labels) == {"pool", "gpu", "UUID", "pci_bus_id", "modelName", "Hostname"}, labels)
         check(labels["gpu"] == "0" and labels["UUID"] == uuid, labels)
         check(re.fullmatch(r"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-9A-F]", labels["pci_bus_id"]), labels)
         threshold = [s for s in families["cupool_pool_release_threshold_bytes"].samples if s.labels["pool"] == "kv"][0]
@@ -2191,8 +2191,10 @@ def test_stats_textfile_while_the_holder_is_away(tmp):
 
 
 def test_prometheus_model_name_and_hostname(tmp):
-    """A device's series carry dcgm-exporter's modelName (the GPU's name, from the node's facts) and
-    Hostname, in stats --format prometheus and from the exporter; a pool's labels stay as they were."""
+    """Every series of a device or a pool (graph memory, pools, held buffers, the ledger) carries
+    dcgm-exporter's labels: gpu, UUID, pci_bus_id, modelName (the GPU's name, from the node's
+    facts) and Hostname, in stats --format prometheus and from the exporter, so a dashboard joins
+    any of them with DCGM's."""
     import socket as socket_module
     import urllib.request
     h = Holder(tmp)
@@ -2209,21 +2211,64 @@ def test_prometheus_model_name_and_hostname(tmp):
         check(m is not None, "the exporter did not say where it serves")
         with urllib.request.urlopen(f"http://{m.group(1)}/metrics", timeout=10) as r:
             texts["exporter"] = r.read().decode()
+        device_labels = {"gpu", "UUID", "pci_bus_id", "modelName", "Hostname"}
         for where, text in texts.items():
-            samples = simple_prometheus_parser(text)
-            graph = [s for f in samples if f.name == "cupool_graph_used_bytes" for s in f.samples]
-            check(graph, f"{where}: no cupool_graph_used_bytes samples:\n{text}")
-            for s in graph:
-                check(s.labels.get("Hostname") == host, f"{where}: Hostname {s.labels} (want {host})")
-                check(s.labels.get("modelName") and (want is None or s.labels["modelName"] == want),
-                      f"{where}: modelName {s.labels} (want {want})")
-            pool = [s for f in samples if f.name == "cupool_pool_reserved_bytes" for s in f.samples]
-            check(pool and all(set(s.labels) == {"pool", "gpu", "UUID", "pci_bus_id"} for s in pool),
-                  f"{where}: a pool's labels: {[s.labels for s in pool]}")
+            families = {f.name: f for f in simple_prometheus_parser(text)}
+            for name in ("cupool_graph_used_bytes", "cupool_pool_reserved_bytes", "cupool_pool_held_bytes",
+                         "cupool_device_held_bytes", "cupool_ledger_held_bytes"):
+                check(name in families and families[name].samples, f"{where}: no {name} samples:\n{text}")
+            checked = 0
+            for family in families.values():
+                for s in family.samples:
+                    if "gpu" not in s.labels:
+                        continue  # cupool_build_info, cupool_holder_up
+                    checked += 1
+                    check(device_labels <= set(s.labels), f"{where}: {family.name} {s.labels} lacks a device label")
+                    check(s.labels.get("Hostname") == host, f"{where}: {family.name} Hostname {s.labels} (want {host})")
+                    check(s.labels.get("modelName") and (want is None or s.labels["modelName"] == want),
+                          f"{where}: {family.name} modelName {s.labels} (want {want})")
+                    if family.name.startswith("cupool_pool_"):
+                        check(set(s.labels) == device_labels | {"pool"}, f"{where}: a pool's labels: {s.labels}")
+            check(checked >= 20, f"{where}: {checked} samples of a device or a pool")
     finally:
         if exporter is not None:
             exporter.send_signal(signal.SIGTERM)
             exporter.wait(10)
+        h.stop()
+
+
+def test_stats_show_held_buffers(tmp):
+    """Held buffers and tensor sets (exported allocations, outside their pool's reserved and used)
+    are in stats per pool and per device, bytes and count, in every format; and a pool's used
+    high-water mark is what clients used, not the reserve the holder mapped and freed."""
+    h = Holder(tmp)
+    try:
+        before = stats(h)
+        kv = [p for p in before["pools"] if p["name"] == "kv" and p["device"] == 0][0]
+        # The config's 64 MiB reserve is reserved, never used by a client.
+        check(kv["reserved_peak_bytes"] >= 64 << 20 and kv["used_peak_bytes"] == 0, f"kv: {kv}")
+        check(kv["buffer_count"] == 1 and kv["buffer_bytes"] == 8 << 20, f"the config's buffer: {kv}")
+        cupool("buffer", "create", "big", "--pool", "kv", "--size", "16MiB", socket_path=h.socket, check_rc=0)
+        after = stats(h)
+        kv = [p for p in after["pools"] if p["name"] == "kv" and p["device"] == 0][0]
+        private = [p for p in after["pools"] if p["name"] == "private"][0]
+        device = [d for d in after["devices"] if d["device"] == 0][0]
+        check(kv["buffer_count"] == 2 and kv["buffer_bytes"] == 24 << 20, f"kv: {kv}")
+        check(kv["used_bytes"] == 0, f"the buffers are not the pool's allocations: {kv}")
+        check(private["buffer_count"] == 0 and private["buffer_bytes"] == 0, f"private: {private}")
+        check(device["buffer_count"] == 2 and device["buffer_bytes"] == 24 << 20, f"device 0: {device}")
+        yaml_text = cupool("stats", "--format", "yaml", socket_path=h.socket, check_rc=0).stdout
+        check(yaml_text.count("buffer_bytes: 25165824") == 2, yaml_text)  # kv's row and device 0's
+        table = cupool("stats", socket_path=h.socket, check_rc=0).stdout
+        check(re.search(r"^  kv .* 2 \(24 MiB\)$", table, re.M) and re.search(r"^Held buffers:\n.*\n  0 .* 2 \(24 MiB\)$",
+                                                                       table, re.M), table)
+        prom = cupool("stats", "--format", "prometheus", socket_path=h.socket, check_rc=0).stdout
+        for metric, value in (("cupool_pool_held_buffers", 2), ("cupool_pool_held_bytes", 24 << 20)):
+            check(re.search(r'^%s\{pool="kv",gpu="0",[^}]*\} %d$' % (metric, value), prom, re.M), f"{metric}:\n{prom}")
+        for metric, value in (("cupool_device_held_buffers", 2), ("cupool_device_held_bytes", 24 << 20)):
+            check(re.search(r'^%s\{gpu="0",[^}]*\} %d$' % (metric, value), prom, re.M), f"{metric}:\n{prom}")
+        check(re.search(r'^cupool_pool_used_peak_bytes\{pool="kv",gpu="0",[^}]*\} 0$', prom, re.M), prom)
+    finally:
         h.stop()
 
 

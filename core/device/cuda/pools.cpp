@@ -82,6 +82,10 @@ void CudaPools::reset_pool_peaks(PoolHandle handle) {
   d_.set_attribute<cuuint64_t>(pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
 }
 
+void CudaPools::reset_pool_used_peak(PoolHandle handle) {
+  d_.set_attribute<cuuint64_t>(d_.find(handle).pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0);
+}
+
 void CudaPools::set_pool_access(PoolHandle handle, int peer) {
   CUmemAccessDesc desc;
   std::memset(&desc, 0, sizeof desc);

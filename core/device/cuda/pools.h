@@ -16,6 +16,7 @@ class CudaPools : public virtual Pools, public virtual ProcessPools, protected D
   PoolSettings pool_settings(PoolHandle handle) override;
   PoolUsage pool_usage(PoolHandle handle) override;
   void reset_pool_peaks(PoolHandle handle) override;
+  void reset_pool_used_peak(PoolHandle handle) override;
   void set_pool_access(PoolHandle handle, int peer) override;
   bool pool_access(PoolHandle handle, int peer) override;
   std::uint64_t allocate(PoolHandle handle, std::uint64_t bytes) override;

@@ -91,6 +91,12 @@ void SimPools::reset_pool_peaks(PoolHandle handle) {
   u.used_peak_bytes = u.used_bytes;
 }
 
+void SimPools::reset_pool_used_peak(PoolHandle handle) {
+  s_.enter("reset_pool_used_peak", std::to_string(handle));
+  PoolUsage& u = s_.pool(handle, "cuMemPoolSetAttribute").usage;
+  u.used_peak_bytes = u.used_bytes;
+}
+
 void SimPools::set_pool_access(PoolHandle handle, int peer) {
   s_.enter("set_pool_access", std::to_string(handle) + "," + std::to_string(peer));
   Pool& p = s_.pool(handle, "cuMemPoolSetAccess");

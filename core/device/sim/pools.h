@@ -27,6 +27,7 @@ class SimPools : public virtual Pools, public virtual ProcessPools, protected Si
   PoolSettings pool_settings(PoolHandle pool) override;
   PoolUsage pool_usage(PoolHandle pool) override;
   void reset_pool_peaks(PoolHandle pool) override;
+  void reset_pool_used_peak(PoolHandle pool) override;
   void set_pool_access(PoolHandle pool, int peer) override;
   bool pool_access(PoolHandle pool, int peer) override;
   std::uint64_t allocate(PoolHandle pool, std::uint64_t bytes) override;

@@ -54,10 +54,12 @@ json stats_reply() {
     "pools": [{"name": "kv-cache", "device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
                "reserved_bytes": 10804527104, "reserved_peak_bytes": 10804527104, "used_bytes": 10737418240,
                "used_peak_bytes": 10804527104, "release_threshold": "max", "release_threshold_bytes": null,
-               "lease_count": 2, "leased_bytes": 134217728, "cached_count": 1, "cached_bytes": 67108864}],
+               "lease_count": 2, "leased_bytes": 134217728, "cached_count": 1, "cached_bytes": 67108864,
+               "buffer_count": 2, "buffer_bytes": 17179869184}],
     "dropped_bytes": 0,
     "devices": [{"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
-                 "graph": {"reserved_bytes": 0, "reserved_peak_bytes": 0, "used_bytes": 0, "used_peak_bytes": 0}}]})");
+                 "graph": {"reserved_bytes": 0, "reserved_peak_bytes": 0, "used_bytes": 0, "used_peak_bytes": 0},
+                 "buffer_count": 2, "buffer_bytes": 17179869184}]})");
 }
 
 json plan_reply() {
@@ -167,14 +169,25 @@ TEST_CASE("status: missing fields show as '-' instead of failing") {
 TEST_CASE("stats: sizes for people") {
   CHECK(render_stats(stats_reply()) ==
         "Pools:\n"
-        "  POOL      DEVICE  RESERVED  RESERVED HIGH  USED    USED HIGH  RELEASE THRESHOLD  LEASES       CACHED\n"
-        "  kv-cache  0       10.1 GiB  10.1 GiB       10 GiB  10.1 GiB   max                2 (128 MiB)  1 (64 MiB)\n"
+        "  POOL      DEVICE  RESERVED  RESERVED HIGH  USED    USED HIGH  RELEASE THRESHOLD  LEASES       "
+        "CACHED      HELD\n"
+        "  kv-cache  0       10.1 GiB  10.1 GiB       10 GiB  10.1 GiB   max                2 (128 MiB)  "
+        "1 (64 MiB)  2 (16 GiB)\n"
+        "\n"
+        "Held buffers:\n"
+        "  DEVICE  UUID                                      HELD\n"
+        "  0       GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b  2 (16 GiB)\n"
         "\n"
         "Graph memory:\n"
         "  DEVICE  UUID                                      RESERVED  RESERVED HIGH  USED  USED HIGH\n"
         "  0       GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b  0 B       0 B            0 B   0 B\n");
   CHECK(render_stats(json::parse(R"({"id": 1, "ok": true, "pools": [], "devices": []})")) ==
-        "Pools: none\n\nGraph memory: none\n");
+        "Pools: none\n\nHeld buffers: none\n\nGraph memory: none\n");
+  // A holder from before stats counted held buffers: "-".
+  json older = stats_reply();
+  older["pools"][0].erase("buffer_count");
+  older["pools"][0].erase("buffer_bytes");
+  CHECK(render_stats(older).find("1 (64 MiB)  -\n") != std::string::npos);
 }
 
 TEST_CASE("stats in the Prometheus text format") {
@@ -182,11 +195,12 @@ TEST_CASE("stats in the Prometheus text format") {
   node.hostname = "gpu-node-7";
   node.model_names["gpu-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b"] = "NVIDIA H100 80GB HBM3";  // by UUID, lower case
   const std::string text = render_stats_prometheus(stats_reply(), node);
-  // dcgm-exporter's labels (gpu, UUID, pci_bus_id as NVML writes it; a device's own series also
-  // modelName and Hostname), so dashboards join the two.
+  // dcgm-exporter's labels (gpu, UUID, pci_bus_id as NVML writes it, modelName and Hostname) on
+  // a device's series and a pool's, so dashboards join the two.
   const std::string ids = std::string("gpu=\"0\",UUID=\"") + kUuid0 + "\",pci_bus_id=\"00000000:1B:00.0\"";
-  const std::string device = "{" + ids + ",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node-7\"}";
-  const std::string labels = "{pool=\"kv-cache\"," + ids + "}";
+  const std::string node_labels = ",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node-7\"";
+  const std::string device = "{" + ids + node_labels + "}";
+  const std::string labels = "{pool=\"kv-cache\"," + ids + node_labels + "}";
   CHECK(text.find("# HELP cupool_pool_reserved_bytes ") == 0);
   CHECK(text.find("# TYPE cupool_pool_reserved_bytes gauge\ncupool_pool_reserved_bytes" + labels + " 10804527104\n") !=
         std::string::npos);
@@ -203,6 +217,11 @@ TEST_CASE("stats in the Prometheus text format") {
   CHECK(text.find("\ncupool_pool_leased_bytes" + labels + " 134217728\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_cached_leases" + labels + " 1\n") != std::string::npos);
   CHECK(text.find("\ncupool_pool_cached_bytes" + labels + " 67108864\n") != std::string::npos);
+  // Held buffers and tensor sets, per pool and per device.
+  CHECK(text.find("\ncupool_pool_held_buffers" + labels + " 2\n") != std::string::npos);
+  CHECK(text.find("\ncupool_pool_held_bytes" + labels + " 17179869184\n") != std::string::npos);
+  CHECK(text.find("\ncupool_device_held_buffers" + device + " 2\n") != std::string::npos);
+  CHECK(text.find("\ncupool_device_held_bytes" + device + " 17179869184\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_peak_bytes" + device + " 0\n") != std::string::npos);
   CHECK(text.find("\ncupool_graph_reserved_high_bytes" + device + " 0\n") != std::string::npos);
@@ -226,10 +245,10 @@ TEST_CASE("stats in the Prometheus text format") {
     CHECK(line.rfind("cupool_", 0) == (line[0] == '#' ? std::string::npos : 0));
     start = end + 1;
   }
-  // 13 series, the four peaks twice (their old names until cupool 0.2), and cupool_build_info.
-  CHECK(help == 18);
-  CHECK(type == 18);
-  CHECK(samples == 18);
+  // 17 series, the four peaks twice (their old names until cupool 0.2), and cupool_build_info.
+  CHECK(help == 22);
+  CHECK(type == 22);
+  CHECK(samples == 22);
   const cupool::BuildInfo& b = cupool::build_info();
   CHECK(text.find("\ncupool_build_info{version=\"" + b.version + "\",commit=\"" + b.commit + "\",cuda_headers=\"" +
                   b.cuda_headers + "\"} 1\n") != std::string::npos);
@@ -237,11 +256,34 @@ TEST_CASE("stats in the Prometheus text format") {
   json reply = stats_reply();
   reply["pools"][0]["release_threshold"] = "1KiB";
   reply["pools"][0]["release_threshold_bytes"] = 1024;
-  CHECK(render_stats_prometheus(reply).find("cupool_pool_release_threshold_bytes" + labels + " 1024\n") !=
+  CHECK(render_stats_prometheus(reply, node).find("cupool_pool_release_threshold_bytes" + labels + " 1024\n") !=
         std::string::npos);
   // A GPU the node does not name, and no host name: the labels are there, empty.
   CHECK(render_stats_prometheus(stats_reply())
             .find("\ncupool_graph_used_bytes{" + ids + ",modelName=\"\",Hostname=\"\"} 0\n") != std::string::npos);
+}
+
+TEST_CASE("Prometheus: the ledger's and the budgets' series carry every device label") {
+  NodeLabels node;
+  node.hostname = "gpu-node-7";
+  node.model_names["gpu-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b"] = "NVIDIA H100 80GB HBM3";
+  const json ledger = json::parse(R"({"context_allowance_bytes": 536870912, "devices": [
+      {"device": 0, "uuid": "GPU-8f3c1a2b-0c4d-4e5f-8a9b-0c1d2e3f4a5b", "pci_bus_id": "0000:1b:00.0",
+       "total_bytes": 85899345920, "held_bytes": 0, "buffers": [], "pool_reserved_bytes": 0, "pools": [],
+       "budget_bytes": 1073741824, "budget_used_bytes": 0,
+       "budgets": [{"grant": "g1", "pid": 77, "user": "alice", "command": "python", "claimed": true,
+                    "budget_bytes": 1073741824, "used_bytes": 4096, "peak_bytes": 8192, "device_bytes": null}],
+       "context_bytes": 0, "unknown_bytes": 0, "processes": [], "committed_bytes": 0, "available_bytes": 0,
+       "usage": {"reader": "unavailable", "note": "", "memory": null, "accounted_bytes": null,
+                 "unexplained_bytes": null}}]})");
+  const std::string text = render_ledger_prometheus(ledger, node);
+  const std::string device =
+      std::string("gpu=\"0\",UUID=\"") + kUuid0 +
+      "\",pci_bus_id=\"00000000:1B:00.0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node-7\"";
+  CHECK(text.find("\ncupool_ledger_total_bytes{" + device + "} 85899345920\n") != std::string::npos);
+  CHECK_MESSAGE(text.find("\ncupool_budget_used_bytes{" + device + ",grant=\"g1\",pid=\"77\",user=\"alice\"} 4096\n") !=
+                    std::string::npos,
+                text);
 }
 
 TEST_CASE("Prometheus label values are escaped") {
@@ -254,8 +296,8 @@ TEST_CASE("Prometheus label values are escaped") {
   reply["pools"][0]["uuid"] = nullptr;
   const std::string text = render_stats_prometheus(reply);
   CHECK(text.find(
-            "cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",gpu=\"0\",UUID=\"\",pci_bus_id=\"00000000:1B:00.0\"} "
-            "10737418240\n") != std::string::npos);
+            "cupool_pool_used_bytes{pool=\"we\\\"ird\\\\na\\nme\",gpu=\"0\",UUID=\"\",pci_bus_id=\"00000000:1B:00.0\","
+            "modelName=\"\",Hostname=\"\"} 10737418240\n") != std::string::npos);
 }
 
 TEST_CASE("Prometheus: no pools, no samples; a sample without its value is left out") {

@@ -466,6 +466,67 @@ TEST_CASE("buffers: a tensor set in parts: one allocation each, opened part by p
   CHECK(buffer_bytes() == before);
 }
 
+TEST_CASE("stats: held buffers and tensor sets per pool and per device, outside the pool's usage") {
+  constexpr std::uint64_t kMiB = 1ULL << 20;
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto root = f.client(peer(0, "root"));
+  const auto row = [](const Json& rows, const std::string& pool, int device) {
+    for (const auto& r : rows)
+      if ((pool.empty() || r["name"] == pool) && r["device"] == device) return r;
+    FAIL("no row for " << pool << " on device " << device);
+    return Json();
+  };
+  Json stats = model::to_json(f.holder.stats(false));
+  // The config's buffer: 128 MiB in kv on device 0, an exported allocation the pool does not count.
+  CHECK(row(stats["pools"], "kv", 0)["buffer_count"] == 1);
+  CHECK(row(stats["pools"], "kv", 0)["buffer_bytes"] == 128 * kMiB);
+  CHECK(row(stats["pools"], "kv", 0)["used_bytes"] == 0);
+  CHECK(row(stats["pools"], "kv", 1)["buffer_count"] == 0);
+  CHECK(row(stats["devices"], "", 0)["buffer_count"] == 1);
+  CHECK(row(stats["devices"], "", 0)["buffer_bytes"] == 128 * kMiB);
+  CHECK(row(stats["devices"], "", 1)["buffer_bytes"] == 0);
+  // A tensor set of two parts is one more, of its whole size.
+  Json create = loading_buffer("model", {tensor_entry("a", 0, 256), tensor_entry("b", 0, 512, "F32", 1)}, 1024 + 4096);
+  create["part_sizes_bytes"] = {1024, 4096};
+  f.call(root, create);
+  f.call(root, {{"op", "buffer_ready"}, {"name", "model"}});
+  stats = model::to_json(f.holder.stats(false));
+  CHECK(row(stats["pools"], "kv", 0)["buffer_count"] == 2);
+  CHECK(row(stats["pools"], "kv", 0)["buffer_bytes"] == 128 * kMiB + 1024 + 4096);
+  CHECK(row(stats["devices"], "", 0)["buffer_count"] == 2);
+  CHECK(row(stats["devices"], "", 0)["buffer_bytes"] == 128 * kMiB + 1024 + 4096);
+  CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "model"}, {"force", true}}) == "ok");
+  CHECK(row(model::to_json(f.holder.stats(false))["devices"], "", 0)["buffer_count"] == 1);
+}
+
+TEST_CASE("stats: the used high-water mark is what clients used, not the reserve the holder mapped") {
+  constexpr std::uint64_t kMiB = 1ULL << 20;
+  Fixture f;
+  f.holder.apply(f.want());
+  const auto kv = [&](int device, bool reset = false) {
+    const Json stats = model::to_json(f.holder.stats(reset));
+    for (const auto& p : stats["pools"])
+      if (p["name"] == "kv" && p["device"] == device) return p;
+    FAIL("no kv on device " << device);
+    return Json();
+  };
+  // 64 MiB reserve per device: reserved (and its peak), but no client used any of it.
+  CHECK(kv(0)["reserved_peak_bytes"].get<std::uint64_t>() >= 64 * kMiB);
+  CHECK(kv(0)["used_peak_bytes"] == 0);
+  const auto alice = f.client(peer(1001, "alice"));
+  const Json a = f.call(alice, {{"op", "alloc"}, {"pool", "kv"}, {"device", 1}, {"size_bytes", 4 * kMiB}});
+  f.call(alice, {{"op", "free"}, {"lease", a["lease"]}});
+  CHECK(kv(1)["used_peak_bytes"] == 4 * kMiB);
+  // A larger reserve mapped later (a reload) neither counts nor hides the clients' mark from before.
+  std::string grown = kHolderConfig;
+  grown.replace(grown.find("reserve: 64MiB"), 14, "reserve: 96MiB");
+  f.holder.apply(f.want(grown));
+  CHECK(kv(1)["reserved_bytes"].get<std::uint64_t>() >= 96 * kMiB);
+  CHECK(kv(1, /*reset=*/true)["used_peak_bytes"] == 4 * kMiB);
+  CHECK(kv(1)["used_peak_bytes"] == 0);  // reset: the current use
+}
+
 TEST_CASE("buffers: parts are checked before anything is made") {
   Fixture f;
   f.holder.apply(f.want());

@@ -88,6 +88,7 @@ TEST_CASE("the declared names are the schemas' properties") {
   check_agrees<cupool::ReleaseThreshold>("ReleaseThreshold", {"cupool-common-v1.schema.json#/$defs/threshold"});
   check_agrees<cupool::model::Reuse>("Reuse", {"cupool-common-v1.schema.json#/$defs/reuse"});
   check_agrees<LeaseTotals>("LeaseTotals", {"cupool-common-v1.schema.json#/$defs/lease_totals"});
+  check_agrees<BufferTotals>("BufferTotals", {"cupool-common-v1.schema.json#/$defs/buffer_totals"});
   check_agrees<PoolStatus>("PoolStatus", {"cupool-common-v1.schema.json#/$defs/pool"});
   check_agrees<AdoptedBuffer>("AdoptedBuffer", {"cupool-common-v1.schema.json#/$defs/buffer_summary"});
   check_agrees<TensorEntry>("TensorEntry", {"cupool-common-v1.schema.json#/$defs/tensor"});
