@@ -163,6 +163,11 @@ for profile in "$share"/configs/profiles/*.yaml; do
   done
 done
 say "cupool check of /etc/cupool/cupool.yaml, as shipped and uncommented, on $(ls "$share"/configs/profiles/*.yaml | wc -l) profiles: exit 0"
+# With no config there, the holder says so in its words and names the sample to copy.
+out=$("$bin" hold "$work/none/cupool.yaml" --profile "$share/configs/profiles/h100.yaml" 2>&1) && fail "hold of a missing file: exit 0"
+[[ $out == *"no config file at '$work/none/cupool.yaml'"*"cp $share/configs/systemd/cupool.yaml $work/none/cupool.yaml"* ]] ||
+  fail "hold of a missing file: $out"
+say "hold of a missing config names the sample: $share/configs/systemd/cupool.yaml"
 
 preload=$("$bin" exec "$share/configs/single-gpu-inference.yaml" --profile "$share/configs/profiles/h100.yaml" \
   -- sh -c 'echo "$LD_PRELOAD"')
