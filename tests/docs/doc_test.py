@@ -202,7 +202,9 @@ class Session:
         user = pwd.getpwuid(os.geteuid()).pw_name
         self.env = {
             "PATH": bindir + ":" + SYSTEM_PATH, "HOME": home, "USER": user, "LOGNAME": user,
-            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "XDG_RUNTIME_DIR": runtime,
+            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "XDG_RUNTIME_DIR": runtime,
+            # The suite's TMPDIR (ctest gives each test its own and checks it is left empty), else a user's.
+            "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
             SESSION_VAR: self.id,
         }
         self.cwd = self.dir

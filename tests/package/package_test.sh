@@ -13,7 +13,7 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 python=${2:-python3}
-work=$(mktemp -d /tmp/cupool-package.XXXXXX)
+work=$(mktemp -d -t cupool-package.XXXXXX)  # in $TMPDIR: ctest's folder for this test (tests/hygiene)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 say() { echo "package: $*"; }
