@@ -10,6 +10,7 @@
 #include "base/output.h"
 #include "base/units.h"
 #include "cli/options.h"
+#include "cli/suggest.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/resolve.h"
@@ -93,8 +94,7 @@ Verb add_bench(CLI::App& app) {
       "  cupool bench --format json | jq '.comparisons[]'\n"
       "\nExit codes: 0 measured, 2 bad arguments or config, 3 no driver or device.");
   sub->add_option("config", args->config,
-                  "A config whose process.current_pool (else default_pool) release_threshold is put under test")
-      ->check(CLI::ExistingFile);
+                  "A config whose process.current_pool (else default_pool) release_threshold is put under test");
   add_profile_option(sub, args->profile, "Run on");
   add_format_option(sub, args->format);
   sub->add_option("--device,-d", args->device, "The device: an index, a GPU UUID or a PCI bus id")
@@ -107,6 +107,7 @@ Verb add_bench(CLI::App& app) {
 
   return {sub, [args](Context& ctx) {
             const Format format = parse_format(args->format);
+            if (!args->config.empty()) require_config(args->config, "bench");
             BenchOptions o;
             o.sizes = parse_sizes(args->sizes);
             o.iterations = args->iterations;

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "base/output.h"
 #include "cli/options.h"
+#include "cli/suggest.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/load.h"
@@ -99,6 +100,7 @@ Verb add_check(CLI::App& app) {
 
   return {sub, [args](Context& ctx) {
             const Format format = parse_format(args->format);
+            require_config(args->config, "check");
             const SourceFile file = SourceFile::read(args->config, kMaxConfigBytes);
             CheckOptions options;
             options.deep = args->deep;

@@ -18,6 +18,7 @@
 #include "cli/exec_budget.h"
 #include "cli/holder_client.h"
 #include "cli/options.h"
+#include "cli/suggest.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/diagnostics.h"
@@ -209,9 +210,7 @@ Verb add_exec(CLI::App& app) {
       "  cupool exec pools.yaml --strict -- ./batch-job\n"
       "\nExit codes: CMD's own; 1, 2 or 3 from cupool exec itself before CMD starts; with --strict, 3 from a\n"
       "process of CMD that the section could not be applied to.");
-  sub->add_option("config", args->config, "The config file whose process: section is applied")
-      ->required()
-      ->check(CLI::ExistingFile);
+  sub->add_option("config", args->config, "The config file whose process: section is applied")->required();
   add_profile_option(sub, args->profile, "Apply to (a simulated node: for trying it without a GPU)");
   sub->add_flag("--strict", args->strict, "A failure to apply inside CMD ends that process (exit 3)");
   sub->add_option("--at", args->at, "When to apply: cuinit (after CMD's first cuInit) or start (before main)")
@@ -237,6 +236,7 @@ Verb add_exec(CLI::App& app) {
   return {
       sub, [args, sub](Context& ctx) -> int {
         // Judge the file here first, so a broken file is a clear error and not a line in CMD's stderr.
+        require_config(args->config, "exec");
         const SourceFile file = SourceFile::read_regular(args->config, kMaxConfigBytes);
         {
           auto backend = ctx.make_backend(args->profile);

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "cli/options.h"
+#include "cli/suggest.h"
 #include "cli/verbs.h"
 #include "holder/server.h"
 
@@ -69,7 +70,7 @@ Verb add_hold(CLI::App& app) {
       "configs/profiles/h200x2.yaml\n"
       "\nExit codes: 0 stopped by SIGTERM, 130 by SIGINT, 1 the config does not fit, 2 invalid config,\n"
       "3 no driver or device, 4 the socket is taken by another holder or can't be made.");
-  sub->add_option("config", args->config, "The config file to hold")->required()->check(CLI::ExistingFile);
+  sub->add_option("config", args->config, "The config file to hold")->required();
   sub->add_option("--socket,-s", args->socket, "Listen here instead of the config's holder.socket")
       ->envname("CUPOOL_SOCKET");
   add_profile_option(sub, args->profile, "Hold pools on");
@@ -99,6 +100,7 @@ Verb add_hold(CLI::App& app) {
   sub->add_flag("--no-kernel-descriptor-refusal", args->no_kernel_refusal)->group("");
 
   return {sub, [args](Context& ctx) {
+            require_config(args->config, "hold");
             auto backend = ctx.make_backend(args->profile);
             ServerOptions options;
             options.config_path = args->config;

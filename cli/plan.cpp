@@ -5,6 +5,7 @@
 #include "cli/holder_client.h"
 #include "cli/holder_render.h"
 #include "cli/options.h"
+#include "cli/suggest.h"
 #include "cli/verbs.h"
 #include "config/config.h"
 #include "config/diagnostics.h"
@@ -41,6 +42,7 @@ std::string shown_path(const std::string& path) {
 int run_plan(const PlanArgs& args, bool apply) {
   const Format format = parse_format(args.format);
   const char* op = apply ? "apply" : "plan";
+  require_config(args.config, op);
   const SourceFile file = SourceFile::read(args.config, kMaxConfigBytes);
 
   const json request = proto::to_json(proto::Plan{file.text(), shown_path(file.path()), apply});

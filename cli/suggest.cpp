@@ -1,10 +1,14 @@
 #include "cli/suggest.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+
+#include "base/error.h"
 
 namespace cupool::cli {
 
@@ -188,6 +192,33 @@ std::string shipped_file(const std::string& relative, const std::string& exe_arg
   for (const std::string& candidate : {prefix + "/share/cupool/" + relative, prefix + "/" + relative})
     if (exists(candidate)) return candidate;
   return "";
+}
+
+void require_config(const std::string& path, const std::string& verb, const std::string& sample_arg) {
+  struct stat st {};
+  if (path == "-" || ::stat(path.c_str(), &st) == 0 || (errno != ENOENT && errno != ENOTDIR)) return;
+  std::string where;
+  if (path.empty() || path[0] != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof cwd)) where = std::string(" (looked for in ") + cwd + ")";
+  }
+  const std::string sample = sample_arg.empty() ? shipped_file(kSampleConfig) : sample_arg;
+  std::string hint;
+  if (sample.empty()) {
+    hint =
+        "  hint: give the path of an existing config, or write one there: the examples are in cupool's\n"
+        "        configs/ folder, every key is in 'man cupool'";
+  } else {
+    hint =
+        "  hint: give the path of an existing config, or start from the commented sample:\n"
+        "          cp " +
+        sample + " " + path +
+        "\n"
+        "        then edit it and 'cupool check " +
+        path + "'";
+  }
+  if (verb == "hold") hint += ",\n        and start the holder again (under systemd: systemctl restart cupool)";
+  throw InputError("no config file at '" + path + "'" + where + "\n" + hint);
 }
 
 }  // namespace cupool::cli

@@ -54,4 +54,15 @@ std::string usage_error(const CLI::App& root, const std::vector<std::string>& ar
 // "" when none exists. `exe` is the binary's path ("" reads /proc/self/exe).
 std::string shipped_file(const std::string& relative, const std::string& exe = "");
 
+// The commented sample config that the package installs as /etc/cupool/cupool.yaml (the file the
+// unit holds), as shipped: configs/systemd/cupool.yaml under the data folder.
+inline constexpr const char* kSampleConfig = "configs/systemd/cupool.yaml";
+
+// A verb's CONFIG that does not exist, in cupool's words: throws InputError naming the path (and,
+// for a relative one, the directory it was looked for in) and what to do: copy the commented sample
+// `sample` there (when "", the one shipped_file finds; none found: the examples), check it, and for
+// `verb` "hold", start the holder again. Does nothing for "-" (standard input) or a path that
+// exists; other failures to read are the reader's to say.
+void require_config(const std::string& path, const std::string& verb, const std::string& sample = "");
+
 }  // namespace cupool::cli

@@ -7,7 +7,9 @@
 #   build-tsan/ ThreadSanitizer: the unit tests of the parts with threads and the holder suite;
 #               built at idle priority while build-san/'s tests run
 #   fuzz        each libFuzzer target for FUZZ_SECONDS (30), two at a time, from build-san/
-# GPU tests skip themselves without a GPU. Each stage's seconds are printed at the end.
+# GPU tests skip themselves without a GPU. Each stage's seconds are printed at the end. Every ctest
+# run gives each test a TMPDIR of its own and fails when a test leaves anything there (tests/hygiene);
+# in CI (CI set) also when something appears in /tmp itself while the tests run.
 # Usage: scripts/test.sh   (installs what is missing through scripts/setup.sh's package list)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -165,6 +165,7 @@ def examples(r):
         "configs/ipc-multiprocess-server.yaml": "configs/profiles/h200x2.yaml",
         "configs/training-8gpu.yaml": "configs/profiles/synthetic-8gpu-mixed-peers.yaml",
         "configs/pytorch-current-pool.yaml": "configs/profiles/h100.yaml",
+        "configs/systemd/cupool.yaml": "configs/profiles/h100.yaml",  # /etc/cupool/cupool.yaml in the package
     }
     for config, profile in pairs.items():
         if not os.path.exists(os.path.join(r.root, profile)):
@@ -617,6 +618,36 @@ def exec_without_process_section(r):
          out + err)
 
 
+def missing_config(r):
+    """Every verb that reads a CONFIG says, in cupool's words, that there is no file at the path (with
+    the directory a relative path was looked for in), and how to start one from the shipped sample;
+    hold, what runs under the unit, also how to start it again. Exit 2, before anything else."""
+    missing = "/nonexistent/cupool/pools.yaml"
+    sample = "configs/systemd/cupool.yaml"  # run from the checkout's root: its path from there
+    runs = {
+        "check": ["check", missing, "--profile", PROFILE_DEFAULT],
+        "plan": ["plan", missing, "--socket", "/nonexistent/cupool.sock"],
+        "apply": ["apply", missing, "--socket", "/nonexistent/cupool.sock"],
+        "hold": ["hold", missing, "--profile", PROFILE_DEFAULT],
+        "exec": ["exec", missing, "--profile", PROFILE_DEFAULT, "--", "/bin/echo", "ran"],
+        "bench": ["bench", missing, "--profile", PROFILE_DEFAULT],
+    }
+    for verb, args in runs.items():
+        code, out, err = r.run(args)
+        lines = err.splitlines()
+        r.ok(f"{verb} of a missing config: cupool's words, the path, the sample to copy (exit 2)",
+             code == 2 and out == "" and lines[:1] == [f"cupool {verb}: no config file at '{missing}'"]
+             and f"cp {sample} {missing}" in err and f"'cupool check {missing}'" in err
+             and ("systemctl restart cupool" in err) == (verb == "hold") and "File does not exist" not in err,
+             out + err)
+    code, out, err = r.run(["check", "missing.yaml", "--profile", PROFILE_DEFAULT])
+    r.ok("a relative missing config: where it was looked for",
+         code == 2 and f"cupool check: no config file at 'missing.yaml' (looked for in {r.root})" in err, out + err)
+    # Standard input and files that exist but can't be read are the reader's to say, as before.
+    code, out, err = r.run(["check", "configs", "--profile", PROFILE_DEFAULT])
+    r.ok("a folder as the config is not 'no config file'", code == 2 and "no config file" not in err, out + err)
+
+
 def installed_hints(r):
     """Hints name a profile this binary can reach: the installed data folder's beside an installed
     binary (PREFIX/bin/cupool -> PREFIX/share/cupool/configs/...), not the repository's path."""
@@ -673,6 +704,7 @@ def main():
     else:
         exec_without_process_section(r)
     installed_hints(r)
+    missing_config(r)
     output_schemas(r)
     old_profile(r)
     no_driver(r)

@@ -217,7 +217,9 @@ class Session:
             # The user's own PATH, as inherited (their python3 first where it is first), after the
             # binary's folder: never /usr/bin forced in front of what the user has.
             "PATH": bindir + ":" + os.environ.get("PATH", SYSTEM_PATH), "HOME": home, "USER": user, "LOGNAME": user,
-            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "XDG_RUNTIME_DIR": runtime,
+            "SHELL": "/bin/bash", "LANG": "C.UTF-8", "TERM": "dumb", "XDG_RUNTIME_DIR": runtime,
+            # The suite's TMPDIR (ctest gives each test its own and checks it is left empty), else a user's.
+            "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
             SESSION_VAR: self.id,
         }
         self.cwd = self.dir

@@ -1294,8 +1294,9 @@ struct PatternFile {
   std::string path;
   int fd = -1;
   PatternFile(std::uint64_t bytes, std::uint8_t seed) {
-    char name[] = "/tmp/cupool-gpu-gds-XXXXXX";
-    fd = ::mkstemp(name);
+    const char* tmpdir = std::getenv("TMPDIR");  // ctest's folder for this test (tests/hygiene)
+    std::string name = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/cupool-gpu-gds-XXXXXX";
+    fd = ::mkstemp(name.data());
     REQUIRE(fd >= 0);
     path = name;
     const auto data = pattern(bytes, seed);

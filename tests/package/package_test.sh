@@ -13,7 +13,7 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 python=${2:-python3}
-work=$(mktemp -d /tmp/cupool-package.XXXXXX)
+work=$(mktemp -d -t cupool-package.XXXXXX)  # in $TMPDIR: ctest's folder for this test (tests/hygiene)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 say() { echo "package: $*"; }
@@ -63,13 +63,14 @@ contents() { dpkg-deb -c "$1" | awk '{print $6}' | sed 's|^\./|/|'; }
 contents "$runtime" >"$work/runtime.txt"
 contents "$dev" >"$work/dev.txt"
 for f in /usr/bin/cupool $lib/libcupool-client.so.1 $lib/libcupool-client.so.1.0.0 \
-         $lib/cupool/libcupool-preload.so /usr/share/man/man1/cupool.1 /usr/lib/systemd/system/cupool.service \
+         $lib/cupool/libcupool-preload.so /usr/share/man/man1/cupool.1.gz /usr/lib/systemd/system/cupool.service \
          $py/__init__.py $py/_lib.py $py/_installed.py $py/connection.py $py/tensors.py $py/py.typed \
          /usr/lib/systemd/system/cupool-exporter.service /usr/lib/systemd/system/cupool-keeper.service \
          /usr/share/bash-completion/completions/cupool /usr/share/zsh/site-functions/_cupool \
          /usr/share/fish/vendor_completions.d/cupool.fish /usr/share/cupool/schemas/cupool-config-v1.schema.json \
          /usr/share/cupool/configs/single-gpu-inference.yaml /usr/share/cupool/configs/profiles/h100.yaml \
-         /usr/share/doc/cupool/LICENSE; do
+         /usr/share/doc/cupool/LICENSE /usr/share/doc/cupool/copyright /etc/cupool/cupool.yaml \
+         /usr/share/cupool/configs/systemd/cupool.yaml; do
   grep -qx "$f" "$work/runtime.txt" || fail "cupool lacks $f"
 done
 for f in /usr/include/cupool/client.h $lib/libcupool-client.so $lib/pkgconfig/cupool-client.pc \
@@ -84,6 +85,24 @@ stray=$(sed -n 's|^/usr/lib/\([^/][^/]*\).*|\1|p' "$work/runtime.txt" "$work/dev
 ! grep -q "^$lib/libcupool-preload.so" "$work/runtime.txt" || fail "the preload is in the public libdir"
 ! grep -q __pycache__ "$work/runtime.txt" || fail "the Python package ships bytecode caches"
 say "contents: every expected file, the library in $lib, the preload in $lib/cupool, the Python package in $py"
+
+# Debian's policy (issue 37): manual pages gzipped (and no page left plain); a copyright file in the
+# machine-readable format; the config the unit holds shipped as a conffile, the sample as shipped.
+! grep -q '^/usr/share/man/.*[^z]$' <(grep '^/usr/share/man/man' "$work/runtime.txt" | grep -v '/$') ||
+  fail "a manual page that is not gzipped: $(grep '^/usr/share/man/man.*[^z]$' "$work/runtime.txt" | grep -v '/$')"
+dpkg-deb --fsys-tarfile "$runtime" | tar -xOf - ./usr/share/man/man1/cupool.1.gz | gzip -dc |
+  cmp -s - "$(dirname "$0")/../../docs/man/cupool.1" || fail "cupool.1.gz is not docs/man/cupool.1 gzipped"
+dpkg-deb --fsys-tarfile "$runtime" | tar -xOf - ./usr/share/doc/cupool/copyright >"$work/copyright"
+head -1 "$work/copyright" | grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ||
+  fail "copyright's first line is not the machine-readable format's: $(head -1 "$work/copyright")"
+grep -A2 -x 'Files: \*' "$work/copyright" | grep -qx 'License: Apache-2.0' || fail "copyright: no 'Files: *' under Apache-2.0"
+for l in $(sed -n 's/^License: \([^ ]*\)$/\1/p' "$work/copyright" | sort -u); do
+  grep -q "^License: $l\$" <(awk -v RS= '!/^Files:/' "$work/copyright") || fail "copyright: no paragraph with the text of $l"
+done
+dpkg-deb --ctrl-tarfile "$runtime" | tar -xOf - ./conffiles >"$work/conffiles" 2>/dev/null || fail "cupool has no conffiles"
+grep -qx /etc/cupool/cupool.yaml "$work/conffiles" || fail "/etc/cupool/cupool.yaml is not a conffile: $(cat "$work/conffiles")"
+while read -r f; do grep -qx "$f" "$work/runtime.txt" || fail "conffile $f is not in the package"; done <"$work/conffiles"
+say "policy: cupool.1.gz, a machine-readable copyright ($(sed -n 's/^License: \([^ ]*\)$/\1/p' "$work/copyright" | sort -u | xargs)), conffiles: $(xargs <"$work/conffiles")"
 
 root=$work/root
 dpkg-deb -x "$runtime" "$root"
@@ -129,6 +148,26 @@ share=$root/usr/share/cupool
 "$bin" check "$share/configs/single-gpu-inference.yaml" --profile "$share/configs/profiles/h100.yaml" >"$work/check.txt" 2>&1 ||
   { cat "$work/check.txt"; fail "cupool check of the installed example against the installed profile"; }
 say "cupool check of the installed example: exit 0"
+
+# The sample the unit holds is a config as shipped (no pool: the holder starts and holds nothing),
+# on every installed node profile; and so is what it shows commented out (blocks that start with
+# "#key:"), once uncommented. It is the file under /usr/share as installed into /etc.
+sample=$root/etc/cupool/cupool.yaml
+cmp -s "$sample" "$share/configs/systemd/cupool.yaml" || fail "/etc/cupool/cupool.yaml is not the shipped sample"
+awk '/^#[a-z_]+:/ {on=1} !/^#/ || /^# [^ ]/ {on=0} on {sub(/^#/, "")} {print}' "$sample" >"$work/uncommented.yaml"
+grep -q '^pools:' "$work/uncommented.yaml" || fail "the sample shows no pools to uncomment"
+for profile in "$share"/configs/profiles/*.yaml; do
+  for config in "$sample" "$work/uncommented.yaml"; do
+    "$bin" check "$config" --profile "$profile" >"$work/check.txt" 2>&1 ||
+      { cat "$work/check.txt"; fail "cupool check ${config#"$root"} --profile ${profile##*/}"; }
+  done
+done
+say "cupool check of /etc/cupool/cupool.yaml, as shipped and uncommented, on $(ls "$share"/configs/profiles/*.yaml | wc -l) profiles: exit 0"
+# With no config there, the holder says so in its words and names the sample to copy.
+out=$("$bin" hold "$work/none/cupool.yaml" --profile "$share/configs/profiles/h100.yaml" 2>&1) && fail "hold of a missing file: exit 0"
+[[ $out == *"no config file at '$work/none/cupool.yaml'"*"cp $share/configs/systemd/cupool.yaml $work/none/cupool.yaml"* ]] ||
+  fail "hold of a missing file: $out"
+say "hold of a missing config names the sample: $share/configs/systemd/cupool.yaml"
 
 preload=$("$bin" exec "$share/configs/single-gpu-inference.yaml" --profile "$share/configs/profiles/h100.yaml" \
   -- sh -c 'echo "$LD_PRELOAD"')

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -11,15 +12,19 @@
 
 namespace cupool::test {
 
-// One directory of the test process's own in /tmp (not $TMPDIR: socket paths must stay short),
-// removed with all in it when the process exits, a failed test's included.
+// One directory of the test process's own in $TMPDIR (ctest gives each test a folder of its own
+// there and fails a test that leaves anything: tests/hygiene), else /tmp; removed with all in it
+// when the process exits, a failed test's included. Socket paths in it must stay under 108 bytes:
+// a TMPDIR longer than 48 bytes is passed over for /tmp.
 inline const std::string& scratch_dir() {
   struct Scratch {
     std::string path;
     Scratch() {
-      char dir[] = "/tmp/cupool-unit-XXXXXX";
-      if (mkdtemp(dir)) path = dir;
-      if (!path.empty()) (void)chmod(dir, 0755);  // tests that run a part as another user reach in
+      const char* env = std::getenv("TMPDIR");
+      const std::string base = env && *env == '/' && std::string(env).size() <= 48 ? env : "/tmp";
+      std::string dir = base + "/cupool-unit-XXXXXX";
+      if (mkdtemp(dir.data())) path = dir;
+      if (!path.empty()) (void)chmod(path.c_str(), 0755);  // tests that run a part as another user reach in
     }
     ~Scratch() {
       std::error_code ignored;

@@ -9,6 +9,9 @@
 #include <fstream>
 #include <string>
 
+#include "base/error.h"
+#include "tests/unit/fixtures.h"
+
 using cupool::cli::did_you_mean;
 using cupool::cli::error_prefix;
 using cupool::cli::find_slip;
@@ -133,9 +136,7 @@ TEST_CASE("usage_error: one style, `cupool VERB: ` first, the word in quotes, a 
 }
 
 TEST_CASE("shipped_file: the working directory's, else the installed data folder's, else the checkout's") {
-  char tmpl[] = "/tmp/cupool-shipped-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  const std::string root = tmpl;
+  const std::string root = cupool::test::temp_path("shipped");  // removed at exit, also when a check fails
   const std::string rel = "configs/profiles/h100.yaml";
   // Nowhere: "".
   CHECK(shipped_file(rel + ".none", root + "/usr/bin/cupool").empty());
@@ -154,5 +155,38 @@ TEST_CASE("shipped_file: the working directory's, else the installed data folder
   REQUIRE(::chdir((root + "/src").c_str()) == 0);
   CHECK(shipped_file(rel, root + "/usr/bin/cupool") == rel);
   REQUIRE(::chdir(cwd) == 0);
-  REQUIRE(::system(("rm -rf " + root).c_str()) == 0);
+}
+
+TEST_CASE("require_config: a CONFIG that is not there, in words, with the sample to copy") {
+  using cupool::cli::require_config;
+  const std::string path = cupool::test::temp_path("pools.yaml");
+  const auto message = [](const std::string& p, const std::string& verb, const std::string& sample) {
+    try {
+      require_config(p, verb, sample);
+    } catch (const cupool::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(nothing thrown)");
+  };
+  CHECK(message(path, "check", "/usr/share/cupool/configs/systemd/cupool.yaml") ==
+        "no config file at '" + path +
+            "'\n"
+            "  hint: give the path of an existing config, or start from the commented sample:\n"
+            "          cp /usr/share/cupool/configs/systemd/cupool.yaml " +
+            path +
+            "\n"
+            "        then edit it and 'cupool check " +
+            path + "'");
+  // hold: also how to start it again.
+  const std::string hold = message(path + "/x.yaml", "hold", "/s.yaml");
+  CHECK(hold.rfind("no config file at '" + path + "/x.yaml'\n", 0) == 0);
+  CHECK(hold.find(",\n        and start the holder again (under systemd: systemctl restart cupool)") !=
+        std::string::npos);
+  CHECK(message(path, "check", "/s.yaml").find("systemctl") == std::string::npos);
+  // A file there: nothing to say (reading it is the reader's); standard input; a path under a file
+  // (ENOTDIR) is missing too.
+  std::ofstream(path) << "version: 1\n";
+  CHECK(message(path, "check", "/s.yaml") == "(nothing thrown)");
+  CHECK(message("-", "check", "/s.yaml") == "(nothing thrown)");
+  CHECK(message(path + "/x.yaml", "check", "/s.yaml").rfind("no config file at '" + path + "/x.yaml'\n", 0) == 0);
 }

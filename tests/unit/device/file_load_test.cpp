@@ -18,6 +18,7 @@
 #include "base/fd.h"
 #include "device/backend.h"
 #include "device/gds.h"
+#include "tests/unit/fixtures.h"
 
 namespace {
 
@@ -32,10 +33,9 @@ struct TempFile {
   std::string path;
   cupool::Fd fd;
   explicit TempFile(std::uint64_t size) {
-    char name[] = "/tmp/cupool-file-load-XXXXXX";
-    const int raw = ::mkstemp(name);
+    path = cupool::test::temp_path("load.bin");  // its folder goes at exit, also when a check fails
+    const int raw = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     REQUIRE(raw >= 0);
-    path = name;
     fd.reset(raw);
     std::vector<unsigned char> bytes(size);
     for (std::uint64_t i = 0; i < size; ++i) bytes[i] = static_cast<unsigned char>((i * 7 + 3) % 251);

@@ -11,23 +11,16 @@
 #include <string>
 
 #include "base/error.h"
+#include "tests/unit/fixtures.h"
 
 using namespace cupool;
 
 namespace {
 
+// A new folder of the unit tests' scratch folder (removed with all in it at exit, also after a failure).
 struct ScratchDir {
-  std::string path;
-  ScratchDir() {
-    char name[] = "/tmp/cupool-socket-file-XXXXXX";
-    REQUIRE(::mkdtemp(name) != nullptr);
-    path = name;
-  }
-  ~ScratchDir() {
-    ::unlink((path + "/cupool.sock").c_str());
-    ::unlink((path + "/cupool.sock.lock").c_str());
-    ::rmdir(path.c_str());
-  }
+  std::string path = test::temp_path("x");
+  ScratchDir() { path.resize(path.rfind('/')); }
 };
 
 bool exists(const std::string& path) {
