@@ -58,7 +58,7 @@ TEST_CASE("status: counts carry their unit, unknowns are null, client_count is t
 
 TEST_CASE("graph memory is one nested object; trim says before, after and released in bytes") {
   Stats st;
-  st.devices.push_back({{0, "GPU-0", "p"}, {4, 5, 1, 2}});
+  st.devices.push_back({{0, "GPU-0", "p"}, {4, 5, 1, 2}, {}});
   CHECK(to_json(st)["devices"][0]["graph"].dump() ==
         R"({"reserved_bytes":4,"reserved_peak_bytes":5,"used_bytes":1,"used_peak_bytes":2})");
   Trim t;
