@@ -605,6 +605,15 @@ def check_colour(r):
     r.ok("check into a pipe: plain", code == 1 and "\x1b[" not in out, out[:300])
 
 
+def missing_devices_once(r):
+    """A device the node lacks is one finding however often the file names it: the 8-GPU example on a
+    one-GPU node is 7 findings (devices 1-7), each saying where else it is named, not one per mention."""
+    code, out, err = r.run(["check", "configs/training-8gpu.yaml", "--profile", PROFILE_DEFAULT])
+    found = re.findall(r"^\S+: error: no device '(\d+)' .*\[unknown-device\]$", out, re.M)
+    r.ok("8-GPU example on one GPU: one finding per missing device",
+         code == 1 and found == [str(d) for d in range(1, 8)] and out.count("(named 4 times; also at ") == 7, out + err)
+
+
 def exec_without_process_section(r):
     """exec of a file with no process: section says that nothing is applied, and runs CMD."""
     code, out, err = r.run(["exec", "configs/host-numa.yaml", "--profile", PROFILE_DEFAULT, "--", "echo", "ran"])
@@ -668,6 +677,7 @@ def main():
     help_and_man(r)
     error_style(r)
     check_colour(r)
+    missing_devices_once(r)
     if a.sanitized:
         print("skip exec without process: a sanitized preload can't be loaded into an unsanitized CMD")
     else:

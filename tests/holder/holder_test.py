@@ -725,12 +725,13 @@ def test_invalid_config_reply_in_parts(tmp):
     try:
         c = RawClient(h.socket)
         c.hello()
-        pools = "".join(f"  - {{name: p{i}, devices: [7]}}\n" for i in range(600))
+        # 600 devices the node lacks (one finding each; a device named again adds none).
+        pools = "".join(f"  - {{name: p{i}, devices: [{7 + i}]}}\n" for i in range(600))
         text = "version: 1\npools:\n" + pools
         for path in ("many.yaml", "/" + "d" * 245 + "/many.yaml"):
             body, _ = c.request("plan", config=text, path=path)
             err = body.get("error", {})
-            check(err.get("code") == "does_not_fit", str(body)[:500])  # valid, but device 7 is not on the node
+            check(err.get("code") == "does_not_fit", str(body)[:500])  # valid, but devices 7-606 are not on the node
             sent = err.get("findings", [])
             print(f"      path of {len(path)} bytes: {len(sent)} findings, rendered {len(err['rendered'])} bytes, "
                   f"{c.parts + 1} frames")
