@@ -544,6 +544,17 @@ CUPOOL_FIELDS(NodeFacts) {
   f("gds", v.gds, omit_empty);    // with --deep
   f("dmem", v.dmem, omit_empty);  // left out of a profile
 }
+CUPOOL_FIELDS(QueryFailure) {
+  f("source", v.source, omit_empty);
+  f("driver", v.driver);
+  f("built_with_cuda", v.built_with_cuda, omit_empty);
+  f.object("host", [&](auto& g) { g("numa_nodes", v.numa_nodes); });
+  f("devices", v.devices);
+  f("peer_access", v.peer_access);
+  f("deep", v.deep);
+  f("dmem", v.dmem, omit_empty);
+  f("error", v.error);
+}
 CUPOOL_FIELDS(ProfileHeader) {
   f("version", v.version);
   f("recorded", v.recorded, defaulted);

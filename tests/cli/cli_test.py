@@ -404,13 +404,38 @@ def old_profile(r):
 
 
 def no_driver(r):
-    """Without libcuda the binary still starts and says so, exit 3 (only where no driver is installed)."""
+    """Without libcuda the binary still starts and says so, exit 3 (only where no driver is installed).
+    A program that asked query for JSON or YAML gets a document that says why (a node without a device:
+    everywhere)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = os.path.join(tmp, "empty.yaml")
+        with open(os.path.join(r.root, PROFILE_DEFAULT)) as f, open(empty, "w") as g:
+            text = f.read()
+            g.write(text[:text.index("  devices:\n")] + "  devices: []\n  peer_access: []\n")
+        for fmt in ("json", "yaml"):
+            code, out, err = r.run(["query", "--profile", empty, "--format", fmt])
+            try:
+                doc = json.loads(out) if fmt == "json" else machine_output.yaml.safe_load(out)
+            except Exception as e:  # noqa: BLE001  (what did not parse is the failure)
+                doc = {"unparsed": f"{e}: {out!r}"}
+            r.ok(f"query --format {fmt} with no device: exit 3, a document that says why",
+                 code == 3 and doc.get("driver", "") is None and doc.get("devices") == [] and
+                 doc.get("error", {}).get("message") == "the simulated node has no CUDA device" and
+                 doc.get("source", {}).get("simulated") is True and "no CUDA device" in err,
+                 f"exit {code}\n{out}{err}")
+        code, out, err = r.run(["query", "--profile", empty])
+        r.ok("query (table) with no device: exit 3, nothing on stdout", code == 3 and not out, out + err)
     probe = subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libcuda.so.1 '"], capture_output=True)
     if probe.returncode == 0 or os.path.exists("/usr/local/nvidia/lib64/libcuda.so.1"):
         print("skip no-driver: this machine has libcuda.so.1")
         return
     code, out, err = r.run(["query"])
     r.ok("query without a driver exits 3", code == 3 and "no NVIDIA driver" in err and "--profile" in err, out + err)
+    code, out, err = r.run(["query", "--format", "json"])
+    doc = json.loads(out) if out.startswith("{") else {}
+    r.ok("query --format json without a driver: exit 3, the reason in the document",
+         code == 3 and doc.get("driver", "") is None and "no NVIDIA driver" in doc.get("error", {}).get("message", ""),
+         out + err)
     code, out, err = r.run(["check", "configs/single-gpu-inference.yaml"])
     r.ok("check without a driver exits 3", code == 3, out + err)
 
