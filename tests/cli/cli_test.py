@@ -483,6 +483,28 @@ def help_and_man(r):
     r.ok("help of a mistyped nested verb",
          code == 2 and err == "cupool help: 'cupool buffer' has no verb \"craete\" (did you mean \"create\"?)\n",
          out + err)
+    # The log level's default is warn, and info for the daemons: the help says so, not "[warn]" for all.
+    _, out, _ = r.run(["--help"], validate=False)
+    words = " ".join(out.split())
+    r.ok("--help: the log level's default per verb",
+         "(default: warn; info for the daemons, hold and keeper without --list or --release)" in words and
+         "[warn]" not in words, out)
+    for verb in ("hold", "keeper"):
+        _, out, _ = r.run([verb, "--help"], validate=False)
+        words = " ".join(out.split())
+        r.ok(f"{verb} --help: it logs at info", "logs at info" in words and
+             "unless --log-level or CUPOOL_LOG_LEVEL says otherwise" in words, out)
+    # --help after a verb that does not exist: the verb is unknown (exit 2), not the help of what came before.
+    code, out, err = r.run(["nosuchverb", "--help"], validate=False)
+    r.ok("nosuchverb --help: exit 2, the verb is unknown",
+         code == 2 and not out and err.startswith('cupool: unknown verb "nosuchverb"\n'), out + err)
+    code, out, err = r.run(["stauts", "--help"], validate=False)
+    r.ok("a mistyped verb with --help: did you mean",
+         code == 2 and not out and err.startswith('cupool: unknown verb "stauts" (did you mean "status"?)\n'), out + err)
+    code, out, err = r.run(["buffer", "craete", "-h"], validate=False)
+    r.ok("a mistyped nested verb with -h: did you mean",
+         code == 2 and not out and err.startswith('cupool buffer: unknown verb "craete" (did you mean "create"?)\n'),
+         out + err)
     # The man page: roff when stdout is not a terminal, the same as `completion man`.
     code, out, err = r.run(["man"])
     _, want, _ = r.run(["completion", "man"])

@@ -501,6 +501,11 @@ def test_restarted_keeper_is_given_everything_again(tmp):
         names = keeper.names()
         check("cupool-buffer.model.0" in names and any(n.startswith("cupool-manifest.") for n in names),
               f"the new keeper holds {names}")
+        # --list in YAML, as the other verbs' --format: the same document as the JSON.
+        import yaml
+        as_yaml = cupool("keeper", "--list", "--socket", keeper.socket, "--format", "yaml", check_rc=0).stdout
+        listed = yaml.safe_load(as_yaml) or {}
+        check(listed.get("schema_version") == 1 and "cupool-buffer.model.0" in listed.get("names", []), as_yaml)
         check("lost buffer model" in h.text(), "the holder did not say it gave the buffer again")
         crash(h)
         h = H.Holder(tmp, config_text=config, extra=extra)
