@@ -2135,6 +2135,8 @@ def test_export_format_json(tmp):
         as_json = cupool("export", "--format", "json", socket_path=h.socket, check_rc=0).stdout
         doc = json.loads(as_json)
         check(doc == yaml.safe_load(as_yaml) and doc.get("version") == 1, f"{as_json}\n---\n{as_yaml}")
+        # The holder holds nothing of a process: section (exec applies it): the file says so.
+        check("# Not here: a process: section" in as_yaml and "process" not in doc, as_yaml)
         files = {}
         for fmt, text in (("yaml", as_yaml), ("json", as_json)):
             files[fmt] = os.path.join(tmp, "live." + fmt)
