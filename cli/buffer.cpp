@@ -56,6 +56,24 @@ void check_name(const std::string& name) {
                      "letter or digit, at most 64 characters");
 }
 
+// A buffer made where the holder has custody (the keeper, systemd's store) that custody could not
+// take (the keeper stopped) is lost when the holder restarts: a warning on stderr says so and
+// why, and the buffer is made all the same (exit 0). Without custody nothing outlives the holder,
+// and status says that.
+void warn_unless_kept(HolderClient& holder, const json& reply) {
+  model::BufferMade made;
+  model::Seen seen;
+  model::read_json_lenient(reply, made, seen);
+  if (!made.kept || *made.kept) return;  // kept, or a holder that does not say
+  model::Status status;
+  model::read_json_lenient(holder.request(proto::to_json(proto::Status{})), status, seen);
+  const model::Custody& custody = status.custody;
+  if (custody.kind.empty() || custody.kind == "none" || !custody.error) return;
+  std::cerr << "cupool buffer create: warning: buffer " << made.name << " is not in custody (" << custody.error->message
+            << "): it will not outlive a restart of the holder until custody has it "
+            << "('cupool status' says when)\n";
+}
+
 int run_create(const BufferArgs& args) {
   const Format format = parse_format(args.format);
   check_name(args.name);
@@ -88,6 +106,7 @@ int run_create(const BufferArgs& args) {
   }
   const json reply = holder.request(proto::to_json(request));
   print_reply(format, reply, render_buffer_created);
+  warn_unless_kept(holder, reply);
   return static_cast<int>(ExitCode::ok);
 }
 

@@ -173,6 +173,7 @@ Reply BufferRequests::create(Request& r) {
   out.part_count = parts.size();
   out.state = loading ? "loading" : "ready";
   if (tensors) out.tensor_count = tensors->size();
+  out.kept = buffers_.kept(name);
   return model::to_json(out);
 }
 

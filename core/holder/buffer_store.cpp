@@ -154,7 +154,7 @@ model::BufferInfo BufferStore::view(const std::string& name, const HeldBuffer& b
   v.state = b.loading ? "loading" : "ready";
   if (b.index) v.tensor_count = b.index->tensors.size();
   v.allocation = b.exported ? "exported" : "pool";
-  v.kept = b.exported && !b.loading && custody_ != nullptr;
+  v.kept = kept(name);
   v.adopted = b.adopted;
   return v;
 }

@@ -363,6 +363,7 @@ CUPOOL_FIELDS(BufferMade) {
   f.old_name(
       "loading", v.state, [](const std::optional<std::string>& s) { return s ? Json(*s == "loading") : kLeftOut; },
       [](const Json& j) { return std::optional<std::string>(j.get<bool>() ? "loading" : "ready"); });
+  f("kept", v.kept, omit_empty);  // create
   f("tensor_count", v.tensor_count, omit_empty);
   f("file", v.file, omit_empty);
   f("tensor_bytes", v.tensor_bytes, omit_empty);

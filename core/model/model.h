@@ -340,6 +340,7 @@ struct BufferMade {
   std::uint64_t size_bytes = 0;
   std::optional<std::uint64_t> part_count;         // create and load
   std::optional<std::string> state;                // create: loading (a client fills it) or ready
+  std::optional<bool> kept;                        // create: custody holds it (it outlives a holder restart)
   std::optional<std::uint64_t> tensor_count;       // load
   std::optional<std::string> file;                 // load
   std::optional<std::uint64_t> tensor_bytes;       // load
