@@ -148,6 +148,16 @@ def test_other_user_refused(tmp):
         fds, body = r.stdout.split(" ", 1)
         check(fds == "0", "a descriptor was sent to a refused peer")
         check(json.loads(body)["error"]["code"] == "not_permitted", body)
+        # The CLI names the command it ran, not the protocol's request (buffer_create); a raw peer
+        # (above) gets the request's name.
+        # (The binary beside the library's copy, where any user may run it: $ORIGIN finds the library.)
+        binary = shutil.copy(H.ARGS.cupool, os.path.dirname(H.ARGS.client_lib_copy))
+        r = subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
+                            binary, "buffer", "create", "w", "--pool", "kv", "--device", "0", "--size", "1MiB",
+                            "--socket", h.socket], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 4 and r.stderr.startswith(
+            f"cupool buffer create: cupool buffer create needs the holder's user or root; you are {user}") and
+            "buffer_create" not in r.stderr, f"exit {r.returncode}: {r.stderr}")
     finally:
         h.stop()
     # The same user, named in share, gets memory.
