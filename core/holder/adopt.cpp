@@ -35,6 +35,7 @@ bool BufferStore::held_in_custody(const std::string& name) const {
 }
 
 void BufferStore::sync_custody(bool retry) noexcept {
+  synced_ = true;
   if (!custody_ || (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty())) return;
   const auto now = std::chrono::steady_clock::now();
   if (!retry && now < custody_retry_at_) return;  // custody failed lately: the audit tries again

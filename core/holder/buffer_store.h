@@ -116,15 +116,18 @@ class BufferStore {
   void sync_custody(bool retry = false) noexcept;
   // Runs `body` then sync_custody(), on its exception path too: the end of a request, an apply,
   // a disconnect.
+  // A body that synced custody itself as its last step (buffer_create, to say in its reply whether
+  // custody has the buffer) is not synced again: a slow custody holds the request up once.
   template <class Body>
   auto then_sync_custody(Body&& body) -> decltype(body()) {
+    synced_ = false;
     try {
       if constexpr (std::is_void_v<decltype(body())>) {
         body();
-        sync_custody();
+        if (!synced_) sync_custody();
       } else {
         auto out = body();
-        sync_custody();
+        if (!synced_) sync_custody();
         return out;
       }
     } catch (...) {
@@ -158,6 +161,7 @@ class BufferStore {
   std::vector<std::string> custody_removals_;  // descriptor names to remove once the manifest is new
   std::string custody_error_;                  // the last failure ("" when custody has it all)
   std::set<std::string> manifested_;           // the buffers the manifest in custody names
+  bool synced_ = false;                        // sync_custody ran since then_sync_custody's body began
   int custody_budget_ms_ = kCustodyBudgetMs;
   int custody_retry_ms_ = kCustodyRetryMs;
   std::chrono::steady_clock::time_point custody_retry_at_{};  // requests leave custody alone until
