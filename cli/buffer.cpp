@@ -56,6 +56,24 @@ void check_name(const std::string& name) {
                      "letter or digit, at most 64 characters");
 }
 
+// A buffer made where the holder has custody (the keeper, systemd's store) that custody could not
+// take (the keeper stopped) is lost when the holder restarts: a warning on stderr says so and
+// why, and the buffer is made all the same (exit 0). Without custody nothing outlives the holder,
+// and status says that.
+void warn_unless_kept(HolderClient& holder, const json& reply) {
+  model::BufferMade made;
+  model::Seen seen;
+  model::read_json_lenient(reply, made, seen);
+  if (!made.kept || *made.kept) return;  // kept, or a holder that does not say
+  model::Status status;
+  model::read_json_lenient(holder.request(proto::to_json(proto::Status{})), status, seen);
+  const model::Custody& custody = status.custody;
+  if (custody.kind.empty() || custody.kind == "none" || !custody.error) return;
+  std::cerr << "cupool buffer create: warning: buffer " << made.name << " is not in custody (" << custody.error->message
+            << "): it will not outlive a restart of the holder until custody has it "
+            << "('cupool status' says when)\n";
+}
+
 int run_create(const BufferArgs& args) {
   const Format format = parse_format(args.format);
   check_name(args.name);
@@ -63,7 +81,7 @@ int run_create(const BufferArgs& args) {
   const auto size = parse_size(args.size, &why);
   if (!size) throw InputError("--size: '" + args.size + "' is not a size: " + why);
   if (*size == 0) throw InputError("--size: a buffer needs at least 1 byte");
-  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer create");
   proto::BufferCreate request;
   request.name = args.name;
   request.pool = args.pool;
@@ -88,6 +106,7 @@ int run_create(const BufferArgs& args) {
   }
   const json reply = holder.request(proto::to_json(request));
   print_reply(format, reply, render_buffer_created);
+  warn_unless_kept(holder, reply);
   return static_cast<int>(ExitCode::ok);
 }
 
@@ -110,7 +129,7 @@ int run_load(const BufferArgs& args) {
 
 // `cupool buffer ls NAME`: one buffer and the tensors it holds.
 int run_ls_one(const BufferArgs& args, Format format) {
-  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer ls");
   const json reply = holder.request(proto::to_json(proto::BufferTensors{args.name}));
   print_reply(format, reply, render_buffer_tensors);
   return static_cast<int>(ExitCode::ok);
@@ -119,7 +138,7 @@ int run_ls_one(const BufferArgs& args, Format format) {
 int run_ls(const BufferArgs& args) {
   const Format format = parse_format(args.format);
   if (!args.name.empty()) return run_ls_one(args, format);
-  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer ls");
   // `list` has each buffer as status does, and whether this user may open it.
   model::BufferListing listing;
   model::Seen seen;
@@ -132,14 +151,14 @@ int run_ls(const BufferArgs& args) {
 int run_rm(const BufferArgs& args) {
   const Format format = parse_format(args.format);
   check_name(args.name);
-  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer");
+  HolderClient holder = HolderClient::connect(args.socket, "cupool buffer rm");
   const json reply = holder.request_raw(proto::to_json(proto::BufferRemove{args.name, args.force}));
   if (const auto error = proto::error_of_reply(reply)) {
     if (error->code == "busy")
       throw Error::reported(
           "busy",
           error->message + " (--force removes it anyway: use it only when the processes that opened it are gone)");
-    throw_reply_error(reply);
+    throw_reply_error(reply, "buffer_remove", "cupool buffer rm");
   }
   print_reply(format, reply, render_buffer_removed);
   return static_cast<int>(ExitCode::ok);

@@ -175,7 +175,7 @@ void ask_for_budget(const BudgetRequest& req) {
     if (error.code != "out_of_memory" || !req.wait || (*req.wait > 0 && waited >= *req.wait)) {
       if (said && error.code == "out_of_memory")
         std::cerr << "cupool exec: waited " << static_cast<long>(waited) << " s for room; none came\n";
-      throw_reply_error(reply);
+      throw_reply_error(reply, "budget_grant", "cupool exec --budget");
     }
     if (!said && !req.quiet)
       std::cerr << "cupool exec: waiting for room"

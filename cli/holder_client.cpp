@@ -65,14 +65,35 @@ CLI::Option* add_socket_option(CLI::App* sub, std::string& socket) {
       ->capture_default_str();
 }
 
-void throw_reply_error(const json& reply) {
+namespace {
+
+// `message` with the holder's name for request `op`, where it starts the message or stands as a
+// word in it ("buffer_create needs ...", "takes no new buffer_create requests"), said as the
+// command the user typed, `verb`, instead.
+std::string in_verbs(std::string message, const std::string& op, const std::string& verb) {
+  if (op.empty() || verb.empty()) return message;
+  // The holder's words for a stats request that resets the peaks, and the option that sends it.
+  const bool stats = op == "stats";
+  const std::string words = stats ? "stats with reset_peaks" : op;
+  const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (std::size_t at = message.find(words); at != std::string::npos; at = message.find(words, at + 1)) {
+    const std::size_t end = at + words.size();
+    if ((at > 0 && word(message[at - 1])) || (end < message.size() && word(message[end]))) continue;
+    return message.replace(at, words.size(), stats ? verb + " --reset-peaks" : verb);
+  }
+  return message;
+}
+
+}  // namespace
+
+void throw_reply_error(const json& reply, const std::string& op, const std::string& verb) {
   // The one error object (model::ErrorInfo), read for what it has: a reply without one is still a
   // refusal.
   model::Refusal refusal;
   model::Seen seen;
   model::read_json_lenient(reply, refusal, seen);
   const std::string code = refusal.error.code;
-  std::string message = refusal.error.message;
+  std::string message = in_verbs(refusal.error.message, op, verb);
   if (message.empty()) message = "the holder refused the request" + (code.empty() ? "" : " (" + code + ")");
 
   if ((code == "invalid_config" || code == "does_not_fit") && refusal.rendered && !refusal.rendered->empty()) {
@@ -90,7 +111,7 @@ HolderClient HolderClient::connect(const std::string& socket_arg, const std::str
   }
   cupool_conn* conn = nullptr;
   const int status = cupool_connect(socket.c_str(), client_name.c_str(), &conn);
-  if (status == CUPOOL_OK && conn) return HolderClient(conn, socket);
+  if (status == CUPOOL_OK && conn) return HolderClient(conn, socket, client_name);
   const char* detail = cupool_last_error(nullptr);
   spdlog::debug("cupool_connect({}): {}: {}", socket, cupool_status_name(status), detail ? detail : "");
   if (conn) cupool_disconnect(conn);
@@ -99,13 +120,14 @@ HolderClient HolderClient::connect(const std::string& socket_arg, const std::str
 }
 
 HolderClient::HolderClient(HolderClient&& other) noexcept
-    : conn_(std::exchange(other.conn_, nullptr)), socket_(std::move(other.socket_)) {}
+    : conn_(std::exchange(other.conn_, nullptr)), socket_(std::move(other.socket_)), name_(std::move(other.name_)) {}
 
 HolderClient& HolderClient::operator=(HolderClient&& other) noexcept {
   if (this != &other) {
     cupool_disconnect(conn_);
     conn_ = std::exchange(other.conn_, nullptr);
     socket_ = std::move(other.socket_);
+    name_ = std::move(other.name_);
   }
   return *this;
 }
@@ -168,7 +190,7 @@ json HolderClient::request_raw(const json& req) {
 
 json HolderClient::request(const json& req) {
   json reply = request_raw(req);
-  if (proto::error_of_reply(reply)) throw_reply_error(reply);
+  if (proto::error_of_reply(reply)) throw_reply_error(reply, proto::request_head(req).op.value_or(""), name_);
   return reply;
 }
 

@@ -30,8 +30,9 @@ CLI::Option* add_socket_option(CLI::App* sub, std::string& socket);
 class HolderClient {
  public:
   // Connects to `socket` ("" means CUPOOL_SOCKET, else kDefaultSocket) and says hello as
-  // `client_name` (shown in `cupool status`). Throws cupool::Error (exit 4) with a message that
-  // says what to do, e.g. "no holder is listening on /run/cupool/cupool.sock (is 'cupool hold'
+  // `client_name` (shown in `cupool status`): the command ("cupool buffer create"), which an
+  // error that names a request by its protocol name names instead (throw_reply_error). Throws cupool::Error (exit 4)
+  // with a message that says what to do, e.g. "no holder is listening on /run/cupool/cupool.sock (is 'cupool hold'
   // running? set --socket or CUPOOL_SOCKET)".
   static HolderClient connect(const std::string& socket, const std::string& client_name);
 
@@ -65,15 +66,20 @@ class HolderClient {
  private:
   // Throws the cupool::Error for a failed call's status, with the library's message.
   [[noreturn]] void throw_status(int status, const std::string& doing);
-  HolderClient(cupool_conn* conn, std::string socket) : conn_(conn), socket_(std::move(socket)) {}
+  HolderClient(cupool_conn* conn, std::string socket, std::string name)
+      : conn_(conn), socket_(std::move(socket)), name_(std::move(name)) {}
   cupool_conn* conn_ = nullptr;
   std::string socket_;
+  std::string name_;  // the client's name: the command ("cupool buffer create"), which errors name
 };
 
 // Throws the cupool::Error for a reply with "ok": false (Error::reported: its exit code is the
 // table's for an error a holder reports, core/base/error.cpp); for invalid_config and does_not_fit it first writes
-// the reply's rendered findings to stderr.
-[[noreturn]] void throw_reply_error(const nlohmann::ordered_json& reply);
+// the reply's rendered findings to stderr. Where the message names the request by its protocol name
+// `op` ("buffer_create needs ..."), it names the command `verb` instead ("cupool buffer create
+// needs ...").
+[[noreturn]] void throw_reply_error(const nlohmann::ordered_json& reply, const std::string& op = "",
+                                    const std::string& verb = "");
 
 // The labels of the holder's devices that its replies do not carry (NodeLabels): this host's name,
 // and each GPU's name from the node's facts: the holder's profile when it runs on a simulated node

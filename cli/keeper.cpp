@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/output.h"
+#include "cli/options.h"
 #include "cli/verbs.h"
 #include "model/model.h"
 
@@ -47,7 +48,8 @@ Verb add_keeper(CLI::App& app) {
       "place. It keeps every descriptor open until the holder removes it or someone asks it to\n"
       "release everything. SIGTERM (exit 0) and SIGINT (exit 130) stop it, and stopping closes every\n"
       "descriptor kept: the memory of buffers that no running holder maps is then gone (a warning says\n"
-      "how many). SIGHUP is ignored.\n"
+      "how many). SIGHUP is ignored. It logs at info unless --log-level or CUPOOL_LOG_LEVEL says otherwise\n"
+      "(--list and --release: at warn, as the other verbs).\n"
       "\n"
       "--list prints the names kept; --release makes a running keeper close everything it keeps (the\n"
       "memory goes unless a holder still maps it) and prints how many it released.\n"
@@ -56,6 +58,7 @@ Verb add_keeper(CLI::App& app) {
       "  cupool keeper --socket \"$XDG_RUNTIME_DIR/cupool/keeper.sock\" --log-level debug\n"
       "  cupool keeper --list\n"
       "  cupool keeper --list --format json | jq -r '.names[]'\n"
+      "  cupool keeper --list --format yaml\n"
       "  sudo cupool keeper --release\n"
       "\nExit codes: 0 stopped by SIGTERM (or --list/--release done), 130 by SIGINT, 2 a bad option, 4 the\n"
       "socket is taken by another keeper or can't be made (--list/--release: no keeper listens, or it\n"
@@ -67,10 +70,7 @@ Verb add_keeper(CLI::App& app) {
   CLI::Option* list = sub->add_flag("--list", args->list, "Print the names a running keeper keeps, and exit");
   sub->add_flag("--release", args->release, "Ask a running keeper to close everything it keeps (the memory goes)")
       ->excludes(list);
-  sub->add_option("--format,-o", args->format, "Output format of --list: table or json")
-      ->needs(list)
-      ->check(CLI::IsMember({"table", "json"}))
-      ->capture_default_str();
+  add_format_option(sub, args->format)->description("Output format of --list: table, json or yaml")->needs(list);
 
   // For the tests of the holder's bound on custody (tests/holder/hostile_test.py): a keeper that
   // answers each request this many seconds late. Not shown in --help.
@@ -91,12 +91,16 @@ Verb add_keeper(CLI::App& app) {
               return static_cast<int>(ExitCode::ok);
             }
             const std::vector<std::string> names = keeper.names();
-            if (parse_format(args->format) == Format::json) {
-              std::cout << dump_json(versioned(model::to_json(model::KeeperList{args->socket, names}))) << "\n";
-            } else {
-              Table table({"NAME"});
-              for (const std::string& name : names) table.add({name});
-              std::cout << table.str() << names.size() << " kept at " << args->socket << "\n";
+            const auto listed = [&] { return versioned(model::to_json(model::KeeperList{args->socket, names})); };
+            switch (parse_format(args->format)) {
+              case Format::json: std::cout << dump_json(listed()) << "\n"; break;
+              case Format::yaml: std::cout << to_yaml(listed()); break;
+              case Format::table: {
+                Table table({"NAME"});
+                for (const std::string& name : names) table.add({name});
+                std::cout << table.str() << names.size() << " kept at " << args->socket << "\n";
+                break;
+              }
             }
             return static_cast<int>(ExitCode::ok);
           }};

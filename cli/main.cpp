@@ -127,11 +127,13 @@ int main(int argc, char** argv) {
   app.fallthrough();
   app.set_version_flag("--version", cupool::version_text(),
                        "The version, the commit and the CUDA headers it was built with");
+  // The default depends on the verb (below): the help says both, not one "[warn]" for all.
   std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "Diagnostics on stderr: trace, debug, info, warn, error, off")
+  app.add_option("--log-level", log_level,
+                 "Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, "
+                 "hold and keeper without --list or --release)")
       ->envname("CUPOOL_LOG_LEVEL")
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
-      ->capture_default_str();
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}));
 
   // All verbs, in one place, in the order --help lists them.
   namespace verb = cupool::cli;
@@ -149,9 +151,16 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; a usage error exits 2 with its message in the one style
     // (`cupool VERB: ...`), naming the verb or option that looks mistyped.
     const std::string name = e.get_name();
-    if (name == "CallForHelp" || name == "CallForAllHelp" || name == "CallForVersion" || e.get_exit_code() == 0)
-      return app.exit(e);
-    std::cerr << verb::usage_error(app, std::vector<std::string>(argv + 1, argv + argc), e.what());
+    const std::vector<std::string> given(argv + 1, argv + argc);
+    // `cupool nosuchverb --help` would print the help of what came before the unknown verb: say
+    // that the verb is unknown instead (exit 2), as without --help.
+    const bool help = name == "CallForHelp" || name == "CallForAllHelp";
+    if (help && verb::find_slip(app, given).kind == verb::Slip::Kind::verb) {
+      std::cerr << verb::usage_error(app, given, e.what());
+      return static_cast<int>(cupool::ExitCode::invalid_input);
+    }
+    if (help || name == "CallForVersion" || e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << verb::usage_error(app, given, e.what());
     return static_cast<int>(cupool::ExitCode::invalid_input);
   }
 

@@ -64,7 +64,7 @@ int run_plan(const PlanArgs& args, bool apply) {
                                                                                 : ": does not fit the holder's node");
       throw Error::reported(code, message);
     }
-    throw_reply_error(reply);
+    throw_reply_error(reply, op, std::string("cupool ") + op);
   }
 
   // Warnings and notes about the file, quoted against it like `cupool check` does.

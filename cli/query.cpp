@@ -58,7 +58,8 @@ Verb add_query(CLI::App& app) {
       "  cd /etc/kubernetes/node-feature-discovery/features.d && cupool query --format nfd > .cupool && mv .cupool "
       "cupool\n"
       "\nExit codes: 0 reported (a --deep probe that fails is reported, not an error), 2 bad arguments, an\n"
-      "unreadable profile, no such device or a --profile-out that can't be written, 3 no driver or device.");
+      "unreadable profile, no such device or a --profile-out that can't be written, 3 no driver or device\n"
+      "(--format json or yaml still writes a document: driver null, no devices, and the error).");
   // Not add_format_option: query alone also writes node-feature-discovery labels.
   sub->add_option("--format,-o", args->format,
                   "Output format: table, json, yaml or nfd (node labels for node-feature-discovery)")
@@ -91,7 +92,18 @@ Verb add_query(CLI::App& app) {
             if (!args->profile_out.empty() && !options.devices.empty())
               throw InputError("--profile-out records the whole node; drop --devices");
             auto backend = ctx.make_backend(args->profile);
-            const NodeReport report = build_report(*backend, options);
+            NodeReport report;
+            try {
+              report = build_report(*backend, options);
+            } catch (const Error& e) {
+              // A program that asked for JSON or YAML gets a document that says why, then the exit
+              // code and the message on stderr as always.
+              const bool document = args->format == "json" || args->format == "yaml";
+              if (e.code() != Errc::no_driver || !document || !args->profile_out.empty()) throw;
+              const model::Json failure = versioned(model::to_json(query_failure(*backend, options, e)));
+              std::cout << (args->format == "json" ? dump_json(failure) + "\n" : to_yaml(failure));
+              throw;
+            }
             if (!args->profile_out.empty()) save_profile(report, args->profile_out);
             if (args->profile_out == "-") return 0;
             if (args->format == "nfd") {

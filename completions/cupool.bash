@@ -89,7 +89,7 @@ __cupool_option_value() {
     'hold|--keeper-wait') echo 'any' ;;
     'hold|--log-level') echo 'choices trace debug info warn error off' ;;
     'keeper|--socket' | 'keeper|-s') echo 'file' ;;
-    'keeper|--format' | 'keeper|-o') echo 'choices table json' ;;
+    'keeper|--format' | 'keeper|-o') echo 'choices table json yaml' ;;
     'keeper|--log-level') echo 'choices trace debug info warn error off' ;;
     'status|--socket' | 'status|-s') echo 'file' ;;
     'status|--format' | 'status|-o') echo 'choices table json yaml' ;;

@@ -127,7 +127,7 @@ complete -c cupool -n '__cupool_at ""' -a 'help' -d 'Show the help of cupool or 
 complete -c cupool -n '__cupool_at ""' -a 'man' -d 'Show the manual page cupool(1)'
 complete -c cupool -n '__cupool_at ""' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at ""' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at ""' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at ""' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool query
 complete -c cupool -n '__cupool_at "query"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -137,7 +137,7 @@ complete -c cupool -n '__cupool_at "query"' -l 'profile' -s 'p' -x -k -a '(__fis
 complete -c cupool -n '__cupool_at "query"' -l 'profile-out' -r -F -d 'Also record the answer as a node profile in this file (\'-\': stdout)'
 complete -c cupool -n '__cupool_at "query"' -l 'deep' -d 'Also create, use and export a small pool per handle type, and ask cuFile about GPUDirect Storage (creates a context)'
 complete -c cupool -n '__cupool_at "query"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "query"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "query"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool check
 complete -c cupool -n '__cupool_at "check"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -146,7 +146,7 @@ complete -c cupool -n '__cupool_at "check"' -l 'format' -s 'o' -x -a 'table json
 complete -c cupool -n '__cupool_at "check"' -l 'deep' -d 'Also create and export test pools to prove fabric export works (creates a context)'
 complete -c cupool -n '__cupool_at "check"' -l 'strict' -d 'Warnings make the check fail (exit 1)'
 complete -c cupool -n '__cupool_at "check"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "check"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "check"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "check" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
 
 # cupool hold
@@ -160,7 +160,7 @@ complete -c cupool -n '__cupool_at "hold"' -l 'keeper' -x -d 'Keep the held buff
 complete -c cupool -n '__cupool_at "hold"' -l 'keeper-wait' -x -d 'Seconds the start waits for the keeper to answer'
 complete -c cupool -n '__cupool_at "hold"' -l 'fresh' -d 'Start from nothing: drop the buffers custody kept instead of adopting them (their memory is freed)'
 complete -c cupool -n '__cupool_at "hold"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "hold"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "hold"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "hold" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file to hold'
 
 # cupool keeper
@@ -168,16 +168,16 @@ complete -c cupool -n '__cupool_at "keeper"' -l 'help' -s 'h' -d 'Print this hel
 complete -c cupool -n '__cupool_at "keeper"' -l 'socket' -s 's' -r -F -d 'The keeper\'s socket (a user other than root: $XDG_RUNTIME_DIR/cupool/keeper.sock, where set)'
 complete -c cupool -n '__cupool_at "keeper"' -l 'list' -d 'Print the names a running keeper keeps, and exit'
 complete -c cupool -n '__cupool_at "keeper"' -l 'release' -d 'Ask a running keeper to close everything it keeps (the memory goes)'
-complete -c cupool -n '__cupool_at "keeper"' -l 'format' -s 'o' -x -a 'table json' -d 'Output format of --list: table or json'
+complete -c cupool -n '__cupool_at "keeper"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format of --list: table, json or yaml'
 complete -c cupool -n '__cupool_at "keeper"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "keeper"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "keeper"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool status
 complete -c cupool -n '__cupool_at "status"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "status"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "status"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "status"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "status"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "status"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool stats
 complete -c cupool -n '__cupool_at "stats"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -187,7 +187,7 @@ complete -c cupool -n '__cupool_at "stats"' -l 'output' -r -F -d 'Write to this 
 complete -c cupool -n '__cupool_at "stats"' -l 'reset-peaks' -d 'Reset the high-water marks after reading them (admin)'
 complete -c cupool -n '__cupool_at "stats"' -l 'watch' -s 'w' -x -d 'Poll again every SECONDS (default 2) until Ctrl-C'
 complete -c cupool -n '__cupool_at "stats"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "stats"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "stats"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool ledger
 complete -c cupool -n '__cupool_at "ledger"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -195,7 +195,7 @@ complete -c cupool -n '__cupool_at "ledger"' -l 'socket' -s 's' -r -F -d 'The ho
 complete -c cupool -n '__cupool_at "ledger"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "ledger"' -l 'watch' -s 'w' -x -d 'Poll again every SECONDS (default 2) until Ctrl-C'
 complete -c cupool -n '__cupool_at "ledger"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "ledger"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "ledger"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool trim
 complete -c cupool -n '__cupool_at "trim"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -206,14 +206,14 @@ complete -c cupool -n '__cupool_at "trim"' -l 'pool' -x -d 'Trim only the pools 
 complete -c cupool -n '__cupool_at "trim"' -l 'no-graph' -d 'Leave the devices\' graph memory alone'
 complete -c cupool -n '__cupool_at "trim"' -l 'keep-cached' -d 'Do not ask clients to drop the blocks they keep cached'
 complete -c cupool -n '__cupool_at "trim"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "trim"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "trim"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool plan
 complete -c cupool -n '__cupool_at "plan"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "plan"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "plan"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "plan"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "plan"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "plan"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "plan" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
 
 # cupool apply
@@ -221,7 +221,7 @@ complete -c cupool -n '__cupool_at "apply"' -l 'help' -s 'h' -d 'Print this help
 complete -c cupool -n '__cupool_at "apply"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "apply"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "apply"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "apply"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "apply"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "apply" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file (\'-\' reads standard input)'
 
 # cupool export
@@ -230,7 +230,7 @@ complete -c cupool -n '__cupool_at "export"' -l 'socket' -s 's' -r -F -d 'The ho
 complete -c cupool -n '__cupool_at "export"' -l 'output' -r -F -d 'Write the config to this file (\'-\': standard output)'
 complete -c cupool -n '__cupool_at "export"' -l 'format' -s 'o' -x -a 'yaml json' -d 'Output format: yaml (a config file) or json (the same document)'
 complete -c cupool -n '__cupool_at "export"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "export"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "export"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool buffer
 complete -c cupool -n '__cupool_at "buffer"' -a 'create' -d 'Allocate a named buffer in a held pool'
@@ -241,7 +241,7 @@ complete -c cupool -n '__cupool_at "buffer"' -a 'rm' -d 'Remove a named buffer a
 complete -c cupool -n '__cupool_at "buffer"' -a 'remove' -d 'Remove a named buffer and free its memory'
 complete -c cupool -n '__cupool_at "buffer"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "buffer"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "buffer"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool buffer create
 complete -c cupool -n '__cupool_at "buffer create"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -251,7 +251,7 @@ complete -c cupool -n '__cupool_at "buffer create"' -l 'size' -x -d 'How many by
 complete -c cupool -n '__cupool_at "buffer create"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "buffer create"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "buffer create"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "buffer create"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool buffer load
 complete -c cupool -n '__cupool_at "buffer load"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -264,7 +264,7 @@ complete -c cupool -n '__cupool_at "buffer load"' -l 'gds' -x -a 'auto always ne
 complete -c cupool -n '__cupool_at "buffer load"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "buffer load"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "buffer load" 1' -F -d 'The safetensors file'
 
 # cupool buffer ls
@@ -272,7 +272,7 @@ complete -c cupool -n '__cupool_at "buffer ls"' -l 'help' -s 'h' -d 'Print this 
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "buffer ls"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "buffer ls"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool buffer rm
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -280,14 +280,14 @@ complete -c cupool -n '__cupool_at "buffer rm"' -l 'force' -d 'Remove it even if
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "buffer rm"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "buffer rm"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "buffer rm"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool exporter
 complete -c cupool -n '__cupool_at "exporter"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "exporter"' -l 'listen' -s 'l' -x -d 'HOST:PORT, [IPV6]:PORT or :PORT (every interface) to serve on (default: loopback)'
 complete -c cupool -n '__cupool_at "exporter"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "exporter"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "exporter"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "exporter"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool exec
 complete -c cupool -n '__cupool_at "exec"' -l 'help' -s 'h' -d 'Print this help message and exit'
@@ -300,7 +300,7 @@ complete -c cupool -n '__cupool_at "exec"' -l 'budget' -s 'b' -x -d 'Memory the 
 complete -c cupool -n '__cupool_at "exec"' -l 'wait' -d 'With a budget: wait for room instead of refusing at once; --wait=SECONDS waits at most that long'
 complete -c cupool -n '__cupool_at "exec"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "exec"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "exec"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "exec"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "exec" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'The config file whose process: section is applied'
 
 # cupool bench
@@ -312,21 +312,21 @@ complete -c cupool -n '__cupool_at "bench"' -l 'sizes' -x -d 'Comma-separated si
 complete -c cupool -n '__cupool_at "bench"' -l 'iterations' -s 'n' -x -d 'Iterations per case and size'
 complete -c cupool -n '__cupool_at "bench"' -l 'seed' -x -d 'Seed of the order the cases run in'
 complete -c cupool -n '__cupool_at "bench"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "bench"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "bench"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "bench" 0' -k -a '(__fish_complete_suffix .yaml; __fish_complete_suffix .yml)' -d 'A config whose process.current_pool (else default_pool) release_threshold is put under test'
 
 # cupool completion
 complete -c cupool -n '__cupool_at "completion"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "completion"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "completion"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "completion"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 complete -c cupool -n '__cupool_at "completion" 0' -a 'bash zsh fish man' -d 'The shell: bash, zsh or fish; or man, for the manual page cupool(1)'
 
 # cupool help
 complete -c cupool -n '__cupool_at "help"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "help"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "help"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "help"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
 
 # cupool man
 complete -c cupool -n '__cupool_at "man"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "man"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
-complete -c cupool -n '__cupool_at "man"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off'
+complete -c cupool -n '__cupool_at "man"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'

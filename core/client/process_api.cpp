@@ -1,6 +1,7 @@
 // The C API's calls in this process, with no holder involved: cupool_configure applies a config's
 // process: section (core/process), cupool_stats reports this process's pools.
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -23,6 +24,8 @@ namespace {
 // an application's exit must not race a destructor that talks to the driver.
 std::mutex g_process_mutex;
 cupool::Backend* g_process_backend = nullptr;
+// The release thresholds cupool_configure set, as the file wrote them (cupool_stats reports 75% as 75%).
+std::map<cupool::PoolHandle, cupool::ReleaseThreshold>* g_thresholds = nullptr;
 
 cupool::Backend& process_backend() {
   if (!g_process_backend) {
@@ -68,6 +71,8 @@ int cupool_configure(const char* path, char** report) {
     if (!path || !*path) throw cupool::InputError("cupool_configure: no config file given");
     const cupool::SourceFile file = cupool::SourceFile::read_regular(path, cupool::kMaxConfigBytes);
     const cupool::ConfigureResult r = cupool::configure_process(process_backend(), file.text(), file.path());
+    if (!g_thresholds) g_thresholds = new std::map<cupool::PoolHandle, cupool::ReleaseThreshold>();  // never freed
+    for (const auto& [pool, threshold] : r.thresholds) (*g_thresholds)[pool] = threshold;
     if (report) *report = cupool::client::copy_string(r.to_json().dump(-1, ' ', false, Json::error_handler_t::replace));
   });
 }
@@ -76,8 +81,9 @@ int cupool_stats(char** json) {
   if (json) *json = nullptr;
   return process_guarded([&] {
     if (!json) throw cupool::InputError("cupool_stats: json must not be NULL");
-    *json = cupool::client::copy_string(
-        cupool::process_stats(process_backend()).dump(-1, ' ', false, Json::error_handler_t::replace));
+    const std::map<cupool::PoolHandle, cupool::ReleaseThreshold> kNone;
+    *json = cupool::client::copy_string(cupool::process_stats(process_backend(), g_thresholds ? *g_thresholds : kNone)
+                                            .dump(-1, ' ', false, Json::error_handler_t::replace));
   });
 }
 

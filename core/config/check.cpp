@@ -36,6 +36,7 @@ class Checker {
     check_buffers(pools);
     check_free_memory();
     check_accounts();
+    report_unknown_devices();
   }
 
  private:
@@ -68,15 +69,48 @@ class Checker {
     return where_ + " has " + std::to_string(count) + (count == 1 ? " device: " : " devices: ") + join(parts, "; ");
   }
 
+  // A selector that names no device on the node: one finding per device, at the place it is first
+  // named, however often the file names it (an 8-GPU config on a 1-GPU node is 7 findings, not 28).
+  void unknown_device(const At<DeviceSelector>& s) {
+    const std::string& key = s.value.normalized;
+    auto same = std::find_if(unknown_.begin(), unknown_.end(), [&](const UnknownDevice& u) {
+      return u.places.front()->value.kind == s.value.kind && u.key == key;
+    });
+    if (same == unknown_.end())
+      unknown_.push_back({key, {&s}});
+    else if (std::find(same->places.begin(), same->places.end(), &s) == same->places.end())
+      same->places.push_back(&s);  // (a selector resolved twice is one place)
+  }
+
   std::optional<int> resolve_one(const At<DeviceSelector>& s) {
     if (auto ordinal = resolve_device(n_, s.value)) return ordinal;
-    std::string help;
-    if (s.value.kind == DeviceSelector::Kind::index && !n_.devices.empty())
-      help = "device indexes here are 0 to " + std::to_string(n_.devices.size() - 1);
-    else
-      help = "run 'cupool query' to list the node's devices";
-    d_.error("unknown-device", s.loc, "no device '" + s.value.text + "' on " + where_, devices_fact(), help);
+    unknown_device(s);
     return std::nullopt;
+  }
+
+  void report_unknown_devices() {
+    constexpr std::size_t kListed = 6;  // the other places a finding lists
+    for (UnknownDevice& u : unknown_) {
+      std::stable_sort(u.places.begin(), u.places.end(), [](const At<DeviceSelector>* a, const At<DeviceSelector>* b) {
+        return a->loc.line != b->loc.line ? a->loc.line < b->loc.line : a->loc.column < b->loc.column;
+      });
+      const At<DeviceSelector>& s = *u.places.front();
+      std::string message = "no device '" + s.value.text + "' on " + where_;
+      if (u.places.size() > 1) {
+        std::vector<std::string> also;
+        for (std::size_t i = 1; i < u.places.size() && i <= kListed; ++i)
+          also.push_back(std::to_string(u.places[i]->loc.line) + ":" + std::to_string(u.places[i]->loc.column));
+        if (u.places.size() > kListed + 1)
+          also.push_back("and " + std::to_string(u.places.size() - kListed - 1) + " more");
+        message += " (named " + std::to_string(u.places.size()) + " times; also at " + join(also, ", ") + ")";
+      }
+      std::string help;
+      if (s.value.kind == DeviceSelector::Kind::index && !n_.devices.empty())
+        help = "device indexes here are 0 to " + std::to_string(n_.devices.size() - 1);
+      else
+        help = "run 'cupool query' to list the node's devices";
+      d_.error("unknown-device", s.loc, message, devices_fact(), help);
+    }
   }
 
   // Ordinals a device list selects (the resolver's answer); unknown devices are reported,
@@ -87,7 +121,7 @@ class Checker {
     for (const auto& s : list.items) {
       if (unknown < selection.unknown.size() && selection.unknown[unknown] == &s) {
         ++unknown;
-        resolve_one(s);
+        unknown_device(s);
       } else if (repeated < selection.repeated.size() && selection.repeated[repeated].first == &s) {
         const int ordinal = selection.repeated[repeated++].second;
         d_.warning("duplicate-device", s.loc,
@@ -527,6 +561,12 @@ class Checker {
   CheckOptions o_;
   std::string where_;
   std::map<int, std::vector<Reservation>> reservations_;
+  // The devices named that the node lacks, in the order first named (reported at the end of run()).
+  struct UnknownDevice {
+    std::string key;                                // the selector, normalized
+    std::vector<const At<DeviceSelector>*> places;  // where the file names it
+  };
+  std::vector<UnknownDevice> unknown_;
 };
 
 }  // namespace

@@ -36,6 +36,24 @@ std::string imex_state() {
 
 }  // namespace
 
+model::QueryFailure query_failure(NodeQuery& backend, const QueryOptions& options, const Error& why) {
+  NodeReport known;
+  known.source = backend.source();
+  known.built_with_cuda = built_with_cuda_version();
+  known.host_numa_nodes = backend.host_numa_nodes();
+  known.deep = options.deep;
+  if (options.cgroup_root) known.dmem = dmem_support(*options.cgroup_root);
+  model::NodeFacts facts = facts_of(known);
+  model::QueryFailure out;
+  out.source = std::move(facts.source);
+  out.built_with_cuda = std::move(facts.built_with_cuda);
+  out.numa_nodes = std::move(facts.numa_nodes);
+  out.deep = facts.deep;
+  out.dmem = std::move(facts.dmem);
+  out.error = model::ErrorInfo{why.wire_code(), why.what(), {}, {}};
+  return out;
+}
+
 std::string explain_probe(const ExportProbe& probe) {
   const std::string type = handle_type_name(probe.handle_type);
   if (probe.error == "CUDA_ERROR_NOT_PERMITTED") {

@@ -5,8 +5,10 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "device/backend.h"
 #include "device/node.h"
+#include "model/model.h"
 
 namespace cupool {
 
@@ -22,6 +24,10 @@ struct QueryOptions {
 // Asks the backend everything `query` reports. Creates no context unless `deep`.
 // Throws NoDriverError, CudaError, or InputError for a selector that names no device.
 NodeReport build_report(NodeQuery& backend, const QueryOptions& options = {});
+
+// What `query` reports where no driver or device answers (`why`, from build_report): where the
+// answer was sought, the host and its kernel's dmem controller, and why; no driver, no devices.
+model::QueryFailure query_failure(NodeQuery& backend, const QueryOptions& options, const Error& why);
 
 // A failed probe in plain words: what the driver's answer means here and what would fix it.
 std::string explain_probe(const ExportProbe& probe);

@@ -40,7 +40,7 @@ Reply AdminRequests::trim(Request& r) {
   const std::optional<std::string>& pool = want.pool;
   const bool graph = want.graph;
   const bool cached = want.cached;
-  if (pool && !units_.pools.holds(*pool)) throw Error(Errc::not_found, "no pool named \"" + valid_utf8(*pool) + "\"");
+  if (pool && !units_.pools.holds(*pool)) throw units_.pools.no_such_pool(*pool);
   // Cached blocks are memory nobody uses: asked back first, as far as `keep` needs, and the trim
   // runs once their clients answered.
   std::set<std::uint64_t> asks;

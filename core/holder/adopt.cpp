@@ -35,6 +35,7 @@ bool BufferStore::held_in_custody(const std::string& name) const {
 }
 
 void BufferStore::sync_custody(bool retry) noexcept {
+  synced_ = true;
   if (!custody_ || (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty())) return;
   const auto now = std::chrono::steady_clock::now();
   if (!retry && now < custody_retry_at_) return;  // custody failed lately: the audit tries again
@@ -83,6 +84,8 @@ void BufferStore::sync_custody(bool retry) noexcept {
       const std::uint64_t before = manifest_sequence_;
       manifest_sequence_ = m.sequence;
       manifest_stale_ = false;
+      manifested_.clear();
+      for (const custody::ManifestBuffer& mb : m.buffers) manifested_.insert(mb.name);
       if (before) custody_removals_.push_back(custody::manifest_fd_name(before));
     }
     // Only now that no manifest names them, and never what is held again under the same name.
@@ -257,6 +260,7 @@ model::Adoption BufferStore::adopt(std::vector<custody::Kept> kept, const Desire
                    device);
       report.buffers.push_back({mb.name, mb.pool, device_id(node_, device), mb.size});
       buffers_[mb.name] = std::move(b);
+      manifested_.insert(mb.name);  // custody keeps it, named by the manifest adopted
     }
   }
   // What custody keeps and nobody adopted: the old manifests, and descriptors of buffers that were
@@ -404,6 +408,13 @@ bool BufferStore::audit_custody() noexcept {
   return custody_error_.empty();
 }
 
+bool BufferStore::kept(const std::string& name) const {
+  const auto it = buffers_.find(name);
+  // While custody can't be reached, what it keeps is not known (a stopped keeper closed it all).
+  return custody_ && custody_error_.empty() && it != buffers_.end() && it->second.exported && !it->second.loading &&
+         !custody_deposits_.count(name) && manifested_.count(name);
+}
+
 model::Custody BufferStore::custody_status() const {
   model::Custody out;
   out.kind = custody_ ? custody_->kind() : "none";
@@ -411,8 +422,8 @@ model::Custody BufferStore::custody_status() const {
   if (manifest_sequence_) out.manifest_sequence = manifest_sequence_;
   std::size_t kept = 0;
   for (const auto& [name, b] : buffers_)
-    if (b.exported && !b.loading) ++kept;
-  out.kept_buffer_count = custody_ ? kept : 0;
+    if (this->kept(name)) ++kept;
+  out.kept_buffer_count = kept;
   // Custody (the keeper, systemd's store) did not take it all: as a request that could not reach it.
   if (!custody_error_.empty()) out.error = model::ErrorInfo{errc_info(Errc::unreachable).wire, custody_error_, {}, {}};
   out.adoption = adoption_;

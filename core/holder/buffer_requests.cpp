@@ -155,11 +155,16 @@ Reply BufferRequests::create(Request& r) {
     b.from_config = false;
     buffers_.changed();
   } catch (const CudaError& e) {
+    // The driver's refusal, said once: the call and its result.
     if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
-      throw Error(Errc::out_of_memory,
-                  "pool " + pool + " has no room for " + format_bytes(size) + " (" + e.what() + ")");
+      throw Error(Errc::out_of_memory, "pool " + pool + " on device " + std::to_string(p.want.device) +
+                                           " has no room for " + format_bytes(size) + ": " + e.api() + " returned " +
+                                           e.name());
     throw;
   }
+  // Custody now rather than after the reply (as every request's end does): the reply says whether
+  // the buffer outlives a restart of the holder, so that a caller hears when custody can't have it.
+  buffers_.sync_custody();
   model::BufferMade out;
   out.name = name;
   out.pool = pool;
@@ -168,6 +173,7 @@ Reply BufferRequests::create(Request& r) {
   out.part_count = parts.size();
   out.state = loading ? "loading" : "ready";
   if (tensors) out.tensor_count = tensors->size();
+  out.kept = buffers_.kept(name);
   return model::to_json(out);
 }
 

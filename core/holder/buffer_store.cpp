@@ -31,11 +31,12 @@ void BufferStore::create(const BufferWant& w, const std::vector<std::uint64_t>& 
     for (const std::uint64_t size : sizes) need += (size + granularity - 1) / granularity * granularity;
     const std::uint64_t charged = bytes_in(w.pool, w.device);
     const std::uint64_t reserved = backend_.pool_usage(pool).reserved_bytes;
+    // cupool's own bound, said in its words (a lease's in leasing.cpp), not as a driver's error.
     if (charged + reserved + need > held.want.props.max_size)
-      throw CudaError("cuMemCreate", 2, "CUDA_ERROR_OUT_OF_MEMORY",
-                      "pool " + w.pool + " has max_size " + format_bytes(held.want.props.max_size) + ": " +
-                          format_bytes(charged) + " in buffers and " + format_bytes(reserved) +
-                          " reserved leave no room for " + format_bytes(need));
+      throw Error(Errc::out_of_memory, "pool " + w.pool + " on device " + std::to_string(w.device) +
+                                           " has no room for " + format_bytes(need) + ": its max_size " +
+                                           format_bytes(held.want.props.max_size) + " holds " + format_bytes(charged) +
+                                           " of buffers and " + format_bytes(reserved) + " reserved");
   }
   auto free_part = [&](const HeldBuffer::Part& part) noexcept {
     try {
@@ -187,7 +188,7 @@ model::BufferInfo BufferStore::view(const std::string& name, const HeldBuffer& b
   v.state = b.loading ? "loading" : "ready";
   if (b.index) v.tensor_count = b.index->tensors.size();
   v.allocation = b.exported ? "exported" : "pool";
-  v.kept = b.exported && !b.loading && custody_ != nullptr;
+  v.kept = kept(name);
   v.adopted = b.adopted;
   return v;
 }

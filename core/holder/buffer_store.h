@@ -104,6 +104,10 @@ class BufferStore {
   std::size_t forget_custody(std::vector<custody::Kept> kept);
   bool audit_custody() noexcept;
   model::Custody custody_status() const;
+  // Whether custody holds buffer `name`, so that it outlives a restart of the holder: its parts
+  // given and a manifest in custody that names it (false without custody, for a host pool's
+  // buffer, one still loading, and while custody can't be reached).
+  bool kept(const std::string& name) const;
   void set_custody_budget_ms(int ms) { custody_budget_ms_ = ms; }
   void set_custody_retry_ms(int ms) { custody_retry_ms_ = ms; }
   // Custody after a change: the parts of new exported buffers are deposited (a buffer that
@@ -116,15 +120,18 @@ class BufferStore {
   void sync_custody(bool retry = false) noexcept;
   // Runs `body` then sync_custody(), on its exception path too: the end of a request, an apply,
   // a disconnect.
+  // A body that synced custody itself as its last step (buffer_create, to say in its reply whether
+  // custody has the buffer) is not synced again: a slow custody holds the request up once.
   template <class Body>
   auto then_sync_custody(Body&& body) -> decltype(body()) {
+    synced_ = false;
     try {
       if constexpr (std::is_void_v<decltype(body())>) {
         body();
-        sync_custody();
+        if (!synced_) sync_custody();
       } else {
         auto out = body();
-        sync_custody();
+        if (!synced_) sync_custody();
         return out;
       }
     } catch (...) {
@@ -157,6 +164,8 @@ class BufferStore {
   std::set<std::string> custody_deposits_;     // buffers whose parts custody is still to be given
   std::vector<std::string> custody_removals_;  // descriptor names to remove once the manifest is new
   std::string custody_error_;                  // the last failure ("" when custody has it all)
+  std::set<std::string> manifested_;           // the buffers the manifest in custody names
+  bool synced_ = false;                        // sync_custody ran since then_sync_custody's body began
   int custody_budget_ms_ = kCustodyBudgetMs;
   int custody_retry_ms_ = kCustodyRetryMs;
   std::chrono::steady_clock::time_point custody_retry_at_{};  // requests leave custody alone until

@@ -45,7 +45,8 @@ std::pair<std::uint64_t, SharedAllocation> Leasing::grant(std::uint64_t id, Held
   } catch (const CudaError& e) {
     if (e.name() == "CUDA_ERROR_OUT_OF_MEMORY")
       throw Error(Errc::out_of_memory, "pool " + p.want.name + " on device " + std::to_string(p.want.device) +
-                                           " has no room for " + format_bytes(size) + " (" + e.what() + ")");
+                                           " has no room for " + format_bytes(size) + ": " + e.api() + " returned " +
+                                           e.name());
     throw;
   }
   const std::uint64_t lease = leases_.grant(id, key, size, s.address);

@@ -101,6 +101,21 @@ bool PoolTable::holds(const std::string& name) const {
   return std::any_of(pools_.begin(), pools_.end(), [&](const auto& kv) { return kv.first.first == name; });
 }
 
+Error PoolTable::no_such_pool(const std::string& name) const {
+  constexpr std::size_t kListed = 20;
+  std::vector<std::string> names;
+  for (const auto& [key, p] : pools_)
+    if (std::find(names.begin(), names.end(), key.first) == names.end()) names.push_back(key.first);
+  const std::string hint = did_you_mean(name, names);
+  std::string text = "no pool named \"" + valid_utf8(name) + "\"";
+  if (!hint.empty()) text += " (did you mean \"" + hint + "\"?)";
+  if (names.empty()) return Error(Errc::not_found, text + "; this holder holds no pool");
+  const std::size_t more = names.size() > kListed ? names.size() - kListed : 0;
+  names.resize(names.size() - more);
+  if (more) names.push_back("and " + std::to_string(more) + " more");
+  return Error(Errc::not_found, text + "; the pools held: " + join(names, ", "));
+}
+
 HeldPool& PoolTable::for_client(const HeldClient& c, const std::string& name, int device, bool for_use) {
   HeldPool* found = nullptr;
   for (auto& [key, p] : pools_)
@@ -110,11 +125,7 @@ HeldPool& PoolTable::for_client(const HeldClient& c, const std::string& name, in
     }
   if (!found) {
     if (holds(name)) throw Error(Errc::not_found, "pool " + name + " is not held on device " + std::to_string(device));
-    std::vector<std::string> names;
-    for (const auto& [key, p] : pools_) names.push_back(key.first);
-    const std::string hint = did_you_mean(name, names);
-    throw Error(Errc::not_found, "no pool named \"" + valid_utf8(name) + "\"" +
-                                     (hint.empty() ? "" : " (did you mean \"" + hint + "\"?)"));
+    throw no_such_pool(name);
   }
   if (for_use) {
     if (found->want.props.handle_types == 0)

@@ -60,6 +60,9 @@ class PoolTable {
   static bool permitted(const HeldClient& c, const HeldPool& p);
   // Whether any device holds a pool `name`.
   bool holds(const std::string& name) const;
+  // The not_found error for a pool `name` this holder does not hold: the nearest name held, if one
+  // is near, and the names it holds.
+  Error no_such_pool(const std::string& name) const;
 
   HeldPool* find(const PoolKey& key);
   const HeldPool* find(const PoolKey& key) const;

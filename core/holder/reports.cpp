@@ -114,7 +114,7 @@ model::Trim AdminRequests::trim(std::uint64_t keep, const std::optional<std::str
   if (pool) {
     bool any = false;
     for (const auto& [key, p] : units_.pools) any = any || key.first == *pool;
-    if (!any) throw Error(Errc::not_found, "no pool named \"" + valid_utf8(*pool) + "\"");
+    if (!any) throw units_.pools.no_such_pool(*pool);
   }
   std::set<int> devices;
   for (const auto& [key, p] : units_.pools)
@@ -198,7 +198,11 @@ std::string AdminRequests::export_config() const {
     else
       buffers.push_back({name, b.want.pool, device_uuid(units_.node, b.want.device), exact_size(b.want.size)});
   if (!buffers.empty()) doc.buffers = std::move(buffers);
-  std::string note;
+  // A config's process: section is applied by `cupool exec` in each process it starts; the holder
+  // holds nothing of it, so it can't be exported: said, not dropped silently.
+  std::string note =
+      "# Not here: a process: section (cupool exec applies it in each process it starts; the holder holds\n"
+      "# nothing of it): copy it from the config file the holder was started with, if that had one.\n";
   for (const std::string& name : loaded)
     note += "# Not here: buffer " + name + ", a tensor set made by 'cupool buffer load' (load it again).\n";
   return "# The live state of a cupool holder, written by 'cupool export'.\n" + note + to_yaml(model::to_json(doc));

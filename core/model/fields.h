@@ -374,6 +374,7 @@ CUPOOL_FIELDS(BufferMade) {
   f.old_name(
       "loading", v.state, [](const std::optional<std::string>& s) { return s ? Json(*s == "loading") : kLeftOut; },
       [](const Json& j) { return std::optional<std::string>(j.get<bool>() ? "loading" : "ready"); });
+  f("kept", v.kept, omit_empty);  // create
   f("tensor_count", v.tensor_count, omit_empty);
   f("file", v.file, omit_empty);
   f("tensor_bytes", v.tensor_bytes, omit_empty);
@@ -554,6 +555,17 @@ CUPOOL_FIELDS(NodeFacts) {
   f("deep", v.deep, defaulted);
   f("gds", v.gds, omit_empty);    // with --deep
   f("dmem", v.dmem, omit_empty);  // left out of a profile
+}
+CUPOOL_FIELDS(QueryFailure) {
+  f("source", v.source, omit_empty);
+  f("driver", v.driver);
+  f("built_with_cuda", v.built_with_cuda, omit_empty);
+  f.object("host", [&](auto& g) { g("numa_nodes", v.numa_nodes); });
+  f("devices", v.devices);
+  f("peer_access", v.peer_access);
+  f("deep", v.deep);
+  f("dmem", v.dmem, omit_empty);
+  f("error", v.error);
 }
 CUPOOL_FIELDS(ProfileHeader) {
   f("version", v.version);

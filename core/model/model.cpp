@@ -90,6 +90,7 @@ Json to_json(const DeviceFacts& v) { return write_json(v); }
 Json to_json(const GdsFacts& v) { return write_json(v); }
 Json to_json(const DmemFacts& v) { return write_json(v); }
 Json to_json(const NodeFacts& v) { return write_json(v); }
+Json to_json(const QueryFailure& v) { return write_json(v); }
 Json to_json(const CheckReport& v) { return write_json(v); }
 Json to_json(const ListReply& v) { return write_json(v); }
 Json to_json(const PlanReply& v) { return write_json(v); }

@@ -356,6 +356,7 @@ struct BufferMade {
   std::uint64_t size_bytes = 0;
   std::optional<std::uint64_t> part_count;         // create and load
   std::optional<std::string> state;                // create: loading (a client fills it) or ready
+  std::optional<bool> kept;                        // create: custody holds it (it outlives a holder restart)
   std::optional<std::uint64_t> tensor_count;       // load
   std::optional<std::string> file;                 // load
   std::optional<std::uint64_t> tensor_bytes;       // load
@@ -537,6 +538,21 @@ struct NodeFacts {
   std::optional<DmemFacts> dmem;  // this host's kernel; none in a profile's node section
 };
 
+// `cupool query --format json|yaml` where no driver or device answers (exit 3): what is known
+// without one (where the answer was sought, the host, its kernel's dmem controller), no driver, no
+// devices, and why (the query schema's error).
+struct QueryFailure {
+  std::optional<Source> source;
+  std::optional<Json> driver;  // null: no driver answered
+  std::optional<std::string> built_with_cuda;
+  std::vector<int> numa_nodes;
+  std::vector<DeviceFacts> devices;            // none
+  std::vector<std::vector<bool>> peer_access;  // none
+  bool deep = false;
+  std::optional<DmemFacts> dmem;
+  ErrorInfo error;
+};
+
 // ---- node profiles: what `query --profile-out` writes and `--profile` reads ----
 
 struct ProfileHeader {
@@ -656,6 +672,7 @@ Json to_json(const DeviceFacts& v);
 Json to_json(const GdsFacts& v);
 Json to_json(const DmemFacts& v);
 Json to_json(const NodeFacts& v);
+Json to_json(const QueryFailure& v);
 Json to_json(const CheckReport& v);
 Json to_json(const ListReply& v);
 Json to_json(const PlanReply& v);

@@ -154,9 +154,16 @@ class Applier {
   void settings(int device, PoolHandle pool, const std::string& prefix, const SettingsPatch& want) {
     const PoolSettings now = b_.pool_settings(pool);
     const PoolSettings next = want.over(now);
+    if (want.release_threshold) r_.thresholds[pool] = *want.release_threshold;
     if (next == now) return;
-    for (const SettingChange& ch : diff_settings(now, next))
+    for (SettingChange ch : diff_settings(now, next)) {
+      // The threshold as the file wrote it (75% stays 75%), the one before readable.
+      if (ch.field == "release_threshold") {
+        ch.from = readable_threshold(now.release_threshold).text();
+        ch.to = next.release_threshold.text();
+      }
       r_.changes.push_back({id(device), prefix + ch.field, ch.from, ch.to});
+    }
     b_.set_pool_settings(pool, next);
     undo_.push([this, pool, now] { b_.set_pool_settings(pool, now); });
   }

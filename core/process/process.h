@@ -3,6 +3,7 @@
 // attributes and the current pool are per process, so this runs in the application's process.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct ConfigureResult {
   std::vector<ProcessChange> changes;
   std::vector<model::Finding> findings;  // the section's warnings and notes, as `cupool check` has them
   std::string warnings_rendered;         // the same, compiler style, then "warning: ..." lines ("" when none)
+  // The release thresholds the file set, per pool, as it wrote them (75%): for process_stats,
+  // whose driver holds only bytes. Not in the report.
+  std::map<PoolHandle, ReleaseThreshold> thresholds;
   nlohmann::ordered_json to_json() const;
 };
 
@@ -46,8 +50,14 @@ ConfigureResult configure_process(Backend& backend, const std::string& text, con
 // Returns the warnings' text ("" when none).
 std::string configure_process_check(Backend& backend, const std::string& text, const std::string& path);
 
+// A threshold the driver holds (its bytes, nothing written), for people: "max", a size whole in its
+// unit ("8GiB"), or one rounded to a tenth ("59.4GiB"); one with a written text stays as written.
+ReleaseThreshold readable_threshold(const ReleaseThreshold& held);
+
 // This process's pools: per device with an active context, the default pool (and the current
-// pool when it is another) with settings and usage, and the device's graph memory.
-nlohmann::ordered_json process_stats(Backend& backend);
+// pool when it is another) with settings and usage, and the device's graph memory. A release
+// threshold is written as `written` has it where the driver still holds those bytes (what
+// configure_process set: 75% stays 75%), else in a readable unit (59.4GiB; its bytes beside it).
+nlohmann::ordered_json process_stats(Backend& backend, const std::map<PoolHandle, ReleaseThreshold>& written = {});
 
 }  // namespace cupool

@@ -1,12 +1,32 @@
 // This process's own pools as JSON (cupool_stats, cupool exec --report).
+#include <algorithm>
 #include <utility>
 
+#include "base/units.h"
 #include "model/model.h"
 #include "process/process.h"
 
 namespace cupool {
 
-nlohmann::ordered_json process_stats(Backend& backend) {
+ReleaseThreshold readable_threshold(const ReleaseThreshold& held) {
+  if (held.is_max() || !held.written().empty()) return held;
+  std::string text = format_bytes(held.bytes());
+  text.erase(std::remove(text.begin(), text.end(), ' '), text.end());  // "8 GiB": a config's spelling, 8GiB
+  return ReleaseThreshold(held.bytes(), text);
+}
+
+namespace {
+
+// As the file wrote it where the driver still holds those bytes, else readable_threshold.
+ReleaseThreshold shown(const ReleaseThreshold& held, const std::map<PoolHandle, ReleaseThreshold>& written,
+                       PoolHandle pool) {
+  if (const auto it = written.find(pool); it != written.end() && it->second.bytes() == held.bytes()) return it->second;
+  return readable_threshold(held);
+}
+
+}  // namespace
+
+nlohmann::ordered_json process_stats(Backend& backend, const std::map<PoolHandle, ReleaseThreshold>& written) {
   model::ProcessStats out;
   const int count = backend.device_count();
   for (int device = 0; device < count; ++device) {
@@ -22,7 +42,7 @@ nlohmann::ordered_json process_stats(Backend& backend) {
       const PoolSettings s = backend.pool_settings(h);
       const PoolUsage u = backend.pool_usage(h);
       d.pools.push_back({h == def ? "default" : "current",
-                         s.release_threshold,  // as the driver holds it: its bytes
+                         shown(s.release_threshold, written, h),
                          {s.follow_event_dependencies, s.allow_opportunistic, s.allow_internal_dependencies},
                          u});
     }

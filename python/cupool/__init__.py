@@ -16,7 +16,7 @@ from .errors import (
     NotFound, OutOfMemory, ProtocolError, QuotaExceeded, Refused, Unreachable,
 )
 from .lease import Lease
-from .tensors import tensors
+from .tensors import RawDtypeWarning, tensors
 
 __version__ = "0.1.0"
 
@@ -24,5 +24,5 @@ __all__ = [
     "connect", "Connection", "Lease", "tensors",
     "CupoolError", "Unreachable", "Refused", "NotFound", "QuotaExceeded", "OutOfMemory", "InvalidArgument",
     "ProtocolError", "CudaError", "Busy", "Exists", "InternalError", "LibraryError", "FrameworkMissing",
-    "STATUS_NAMES",
+    "STATUS_NAMES", "RawDtypeWarning",
 ]

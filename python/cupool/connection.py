@@ -7,9 +7,9 @@ import os
 import weakref
 from typing import Any, Dict, Mapping, Optional, Union
 
-from . import _lib
+from . import _devices, _lib
 from ._session import Session
-from .errors import InvalidArgument, error_for_reply, error_for_status
+from .errors import InvalidArgument, NotFound, error_for_reply, error_for_status
 from .lease import Lease
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -40,16 +40,33 @@ class Connection:
         self.backend: str = _lib.text(lib.cupool_backend(handle))
         # The library reads CUPOOL_CLIENT_CACHE at connect: "0" turns the cache off.
         self._cache_limit: Optional[int] = 0 if os.environ.get("CUPOOL_CLIENT_CACHE") == "0" else None
+        self._devices_of: Dict[str, Dict[str, int]] = {}  # pool -> {UUID: the holder's ordinal}
         self._finalizer = weakref.finalize(self, self._session.close)
 
     # ---- memory ----
 
-    def alloc(self, pool: str, size: int, device: Optional[int] = None) -> Lease:
-        """Allocates `size` bytes from `pool` on the holder's device `device` (None: the pool's
-        first device). The memory is ready on return."""
+    def alloc(self, pool: str, size: int, device: Union[int, str, None] = None) -> Lease:
+        """Allocates `size` bytes from `pool` on the holder's device `device`: its ordinal as the
+        holder numbers it, or its UUID ("GPU-..."). None: the device this process uses now (its
+        current CUDA context's, CUDA_VISIBLE_DEVICES taken into account) where the pool is on it,
+        else the pool's first device. The memory is ready on return."""
         _require_int("size", size, 0, _UINT64_MAX)
+        if _devices.is_uuid(device):
+            return self._alloc(pool, size, self._holder_device(pool, str(device)))
         if device is not None:
             _require_int("device", device, 0, _INT_MAX)
+            return self._alloc(pool, size, device)
+        current = _devices.current()
+        here = _devices.uuid_of(current) if current is not None else None
+        if here is None:
+            return self._alloc(pool, size, None)
+        try:
+            return self._alloc(pool, size, self._pool_devices(pool).get(here.lower()))
+        except NotFound:
+            self._devices_of.pop(pool, None)  # the pool may have moved since it was asked: ask again, once
+            return self._alloc(pool, size, self._pool_devices(pool).get(here.lower()))
+
+    def _alloc(self, pool: str, size: int, device: Optional[int]) -> Lease:
         out = ctypes.c_void_p()
         session = self._session
         with session.lock:
@@ -58,16 +75,39 @@ class Connection:
                                                    size, ctypes.byref(out)))
             return Lease(self, session, out.value, pool=pool)
 
-    def open_buffer(self, name: str, part: int = 0, device: Optional[int] = None) -> Lease:
+    def _pool_devices(self, pool: str) -> Dict[str, int]:
+        """The holder's devices of `pool` by UUID (lower case), asked once per connection."""
+        if pool not in self._devices_of:
+            listed = self.request({"op": "list"}).get("pools") or []
+            self._devices_of[pool] = {str(p.get("uuid", "")).lower(): p["device"] for p in listed
+                                      if p.get("name") == pool and isinstance(p.get("device"), int)}
+        return self._devices_of[pool]
+
+    def _holder_device(self, pool: str, uuid: str) -> int:
+        """The holder's ordinal of the device `uuid` that holds `pool`; NotFound when none does."""
+        devices = self._pool_devices(pool)
+        found = devices.get(uuid.lower())
+        if found is None:
+            self._devices_of.pop(pool, None)
+            found = self._pool_devices(pool).get(uuid.lower())
+        if found is None:
+            held = ", ".join("GPU-" + u[4:] for u in sorted(self._devices_of.get(pool, {}))) or "none"
+            raise NotFound(f"pool {pool} is not held on device {uuid} (it is on: {held})")
+        return found
+
+    def open_buffer(self, name: str, part: int = 0, device: Union[int, str, None] = None) -> Lease:
         """Opens the named buffer (the config's `buffers:` or `cupool buffer create`), or part
         ``part`` of a buffer held in parts (a tensor set from `cupool buffer load`: see
-        ``tensor_index``). ``device``: this process's CUDA device to use it from (default: the one
-        that holds it); another device maps it over peer access where the pool's ``access`` allows
-        (Refused otherwise). Raises NotFound when there is no such buffer or part."""
+        ``tensor_index``). ``device``: this process's CUDA device to use it from, its ordinal or its
+        UUID ("GPU-...") (default: the one that holds it); another device maps it over peer access
+        where the pool's ``access`` allows (Refused otherwise). Raises NotFound when there is no
+        such buffer or part, or no such device in this process."""
         if not 0 <= part < 2**32:
             raise InvalidArgument(f"part must be 0 or more, not {part}")
-        if device is not None and not 0 <= device < 2**31:
-            raise InvalidArgument(f"device must be a CUDA ordinal of this process, not {device}")
+        if _devices.is_uuid(device):
+            device = self._process_device(str(device))
+        elif device is not None and (not isinstance(device, int) or not 0 <= device < 2**31):
+            raise InvalidArgument(f"device must be a CUDA ordinal of this process or a GPU UUID, not {device!r}")
         out = ctypes.c_void_p()
         session = self._session
         with session.lock:
@@ -75,6 +115,20 @@ class Connection:
             session.check(session.lib.cupool_open_buffer_on(handle, _c_string("name", name), part,
                                                             -1 if device is None else device, ctypes.byref(out)))
             return Lease(self, session, out.value, name=name)
+
+    def _process_device(self, uuid: str) -> int:
+        """This process's ordinal of the device `uuid`: as CUDA numbers it here, or on a simulated
+        node as the holder does (its "devices" are the holder's); NotFound when it sees none."""
+        if self.backend == "simulated":
+            listed = self.request({"op": "list"})
+            for entry in (listed.get("pools") or []) + (listed.get("buffers") or []):
+                if str(entry.get("uuid", "")).lower() == uuid.lower() and isinstance(entry.get("device"), int):
+                    return entry["device"]
+        else:
+            found = _devices.ordinal_of(uuid)
+            if found is not None:
+                return found
+        raise NotFound(f"device {uuid} is not visible in this process; check CUDA_VISIBLE_DEVICES")
 
     def tensor_index(self, name: str) -> Dict[str, Any]:
         """The tensor index of buffer `name` (`cupool buffer load`): {"name", "size_bytes", "indexed",

@@ -24,6 +24,13 @@ _NUMPY = {
     "I64": "int64", "U64": "uint64", "F16": "float16", "F32": "float32", "F64": "float64",
 }
 _ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+# A dtype the framework lacks (numpy and cupy have no bfloat16) comes back as its raw bits, an
+# unsigned integer of the same width, so the rest of the set is usable; a warning names them.
+_RAW = {"BF16": "uint16", "F8_E4M3": "uint8", "F8_E5M2": "uint8"}
+
+
+class RawDtypeWarning(UserWarning):
+    """cupool.tensors gave tensors of a dtype the framework lacks as their raw bits (BF16 as uint16)."""
 
 
 def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = None,
@@ -50,10 +57,16 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
     The views stay valid when the holder restarts (held sets outlive it); the next call opens a
     new connection.
 
+    ``device`` may also be a GPU UUID ("GPU-...").
+
+    A tensor of a dtype the framework lacks (BF16 and the F8 types in numpy without ml_dtypes, and
+    in cupy) comes back as its raw bits, of the unsigned integer type of its width (BF16 as uint16:
+    ``(x.astype(numpy.uint32) << 16).view(numpy.float32)`` reads it as float32), with a
+    RawDtypeWarning naming those tensors; the others are as usual.
+
     Raises FrameworkMissing (the framework can't be imported; raised before any buffer is opened),
     NotFound (no such buffer), Busy (it is still being loaded), Refused (this user may not open it),
-    InvalidArgument (an unknown framework, a buffer made without a tensor index, or a dtype the
-    framework lacks).
+    InvalidArgument (an unknown framework, or a buffer made without a tensor index).
     """
     if framework not in FRAMEWORKS:
         raise InvalidArgument(f"framework must be one of {', '.join(FRAMEWORKS)}, not {framework!r}"
@@ -77,6 +90,7 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
                 f"buffer_create), so it has no tensors. A tensor set is made with `cupool buffer load {name} "
                 f"FILE.safetensors --pool POOL`; open a plain buffer with conn.open_buffer({name!r})")
         out = {}
+        raw: Dict[str, str] = {}  # tensor -> its dtype, given as raw bits
         # A set is held in parts (one allocation each); a tensor lies within one part.
         for part in [p["part"] for p in index.get("parts") or [{"part": 0}]]:
             entries = [t for t in index["tensors"] if t.get("part", 0) == part]
@@ -90,13 +104,21 @@ def tensors(name: str, framework: str = "torch", socket: Optional["PathLike"] = 
                     _wait_for_copy(base, framework)  # the lease is unmapped below: the copy must be done
                 elif framework == "numpy" and not writable:
                     base.flags.writeable = False  # and so every view of it
-                out.update({t["name"]: _view(base, t, framework) for t in entries})
+                out.update({t["name"]: _view(base, t, framework, raw) for t in entries})
                 del base  # the views hold the memory now
             finally:
                 lease.release()  # unmapped once the last view of this part goes
     finally:
         if own:
             conn.close()  # stays open while a view holds a lease of it
+    if raw:
+        import warnings
+
+        listed = ", ".join(f"{t} ({d} as {_RAW[d]})" for t, d in sorted(raw.items()))
+        hint = "install ml_dtypes, or use framework='torch'" if framework == "numpy" else "use framework='torch'"
+        warnings.warn(f"cupool.tensors({name!r}): {framework} has no dtype for {len(raw)} tensor"
+                      f"{'' if len(raw) == 1 else 's'}, given as raw bits: {listed}; for the real dtype, {hint}",
+                      RawDtypeWarning, stacklevel=2)
     return out
 
 
@@ -149,19 +171,24 @@ def _wait_for_copy(base: Any, framework: str) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
-def _view(base: Any, entry: Dict[str, Any], framework: str) -> Any:
+def _view(base: Any, entry: Dict[str, Any], framework: str, raw: Dict[str, str]) -> Any:
     begin = entry["offset_bytes"]
-    raw = base[begin:begin + entry["size_bytes"]]
+    data = base[begin:begin + entry["size_bytes"]]
     shape = tuple(entry["shape"])
-    dtype = _dtype(entry["dtype"], framework, entry["name"])
-    return raw.view(dtype).reshape(shape)
+    dtype = _dtype(entry["dtype"], framework, entry["name"], raw)
+    return data.view(dtype).reshape(shape)
 
 
-def _dtype(name: str, framework: str, tensor: str) -> Any:
+def _dtype(name: str, framework: str, tensor: str, raw: Dict[str, str]) -> Any:
+    """The framework's dtype for safetensors dtype `name`; one it lacks but _RAW has: the raw bits'
+    (recorded in `raw`)."""
     if framework == "torch":
         import torch
 
         found = getattr(torch, _TORCH.get(name, ""), None)
+        if found is None and name in _RAW:
+            found = getattr(torch, _RAW[name], None) or torch.int16  # torch before 2.3 has no uint16
+            raw[tensor] = name
         if found is None:
             raise InvalidArgument(f"tensor {tensor}: this torch has no dtype for {name}")
         return found
@@ -177,5 +204,9 @@ def _dtype(name: str, framework: str, tensor: str) -> Any:
                 return getattr(ml_dtypes, _ML_DTYPES[name])
         except ImportError:
             pass
-    extra = " (or install ml_dtypes)" if framework == "numpy" else ""
-    raise InvalidArgument(f"tensor {tensor}: {framework} has no {name} dtype; use framework='torch'{extra}")
+    if name in _RAW:
+        import numpy
+
+        raw[tensor] = name
+        return numpy.dtype(_RAW[name])
+    raise InvalidArgument(f"tensor {tensor}: {framework} has no {name} dtype; use framework='torch'")

@@ -405,13 +405,38 @@ def old_profile(r):
 
 
 def no_driver(r):
-    """Without libcuda the binary still starts and says so, exit 3 (only where no driver is installed)."""
+    """Without libcuda the binary still starts and says so, exit 3 (only where no driver is installed).
+    A program that asked query for JSON or YAML gets a document that says why (a node without a device:
+    everywhere)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = os.path.join(tmp, "empty.yaml")
+        with open(os.path.join(r.root, PROFILE_DEFAULT)) as f, open(empty, "w") as g:
+            text = f.read()
+            g.write(text[:text.index("  devices:\n")] + "  devices: []\n  peer_access: []\n")
+        for fmt in ("json", "yaml"):
+            code, out, err = r.run(["query", "--profile", empty, "--format", fmt])
+            try:
+                doc = json.loads(out) if fmt == "json" else machine_output.yaml.safe_load(out)
+            except Exception as e:  # noqa: BLE001  (what did not parse is the failure)
+                doc = {"unparsed": f"{e}: {out!r}"}
+            r.ok(f"query --format {fmt} with no device: exit 3, a document that says why",
+                 code == 3 and doc.get("driver", "") is None and doc.get("devices") == [] and
+                 doc.get("error", {}).get("message") == "the simulated node has no CUDA device" and
+                 doc.get("source", {}).get("simulated") is True and "no CUDA device" in err,
+                 f"exit {code}\n{out}{err}")
+        code, out, err = r.run(["query", "--profile", empty])
+        r.ok("query (table) with no device: exit 3, nothing on stdout", code == 3 and not out, out + err)
     probe = subprocess.run(["sh", "-c", "ldconfig -p | grep -q 'libcuda.so.1 '"], capture_output=True)
     if probe.returncode == 0 or os.path.exists("/usr/local/nvidia/lib64/libcuda.so.1"):
         print("skip no-driver: this machine has libcuda.so.1")
         return
     code, out, err = r.run(["query"])
     r.ok("query without a driver exits 3", code == 3 and "no NVIDIA driver" in err and "--profile" in err, out + err)
+    code, out, err = r.run(["query", "--format", "json"])
+    doc = json.loads(out) if out.startswith("{") else {}
+    r.ok("query --format json without a driver: exit 3, the reason in the document",
+         code == 3 and doc.get("driver", "") is None and "no NVIDIA driver" in doc.get("error", {}).get("message", ""),
+         out + err)
     code, out, err = r.run(["check", "configs/single-gpu-inference.yaml"])
     r.ok("check without a driver exits 3", code == 3, out + err)
 
@@ -458,6 +483,28 @@ def help_and_man(r):
     code, out, err = r.run(["help", "buffer", "craete"])
     r.ok("help of a mistyped nested verb",
          code == 2 and err == "cupool help: 'cupool buffer' has no verb \"craete\" (did you mean \"create\"?)\n",
+         out + err)
+    # The log level's default is warn, and info for the daemons: the help says so, not "[warn]" for all.
+    _, out, _ = r.run(["--help"], validate=False)
+    words = " ".join(out.split())
+    r.ok("--help: the log level's default per verb",
+         "(default: warn; info for the daemons, hold and keeper without --list or --release)" in words and
+         "[warn]" not in words, out)
+    for verb in ("hold", "keeper"):
+        _, out, _ = r.run([verb, "--help"], validate=False)
+        words = " ".join(out.split())
+        r.ok(f"{verb} --help: it logs at info", "logs at info" in words and
+             "unless --log-level or CUPOOL_LOG_LEVEL says otherwise" in words, out)
+    # --help after a verb that does not exist: the verb is unknown (exit 2), not the help of what came before.
+    code, out, err = r.run(["nosuchverb", "--help"], validate=False)
+    r.ok("nosuchverb --help: exit 2, the verb is unknown",
+         code == 2 and not out and err.startswith('cupool: unknown verb "nosuchverb"\n'), out + err)
+    code, out, err = r.run(["stauts", "--help"], validate=False)
+    r.ok("a mistyped verb with --help: did you mean",
+         code == 2 and not out and err.startswith('cupool: unknown verb "stauts" (did you mean "status"?)\n'), out + err)
+    code, out, err = r.run(["buffer", "craete", "-h"], validate=False)
+    r.ok("a mistyped nested verb with -h: did you mean",
+         code == 2 and not out and err.startswith('cupool buffer: unknown verb "craete" (did you mean "create"?)\n'),
          out + err)
     # The man page: roff when stdout is not a terminal, the same as `completion man`.
     code, out, err = r.run(["man"])
@@ -606,6 +653,15 @@ def check_colour(r):
     r.ok("check into a pipe: plain", code == 1 and "\x1b[" not in out, out[:300])
 
 
+def missing_devices_once(r):
+    """A device the node lacks is one finding however often the file names it: the 8-GPU example on a
+    one-GPU node is 7 findings (devices 1-7), each saying where else it is named, not one per mention."""
+    code, out, err = r.run(["check", "configs/training-8gpu.yaml", "--profile", PROFILE_DEFAULT])
+    found = re.findall(r"^\S+: error: no device '(\d+)' .*\[unknown-device\]$", out, re.M)
+    r.ok("8-GPU example on one GPU: one finding per missing device",
+         code == 1 and found == [str(d) for d in range(1, 8)] and out.count("(named 4 times; also at ") == 7, out + err)
+
+
 def exec_without_process_section(r):
     """exec of a file with no process: section says that nothing is applied, and runs CMD."""
     code, out, err = r.run(["exec", "configs/host-numa.yaml", "--profile", PROFILE_DEFAULT, "--", "echo", "ran"])
@@ -699,6 +755,7 @@ def main():
     help_and_man(r)
     error_style(r)
     check_colour(r)
+    missing_devices_once(r)
     if a.sanitized:
         print("skip exec without process: a sanitized preload can't be loaded into an unsanitized CMD")
     else:

@@ -187,6 +187,20 @@ def main():
           and by["current"]["reserved_bytes"] == 512 << 20 and by["default"]["release_threshold_bytes"] == 0,
           f"the report shows the current pool with its settings and reserve, the default pool untouched: {pools}")
 
+    # A share of the device: said as the file wrote it, in the line exec prints and in the report
+    # (not as the driver's bytes, 75% of the H100 being 62268672KiB).
+    share = os.path.join(tmp, "share.yaml")
+    with open(share, "w") as f:
+        f.write("version: 1\nprocess:\n  default_pool: {release_threshold: 75%}\n")
+    report_share = os.path.join(tmp, "report-share.jsonl")
+    r = subprocess.run([args.cupool, "exec", share, "--at", "start", "--profile", profile, "--report=" + report_share,
+                        "--", sys.executable, "-c", "print('inside')"], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and "device 0: release_threshold 0B -> 75%" in r.stderr, f"75% as written: {r.stderr}")
+    machine_output.check_exec_report(report_share)
+    pool = [json.loads(line) for line in open(report_share)][0]["stats"]["devices"][0]["pools"][0]
+    check(pool["release_threshold"] == "75%" and pool["release_threshold_bytes"] == 62268672 << 10,
+          f"the report says 75%: {pool}")
+
     # A program whose path holds quotes, backslashes, control and non-UTF-8 bytes: the report is
     # still one JSON object a line, the path escaped (the bad byte as U+FFFD).
     odd_dir = os.path.join(tmp.encode(), b'we"ird\\dir\x01\xff')

@@ -501,6 +501,11 @@ def test_restarted_keeper_is_given_everything_again(tmp):
         names = keeper.names()
         check("cupool-buffer.model.0" in names and any(n.startswith("cupool-manifest.") for n in names),
               f"the new keeper holds {names}")
+        # --list in YAML, as the other verbs' --format: the same document as the JSON.
+        import yaml
+        as_yaml = cupool("keeper", "--list", "--socket", keeper.socket, "--format", "yaml", check_rc=0).stdout
+        listed = yaml.safe_load(as_yaml) or {}
+        check(listed.get("schema_version") == 1 and "cupool-buffer.model.0" in listed.get("names", []), as_yaml)
         check("lost buffer model" in h.text(), "the holder did not say it gave the buffer again")
         crash(h)
         h = H.Holder(tmp, config_text=config, extra=extra)
@@ -633,6 +638,35 @@ def test_stopped_keeper_does_not_stall_the_holder(tmp):
             os.kill(keeper.proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
+        h.stop()
+        keeper.stop()
+
+
+def test_buffer_made_while_the_keeper_is_gone_is_said(tmp):
+    """buffer create into a holder whose keeper stopped: the buffer is made (exit 0), the reply says
+    it is not kept, the caller is warned on stderr, and status says so per buffer and why; a new
+    keeper gets it, and then status and the next create say it is kept."""
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        keeper.stop()  # SIGTERM: it closes what it keeps and its socket goes
+        r = cupool("buffer", "create", "made", "--pool", "kv", "--size", "1MiB", "--format", "json",
+                   socket_path=h.socket)
+        check(r.returncode == 0 and json.loads(r.stdout).get("kept") is False, f"exit {r.returncode}: {r.stdout}")
+        check(r.stderr.startswith("cupool buffer create: warning: buffer made is not in custody (") and
+              "it will not outlive a restart of the holder" in r.stderr, r.stderr)
+        st = H.status(h)
+        check([b["kept"] for b in st["buffers"] if b["name"] == "made"] == [False] and st["custody"]["error"] and
+              st["custody"]["kept_buffer_count"] == 0, f"status: {st['buffers']} {st['custody']}")
+        keeper = Keeper(tmp)
+        deadline = time.time() + 15 * H.slowness()
+        while time.time() < deadline and not all(b["kept"] for b in H.status(h)["buffers"]):
+            time.sleep(0.2)
+        st = H.status(h)
+        check(all(b["kept"] for b in st["buffers"]) and st["custody"]["error"] is None, f"status: {st}")
+        r = cupool("buffer", "create", "again", "--pool", "kv", "--size", "1MiB", "--format", "json",
+                   socket_path=h.socket, check_rc=0)
+        check(json.loads(r.stdout).get("kept") is True and "warning" not in r.stderr, r.stdout + r.stderr)
+    finally:
         h.stop()
         keeper.stop()
 

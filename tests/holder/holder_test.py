@@ -148,6 +148,16 @@ def test_other_user_refused(tmp):
         fds, body = r.stdout.split(" ", 1)
         check(fds == "0", "a descriptor was sent to a refused peer")
         check(json.loads(body)["error"]["code"] == "not_permitted", body)
+        # The CLI names the command it ran, not the protocol's request (buffer_create); a raw peer
+        # (above) gets the request's name.
+        # (The binary beside the library's copy, where any user may run it: $ORIGIN finds the library.)
+        binary = shutil.copy(H.ARGS.cupool, os.path.dirname(H.ARGS.client_lib_copy))
+        r = subprocess.run(["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}", "--clear-groups",
+                            binary, "buffer", "create", "w", "--pool", "kv", "--device", "0", "--size", "1MiB",
+                            "--socket", h.socket], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 4 and r.stderr.startswith(
+            f"cupool buffer create: cupool buffer create needs the holder's user or root; you are {user}") and
+            "buffer_create" not in r.stderr, f"exit {r.returncode}: {r.stderr}")
     finally:
         h.stop()
     # The same user, named in share, gets memory.
@@ -732,12 +742,13 @@ def test_invalid_config_reply_in_parts(tmp):
     try:
         c = RawClient(h.socket)
         c.hello()
-        pools = "".join(f"  - {{name: p{i}, devices: [7]}}\n" for i in range(600))
+        # 600 devices the node lacks (one finding each; a device named again adds none).
+        pools = "".join(f"  - {{name: p{i}, devices: [{7 + i}]}}\n" for i in range(600))
         text = "version: 1\npools:\n" + pools
         for path in ("many.yaml", "/" + "d" * 245 + "/many.yaml"):
             body, _ = c.request("plan", config=text, path=path)
             err = body.get("error", {})
-            check(err.get("code") == "does_not_fit", str(body)[:500])  # valid, but device 7 is not on the node
+            check(err.get("code") == "does_not_fit", str(body)[:500])  # valid, but devices 7-606 are not on the node
             sent = err.get("findings", [])
             print(f"      path of {len(path)} bytes: {len(sent)} findings, rendered {len(err['rendered'])} bytes, "
                   f"{c.parts + 1} frames")
@@ -2281,6 +2292,8 @@ def test_export_format_json(tmp):
         as_json = cupool("export", "--format", "json", socket_path=h.socket, check_rc=0).stdout
         doc = json.loads(as_json)
         check(doc == yaml.safe_load(as_yaml) and doc.get("version") == 1, f"{as_json}\n---\n{as_yaml}")
+        # The holder holds nothing of a process: section (exec applies it): the file says so.
+        check("# Not here: a process: section" in as_yaml and "process" not in doc, as_yaml)
         files = {}
         for fmt, text in (("yaml", as_yaml), ("json", as_json)):
             files[fmt] = os.path.join(tmp, "live." + fmt)

@@ -14,6 +14,7 @@ Exit status: 0 all passed, 1 a scenario failed, 77 numpy is missing.
 import argparse
 import ctypes
 import gc
+import json
 import os
 import pwd
 import re
@@ -28,6 +29,8 @@ import harness as H  # noqa: E402
 from harness import Failure, Holder, Skip, check, other_user  # noqa: E402
 
 ROOT = None    # --root
+FAKE_CUDA = None  # --fake-cuda: a stand-in libcuda.so.1 (tests/exec/fake_cuda.c)
+DEV1 = "GPU-8d1c6a3e-0c11-4e4e-9f1e-1c2d3e4f5a6c"  # its second device's UUID
 np = None      # numpy, imported in main() (exit 77 without it)
 cupool = None  # the package, imported in main() from ROOT/python
 
@@ -654,8 +657,19 @@ def test_tensors_errors(tmp):
             check(t["h"].astype(np.float32).tolist() == [1.0, 2.0], f"bf16 through ml_dtypes: {t['h']}")
             del t
         except ImportError:
-            expect_error(cupool.InvalidArgument, cupool.tensors, "bf16", "numpy", h.socket,
-                         contains="numpy has no BF16 dtype; use framework='torch' (or install ml_dtypes)")
+            # numpy has no bfloat16: the BF16 tensor is its raw bits (uint16), with a warning that
+            # names it; the set's other tensors are as usual.
+            import warnings
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                t = cupool.tensors("bf16", framework="numpy", socket=h.socket)
+            said = [str(w.message) for w in seen if issubclass(w.category, cupool.RawDtypeWarning)]
+            check(t["w"].dtype == np.float32 and t["w"].tolist() == [1.0] * 4, f"the F32 tensor: {t['w']}")
+            check(t["h"].dtype == np.uint16 and t["h"].tolist() == [0x3f80, 0x4000] and
+                  ((t["h"].astype(np.uint32) << 16).view(np.float32)).tolist() == [1.0, 2.0], f"BF16 raw: {t['h']}")
+            check(len(said) == 1 and "numpy has no dtype for 1 tensor, given as raw bits: h (BF16 as uint16)" in said[0]
+                  and "install ml_dtypes, or use framework='torch'" in said[0], f"the warning: {said}")
+            del t
         gc.collect()
         with cupool.connect(h.socket) as conn:
             check(opens(conn, "bf16") == 0, "a failed tensors() left the buffer open")
@@ -706,6 +720,74 @@ def test_tensors_errors(tmp):
         h.stop()
 
 
+# A child that asks for memory and buffers by this process's devices: its CUDA driver is the
+# stand-in (tests/exec/fake_cuda.c: two devices, DEV0 and DEV1, the current one set by argv[3]).
+CHILD_DEVICES = """
+import ctypes, json, sys, cupool
+ctypes.CDLL("libcuda.so.1").fake_cuda_set_device(int(sys.argv[3]))
+out = {}
+with cupool.connect(sys.argv[1]) as conn:
+    with conn.alloc("kv", 1 << 20) as lease:
+        out["alloc_none"] = lease.device
+    with conn.alloc("kv", 1 << 20, device=sys.argv[2]) as lease:
+        out["alloc_uuid"] = lease.device
+    with conn.alloc("kv", 1 << 20, device=0) as lease:
+        out["alloc_0"] = lease.device
+    with conn.open_buffer("on1", device=sys.argv[2].upper()) as lease:
+        out["open_uuid"] = lease.device
+    try:
+        conn.alloc("kv", 1 << 20, device="GPU-00000000-0000-0000-0000-000000000000")
+    except cupool.NotFound as e:
+        out["alloc_unknown"] = str(e)
+print(json.dumps(out))
+"""
+
+TWO_GPUS_CONFIG = """version: 1
+holder: {{socket: {socket}, mode: "0666"}}
+pools:
+  - {{name: kv, devices: [0, 1], handle_types: [posix_fd], max_size: 1GiB}}
+buffers:
+  - {{name: on1, pool: kv, device: 1, size: 1MiB}}
+"""
+
+
+def test_devices_of_this_process(tmp):
+    """alloc(device=None) takes the device this process uses now (its current CUDA context's), not
+    the pool's first; a device may be given as its UUID ("GPU-...") to alloc and open_buffer."""
+    if not FAKE_CUDA:
+        raise Skip("no stand-in driver (--fake-cuda)")
+    import yaml
+    with open(os.path.join(ROOT, "configs", "profiles", "h100.yaml")) as f:
+        profile = yaml.safe_load(f)
+    first = profile["node"]["devices"][0]
+    second = dict(first, device=1, uuid=DEV1, pci_bus_id="0000:00:07.0")
+    profile["node"]["devices"] = [first, second]
+    profile["node"]["peer_access"] = [[True, True], [True, True]]
+    node = os.path.join(tmp, "two.yaml")
+    with open(node, "w") as f:
+        yaml.safe_dump(profile, f)
+    h = Holder(tmp, config_text=TWO_GPUS_CONFIG.format(socket=os.path.join(tmp, "cupool.sock")), profile=node)
+    try:
+        saved = os.environ.get("LD_LIBRARY_PATH")
+        os.environ["LD_LIBRARY_PATH"] = os.path.dirname(FAKE_CUDA) + (":" + saved if saved else "")
+        try:
+            for current in (0, 1):
+                r = run_python(CHILD_DEVICES, h.socket, DEV1, current)
+                check(r.returncode == 0, f"current device {current}: {r.stderr}")
+                out = json.loads(r.stdout)
+                check(out["alloc_none"] == current, f"alloc(device=None) with device {current} current: {out}")
+                check(out["alloc_uuid"] == 1 and out["alloc_0"] == 0 and out["open_uuid"] == 1, f"by UUID: {out}")
+                check("pool kv is not held on device GPU-00000000-0000-0000-0000-000000000000" in
+                      out.get("alloc_unknown", ""), f"an unknown UUID: {out}")
+        finally:
+            if saved is None:
+                del os.environ["LD_LIBRARY_PATH"]
+            else:
+                os.environ["LD_LIBRARY_PATH"] = saved
+    finally:
+        h.stop()
+
+
 def test_library_not_found(tmp):
     code = ("import cupool\n"
             "try:\n"
@@ -729,11 +811,12 @@ def test_library_not_found(tmp):
 
 
 def main():
-    global ROOT, np, cupool
+    global ROOT, np, cupool, FAKE_CUDA
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupool", required=True)
     ap.add_argument("--client-lib", required=True)
     ap.add_argument("--root", required=True)
+    ap.add_argument("--fake-cuda", default="", help="a stand-in libcuda.so.1 (tests/exec/fake_cuda.c)")
     ap.add_argument("-k", default="", help="run only the scenarios whose name contains this")
     args = ap.parse_args()
     try:
@@ -743,6 +826,7 @@ def main():
         return 77
     np = numpy
     ROOT = os.path.abspath(args.root)
+    FAKE_CUDA = os.path.abspath(args.fake_cuda) if args.fake_cuda else None
     os.environ["CUPOOL_CLIENT_LIB"] = os.path.abspath(args.client_lib)
     sys.path.insert(0, os.path.join(ROOT, "python"))
     import cupool as package

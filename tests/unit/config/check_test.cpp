@@ -86,6 +86,26 @@ TEST_CASE("node facts turn into findings") {
   }
 }
 
+TEST_CASE("a device the node lacks is one finding, however often the file names it") {
+  // Two devices missing (2 and 3), named five times in all, by index and again by the same index.
+  const std::string text =
+      "version: 1\npools:\n"
+      "  - {name: a, devices: [2], access: [3]}\n"
+      "  - {name: b, devices: [3], access: [2]}\n"
+      "  - {name: c, devices: [0], access: [1, 2]}\n";
+  const Judged j = judge_config(SourceFile("t.yaml", text), [] { return test::two_gpu_node(); }, Scope::all, {});
+  std::vector<Diagnostic> unknown;
+  for (const auto& f : j.diags.sorted())
+    if (f.code == "unknown-device") unknown.push_back(f);
+  REQUIRE(unknown.size() == 2);
+  CHECK(unknown[0].loc.line == 3);
+  CHECK(unknown[0].loc.column == 25);
+  CHECK(unknown[0].message == "no device '2' on this node (named 3 times; also at 4:38, 5:41)");
+  CHECK(unknown[1].loc.column == 38);
+  CHECK(unknown[1].message == "no device '3' on this node (named 2 times; also at 4:25)");
+  CHECK(unknown[1].help == "device indexes here are 0 to 1");
+}
+
 TEST_CASE("fabric: an attribute is not proof; a --deep probe is") {
   NodeReport n = test::two_gpu_node();
   const char* text = "version: 1\npools: [{name: f, devices: [0], handle_types: [fabric]}]\n";

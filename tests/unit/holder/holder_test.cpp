@@ -321,6 +321,11 @@ TEST_CASE("buffers: create, open, remove (busy unless forced)") {
         "bad_request");
   CHECK(f.error_code(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size_bytes", 1}}) ==
         "not_found");
+  // A pool that is not held: the ones that are, and the nearest.
+  CHECK(f.error_message(root, {{"op", "buffer_create"}, {"name", "x"}, {"pool", "nope"}, {"size_bytes", 1}}) ==
+        "no pool named \"nope\"; the pools held: kv, local, private");
+  CHECK(f.error_message(root, {{"op", "trim"}, {"pool", "privat"}}) ==
+        "no pool named \"privat\" (did you mean \"private\"?); the pools held: kv, local, private");
   // The buffer is an exported allocation: its descriptor rides with the reply, and what this
   // process maps from it is the holder's memory (another process's map shares it).
   Reply opened = f.holder.handle(alice, {{"op", "buffer_open"}, {"name", "scratch"}, {"id", 1}});
@@ -990,7 +995,10 @@ TEST_CASE("buffers: exported allocations are charged to their pool's max_size, w
   };
   CHECK(create("first", 600ULL << 20).empty());
   const std::string refused = create("second", 600ULL << 20);
-  CHECK_MESSAGE(refused.find("max_size 1 GiB") != std::string::npos, refused);
+  // Said once, in cupool's words: no CUDA error wrapped around cupool's own reason.
+  CHECK(refused ==
+        "pool private on device 0 has no room for 600 MiB: its max_size 1 GiB holds 600 MiB of buffers and 0 B "
+        "reserved");
   CHECK(f.error_code(root, {{"op", "buffer_create"},
                             {"name", "second"},
                             {"pool", "private"},
@@ -1002,4 +1010,8 @@ TEST_CASE("buffers: exported allocations are charged to their pool's max_size, w
   CHECK_MESSAGE(lease.find("of buffers") != std::string::npos, lease);
   CHECK(f.error_code(root, {{"op", "buffer_remove"}, {"name", "first"}}) == "ok");
   CHECK(create("second", 600ULL << 20).empty());
+  // The driver's own refusal: its call and result said once, not a CUDA error inside parentheses.
+  f.sim.fail("create_exported", "CUDA_ERROR_OUT_OF_MEMORY");
+  CHECK(create("third", 1ULL << 20) ==
+        "pool private on device 0 has no room for 1 MiB: simulated create_exported returned CUDA_ERROR_OUT_OF_MEMORY");
 }

@@ -149,7 +149,10 @@ TEST_CASE("the declared names are the schemas' properties") {
   check_agrees<cupool::model::BenchCase>("BenchCase", {"cupool-bench-v1.schema.json#/$defs/case"});
   check_agrees<BenchComparison>("BenchComparison", {"cupool-bench-v1.schema.json#/properties/comparisons/items"});
   // query
-  check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json"});
+  // The one document in two shapes: the node's facts, or (no driver answered) what is known and why.
+  check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json"}, nullptr, {"error"});
+  check_agrees<QueryFailure>("QueryFailure", {"cupool-query-v1.schema.json"}, nullptr, {"gds"});
+  check_agrees<QueryFailure>("QueryFailure", {"cupool-query-v1.schema.json#/properties/host"}, "host");
   check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json#/properties/driver"}, "driver");
   check_agrees<NodeFacts>("NodeFacts", {"cupool-query-v1.schema.json#/properties/host"}, "host");
   check_agrees<DeviceFacts>("DeviceFacts", {"cupool-query-v1.schema.json#/$defs/device_facts"});
