@@ -113,14 +113,13 @@ void BufferStore::unmap_and_erase(Map::iterator it) {
 }
 
 void BufferStore::close_all_for_stop() noexcept {
-  // What the newest manifest in custody describes is the next holder's; a buffer made or changed
-  // since (the manifest is stale, its parts not deposited yet) goes with this holder.
+  // What custody keeps (kept(): its parts given, the newest manifest naming it) is the next
+  // holder's; the rest goes with this holder.
   const std::string where = custody_ ? custody_->where() : std::string();
   while (!buffers_.empty()) {
     auto it = buffers_.begin();
     const std::string name = it->first;
-    const HeldBuffer& b = it->second;
-    const bool stays = custody_ && b.exported && !b.loading && !manifest_stale_ && !custody_deposits_.count(name);
+    const bool stays = kept(name);
     try {
       unmap_and_erase(it);
       if (stays) {
