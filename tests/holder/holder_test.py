@@ -1033,6 +1033,28 @@ def test_sigterm_waits_only_for_leases(tmp):
                 x.stop()
 
 
+def test_sigterm_waits_for_a_buffer_being_loaded(tmp):
+    """A client filling a buffer (buffer_create with loading) would lose it: SIGTERM waits for it
+    (up to the drain timeout) and stops as soon as that client has gone."""
+    h = Holder(tmp)
+    try:
+        c = RawClient(h.socket)
+        c.hello(protocol=3)
+        body, _ = c.request("buffer_create", name="filling", pool="kv", size_bytes=1 << 20, loading=True)
+        check(body["ok"] and body["state"] == "loading", body)
+        h.proc.send_signal(signal.SIGTERM)
+        kind, notice, _ = c.receive()
+        check(kind == 3 and "release your leases" in notice["message"], notice)
+        time.sleep(0.5)
+        check(h.proc.poll() is None, "the holder stopped while a client was loading a buffer")
+        started = time.monotonic()
+        c.close()
+        rc = h.proc.wait(10)
+        check(rc == 0 and time.monotonic() - started < 2 * H.slowness(), f"exit {rc}:\n{h.text()}")
+    finally:
+        h.stop()
+
+
 # ---- load, faults and threads ----
 
 LOAD_CONFIG = """version: 1
