@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <limits>
 #include <optional>
 #include <sstream>
@@ -300,6 +301,20 @@ std::string format_duration(std::uint64_t seconds) {
   return std::to_string(secs) + "s";
 }
 
+// "listening at 21 ms, ready at 402 ms (node report from custody; driver 249 ms, mapping 31 ms, ...)".
+std::string render_start(const model::HolderStart& s) {
+  const auto ms = [](double seconds) { return std::to_string(std::llround(seconds * 1000)) + " ms"; };
+  std::string text = "listening at " + ms(s.listening_seconds);
+  text += s.ready_seconds ? ", ready at " + ms(*s.ready_seconds) : std::string(", not ready yet");
+  text +=
+      " (node report from " + s.node_report + ", custody " + ms(s.custody_seconds) + ", config " + ms(s.config_seconds);
+  if (s.ready_seconds)
+    text += "; then the driver " + ms(s.driver_seconds) + ", its report " + ms(s.driver_report_seconds) +
+            ", adopted buffers mapped " + ms(s.mapping_seconds) + ", devices " + ms(s.devices_seconds) + ", pools " +
+            ms(s.pools_seconds);
+  return text + ")";
+}
+
 std::string render_status(const json& reply) {
   const Read<model::Status> read(reply);
   const model::Status& st = read.value;
@@ -334,9 +349,12 @@ std::string render_status(const json& reply) {
                                  (reload->applied ? ": applied, " : ": NOT applied, kept the old state: ") +
                                  shown.text(reload->message)});
   head.add({"socket", shown.text(holder.socket)});
+  const bool starting = holder.start && holder.start->state == "starting";
   head.add({"state", !shown.has(holder.draining) ? kNone
                      : holder.draining           ? "draining (stopping; takes no new allocations)"
-                                                 : "serving"});
+                     : starting ? "starting (the driver is coming up: held buffers are served, other requests wait)"
+                                : "serving"});
+  if (const auto& st0 = holder.start) head.add({"start", render_start(*st0)});
   const std::string head_text = head.str();
   out << head_text.substr(head_text.find('\n') + 1);
 

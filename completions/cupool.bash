@@ -44,7 +44,7 @@ __cupool_options() {
     '') echo '--help -h --version --log-level' ;;
     'query') echo '--help -h --format -o --devices -d --profile -p --profile-out --deep --version --log-level' ;;
     'check') echo '--help -h --profile -p --format -o --deep --strict --version --log-level' ;;
-    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user --keeper --keeper-wait --fresh --version --log-level' ;;
+    'hold') echo '--help -h --socket -s --profile -p --drain-timeout --drop-timeout --max-clients-per-user --keeper --keeper-wait --start-timeout --fresh --version --log-level' ;;
     'keeper') echo '--help -h --socket -s --list --release --format -o --version --log-level' ;;
     'status') echo '--help -h --socket -s --format -o --version --log-level' ;;
     'stats') echo '--help -h --socket -s --format -o --output --reset-peaks --watch -w --version --log-level' ;;
@@ -87,6 +87,7 @@ __cupool_option_value() {
     'hold|--max-clients-per-user') echo 'any' ;;
     'hold|--keeper') echo 'any' ;;
     'hold|--keeper-wait') echo 'any' ;;
+    'hold|--start-timeout') echo 'any' ;;
     'hold|--log-level') echo 'choices trace debug info warn error off' ;;
     'keeper|--socket' | 'keeper|-s') echo 'file' ;;
     'keeper|--format' | 'keeper|-o') echo 'choices table json yaml' ;;

@@ -116,6 +116,24 @@ Manifest open_manifest(int fd, const std::string& fd_name);
 // The same checks on JSON already parsed (the fuzz target's way in; open_manifest ends here).
 Manifest manifest_from_json(const nlohmann::ordered_json& j, const std::string& fd_name);
 
+// The node report a holder checked its config against, kept in custody beside the manifest with
+// the node's fingerprint (device/fingerprint.h): the next holder checks its config against it
+// before it loads the driver, while the fingerprint is the same, and asks the driver afterwards.
+// A holder of an older version releases it as a descriptor nobody adopts.
+inline constexpr const char* kNodeFdName = "cupool-node";
+struct KeptNode {
+  std::string fingerprint;        // "sha256:..." (NodeQuery::fingerprint)
+  nlohmann::ordered_json report;  // the node report (device/node.h to_json)
+  std::string written;            // ISO 8601 UTC; iso_utc_now() when empty at seal_node
+};
+// A sealed memfd named kNodeFdName: {"node": 1, "fingerprint", "written", "report", "digest"}.
+// Throws Error(invalid_input) for an empty fingerprint or a report that is not an object.
+Fd seal_node(const KeptNode& node);
+// Reads it back. Throws Error(invalid_input) naming what is wrong (not a sealed memfd, over 64 MiB,
+// not JSON, a wrong digest, a field missing, unknown or of the wrong kind). The report itself is
+// the caller's to read (report_from_json checks it).
+KeptNode open_node(int fd);
+
 class Custody {
  public:
   using Clock = std::chrono::steady_clock;

@@ -217,7 +217,8 @@ void ManifestReader::operator()(const char* key, std::vector<ManifestBuffer>& v,
 }
 
 [[noreturn]] void refuse(const std::string& fd_name, const std::string& what) {
-  throw Error(Errc::invalid_input, "manifest " + fd_name + ": " + what);
+  // A manifest says so; the node report's name says what it is.
+  throw Error(Errc::invalid_input, (fd_name == kNodeFdName ? "" : "manifest ") + fd_name + ": " + what);
 }
 
 // The bytes of a sealed memfd of at most kMaxManifestBytes.
@@ -243,6 +244,39 @@ std::string read_sealed(int fd, const std::string& fd_name) {
     got += static_cast<std::size_t>(n);
   }
   return text;
+}
+
+// `text` in a new memfd named `name`, sealed against any change.
+Fd seal_text(const std::string& name, const std::string& text) {
+  Fd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) throw Error(Errc::internal, name + ": memfd_create: " + errno_text());
+  std::size_t put = 0;
+  while (put < text.size()) {
+    const ssize_t n = ::write(fd.get(), text.data() + put, text.size() - put);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw Error(Errc::internal, name + ": writing the memfd: " + errno_text());
+    put += static_cast<std::size_t>(n);
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0)
+    throw Error(Errc::internal, name + ": sealing the memfd: " + errno_text());
+  return fd;
+}
+
+// A sealed memfd's JSON object, its digest checked and removed.
+Json read_sealed_json(int fd, const std::string& fd_name) {
+  const std::string text = read_sealed(fd, fd_name);
+  if (valid_utf8(text) != text) refuse(fd_name, "is not JSON (it is not valid UTF-8)");
+  if (text.find('\0') != std::string::npos) refuse(fd_name, "is not JSON (it holds a NUL byte)");
+  Json j;
+  try {
+    JsonLimits limits;
+    limits.max_depth = 32;  // the manifest, a buffer, its tensor index and a tensor's shape
+    j = read_json(text, limits);
+  } catch (const JsonReadError& e) {
+    refuse(fd_name, std::string("is not JSON: it ") + e.what());
+  }
+  if (!j.is_object()) refuse(fd_name, "is not a JSON object");
+  return j;
 }
 
 }  // namespace
@@ -368,34 +402,11 @@ Fd seal_manifest(const Manifest& m) {
     throw Error(Errc::invalid_input, std::string("can't be written: ") + e.what());
   }
   j["digest"] = manifest_digest(j);
-  const std::string text = j.dump(-1, ' ', false, Json::error_handler_t::strict);
-  Fd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) throw Error(Errc::internal, "manifest " + name + ": memfd_create: " + errno_text());
-  std::size_t put = 0;
-  while (put < text.size()) {
-    const ssize_t n = ::write(fd.get(), text.data() + put, text.size() - put);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw Error(Errc::internal, "manifest " + name + ": writing the memfd: " + errno_text());
-    put += static_cast<std::size_t>(n);
-  }
-  if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0)
-    throw Error(Errc::internal, "manifest " + name + ": sealing the memfd: " + errno_text());
-  return fd;
+  return seal_text(name, j.dump(-1, ' ', false, Json::error_handler_t::strict));
 }
 
 Manifest open_manifest(int fd, const std::string& fd_name) {
-  const std::string text = read_sealed(fd, fd_name);
-  if (valid_utf8(text) != text) refuse(fd_name, "is not JSON (it is not valid UTF-8)");
-  if (text.find('\0') != std::string::npos) refuse(fd_name, "is not JSON (it holds a NUL byte)");
-  Json j;
-  try {
-    JsonLimits limits;
-    limits.max_depth = 32;  // the manifest, a buffer, its tensor index and a tensor's shape
-    j = read_json(text, limits);
-  } catch (const JsonReadError& e) {
-    refuse(fd_name, std::string("is not JSON: it ") + e.what());
-  }
-  if (!j.is_object()) refuse(fd_name, "is not a JSON object");
+  Json j = read_sealed_json(fd, fd_name);
   const auto digest = j.find("digest");
   if (digest == j.end() || !digest->is_string()) refuse(fd_name, "has no digest (\"digest\": \"sha256:...\")");
   const std::string claimed = digest->get<std::string>();
@@ -413,6 +424,43 @@ Manifest open_manifest(int fd, const std::string& fd_name) {
            "the digest does not match its contents" + (by.empty() ? std::string() : " (written by " + by + ")"));
   }
   return manifest_from_json(j, fd_name);
+}
+
+Fd seal_node(const KeptNode& node) {
+  if (node.fingerprint.empty() || node.fingerprint.size() > 200 || !node.report.is_object())
+    throw Error(Errc::invalid_input,
+                std::string(kNodeFdName) + " can't be written: it needs a fingerprint and a report");
+  Json j = Json::object();
+  j["node"] = 1;
+  j["fingerprint"] = node.fingerprint;
+  j["written"] = node.written.empty() ? iso_utc_now() : node.written;
+  j["report"] = node.report;
+  j["digest"] = manifest_digest(j);
+  return seal_text(kNodeFdName, j.dump(-1, ' ', false, Json::error_handler_t::strict));
+}
+
+KeptNode open_node(int fd) {
+  Json j = read_sealed_json(fd, kNodeFdName);
+  const auto digest = j.find("digest");
+  if (digest == j.end() || !digest->is_string()) refuse(kNodeFdName, "has no digest (\"digest\": \"sha256:...\")");
+  const std::string claimed = digest->get<std::string>();
+  j.erase("digest");
+  if (manifest_digest(j) != claimed) refuse(kNodeFdName, "the digest does not match its contents");
+  const auto field = [&](const char* key) -> const Json& {
+    const auto it = j.find(key);
+    if (it == j.end()) refuse(kNodeFdName, std::string("has no \"") + key + "\"");
+    return *it;
+  };
+  if (field("node") != 1) refuse(kNodeFdName, "is not version 1 (\"node\": 1)");
+  const Json& fingerprint = field("fingerprint");
+  const Json& written = field("written");
+  if (!fingerprint.is_string() || fingerprint.get<std::string>().empty() || fingerprint.get<std::string>().size() > 200)
+    refuse(kNodeFdName, "\"fingerprint\" must be a string of 1 to 200 characters");
+  if (!written.is_string() || written.get<std::string>().size() > 40)
+    refuse(kNodeFdName, "\"written\" must be a time (\"2025-01-31T12:00:00Z\")");
+  if (!field("report").is_object()) refuse(kNodeFdName, "\"report\" must be an object");
+  if (j.size() != 4) refuse(kNodeFdName, "has fields other than node, fingerprint, written and report");
+  return KeptNode{fingerprint.get<std::string>(), j["report"], written.get<std::string>()};
 }
 
 }  // namespace cupool::custody

@@ -231,6 +231,12 @@ class NodeQuery {
 
   // Loads and initialises the driver. Throws NoDriverError when there is none or no device.
   virtual void init() = 0;
+  // What identifies the node's driver and devices as the driver would report them, read without
+  // loading the driver (node_fingerprint in device/fingerprint.h: this boot, the kernel module,
+  // each GPU's /proc entry, MIG instances, the CUDA_ variables that pick devices), as
+  // "sha256:<hex>"; "" when it can't be told. A report kept with this fingerprint may stand in for
+  // asking the driver again while the fingerprint is the same (the holder's start, before cuInit).
+  virtual std::string fingerprint() = 0;
   // cuDriverGetVersion: 13000 for CUDA 13.0.
   virtual int driver_version() = 0;
   // The kernel module's version ("580.159.04"), "" when unknown.
@@ -260,6 +266,9 @@ class Pools {
   // Creates a pool; `device` is the ordinal whose context serves it (its own location for
   // device pools). The backend destroys pools still alive when it is destroyed.
   virtual PoolHandle create_pool(int device, const PoolProps& props) = 0;
+  // Retains the device's primary context now: what its first pool or mapping would pay otherwise
+  // (about 120 ms on an H200), so that a holder pays it off its serving thread.
+  virtual void open_device(int device) = 0;
   // Destroys the pool (its allocations must have been freed).
   virtual void destroy_pool(PoolHandle pool) = 0;
   virtual void set_pool_settings(PoolHandle pool, const PoolSettings& settings) = 0;

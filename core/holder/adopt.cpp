@@ -28,6 +28,7 @@ void BufferStore::deposit_parts(const std::string& name) {
 
 bool BufferStore::held_in_custody(const std::string& name) const {
   if (manifest_sequence_ && name == custody::manifest_fd_name(manifest_sequence_)) return true;
+  if (name == custody::kNodeFdName) return node_deposited_;
   const auto part = custody::parse_part_fd_name(name);
   if (!part) return false;
   const auto it = buffers_.find(part->first);
@@ -36,12 +37,20 @@ bool BufferStore::held_in_custody(const std::string& name) const {
 
 void BufferStore::sync_custody(bool retry) noexcept {
   synced_ = true;
-  if (!custody_ || (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty())) return;
+  if (!custody_ || (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty() &&
+                    (!node_record_ || node_deposited_)))
+    return;
   const auto now = std::chrono::steady_clock::now();
   if (!retry && now < custody_retry_at_) return;  // custody failed lately: the audit tries again
   custody_->limit_time(now + std::chrono::milliseconds(custody_budget_ms_));
   std::string what = "the manifest";
   try {
+    if (node_record_ && !node_deposited_) {
+      what = "the node report";
+      const Fd sealed = custody::seal_node(*node_record_);
+      custody_->deposit(custody::kNodeFdName, sealed.get());
+      node_deposited_ = true;
+    }
     // New buffers' parts first: a buffer that replaced one of its name (a reload or apply that
     // resized it) takes over the names, which custody then keeps for the new allocation.
     while (!custody_deposits_.empty()) {
@@ -250,7 +259,8 @@ model::Adoption BufferStore::adopt(std::vector<custody::Kept> kept, const Desire
       b.owner = mb.owner;
       b.from_config = mb.origin == "config";
       b.adopted = true;
-      if (const std::string why = adopt_parts(mb, device, by_name, allocations, b); !why.empty()) {
+      b.unverified = true;
+      if (const std::string why = adopt_parts(mb, by_name, allocations, b); !why.empty()) {
         refuse(why);
         continue;
       }
@@ -267,7 +277,7 @@ model::Adoption BufferStore::adopt(std::vector<custody::Kept> kept, const Desire
   // not ready, refused, or named by no manifest. Removed once the new manifest is in.
   std::size_t released = 0;
   for (const auto& [name, fd] : by_name) {
-    if (taken.count(name)) continue;
+    if (taken.count(name) || name == custody::kNodeFdName) continue;  // the node report stays until replaced
     custody_removals_.push_back(name);
     if (!custody::parse_manifest_fd_name(name)) ++released;
   }
@@ -283,8 +293,7 @@ model::Adoption BufferStore::adopt(std::vector<custody::Kept> kept, const Desire
 }
 
 // Why the manifest's buffer `mb` on `device` is not adopted before its parts are looked at ("": it
-// may be): a buffer of its name is held, its pool is not a device pool of `want` there, or its
-// parts are not mapped whole.
+// may be): a buffer of its name is held, or its pool is not a device pool of `want` there.
 std::string BufferStore::adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const {
   if (buffers_.count(mb.name)) return "a buffer of that name is held already";
   // Charged to a pool the config holds, where it could have been made: a device pool on its device.
@@ -294,20 +303,14 @@ std::string BufferStore::adoption_refusal(const custody::ManifestBuffer& mb, int
     return "its pool " + mb.pool + " on device " + std::to_string(device) + " (" + mb.uuid +
            ") is not a device pool of the config: nothing would account for it (put the pool back in the "
            "config to keep such buffers)";
-  // Each part mapped whole: an allocation is its size rounded up to the granularity, as made.
-  std::string why;
-  const std::uint64_t granularity = backend_.allocation_granularity(device);
-  for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i)
-    if (granularity && mb.mapped[i] != (mb.parts[i] + granularity - 1) / granularity * granularity)
-      why = "part " + std::to_string(i) + " says " + std::to_string(mb.mapped[i]) + " bytes are mapped for " +
-            std::to_string(mb.parts[i]) + ", not the allocation of " + format_bytes(granularity) +
-            " granules that holds them";
-  return why;
+  // Each part mapped whole (its size rounded up to whole granules) is the driver's to check
+  // (verify_adopted): asking the granularity needs it.
+  return "";
 }
 
-// Maps the parts of `mb` from custody's descriptors (`by_name`, taken from there) into `b`, and its
-// tensor index. Returns why not ("" when done); then what it mapped is unmapped again.
-std::string BufferStore::adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+// Takes the parts of `mb` from custody's descriptors (`by_name`, taken from there) into `b`, and its
+// tensor index. Returns why not ("" when done).
+std::string BufferStore::adopt_parts(const custody::ManifestBuffer& mb, std::map<std::string, Fd>& by_name,
                                      adoption::Allocations& allocations, HeldBuffer& b) {
   std::string why;
   for (std::size_t i = 0; i < mb.parts.size() && why.empty(); ++i) {
@@ -322,18 +325,14 @@ std::string BufferStore::adopt_parts(const custody::ManifestBuffer& mb, int devi
       why = fd_name + " is the same allocation as " + *other;
       break;
     }
-    try {
-      HeldBuffer::Part part;
-      part.allocation.address = backend_.map_exported(device, fd->second.get(), mb.mapped[i], {});
-      part.size = mb.parts[i];
-      part.mapped = mb.mapped[i];
-      part.fd = std::move(fd->second);
-      allocations.add(part.fd.get(), fd_name);
-      b.parts.push_back(std::move(part));
-    } catch (const std::exception& e) {
-      why = "part " + std::to_string(i) + " (" + fd_name + ", " + format_bytes(mb.mapped[i]) + " on " + mb.uuid +
-            ") does not match what custody holds: " + e.what();
-    }
+    // Not mapped here: the driver checks it once it runs (verify_adopted); until then the
+    // descriptor is served as custody kept it.
+    HeldBuffer::Part part;
+    part.size = mb.parts[i];
+    part.mapped = mb.mapped[i];
+    part.fd = std::move(fd->second);
+    allocations.add(part.fd.get(), fd_name);
+    b.parts.push_back(std::move(part));
   }
   if (why.empty() && !mb.index.is_null()) {
     try {
@@ -343,14 +342,80 @@ std::string BufferStore::adopt_parts(const custody::ManifestBuffer& mb, int devi
     }
   }
   if (!why.empty())
-    for (const auto& part : b.parts) {
-      allocations.erase(part.fd.get());  // before it closes
-      try {
-        backend_.unmap_exported(part.allocation.address);
-      } catch (...) {
-      }
-    }
+    for (const auto& part : b.parts) allocations.erase(part.fd.get());  // before it closes
   return why;
+}
+
+std::vector<AdoptedPart> BufferStore::unverified() const {
+  std::vector<AdoptedPart> out;
+  for (const auto& [name, b] : buffers_)
+    if (b.unverified)
+      for (std::size_t i = 0; i < b.parts.size(); ++i)
+        out.push_back({name, i, b.want.device, b.parts[i].fd.get(), b.parts[i].size, b.parts[i].mapped});
+  return out;
+}
+
+std::vector<AdoptedCheck> verify_adopted(Backend& backend, const std::vector<AdoptedPart>& parts) {
+  std::vector<AdoptedCheck> out;
+  std::map<int, std::uint64_t> granularity;
+  for (const AdoptedPart& p : parts) {
+    AdoptedCheck c{p.buffer, p.part, 0, ""};
+    const std::string fd_name = custody::part_fd_name(p.buffer, p.part);
+    try {
+      if (!granularity.count(p.device)) granularity[p.device] = backend.allocation_granularity(p.device);
+      const std::uint64_t g = granularity[p.device];
+      // An allocation is its size rounded up to whole granules, as made.
+      if (g && p.mapped != (p.size + g - 1) / g * g)
+        c.error = "part " + std::to_string(p.part) + " says " + std::to_string(p.mapped) + " bytes are mapped for " +
+                  std::to_string(p.size) + ", not the allocation of " + format_bytes(g) + " granules that holds them";
+      else
+        c.address = backend.map_exported(p.device, p.fd, p.mapped, {});
+    } catch (const std::exception& e) {
+      c.error = "part " + std::to_string(p.part) + " (" + fd_name + ", " + format_bytes(p.mapped) + " on device " +
+                std::to_string(p.device) + ") does not match what custody holds: " + e.what();
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void BufferStore::settle_adoption(const std::vector<AdoptedCheck>& checks) {
+  std::map<std::string, std::string> refused;  // buffer -> the first part's error
+  for (const AdoptedCheck& c : checks) {
+    auto it = buffers_.find(c.buffer);
+    if (it == buffers_.end() || c.part >= it->second.parts.size()) {
+      // Removed while the driver checked it (nothing can remove one then: such requests wait).
+      continue;
+    }
+    it->second.parts[c.part].allocation.address = c.address;
+    if (!c.error.empty() && !refused.count(c.buffer)) refused[c.buffer] = c.error;
+  }
+  for (auto& [name, b] : buffers_) b.unverified = false;
+  for (const auto& refusal : refused) {
+    const std::string& name = refusal.first;
+    const std::string& why = refusal.second;
+    auto it = buffers_.find(name);
+    spdlog::error(
+        "custody: not adopting buffer {} after all: {}{}", name, why,
+        it->second.opens ? " (" + std::to_string(it->second.opens) + " client(s) opened it meanwhile)" : std::string());
+    if (adoption_) {
+      // Kept memory that does not fit this node (as adopt() refuses it).
+      adoption_->refused.push_back({name, {errc_info(Errc::does_not_fit).wire, why, {}, {}}});
+      auto& kept = adoption_->buffers;
+      kept.erase(std::remove_if(kept.begin(), kept.end(), [&](const auto& a) { return a.name == name; }), kept.end());
+    }
+    for (std::size_t i = 0; i < it->second.parts.size(); ++i)
+      custody_removals_.push_back(custody::part_fd_name(name, i));
+    manifested_.erase(name);
+    manifest_stale_ = true;
+    unmap_and_erase(it);
+  }
+  if (!refused.empty()) sync_custody();
+}
+
+void BufferStore::keep_node(custody::KeptNode node) {
+  node_record_ = std::move(node);
+  node_deposited_ = false;
 }
 
 std::size_t BufferStore::forget_custody(std::vector<custody::Kept> kept) {
@@ -358,7 +423,7 @@ std::size_t BufferStore::forget_custody(std::vector<custody::Kept> kept) {
   std::set<std::string> named;  // the buffers whose memory goes, as their parts name them
   for (auto& k : kept) {
     custody_removals_.push_back(k.name);
-    if (custody::parse_manifest_fd_name(k.name)) continue;
+    if (custody::parse_manifest_fd_name(k.name) || k.name == custody::kNodeFdName) continue;
     ++dropped;
     if (const auto part = custody::parse_part_fd_name(k.name)) named.insert(part->first);
   }
@@ -381,6 +446,7 @@ bool BufferStore::audit_custody() noexcept {
     if (const auto names = custody_->list()) {
       const std::set<std::string> kept(names->begin(), names->end());
       if (manifest_sequence_ && !kept.count(custody::manifest_fd_name(manifest_sequence_))) manifest_stale_ = true;
+      if (node_deposited_ && !kept.count(custody::kNodeFdName)) node_deposited_ = false;
       for (const auto& [name, b] : buffers_) {
         if (!b.exported || custody_deposits_.count(name)) continue;
         bool all = true;
@@ -391,7 +457,8 @@ bool BufferStore::audit_custody() noexcept {
         }
       }
       // It answered and has everything: a refusal before (another user's keeper, since gone) is over.
-      if (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty()) {
+      if (!manifest_stale_ && custody_removals_.empty() && custody_deposits_.empty() &&
+          (!node_record_ || node_deposited_)) {
         custody_error_.clear();
         custody_retry_at_ = {};
       }

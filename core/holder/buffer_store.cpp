@@ -100,9 +100,10 @@ void BufferStore::unmap_and_erase(Map::iterator it) {
   const HeldBuffer& b = it->second;
   const HeldPool* p = pools_.find({b.want.pool, b.want.device});
   for (const auto& part : b.parts) {
-    if (b.exported)
-      backend_.unmap_exported(part.allocation.address);
-    else if (!p)
+    if (b.exported) {
+      // An adopted part not yet checked against the driver is not mapped here (its descriptor is all).
+      if (part.allocation.address) backend_.unmap_exported(part.allocation.address);
+    } else if (!p)
       continue;
     else if (b.shared)
       backend_.free_shared(p->handle, part.allocation.address);

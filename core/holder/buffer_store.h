@@ -53,7 +53,33 @@ struct HeldBuffer {
   std::uint32_t owner = 0;              // who made it (the holder's user for the config's)
   bool from_config = true;              // the config's buffers:, or a client's buffer_create
   bool adopted = false;                 // taken over from custody at this holder's start
+  // Adopted and not yet checked against the driver (it maps each part once it runs): served from
+  // what custody and its manifest said until then (BufferStore::settle_adoption).
+  bool unverified = false;
 };
+
+// An adopted buffer's part, to check against the driver off the serving thread (verify_adopted).
+struct AdoptedPart {
+  std::string buffer;
+  std::size_t part = 0;
+  int device = 0;
+  int fd = -1;  // the store's: open until settle_adoption
+  std::uint64_t size = 0;
+  std::uint64_t mapped = 0;
+};
+// What the driver said of one: where it is mapped here, or why it is not what the manifest says.
+struct AdoptedCheck {
+  std::string buffer;
+  std::size_t part = 0;
+  std::uint64_t address = 0;
+  std::string error;  // "" when it checked out
+};
+
+// Maps each part (the driver refuses a descriptor that is no exported allocation of that many
+// bytes on that device) and checks its mapped size is the part's size in whole granules. Only
+// `backend` is touched: it runs on the holder's starter thread while the serving thread answers
+// from custody.
+std::vector<AdoptedCheck> verify_adopted(Backend& backend, const std::vector<AdoptedPart>& parts);
 
 class BufferStore {
  public:
@@ -100,7 +126,17 @@ class BufferStore {
 
   // ---- custody (adopt.cpp): Holder's functions of the same names say what they do ----
   void attach_custody(custody::Custody* custody) { custody_ = custody; }
+  // Takes what custody kept: the buffers of the newest manifest that fit this node and `want`,
+  // each marked unverified (no driver call: their descriptors are served as custody gave them),
+  // and the rest released. The kept node report (custody::kNodeFdName) is left in custody.
   model::Adoption adopt(std::vector<custody::Kept> kept, const Desired& want);
+  // The parts adopt() took and the driver has not checked yet.
+  std::vector<AdoptedPart> unverified() const;
+  // The driver's word on them (verify_adopted): addresses kept; a buffer with a part that failed is
+  // refused (logged, in the adoption report, released from custody) even if clients opened it.
+  void settle_adoption(const std::vector<AdoptedCheck>& checks);
+  // Keeps the node report in custody beside the manifest (and again when custody lost it).
+  void keep_node(custody::KeptNode node);
   std::size_t forget_custody(std::vector<custody::Kept> kept);
   bool audit_custody() noexcept;
   model::Custody custody_status() const;
@@ -150,7 +186,7 @@ class BufferStore {
   bool held_in_custody(const std::string& name) const;
   // The steps of adopt() for one buffer of the manifest.
   std::string adoption_refusal(const custody::ManifestBuffer& mb, int device, const Desired& want) const;
-  std::string adopt_parts(const custody::ManifestBuffer& mb, int device, std::map<std::string, Fd>& by_name,
+  std::string adopt_parts(const custody::ManifestBuffer& mb, std::map<std::string, Fd>& by_name,
                           adoption::Allocations& allocations, HeldBuffer& b);
 
   Backend& backend_;
@@ -170,6 +206,8 @@ class BufferStore {
   int custody_retry_ms_ = kCustodyRetryMs;
   std::chrono::steady_clock::time_point custody_retry_at_{};  // requests leave custody alone until
   std::optional<model::Adoption> adoption_;                   // what adopt() reported (none: it did not run)
+  std::optional<custody::KeptNode> node_record_;              // the node report given to custody
+  bool node_deposited_ = false;                               // custody has node_record_
 };
 
 }  // namespace cupool

@@ -69,9 +69,11 @@ void Conversation::pull() {
   }
 }
 
+bool Conversation::holding() const { return waiting_ || (parked_ && holder_.starting()); }
+
 void Conversation::work() {
   if (!has_work()) return;
-  if (!waiting_ && !held_.empty()) {
+  if (!holding() && !held_.empty()) {
     const std::string payload = std::move(held_.front());
     held_.pop_front();
     held_bytes_ -= payload.size();
@@ -121,6 +123,14 @@ void Conversation::handle(const std::string& payload) {
       held_bytes_ += payload.size();
       return;
     }
+  } else if (holder_.starting() && (parked_ || !Holder::serves_while_starting(op))) {
+    // It needs the driver (or one before it did): served in order once the start is over.
+    parked_ = true;
+    held_.push_back(payload);
+    held_bytes_ += payload.size();
+    return;
+  } else if (held_.empty()) {
+    parked_ = false;
   }
   Fd fd;
   Json reply;

@@ -56,9 +56,11 @@ class Conversation {
   // While a request waits for cached blocks (Reply::later()), quiet `dropped`, `free` and
   // `reuse` are served at once; other requests are held (up to kMaxInbox bytes) and served in
   // order once the waiting one is answered, so replies keep the order of requests.
+  // While the holder starts (Holder::starting), a request that needs the driver is held the same
+  // way, with every request after it, until the start is over.
   bool has_work() const {
     if (closing_ || fds_queued_ >= kMaxQueuedFds) return false;
-    if (waiting_) return decoder_.ready() && held_bytes_ < kMaxInbox;
+    if (holding()) return decoder_.ready() && held_bytes_ < kMaxInbox;
     return !held_.empty() || decoder_.ready();
   }
   // Handles one waiting request, if has_work(). A malformed frame closes the conversation.
@@ -75,6 +77,8 @@ class Conversation {
   // The reply of the request that waited (Holder::on_deferred): queued, and requests are served again.
   void answer(const nlohmann::ordered_json& reply);
   bool waiting() const { return waiting_; }
+  // Requests held until the holder's start is over (none when it is).
+  bool parked() const { return parked_; }
   // Records that `n` bytes of the front frame went out; pops it when all did.
   void sent(std::size_t n);
 
@@ -110,8 +114,11 @@ class Conversation {
   std::size_t queued_ = 0;
   std::size_t fds_queued_ = 0;
   bool closing_ = false;
-  std::string parts_;             // the payloads of the parts of a request so far
+  std::string parts_;  // the payloads of the parts of a request so far
+  // Requests are held: one waits for cached blocks, or one waits for the start to end.
+  bool holding() const;
   bool waiting_ = false;          // a request's reply waits for cached blocks (Reply::later())
+  bool parked_ = false;           // a request came that the holder serves only once started
   std::deque<std::string> held_;  // payloads of requests that came while one waited
   std::size_t held_bytes_ = 0;
   bool parts_started_ = false;

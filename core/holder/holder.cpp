@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <set>
 
 #include "holder/names.h"
 
@@ -28,7 +29,16 @@ Holder::Holder(Backend& backend, NodeReport node, std::uint32_t self_uid, Limits
 Holder::~Holder() { shutdown(); }
 
 std::vector<Change> Holder::apply(const Desired& want) {
-  return buffers_.then_sync_custody([&] { return reconciler_.apply(want); });
+  return buffers_.then_sync_custody([&] {
+    std::vector<Change> changes = reconciler_.apply(want);
+    pools_.made();  // the pools the start declared are made (or refused) now
+    return changes;
+  });
+}
+
+bool Holder::serves_while_starting(const std::optional<std::string>& op) {
+  static const std::set<std::string> kServed{"hello", "status", "buffer_open", "buffer_close", "buffer_tensors"};
+  return !op || kServed.count(*op) > 0;
 }
 
 bool Holder::apply_after_drops(const Desired& want, std::function<void(const std::vector<Change>&)> done) {

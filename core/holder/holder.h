@@ -134,6 +134,32 @@ class Holder {
   // Custody keeps what it holds: the next holder adopts it.
   void shutdown() noexcept;
 
+  // ---- the start: serving from custody while the driver comes up (server.cpp) ----
+  // A holder starts serving before it has asked the driver anything: it checks its config against
+  // the node report custody kept (when the node's fingerprint is the same), adopts the buffers
+  // custody kept without mapping them, and listens; meanwhile another thread loads the driver,
+  // asks the node, maps the adopted buffers (verify_adopted) and opens the devices. Until that is
+  // over (set_starting(false)), only requests that need no driver are served
+  // (serves_while_starting); the others wait in their connection, in order.
+  void set_starting(bool starting) { starting_ = starting; }
+  bool starting() const { return starting_; }
+  // hello, status, buffer_open, buffer_close, buffer_tensors (and a request without an op, which
+  // is refused at once).
+  static bool serves_while_starting(const std::optional<std::string>& op);
+  // The config's pools, found by requests before they are made (buffer_open's share list).
+  void declare_pools(const Desired& want) { pools_.declare(want.pools); }
+  std::vector<AdoptedPart> unverified() const { return buffers_.unverified(); }
+  void settle_adoption(const std::vector<AdoptedCheck>& checks) {
+    buffers_.then_sync_custody([&] { buffers_.settle_adoption(checks); });
+  }
+  // The node report goes to custody beside the manifest, for the next start.
+  void keep_node(custody::KeptNode node) {
+    buffers_.then_sync_custody([&] { buffers_.keep_node(std::move(node)); });
+  }
+  // The driver's report of the node, for the one the start used (custody's); every unit sees it.
+  void update_node(NodeReport node) { node_ = std::move(node); }
+  const NodeReport& node() const { return node_; }
+
   // ---- custody: held buffers outlive the holder (adopt.cpp) ----
   // Where the descriptors of exported buffers go as soon as they exist, with a manifest of them
   // (none: the buffers die with this process). `custody` outlives the holder's use of it.
@@ -178,6 +204,7 @@ class Holder {
   std::vector<Operation> operations();
 
   NodeReport node_;
+  bool starting_ = false;
   Limits limits_;
   model::HolderInfo identity_;
   bool draining_ = false;

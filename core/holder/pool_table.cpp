@@ -98,7 +98,8 @@ bool PoolTable::permitted(const HeldClient& c, const HeldPool& p) {
 }
 
 bool PoolTable::holds(const std::string& name) const {
-  return std::any_of(pools_.begin(), pools_.end(), [&](const auto& kv) { return kv.first.first == name; });
+  const auto named = [&](const auto& kv) { return kv.first.first == name; };
+  return std::any_of(pools_.begin(), pools_.end(), named) || std::any_of(declared_.begin(), declared_.end(), named);
 }
 
 Error PoolTable::no_such_pool(const std::string& name) const {
@@ -116,13 +117,21 @@ Error PoolTable::no_such_pool(const std::string& name) const {
   return Error(Errc::not_found, text + "; the pools held: " + join(names, ", "));
 }
 
+void PoolTable::declare(const std::vector<PoolWant>& pools) {
+  declared_.clear();
+  for (const PoolWant& w : pools) declared_[{w.name, w.device}].want = w;
+}
+
 HeldPool& PoolTable::for_client(const HeldClient& c, const std::string& name, int device, bool for_use) {
   HeldPool* found = nullptr;
-  for (auto& [key, p] : pools_)
-    if (key.first == name && (device < 0 || key.second == device)) {
-      found = &p;
-      break;
-    }
+  for (Map* table : {&pools_, &declared_}) {
+    for (auto& [key, p] : *table)
+      if (key.first == name && (device < 0 || key.second == device)) {
+        found = &p;
+        break;
+      }
+    if (found) break;
+  }
   if (!found) {
     if (holds(name)) throw Error(Errc::not_found, "pool " + name + " is not held on device " + std::to_string(device));
     throw no_such_pool(name);

@@ -56,6 +56,10 @@ class PoolTable {
   // not_found with a hint when none is held; with `for_use`, one it may import (IPC, shared with
   // it, POSIX descriptors).
   HeldPool& for_client(const HeldClient& c, const std::string& name, int device, bool for_use);
+  // The config's pools before they are made (the holder's start, while the driver comes up): a
+  // request for one finds it by name, share list and access, with no handle. made() ends it.
+  void declare(const std::vector<PoolWant>& pools);
+  void made() { declared_.clear(); }
   // Whether `c` may use `p` (an admin, or named by its share list).
   static bool permitted(const HeldClient& c, const HeldPool& p);
   // Whether any device holds a pool `name`.
@@ -86,6 +90,7 @@ class PoolTable {
   Backend& backend_;
   const NodeReport& node_;
   Map pools_;
+  Map declared_;  // declare()'s, until made()
   std::uint64_t next_generation_ = 0;
 };
 

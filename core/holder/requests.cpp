@@ -56,6 +56,10 @@ Reply Holder::serve(std::uint64_t id, const Json& request) {
   const proto::RequestHead head = proto::request_head(request);
   if (!head.op) throw Error(Errc::bad_request, "a request needs \"op\", a string");
   const std::string op = *head.op;
+  // The connection holds such a request until the start is over (Conversation): never served here.
+  if (starting_ && !serves_while_starting(op))
+    throw Error(Errc::busy, "the holder is starting (the driver is coming up): \"" + valid_utf8(op) +
+                                "\" is served once it is; send it again");
   // Every request is read in protocol 4's names; a connection of 1 to 3 sends the old ones.
   const bool old_names = c.greeted && c.protocol < proto::kNamedProtocol;
   Json renamed;

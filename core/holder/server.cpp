@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <map>
@@ -25,6 +26,7 @@
 #include "device/query.h"
 #include "holder/closer.h"
 #include "holder/conversation.h"
+#include "holder/driver_start.h"
 #include "holder/holder.h"
 #include "holder/names.h"
 #include "holder/peer.h"
@@ -75,9 +77,14 @@ class Server {
  private:
   // The steps of run(): the start (signals, open files, config, custody, pools and buffers, the
   // socket), one turn of the loop after another until drained, then the stop.
+  // The start before listening: custody asked, the node report (custody's, or the driver's), the
+  // config checked, custody's buffers adopted, the socket; then the driver's part on its thread.
   void start();
-  // Attaches custody (if any) and adopts or forgets what it kept; returns the keeper, if that is it.
-  custody::KeeperClient* take_custody(const Desired& want);
+  // The driver's part is over (its thread's eventfd): the node as the driver reports it, the adopted
+  // buffers as the driver mapped them, the pools made; requests that waited are served.
+  void finish_start();
+  // Adopts or forgets what custody kept (`kept`, withdrawn before the holder existed).
+  void take_custody(std::vector<custody::Kept> kept, const Desired& want);
   // Where the holder's notices and deferred replies go: the connections' queues.
   void wire_holder();
   // One turn: poll, take signals, connections and bytes, serve requests, audit custody, enforce
@@ -119,6 +126,17 @@ class Server {
 
   Backend& backend_;
   ServerOptions options_;
+  // The start (start(), finish_start()): when the holder's work began, the config as read and
+  // checked, the node's fingerprint, where the time went, the driver's part while it runs.
+  Clock::time_point run_started_{};
+  std::optional<SourceFile> file_;
+  Desired want_;
+  std::string fingerprint_;
+  bool node_from_custody_ = false;
+  model::HolderStart start_;
+  std::unique_ptr<DriverStart> driver_start_;
+  Clock::time_point start_deadline_{};
+  bool reload_pending_ = false;                // a SIGHUP while starting: reloaded once started
   std::unique_ptr<custody::Custody> custody_;  // outlives holder_, which uses it
   std::unique_ptr<Holder> holder_;
   std::unique_ptr<SocketFile> socket_;
@@ -147,6 +165,7 @@ void Server::update_identity() {
   id.started = started_;
   id.reload_count = static_cast<std::uint64_t>(reloads_);
   id.last_reload = last_reload_;
+  id.start = start_;
   holder_->set_identity(id);
 }
 
@@ -461,7 +480,7 @@ bool Server::needs_holder(const Connection& c) const {
 }
 
 bool Server::drained() const {
-  if (!draining_) return false;
+  if (!draining_ || driver_start_) return false;  // the driver's part can't be cut short: it ends first
   if (Clock::now() >= drain_deadline_) return true;
   for (const auto& [fd, c] : connections_)
     if (needs_holder(c)) return false;
@@ -480,51 +499,123 @@ int Server::run() {
 }
 
 void Server::start() {
-  // How long each step of the start takes (the log says it once the holder listens).
-  const auto run_started = Clock::now();
-  auto since = [](Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); };
-  const SourceFile file = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
-  const NodeReport node = build_report(backend_);
-  const double node_ms = since(run_started);
-  Desired want = load_held_config(file, node);
-  if (!options_.socket.empty()) want.holder.socket = options_.socket;
+  // How long each step of the start takes (the log and status say it).
+  run_started_ = Clock::now();
+  auto at = run_started_;
+  auto step = [&at] {
+    const auto now = Clock::now();
+    const double s = std::chrono::duration<double>(now - at).count();
+    at = now;
+    return s;
+  };
+  file_ = SourceFile::read_regular(options_.config_path, kMaxConfigBytes);
+  custody_ = choose_custody(options_);
+  std::vector<custody::Kept> kept;
+  if (custody_) kept = withdraw_from_custody(*custody_, options_.keeper_wait_ms);
+  start_.custody_seconds = step();
+  // The node: as custody kept it, when this node's fingerprint is the one it was kept with (no
+  // driver call: cuInit alone takes 184-249 ms on an H200), else asked of the driver now.
+  fingerprint_ = backend_.fingerprint();
+  std::string why_not;
+  std::optional<NodeReport> node = custody_ ? kept_node_report(kept, fingerprint_, why_not) : std::nullopt;
+  node_from_custody_ = node.has_value();
+  if (node) node->source = backend_.source();  // what answers: the driver (or the profile), as the report it kept says
+  if (!node) {
+    if (custody_) spdlog::info("node report: asking the driver ({})", why_not);
+    node = build_report(backend_);
+  }
+  start_.node_report = node_from_custody_ ? "custody" : "driver";
+  start_.node_report_seconds = step();
+  want_ = load_held_config(*file_, *node);
+  if (!options_.socket.empty()) want_.holder.socket = options_.socket;
 
-  socket_ = std::make_unique<SocketFile>(want.holder.socket);
+  socket_ = std::make_unique<SocketFile>(want_.holder.socket);
   HolderLimits limits;
   limits.max_clients_per_user = options_.max_clients_per_user;
-  holder_ = std::make_unique<Holder>(backend_, node, ::geteuid(), limits);
-  holder_->adopt_holder_settings(want.holder);
+  holder_ = std::make_unique<Holder>(backend_, std::move(*node), ::geteuid(), limits);
+  holder_->adopt_holder_settings(want_.holder);
   if (!options_.socket.empty()) holder_->keep_socket_from_command_line();
-  const auto custody_started = Clock::now();
-  custody::KeeperClient* keeper = take_custody(want);
-  const double custody_ms = since(custody_started);
-  const auto apply_started = Clock::now();
-  holder_->apply(want);
-  const double apply_ms = since(apply_started);
+  if (custody_) {
+    holder_->attach_custody(custody_.get());
+    holder_->set_custody_budget_ms(std::max(options_.keeper_wait_ms, Holder::kCustodyBudgetMs));
+  }
+  take_custody(std::move(kept), want_);
+  holder_->declare_pools(want_);
+  holder_->set_starting(true);
+  start_.config_seconds = step();
   // Serving from here: custody may hold the serving thread up only this long.
   holder_->set_custody_budget_ms(Holder::kCustodyBudgetMs);
-  if (keeper) keeper->set_timeout_ms(kKeeperTimeoutMs);
+  if (auto* keeper = dynamic_cast<custody::KeeperClient*>(custody_.get())) keeper->set_timeout_ms(kKeeperTimeoutMs);
   socket_->listen(holder_->holder_settings());
   holder_->attach_socket(socket_.get());
   wire_holder();
+  start_.state = "starting";
+  start_.listening_seconds = std::chrono::duration<double>(Clock::now() - run_started_).count();
   update_identity();
   const model::Status held = holder_->status();
-  spdlog::info("holding {} pool{} and {} buffer{} from {}; listening on {}", held.pools.size(),
-               held.pools.size() == 1 ? "" : "s", held.buffers.size(), held.buffers.size() == 1 ? "" : "s",
-               options_.config_path, socket_->path());
   spdlog::info(
-      "listening {:.0f} ms after the start of the holder's work: node report {:.0f} ms, custody {:.0f} ms "
-      "(adoption with the device's first context), pools and buffers {:.0f} ms",
-      since(run_started), node_ms, custody_ms, apply_ms);
-  sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() + "\nMAINPID=" + std::to_string(::getpid()));
+      "listening on {} {:.0f} ms after the start of the holder's work (custody {:.0f} ms, node report {:.0f} "
+      "ms from {}, config and adoption {:.0f} ms): serving {} buffer{} from custody while the driver "
+      "starts",
+      socket_->path(), start_.listening_seconds * 1000, start_.custody_seconds * 1000,
+      start_.node_report_seconds * 1000, node_from_custody_ ? "custody" : "the driver", start_.config_seconds * 1000,
+      held.buffers.size(), held.buffers.size() == 1 ? "" : "s");
+  sd_notify_state("READY=1\nSTATUS=listening on " + socket_->path() +
+                  "; the driver is starting\nMAINPID=" + std::to_string(::getpid()));
+  std::set<int> devices;
+  for (const PoolWant& p : want_.pools) devices.insert(p.device);
+  driver_start_ = std::make_unique<DriverStart>(backend_, node_from_custody_, holder_->unverified(),
+                                                std::vector<int>(devices.begin(), devices.end()));
+  start_deadline_ = Clock::now() + std::chrono::milliseconds(options_.start_timeout_ms);
 }
 
-custody::KeeperClient* Server::take_custody(const Desired& want) {
-  custody_ = choose_custody(options_);
-  if (!custody_) return nullptr;
-  holder_->attach_custody(custody_.get());
-  holder_->set_custody_budget_ms(std::max(options_.keeper_wait_ms, Holder::kCustodyBudgetMs));
-  std::vector<custody::Kept> kept = withdraw_from_custody(*custody_, options_.keeper_wait_ms);
+void Server::finish_start() {
+  DriverStarted done = driver_start_->take();
+  driver_start_.reset();
+  if (done.failure) {
+    spdlog::error("the driver did not start; the holder stops (custody keeps the held buffers)");
+    std::rethrow_exception(done.failure);
+  }
+  start_.driver_seconds = done.init_ms / 1000;
+  start_.driver_report_seconds = done.node_ms / 1000;
+  start_.mapping_seconds = done.adopt_ms / 1000;
+  start_.devices_seconds = done.devices_ms / 1000;
+  // Custody gets this node's report for the next start: one asked before listening, or the driver's
+  // where it differs from what custody kept (--fresh dropped custody's).
+  bool keep = !node_from_custody_ || options_.fresh;
+  if (done.node) {
+    keep = keep || node_identity(holder_->node()) != node_identity(*done.node);
+    want_ = recheck_held_config(*file_, want_, holder_->node(), *done.node);
+    if (!options_.socket.empty()) want_.holder.socket = options_.socket;
+    holder_->update_node(std::move(*done.node));
+  }
+  holder_->settle_adoption(done.checks);
+  const auto at = Clock::now();
+  if (!draining_) holder_->apply(want_);
+  start_.pools_seconds = std::chrono::duration<double>(Clock::now() - at).count();
+  if (custody_ && keep && !fingerprint_.empty()) holder_->keep_node({fingerprint_, to_json(holder_->node()), ""});
+  holder_->set_starting(false);
+  start_.state = "ready";
+  start_.ready_seconds = std::chrono::duration<double>(Clock::now() - run_started_).count();
+  update_identity();
+  const model::Status held = holder_->status();
+  spdlog::info(
+      "holding {} pool{} and {} buffer{} from {}; ready {:.0f} ms after the start of the holder's work "
+      "(listening at {:.0f} ms; then the driver {:.0f} ms, its node report {:.0f} ms, adopted buffers "
+      "mapped {:.0f} ms, devices opened {:.0f} ms, pools and buffers {:.0f} ms)",
+      held.pools.size(), held.pools.size() == 1 ? "" : "s", held.buffers.size(), held.buffers.size() == 1 ? "" : "s",
+      options_.config_path, *start_.ready_seconds * 1000, start_.listening_seconds * 1000, start_.driver_seconds * 1000,
+      start_.driver_report_seconds * 1000, start_.mapping_seconds * 1000, start_.devices_seconds * 1000,
+      start_.pools_seconds * 1000);
+  sd_notify_state("STATUS=listening on " + socket_->path());
+  if (reload_pending_ && !draining_) {
+    reload_pending_ = false;
+    reload();
+  }
+}
+
+void Server::take_custody(std::vector<custody::Kept> kept, const Desired& want) {
+  if (!custody_) return;
   if (options_.fresh) {
     const std::size_t dropped = holder_->forget_custody(std::move(kept));
     spdlog::warn("--fresh: dropped {} descriptor{} that {} kept; their memory is freed", dropped,
@@ -538,7 +629,6 @@ custody::KeeperClient* Server::take_custody(const Desired& want) {
   } else {
     holder_->adopt({}, want);
   }
-  return dynamic_cast<custody::KeeperClient*>(custody_.get());
 }
 
 void Server::wire_holder() {
@@ -572,10 +662,23 @@ void Server::turn(const Fd& signals, std::vector<pollfd>& fds) {
     if (p.revents == 0) continue;
     if (p.fd == signals.get())
       read_signals(signals);
+    else if (driver_start_ && p.fd == driver_start_->fd())
+      continue;  // below, once this turn's events are taken
     else if (socket_->listening() && p.fd == socket_->fd())
       accept_clients();
     else
       on_connection_event(p);
+  }
+  if (driver_start_ && driver_start_->done()) finish_start();
+  if (driver_start_ && Clock::now() >= start_deadline_) {
+    // A driver that hangs in cuInit can't be interrupted, and nothing is lost by leaving: custody
+    // keeps the held buffers, and the requests that waited are answered by the connection's end.
+    spdlog::critical(
+        "the driver did not start within {} s (--start-timeout); the holder exits, custody keeps the held "
+        "buffers",
+        options_.start_timeout_ms / 1000);
+    spdlog::shutdown();
+    std::_Exit(static_cast<int>(ExitCode::no_driver));
   }
   serve_requests();
   audit_custody_when_due();
@@ -596,6 +699,7 @@ void Server::turn(const Fd& signals, std::vector<pollfd>& fds) {
 bool Server::watch(const Fd& signals, std::vector<pollfd>& fds) {
   fds.clear();
   fds.push_back({signals.get(), POLLIN, 0});
+  if (driver_start_) fds.push_back({driver_start_->fd(), POLLIN, 0});
   if (socket_->listening() && Clock::now() >= accept_paused_until_) fds.push_back({socket_->fd(), POLLIN, 0});
   bool work_waiting = false;
   const std::set<uid_t> over_budget = users_waiting_to_read();  // their requests wait for POLLOUT
@@ -623,7 +727,10 @@ void Server::read_signals(const Fd& signals) {
   signalfd_siginfo si{};
   while (::read(signals.get(), &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
     if (si.ssi_signo == SIGHUP) {
-      if (!draining_) reload();
+      if (driver_start_)
+        reload_pending_ = true;  // the driver is starting: reloaded once it has
+      else if (!draining_)
+        reload();
     } else {
       if (si.ssi_signo == SIGINT) exit_code_ = static_cast<int>(ExitCode::interrupted);
       start_drain(si.ssi_signo == SIGINT ? "SIGINT" : "SIGTERM");

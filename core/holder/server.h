@@ -31,6 +31,9 @@ struct ServerOptions {
   // (`cupool keeper`); empty: systemd's file-descriptor store when $NOTIFY_SOCKET is set, else none.
   std::string keeper;
   int keeper_wait_ms = 30000;  // how long the start waits for the keeper to answer
+  // How long the driver may take to come up after the holder listens (requests that need it wait
+  // that long at most); past it the holder exits 3 (custody keeps the held buffers).
+  int start_timeout_ms = 120000;
   // Start from nothing: drop what custody kept instead of adopting it (the memory goes).
   bool fresh = false;
 };

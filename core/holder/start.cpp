@@ -17,6 +17,7 @@
 #include "base/error.h"
 #include "base/text.h"
 #include "custody/custody.h"
+#include "holder/driver_start.h"
 
 namespace cupool {
 
@@ -25,6 +26,7 @@ namespace {
 // Open files the holder asks for (RLIMIT_NOFILE): 1024 connections and room for the rest.
 constexpr rlim_t kWantedFiles = 4096;
 using Clock = std::chrono::steady_clock;
+using Json = nlohmann::ordered_json;
 
 }  // namespace
 
@@ -106,6 +108,44 @@ std::vector<custody::Kept> withdraw_from_custody(custody::Custody& custody, int 
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
+}
+
+std::optional<NodeReport> kept_node_report(const std::vector<custody::Kept>& kept, const std::string& fingerprint,
+                                           std::string& why) {
+  const auto it =
+      std::find_if(kept.begin(), kept.end(), [](const custody::Kept& k) { return k.name == custody::kNodeFdName; });
+  if (it == kept.end()) {
+    why = "custody keeps none";
+    return std::nullopt;
+  }
+  if (fingerprint.empty()) {
+    why = "this node's fingerprint can't be read without the driver";
+    return std::nullopt;
+  }
+  try {
+    const custody::KeptNode node = custody::open_node(it->fd.get());
+    if (node.fingerprint != fingerprint) {
+      why = "the node changed since it was kept (" + node.written +
+            "): the boot, the driver, the GPUs or CUDA_VISIBLE_DEVICES";
+      return std::nullopt;
+    }
+    return report_from_json(node.report, std::string(custody::kNodeFdName) + " (kept " + node.written + ")");
+  } catch (const std::exception& e) {
+    why = e.what();
+    return std::nullopt;
+  }
+}
+
+Desired recheck_held_config(const SourceFile& file, const Desired& want, const NodeReport& used,
+                            const NodeReport& driver) {
+  const Json a = node_identity(used), b = node_identity(driver);
+  if (a == b) return want;
+  std::string differs;
+  for (const auto& [key, value] : b.items())
+    if (!a.contains(key) || a[key] != value) differs += (differs.empty() ? "" : ", ") + key;
+  spdlog::warn("the driver's report of the node differs from the one custody kept ({}): checking {} again",
+               differs.empty() ? "its fields" : differs, file.path());
+  return load_held_config(file, driver);
 }
 
 }  // namespace cupool

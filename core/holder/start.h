@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "base/fd.h"
@@ -36,5 +38,16 @@ std::unique_ptr<custody::Custody> choose_custody(const ServerOptions& options);
 // What `custody` kept, waiting up to `keeper_wait_ms` for a keeper that is not there yet; nothing
 // from a keeper that can't be trusted. Throws cupool::Error when it does not answer in time.
 std::vector<custody::Kept> withdraw_from_custody(custody::Custody& custody, int keeper_wait_ms);
+
+// The node report that `kept` holds (custody::kNodeFdName, left in `kept`) when it was written on
+// a node of `fingerprint` (NodeQuery::fingerprint; "" never matches): the holder checks its config
+// against it instead of loading the driver first. nullopt otherwise, with the reason in `why`.
+std::optional<NodeReport> kept_node_report(const std::vector<custody::Kept>& kept, const std::string& fingerprint,
+                                           std::string& why);
+// The config checked again against the driver's report of the node, when it differs from the one
+// the start used (`used`; what differs is logged). Throws as load_held_config does: a config that
+// fit the kept report but not the node as the driver sees it is not held.
+Desired recheck_held_config(const SourceFile& file, const Desired& want, const NodeReport& used,
+                            const NodeReport& driver);
 
 }  // namespace cupool

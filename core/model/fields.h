@@ -203,6 +203,20 @@ CUPOOL_FIELDS(ReloadOutcome) {
   f("applied", v.applied);
   f("message", v.message);
 }
+CUPOOL_FIELDS(HolderStart) {
+  f("state", v.state);
+  f("node_report", v.node_report);
+  f("listening_seconds", v.listening_seconds);
+  f("ready_seconds", v.ready_seconds);
+  f("custody_seconds", v.custody_seconds);
+  f("node_report_seconds", v.node_report_seconds);
+  f("config_seconds", v.config_seconds);
+  f("driver_seconds", v.driver_seconds);
+  f("driver_report_seconds", v.driver_report_seconds);
+  f("mapping_seconds", v.mapping_seconds);
+  f("devices_seconds", v.devices_seconds);
+  f("pools_seconds", v.pools_seconds);
+}
 CUPOOL_FIELDS(HolderInfo) {
   f("pid", v.pid);
   f("version", v.version);
@@ -213,6 +227,7 @@ CUPOOL_FIELDS(HolderInfo) {
   f("apply_count", v.apply_count);
   f("applied_config", v.applied_config);
   f("last_reload", v.last_reload);
+  f("start", v.start);
   f("draining", v.draining);
   f("uptime_seconds", v.uptime_seconds);
 }

@@ -185,6 +185,23 @@ struct ReloadOutcome {
   std::string message;  // what changed, or why it was not applied (the log has every finding)
 };
 
+// Where the holder's start went (status's holder.start): it listens once custody and the config
+// are read, before the driver is loaded; requests that need the driver wait until it is ready.
+struct HolderStart {
+  std::string state;                    // "starting" (the driver is coming up) or "ready"
+  std::string node_report;              // what the config was checked against: "custody" (kept, same node) or "driver"
+  double listening_seconds = 0;         // from the start of the holder's work to listening
+  std::optional<double> ready_seconds;  // to serving every request (none while starting)
+  double custody_seconds = 0;           // asking custody what it kept
+  double node_report_seconds = 0;       // the node report before listening (custody's, or asked)
+  double config_seconds = 0;            // the config read and checked, buffers adopted
+  double driver_seconds = 0;            // loading the driver (cuInit), after listening
+  double driver_report_seconds = 0;     // the driver's node report, after listening (with custody's)
+  double mapping_seconds = 0;           // the adopted buffers mapped (the driver checks them)
+  double devices_seconds = 0;           // the config's other devices opened (primary contexts)
+  double pools_seconds = 0;             // pools and the config's buffers made
+};
+
 struct HolderInfo {
   std::int64_t pid = 0;
   std::string version;
@@ -195,6 +212,7 @@ struct HolderInfo {
   std::uint64_t apply_count = 0;
   std::optional<AppliedConfig> applied_config;  // none: what is held is `config`
   std::optional<ReloadOutcome> last_reload;     // none: no reload since the holder started
+  std::optional<HolderStart> start;             // none: a holder before issue 38
   bool draining = false;
   std::int64_t uptime_seconds = 0;
 };

@@ -1,13 +1,13 @@
 // Fuzz target: a custody manifest's text (custody/custody.h) -> a sealed memfd -> open_manifest, as
-// a holder reads what custody kept. Each input is read twice: as it is (its digest as written, so
-// mostly refused for the digest), and with the right digest put in, so that mutations reach the
-// checks of every field. A refusal must be an Error(invalid_input) naming the manifest (never another
-// exception); what is accepted must keep the invariants: the parts add up to the size, each part
-// mapped whole, at most kMaxParts parts a buffer and kMaxKept in all, each buffer's part names
-// reading back as the buffer and part; and the manifest written again reads back the same. The
-// input's first line is also read as a descriptor's name: a name that parses is the name written.
-// Built like the other targets (tests/fuzz/CMakeLists.txt): libFuzzer with CUPOOL_FUZZ=ON, and a
-// deterministic driver (mutate_main.cpp) that CTest runs, under the sanitizers in scripts/test.sh.
+// a holder reads what custody kept (and the same text as the node report kept beside it, open_node). Each input is read
+// twice: as it is (its digest as written, so mostly refused for the digest), and with the right digest put in, so that
+// mutations reach the checks of every field. A refusal must be an Error(invalid_input) naming the manifest (never
+// another exception); what is accepted must keep the invariants: the parts add up to the size, each part mapped whole,
+// at most kMaxParts parts a buffer and kMaxKept in all, each buffer's part names reading back as the buffer and part;
+// and the manifest written again reads back the same. The input's first line is also read as a descriptor's name: a
+// name that parses is the name written. Built like the other targets (tests/fuzz/CMakeLists.txt): libFuzzer with
+// CUPOOL_FUZZ=ON, and a deterministic driver (mutate_main.cpp) that CTest runs, under the sanitizers in
+// scripts/test.sh.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -84,6 +84,23 @@ void read_manifest(std::string_view text) {
   }
 }
 
+// The same text as the node report kept beside the manifest (custody::open_node): refused as
+// invalid_input naming it, or read with a fingerprint and a report object.
+void read_node(std::string_view text) {
+  if (text.empty()) return;
+  const cupool::Fd fd = sealed(text);
+  try {
+    const cupool::custody::KeptNode node = cupool::custody::open_node(fd.get());
+    require(!node.fingerprint.empty() && node.fingerprint.size() <= 200 && node.report.is_object());
+    const cupool::Fd again = cupool::custody::seal_node(node);
+    const cupool::custody::KeptNode back = cupool::custody::open_node(again.get());
+    require(back.fingerprint == node.fingerprint && back.report == node.report && back.written == node.written);
+  } catch (const cupool::Error& e) {
+    require(e.code() == cupool::Errc::invalid_input);
+    require(std::string_view(e.what()).rfind(cupool::custody::kNodeFdName, 0) == 0);
+  }
+}
+
 void read_names(std::string_view input) {
   const std::string line(input.substr(0, input.find('\n')));
   if (const auto part = cupool::custody::parse_part_fd_name(line))
@@ -98,6 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view input(reinterpret_cast<const char*>(data), size);
   read_names(input);
   read_manifest(input);
+  read_node(input);
   // The same JSON with the digest it should have.
   Json j;
   try {
@@ -115,5 +133,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;  // text that is not UTF-8: refused as such above
   }
   read_manifest(j.dump(-1, ' ', false, Json::error_handler_t::replace));
+  read_node(j.dump(-1, ' ', false, Json::error_handler_t::replace));
   return 0;
 }

@@ -11,6 +11,7 @@ import array
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -479,6 +480,83 @@ def test_manifest_of_an_older_holder_is_adopted(tmp):
                                   check_rc=0).stdout)["tensors"]
         check(after == before, f"the index after the upgrade: {after} (before: {before})")
         check(held_digest(h, "model") == digest, "the set's bytes after the upgrade")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
+def test_serves_from_custody_before_the_driver(tmp):
+    """Issue 38: a holder that restarts listens before it loads the driver. It checks its config
+    against the node report the last holder kept in custody (the node's fingerprint is the same),
+    serves hello, status, buffer ls and buffer_open from custody while the (simulated) driver takes
+    3 s to come up, and holds every other request in its connection until then; status and the log
+    say where the start's time went. A node whose fingerprint differs is asked again. On the
+    driver (--gpu): the second start uses custody's report and maps the set only once it runs."""
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        path = os.path.join(tmp, "model.safetensors")
+        digest = safetensors_file(path)
+        load(h, "model", path)
+        first = H.status(h)["holder"]["start"]
+        check(first["state"] == "ready" and first["node_report"] == "driver", f"a first start asks the driver: {first}")
+        deadline = time.time() + 5
+        while "cupool-node" not in keeper.names() and time.time() < deadline:
+            time.sleep(0.05)
+        check("cupool-node" in keeper.names(), f"the node report is not in custody: {keeper.names()}")
+        h.stop()
+        slow = 3.0 * H.slowness()
+        env = dict(os.environ, CUPOOL_SIM_INIT_MS=str(int(slow * 1000)))
+        started = time.time()
+        h = H.Holder(tmp, config_text=config, extra=extra, env=env, started=False)
+        answered = time.time() - started
+        c = H.RawClient(h.socket)
+        c.hello(protocol=3)
+        body, _ = c.request("status")
+        start = body["holder"]["start"]
+        held = {b["name"]: b for b in body["buffers"]}
+        check(start["node_report"] == "custody", f"the second start did not use custody's report: {start}")
+        check("model" in held and held["model"]["adopted"], f"the set is not served from custody: {body['buffers']}")
+        if H.PROFILE:
+            check(start["state"] == "starting" and start["ready_seconds"] is None,
+                  f"status while the driver starts: {start}")
+            check(answered < slow / 2, f"hello was answered {answered:.2f} s after the spawn, the driver takes {slow} s")
+            check(body["pools"] == [], f"pools before the driver is up: {body['pools']}")
+            check("starting (the driver is coming up" in cupool("status", socket_path=h.socket, check_rc=0).stdout,
+                  "the status table does not say the holder is starting")
+        # buffer ls and a fresh reader's buffer_open, from custody (while starting on the simulated node).
+        index = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(len(index["tensors"]) == 4, f"buffer ls while starting: {index}")
+        check(held_digest(h, "model") == digest, "a fresh mapping from custody reads other bytes")
+        if H.PROFILE:
+            seen = H.status(h)["holder"]["start"]
+            check(seen["state"] == "starting", f"the checks took longer than the driver's {slow} s start: {seen}")
+        # A request that needs the driver waits in its connection, then is answered.
+        waiter = H.RawClient(h.socket)
+        waiter.hello(protocol=3)
+        reply, _ = waiter.request("list")
+        replied = time.time() - started
+        check(reply["ok"] and any(p["name"] == "kv" for p in reply["pools"]), f"list after the start: {reply}")
+        after = H.status(h)["holder"]["start"]
+        check(after["state"] == "ready" and after["ready_seconds"] >= after["listening_seconds"], f"after: {after}")
+        if H.PROFILE:
+            check(replied >= slow * 0.9, f"list was answered {replied:.2f} s after the spawn, before the driver was up")
+            check(after["driver_seconds"] >= slow * 0.9, f"the driver's time is not said: {after}")
+        check(re.search(r"listening on .* ms after the start of the holder's work .*node report \d+ ms from custody",
+                        h.text()), "the log does not say the holder listened on custody's report")
+        check(re.search(r"ready \d+ ms after the start of the holder's work", h.text()), "the log has no ready line")
+        print(f"    hello {answered * 1000:.0f} ms after the spawn (listening at {after['listening_seconds'] * 1000:.0f} ms"
+              f" by the holder's clock); ready at {after['ready_seconds'] * 1000:.0f} ms; list answered at "
+              f"{replied * 1000:.0f} ms")
+        c.close()
+        waiter.close()
+        if H.PROFILE:
+            # Another node (a profile of other GPUs): custody's report is not used; its set does not fit.
+            h.stop()
+            other = os.path.join(H.ARGS.root, "configs", "profiles", "h200x2.yaml")
+            h = H.Holder(tmp, config_text=config, extra=extra, profile=other)
+            start = H.status(h)["holder"]["start"]
+            check(start["node_report"] == "driver", f"a changed node used custody's report: {start}")
+            check("node report: asking the driver (the node changed" in h.text(), "the log does not say why")
     finally:
         h.stop()
         keeper.stop()

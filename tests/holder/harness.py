@@ -135,7 +135,8 @@ class RawClient:
 # ---- running things ----
 
 class Holder:
-    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None, profile=None, log_level="info"):
+    def __init__(self, tmp, config_text=None, extra=(), nofile=None, env=None, profile=None, log_level="info",
+                 started=True):
         self.tmp = tmp
         self.socket = os.path.join(tmp, "cupool.sock")
         self.config = os.path.join(tmp, "cupool.yaml")
@@ -150,9 +151,11 @@ class Holder:
                                      + node + list(extra),
                                      stdout=self.log, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None)
-        self.wait_ready()
+        self.wait_ready(started)
 
-    def wait_ready(self):
+    def wait_ready(self, started=True):
+        """Until the holder answers hello; with `started`, until its start is over too (it listens
+        before the driver is up: status says holder.start.state "ready")."""
         deadline = time.time() + 20
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -160,6 +163,13 @@ class Holder:
             try:
                 c = RawClient(self.socket)
                 c.hello()
+                if started:
+                    body, _ = c.request("status")
+                    start = body.get("holder", {}).get("start")
+                    if start and start["state"] != "ready":
+                        c.close()
+                        time.sleep(0.02)
+                        continue
                 c.close()
                 return
             except (OSError, EOFError):

@@ -1,6 +1,8 @@
 // The real backend, NodeQuery: the driver, the devices and what they support (export probes, GPUDirect Storage).
 #include "device/cuda/node.h"
 
+#include "device/fingerprint.h"
+
 namespace cupool::cuda {
 
 ReportSource CudaNodeQuery::source() const {
@@ -10,6 +12,8 @@ ReportSource CudaNodeQuery::source() const {
 }
 
 void CudaNodeQuery::init() { d_.init(); }
+
+std::string CudaNodeQuery::fingerprint() { return this_node_fingerprint(); }
 
 int CudaNodeQuery::driver_version() {
   int v = 0;

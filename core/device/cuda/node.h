@@ -11,6 +11,7 @@ class CudaNodeQuery : public virtual NodeQuery, protected DriverRole {
 
   ReportSource source() const override;
   void init() override;
+  std::string fingerprint() override;  // this_node_fingerprint(): no driver call
   int driver_version() override;
   std::string kernel_driver_version() override;
   int device_count() override;

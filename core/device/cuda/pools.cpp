@@ -3,6 +3,8 @@
 
 namespace cupool::cuda {
 
+void CudaPools::open_device(int ordinal) { (void)d_.context(ordinal); }
+
 PoolHandle CudaPools::create_pool(int ordinal, const PoolProps& props) {
   ContextScope scope(api_, d_.context(ordinal));
   CUmemPoolProps p;

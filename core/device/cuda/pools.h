@@ -11,6 +11,7 @@ class CudaPools : public virtual Pools, public virtual ProcessPools, protected D
 
   // Pools
   PoolHandle create_pool(int ordinal, const PoolProps& props) override;
+  void open_device(int ordinal) override;
   void destroy_pool(PoolHandle handle) override;
   void set_pool_settings(PoolHandle handle, const PoolSettings& s) override;
   PoolSettings pool_settings(PoolHandle handle) override;

@@ -12,6 +12,8 @@ class SimNodeQuery : public virtual NodeQuery, protected SimRole {
   // The profile's source: its path and how it was recorded.
   ReportSource source() const override;
   void init() override;
+  // "simulated:" and the digest of the profile's recorded node: the same profile, the same node.
+  std::string fingerprint() override;
   int driver_version() override;
   std::string kernel_driver_version() override;
   int device_count() override;

@@ -20,6 +20,11 @@
 
 namespace cupool::sim {
 
+void SimPools::open_device(int dev) {
+  s_.enter("open_device", std::to_string(dev));
+  (void)s_.device(dev, "cuDevicePrimaryCtxRetain");
+}
+
 PoolHandle SimPools::create_pool(int dev, const PoolProps& props) {
   s_.enter("create_pool", std::to_string(dev));
   const DeviceReport& d = s_.device(dev, "cuMemPoolCreate");

@@ -22,6 +22,7 @@ class SimPools : public virtual Pools, public virtual ProcessPools, protected Si
 
   // Pools
   PoolHandle create_pool(int device, const PoolProps& props) override;
+  void open_device(int device) override;  // checks the ordinal; there is no context to make
   void destroy_pool(PoolHandle pool) override;
   void set_pool_settings(PoolHandle pool, const PoolSettings& settings) override;
   PoolSettings pool_settings(PoolHandle pool) override;

@@ -78,6 +78,9 @@ class SimState {
   void keep_calls(std::size_t count) { calls_.resize(count); }
 
   const DeviceReport& device(int ordinal, const char* api) const;
+  // Whether init() has run once (a slow init, CUPOOL_SIM_INIT_MS, waits only the first time).
+  bool initialised() const noexcept { return initialised_; }
+  void set_initialised() noexcept { initialised_ = true; }
 
   std::map<PoolHandle, Pool>& pools() noexcept { return pools_; }
   // Records a pool under the next handle.
@@ -112,6 +115,7 @@ class SimState {
   std::map<int, PoolHandle> default_pools_;
   std::map<int, PoolHandle> current_pools_;
   PoolHandle last_pool_ = 0;
+  bool initialised_ = false;
   std::map<int, std::vector<GpuProcess>> strangers_;
   std::map<std::string, std::string> failures_;
   std::vector<std::string> calls_;

@@ -290,4 +290,46 @@ TEST_SUITE("custody") {
     }
     CHECK(iso_utc_now().size() == 20);
   }
+
+  TEST_CASE("custody: the node report kept beside the manifest reads back, and nothing else is taken for it") {
+    KeptNode node{"sha256:abc", Json{{"driver", {{"cuda_version", "13.0"}}}, {"devices", Json::array()}}, ""};
+    const Fd fd = seal_node(node);
+    const KeptNode back = open_node(fd.get());
+    CHECK(back.fingerprint == "sha256:abc");
+    CHECK(back.report == node.report);
+    CHECK(back.written.size() == 20);
+    auto refused = [](const Json& j) {
+      const Fd f = memfd_with(j.dump());
+      try {
+        open_node(f.get());
+      } catch (const Error& e) {
+        CHECK(e.code() == Errc::invalid_input);
+        return std::string(e.what());
+      }
+      return std::string("accepted");
+    };
+    Json good = {{"node", 1}, {"fingerprint", "sha256:abc"}, {"written", "2026-11-29T10:00:00Z"}, {"report", {}}};
+    good["report"] = Json::object();
+    Json signed_good = good;
+    signed_good["digest"] = manifest_digest(good);
+    CHECK(refused(signed_good) == "accepted");
+    Json changed = signed_good;
+    changed["fingerprint"] = "sha256:abd";
+    CHECK(refused(changed).find("the digest does not match") != std::string::npos);
+    Json extra = good;
+    extra["more"] = 1;
+    extra["digest"] = manifest_digest(extra);
+    CHECK(refused(extra).find("fields other than") != std::string::npos);
+    Json version = good;
+    version["node"] = 2;
+    version["digest"] = manifest_digest(version);
+    CHECK(refused(version).find("is not version 1") != std::string::npos);
+    Json no_report = good;
+    no_report.erase("report");
+    no_report["digest"] = manifest_digest(no_report);
+    CHECK(refused(no_report).find("has no \"report\"") != std::string::npos);
+    const Fd unsealed = memfd_with(signed_good.dump(), 0);
+    CHECK_THROWS_AS(open_node(unsealed.get()), Error);
+    CHECK_THROWS_AS(seal_node(KeptNode{"", Json::object(), ""}), Error);
+  }
 }

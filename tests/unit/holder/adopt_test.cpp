@@ -294,12 +294,26 @@ TEST_CASE("custody: adoption believes nothing custody says that the node, the dr
   custody.kept["cupool-manifest.18446744073709551615"] = Fd(::fcntl(junk_fd.get(), F_DUPFD_CLOEXEC, 3));
 
   CustodyHolder node(custody);
-  const model::Adoption report = node.holder.adopt(custody.withdraw(), CustodyHolder::want());
+  const model::Adoption first = node.holder.adopt(custody.withdraw(), CustodyHolder::want());
+  // Without the driver (the holder's start before cuInit), only what needs none is refused: the
+  // config's pool, one allocation under two names. The driver checks the rest once it runs
+  // (the holder's starter thread), and what it refuses leaves the holder and custody.
+  std::vector<std::string> unchecked;
+  for (const auto& b : first.buffers) unchecked.push_back(b.name);
+  CHECK(unchecked == std::vector<std::string>{"short", "wide", "first", "good"});  // the manifest's order
+  const std::vector<AdoptedPart> parts = node.holder.unverified();
+  CHECK(parts.size() == 4);
+  node.holder.settle_adoption(verify_adopted(node.sim, parts));
+  CHECK(node.holder.unverified().empty());
+  const model::Adoption report = *node.holder.status().custody.adoption;
   std::map<std::string, std::string> refused;
   for (const auto& r : report.refused) refused[r.name] = r.error.message;
   std::vector<std::string> adopted;
   for (const auto& b : report.buffers) adopted.push_back(b.name);
   CHECK(adopted == std::vector<std::string>{"first", "good"});
+  std::vector<std::string> held;
+  for (const auto& b : node.holder.status().buffers) held.push_back(b.name);
+  CHECK(held == std::vector<std::string>{"first", "good"});
   CHECK(refused["orphan"].find("its pool gone on device 0") != std::string::npos);
   CHECK(refused["short"].find("does not match what custody holds") != std::string::npos);
   CHECK(refused["wide"].find("part 0 says 4194304 bytes are mapped for 1048576") != std::string::npos);
@@ -309,9 +323,11 @@ TEST_CASE("custody: adoption believes nothing custody says that the node, the dr
   CHECK(report.manifest_sequence == 6);
   // Custody goes on: the next manifest follows the one adopted, the junk is gone.
   CHECK(node.custody_error().empty());
-  CHECK(custody.kept.count("cupool-manifest.7"));
+  CHECK(custody.kept.count("cupool-manifest.8"));  // 7 of what was adopted, 8 without what the driver refused
   CHECK(custody.manifest_count() == 1);
   CHECK_FALSE(custody.kept.count("cupool-buffer.orphan.0"));
+  CHECK_FALSE(custody.kept.count("cupool-buffer.short.0"));
+  CHECK_FALSE(custody.kept.count("cupool-buffer.wide.0"));
   CHECK(custody.kept.count("cupool-buffer.first.0"));
 }
 

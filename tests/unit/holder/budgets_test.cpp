@@ -40,11 +40,11 @@ buffers:
 constexpr std::uint64_t kGiB = 1ULL << 30;
 constexpr std::uint64_t kContext = 768ULL << 20;
 
-struct Fixture {
+struct BudgetsFixture {
   SimBackend sim{test::two_gpu_node()};
   Holder holder{sim, test::two_gpu_node(), /*self_uid=*/1000};
 
-  Fixture() {
+  BudgetsFixture() {
     const Desired want = load_config(SourceFile("test.yaml", kConfig), test::two_gpu_node(), Scope::all).desired;
     holder.adopt_holder_settings(want.holder);
     holder.apply(want);
@@ -78,7 +78,7 @@ struct Fixture {
 }  // namespace
 
 TEST_CASE("a budget that fits is granted; one that does not is refused with the ledger's figures") {
-  Fixture f;
+  BudgetsFixture f;
   const model::LedgerDevice empty = f.device();
   CHECK(empty.total_bytes == 80 * kGiB);
   CHECK(empty.held_bytes >= 128ULL << 20);
@@ -89,7 +89,7 @@ TEST_CASE("a budget that fits is granted; one that does not is refused with the 
   CHECK(empty.available_bytes == empty.total_bytes - empty.committed_bytes);
 
   const std::uint64_t exec = f.client(::getpid());
-  const Json g = f.call(exec, Fixture::grant(10 * kGiB));
+  const Json g = f.call(exec, BudgetsFixture::grant(10 * kGiB));
   CHECK(g["grant"].get<std::string>().rfind("b1-", 0) == 0);
   CHECK(g["devices"][0]["budget_bytes"] == 10 * kGiB);
   CHECK(g["devices"][0]["uuid"] == "GPU-00000000-0000-4000-8000-000000000000");
@@ -102,24 +102,24 @@ TEST_CASE("a budget that fits is granted; one that does not is refused with the 
 
   // Exactly what is left fits; a byte more does not, and the refusal says where the memory went.
   const std::uint64_t left = one.available_bytes - kContext;
-  const std::string refusal = f.error_message(exec, Fixture::grant(left + 1));
+  const std::string refusal = f.error_message(exec, BudgetsFixture::grant(left + 1));
   CHECK(refusal.find("does not fit device 0") != std::string::npos);
   CHECK(refusal.find("10 GiB granted to 1 process") != std::string::npos);
   CHECK(refusal.find("held in 1 buffer") != std::string::npos);
   CHECK(refusal.find("cupool ledger") != std::string::npos);
-  CHECK(f.error_code(exec, Fixture::grant(left + 1)) == "out_of_memory");
-  CHECK(f.error_code(exec, Fixture::grant(left)) == "ok");
+  CHECK(f.error_code(exec, BudgetsFixture::grant(left + 1)) == "out_of_memory");
+  CHECK(f.error_code(exec, BudgetsFixture::grant(left)) == "ok");
   CHECK(f.device().available_bytes == 0);
   // Device 1 is another account.
-  CHECK(f.error_code(exec, Fixture::grant(kGiB, 1)) == "ok");
+  CHECK(f.error_code(exec, BudgetsFixture::grant(kGiB, 1)) == "ok");
 }
 
 TEST_CASE("a budget request is checked before anything is granted") {
-  Fixture f;
+  BudgetsFixture f;
   const std::uint64_t exec = f.client(::getpid());
-  CHECK(f.error_code(exec, Fixture::grant(81 * kGiB)) == "bad_request");  // larger than the device
-  CHECK(f.error_message(exec, Fixture::grant(80 * kGiB)).find("larger than device 0") != std::string::npos);
-  CHECK(f.error_code(exec, Fixture::grant(kGiB, 7)) == "not_found");
+  CHECK(f.error_code(exec, BudgetsFixture::grant(81 * kGiB)) == "bad_request");  // larger than the device
+  CHECK(f.error_message(exec, BudgetsFixture::grant(80 * kGiB)).find("larger than device 0") != std::string::npos);
+  CHECK(f.error_code(exec, BudgetsFixture::grant(kGiB, 7)) == "not_found");
   CHECK(f.error_code(exec, {{"op", "budget_grant"}, {"devices", Json::array()}}) == "bad_request");
   CHECK(f.error_code(exec, {{"op", "budget_grant"}}) == "bad_request");
   CHECK(f.error_code(exec, {{"op", "budget_grant"},
@@ -150,9 +150,9 @@ TEST_CASE("a budget request is checked before anything is granted") {
 
 TEST_CASE(
     "a process of the command claims the grant; its use shows in the ledger; its connection ending gives it back") {
-  Fixture f;
+  BudgetsFixture f;
   const std::uint64_t exec = f.client(::getpid());
-  const std::string id = f.call(exec, Fixture::grant(4 * kGiB))["grant"].get<std::string>();
+  const std::string id = f.call(exec, BudgetsFixture::grant(4 * kGiB))["grant"].get<std::string>();
   const Json claim = {{"op", "budget_claim"}, {"grant", id}};
   // Another user, or a process outside the tree, may not have it.
   CHECK(f.error_code(f.client(::getpid(), 2000), claim) == "not_permitted");
@@ -189,7 +189,7 @@ TEST_CASE(
 }
 
 TEST_CASE("a grant nobody claimed ends with the process it was made for") {
-  Fixture f;
+  BudgetsFixture f;
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
@@ -197,7 +197,7 @@ TEST_CASE("a grant nobody claimed ends with the process it was made for") {
     ::_exit(0);
   }
   const std::uint64_t exec = f.client(child);
-  f.call(exec, Fixture::grant(kGiB));
+  f.call(exec, BudgetsFixture::grant(kGiB));
   f.holder.expire_budgets();
   CHECK(f.device().budgets.size() == 1);  // still running
   ::kill(child, SIGKILL);
@@ -207,7 +207,7 @@ TEST_CASE("a grant nobody claimed ends with the process it was made for") {
 }
 
 TEST_CASE("the ledger counts the processes cupool does not know, and NVML's figures beside its own") {
-  Fixture f;
+  BudgetsFixture f;
   f.sim.add_gpu_process(0, GpuProcess{999999, 2 * kGiB});
   f.sim.add_gpu_process(0, GpuProcess{999998, std::nullopt});
   const model::LedgerDevice d = f.device();
@@ -232,17 +232,17 @@ TEST_CASE("the ledger counts the processes cupool does not know, and NVML's figu
   // A granted budget whose process NVML does not list uses nothing on the device yet: the ledger
   // still explains every byte (it once counted such a budget's context, and went negative).
   const std::uint64_t other = f.client(1);  // a process of its own (this one is the holder's too)
-  f.call(other, Fixture::grant(kGiB));
-  f.call(other, Fixture::grant(kGiB));
+  f.call(other, BudgetsFixture::grant(kGiB));
+  f.call(other, BudgetsFixture::grant(kGiB));
   CHECK(*f.device().unexplained_bytes == 0);
-  CHECK(f.error_message(exec, Fixture::grant(d.available_bytes)).find("used by 2 processes cupool does not know") !=
-        std::string::npos);
+  CHECK(f.error_message(exec, BudgetsFixture::grant(d.available_bytes))
+            .find("used by 2 processes cupool does not know") != std::string::npos);
 }
 
 TEST_CASE("a user who is not an admin sees only their own command lines, and holds at most so many grants") {
-  Fixture f;
+  BudgetsFixture f;
   const std::uint64_t admin = f.client(1);  // uid 1000: the holder's user
-  Json g = Fixture::grant(kGiB);
+  Json g = BudgetsFixture::grant(kGiB);
   g["command"] = "serve --token secret";
   f.call(admin, g);
   const std::uint64_t bob = f.client(1, 2000);
@@ -252,13 +252,13 @@ TEST_CASE("a user who is not an admin sees only their own command lines, and hol
   CHECK(f.call(admin, {{"op", "ledger"}})["devices"][0]["budgets"][0]["command"] == "serve --token secret");
   CHECK(f.call(bob, {{"op", "stats"}})["ledger"]["devices"][0]["budgets"][0]["command"] == "");
   for (std::size_t i = 0; i < BudgetRequests::kMaxGrantsPerUser; ++i)
-    REQUIRE(f.error_code(bob, Fixture::grant(1 << 20)) == "ok");
-  CHECK(f.error_code(bob, Fixture::grant(1 << 20)) == "limit_exceeded");
-  CHECK(f.error_code(admin, Fixture::grant(1 << 20)) == "ok");  // an admin is not held to it
+    REQUIRE(f.error_code(bob, BudgetsFixture::grant(1 << 20)) == "ok");
+  CHECK(f.error_code(bob, BudgetsFixture::grant(1 << 20)) == "limit_exceeded");
+  CHECK(f.error_code(admin, BudgetsFixture::grant(1 << 20)) == "ok");  // an admin is not held to it
 }
 
 TEST_CASE("where the kernel has the dmem controller, a grant is its cgroup's dmem.max too") {
-  Fixture f;
+  BudgetsFixture f;
   // A cgroup tree of this process's own cgroup path, under a root CUPOOL_CGROUP_ROOT names.
   std::ifstream self("/proc/self/cgroup");
   std::string line, cgroup;
@@ -279,7 +279,7 @@ TEST_CASE("where the kernel has the dmem controller, a grant is its cgroup's dme
   std::ofstream(dir + "/dmem.max") << "";
   ::setenv("CUPOOL_CGROUP_ROOT", root.c_str(), 1);
   const std::uint64_t exec = f.client(::getpid());
-  const Json g = f.call(exec, Fixture::grant(3 * kGiB));
+  const Json g = f.call(exec, BudgetsFixture::grant(3 * kGiB));
   const std::string kernel = g["devices"][0]["kernel_limit"].get<std::string>();
   if (cgroup.empty() || cgroup == "/") {
     CHECK(kernel.find("root cgroup") != std::string::npos);  // no dmem.max there to write
@@ -290,14 +290,15 @@ TEST_CASE("where the kernel has the dmem controller, a grant is its cgroup's dme
     CHECK(text == "drm/0000:1b:00.0/vram0 3221225472\n");
     // A cgroup of other processes too is left alone: a limit there would bind them all.
     std::ofstream(dir + "/cgroup.procs") << ::getpid() << "\n1\n";
-    const std::string shared = f.call(exec, Fixture::grant(kGiB))["devices"][0]["kernel_limit"].get<std::string>();
+    const std::string shared =
+        f.call(exec, BudgetsFixture::grant(kGiB))["devices"][0]["kernel_limit"].get<std::string>();
     CHECK(shared.find("holds 1 other process") != std::string::npos);
   }
   // No region for device 1, and no controller at all: said, and the grant stands.
-  CHECK(f.call(exec, Fixture::grant(kGiB, 1))["devices"][0]["kernel_limit"] ==
+  CHECK(f.call(exec, BudgetsFixture::grant(kGiB, 1))["devices"][0]["kernel_limit"] ==
         "not set: no dmem region for 0000:2b:00.0");
   std::ofstream(root + "/cgroup.controllers") << "cpu memory\n";
-  CHECK(f.call(exec, Fixture::grant(kGiB, 1))["devices"][0]["kernel_limit"].get<std::string>().find(
+  CHECK(f.call(exec, BudgetsFixture::grant(kGiB, 1))["devices"][0]["kernel_limit"].get<std::string>().find(
             "not set: the kernel has no dmem cgroup controller") == 0);
   ::unsetenv("CUPOOL_CGROUP_ROOT");
 }

@@ -890,6 +890,45 @@ std::vector<Json> converse(Conversation& talk, const std::string& bytes) {
 }
 }  // namespace
 
+TEST_CASE("while the holder starts, requests that need no driver are served and the others wait, in order") {
+  Fixture f;
+  f.holder.declare_pools(f.want());
+  f.holder.set_starting(true);
+  const std::uint64_t id = f.client(peer(0, "root"));
+  Conversation talk(f.holder, id);
+  auto frame = [](std::int64_t n, const char* op) {
+    return proto::encode(proto::Kind::request, {{"id", n}, {"op", op}});
+  };
+  const Json hello = {{"id", 1}, {"op", "hello"}, {"protocol", proto::kProtocol}};
+  REQUIRE(converse(talk, proto::encode(proto::Kind::request, hello)).size() == 1);
+  const auto status = converse(talk, frame(2, "status"));
+  REQUIRE(status.size() == 1);
+  CHECK(status[0]["ok"] == true);
+  CHECK(status[0]["pools"].empty());  // declared, not made yet
+  // list needs the pools made: held, and status after it too (replies keep the requests' order).
+  CHECK(converse(talk, frame(3, "list")).empty());
+  CHECK(talk.parked());
+  CHECK(converse(talk, frame(4, "status")).empty());
+  CHECK_FALSE(talk.has_work());
+  // Served here, a request that needs the driver is refused, never run on the serving thread.
+  CHECK(test::error_code(f.holder, id, {{"op", "stats"}}) == "busy");
+  // The driver is up, the pools are made: the held requests are served in order.
+  f.holder.apply(f.want());
+  f.holder.set_starting(false);
+  CHECK(talk.has_work());
+  talk.work();
+  talk.work();
+  const auto replies = converse(talk, "");
+  REQUIRE(replies.size() == 2);
+  CHECK(replies[0]["id"] == 3);
+  CHECK(replies[0]["ok"] == true);
+  CHECK_FALSE(replies[0]["pools"].empty());
+  CHECK(replies[1]["id"] == 4);
+  CHECK_FALSE(replies[1]["pools"].empty());
+  CHECK(Holder::serves_while_starting(std::string("buffer_open")));
+  CHECK_FALSE(Holder::serves_while_starting(std::string("alloc")));
+}
+
 TEST_CASE("a request in parts is joined for admins, refused for others, and bounded") {
   Fixture f;
   f.holder.apply(f.want());
