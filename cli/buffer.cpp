@@ -208,8 +208,9 @@ Verb add_buffer(CLI::App& app) {
       "Checks the file's header first (a truncated file, a header too large, an unknown dtype, a shape\n"
       "that disagrees with its offsets, offsets past the end or overlapping are refused before anything\n"
       "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data:\n"
-      "several threads read 16 MiB chunks into pinned staging memory of their own while the chunks read\n"
-      "before are copied to the GPU (with O_DIRECT when most of the file is not in the page cache), with\n"
+      "several threads (one per core, 2 to 16) read chunks into pinned staging memory of their own (on\n"
+      "huge pages where it can) while the chunks read before are copied to the GPU: 2 MiB chunks from\n"
+      "the page cache, 64 MiB with O_DIRECT (when most of the file is not in the page cache), with\n"
       "a progress bar in GB/s on a terminal; the JSON says where the time went (stages). Where the node\n"
       "has GPUDirect Storage (the nvidia-fs module and NVIDIA's libcufile; `cupool query --deep` says),\n"
       "cuFile reads the chunks from storage straight into the GPU instead (--gds). The buffer is one\n"
@@ -241,8 +242,8 @@ Verb add_buffer(CLI::App& app) {
                          "The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)");
   args->load
       ->add_option("--read-threads", args->read_threads,
-                   "Threads that read the file at once, each with 32 MiB of pinned staging (default: one per core, "
-                   "2 to 8)")
+                   "Threads that read the file at once, each with two pinned staging slots of a chunk (4 MiB from "
+                   "the page cache, 128 MiB with O_DIRECT; default: one per core, 2 to 16)")
       ->check(CLI::Range(1u, 64u));
   args->load
       ->add_option("--direct-io", args->direct_io,

@@ -16,7 +16,7 @@ struct LoadArgs {
   std::string pool;
   int device = -1;                 // -1: the pool's first device
   std::uint64_t part_size = 0;     // the largest allocation (0: tensors::kDefaultPartSize)
-  unsigned read_threads = 0;       // 0: one per core, 2 to 8
+  unsigned read_threads = 0;       // 0: one per core, 2 to 16
   std::string direct_io = "auto";  // auto, always, never
   std::string gds = "auto";        // GPUDirect Storage: auto, always, never
 };

@@ -259,7 +259,7 @@ complete -c cupool -n '__cupool_at "buffer load"' -l 'help' -s 'h' -d 'Print thi
 complete -c cupool -n '__cupool_at "buffer load"' -l 'pool' -x -d 'The pool to allocate it from (one with the posix_fd handle type)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (default: the pool\'s first)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'part-size' -x -d 'The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)'
-complete -c cupool -n '__cupool_at "buffer load"' -l 'read-threads' -x -d 'Threads that read the file at once, each with 32 MiB of pinned staging (default: one per core, 2 to 8)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'read-threads' -x -d 'Threads that read the file at once, each with two pinned staging slots of a chunk (4 MiB from the page cache, 128 MiB with O_DIRECT; default: one per core, 2 to 16)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'direct-io' -x -a 'auto always never' -d 'Read with O_DIRECT: auto (when most of the file is not in the page cache), always, never'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'gds' -x -a 'auto always never' -d 'Read through GPUDirect Storage (cuFile): auto (when nvidia-fs is loaded and cuFile takes the file), always (exit 2 where it cannot), never'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'

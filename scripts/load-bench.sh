@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
-# scripts/load-bench.sh [BUILD_DIR]: `cupool buffer load` against safetensors' load_file to the GPU
-# on the same file, in one run (issue 26's goal: at least 2x load_file's throughput from the page
-# cache on a file of 8 GiB or more).
+# scripts/load-bench.sh [BUILD_DIR]: `cupool buffer load` against the machine's limits and against
+# safetensors' load_file to the GPU, on the same file, in one run. Goals (issues 26 and 38): from the
+# page cache at least 2x load_file and at least 70% of pinned host-to-device copies; cold at least
+# 90% of the storage's O_DIRECT sequential read.
 #
 # From the repository root, on a GPU machine with torch and safetensors, after a build:
 #   OUT=gpu-out bash scripts/load-bench.sh build-gpu
 #
 # Starts `BUILD/cupool hold` on a config of its own (one pool "weights" on device 0, posix_fd),
 # writes a model-shaped safetensors file of $LOAD_GIB (default 8.5) GiB (tests/gpu/weights_proof.py
-# make), reads it once into the page cache, then alternates, $ROUNDS (default 3) times:
+# make), reads it once into the page cache, measures the limits with BUILD/tests/gpu/
+# cupool_load_limits (pinned host-to-device copies, the file read from the page cache), then
+# alternates, $ROUNDS (default 3) times:
 #   load_file   python3: torch.cuda.init() first (not timed), then
 #               safetensors.torch.load_file(FILE, device="cuda") + torch.cuda.synchronize()
 #   cupool      `cupool buffer load` (its elapsed_seconds: header to ready), then `buffer rm`
-# then cupool with --read-threads 1, 2, 4, 8 and 16, --direct-io always, and --gds always (cuFile;
-# in its compatibility mode where nvidia-fs is not loaded); and cold (the file's pages dropped
-# with posix_fadvise DONTNEED before each): cupool (auto: O_DIRECT), cupool --gds always,
-# load_file. A --gds always load that cuFile refuses is said, not counted (in a container without
-# a udev database cuFile registers no file: tests/gpu/udev-stand-in.sh).
-# Every cupool reply goes to $OUT/load-bench.jsonl, the table to $OUT/load-bench.txt.
-# Exit status: 0 every load ran, 1 one failed, 2 the build is missing.
+# then cupool with --read-threads 1, 2, 4, 8, 16 and 32, --direct-io always, and --gds always (cuFile;
+# in its compatibility mode where nvidia-fs is not loaded); then cold, $ROUNDS pairs of the storage's
+# limit (cupool_load_limits --only direct: O_DIRECT reads of 16 and 64 MiB by 8, 16 and 32 threads)
+# and a cold cupool load (auto: O_DIRECT), interleaved so that the disk's drift shows in each pair;
+# then cold cupool --gds always and load_file. Cold means the file's pages dropped first (fdatasync
+# + posix_fadvise DONTNEED). A --gds always load that cuFile refuses is said, not counted (in a
+# container without a udev database cuFile registers no file: tests/gpu/udev-stand-in.sh).
+# Files under $OUT: load-bench.jsonl (every cupool reply, every load_file), load-limits.json (the
+# bus and the page cache), load-limits-direct-N.json (the storage, pair N), load-bench.txt (the
+# table and each figure against its limit and goal), load-bench-file.json, load-bench-holder.log.
+# Exit status: 0 every load and measurement ran, 1 one failed, 2 the build is missing.
 set -euo pipefail
 
 BUILD=${1:-build-gpu}
@@ -27,8 +34,11 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${ROUNDS:-3}
 say() { printf 'load-bench: %s\n' "$*" >&2; }
 
-[ -x "$BUILD/cupool" ] || { say "no $BUILD/cupool: build first (cmake -B $BUILD -G Ninja && cmake --build $BUILD)"; exit 2; }
+for bin in cupool tests/gpu/cupool_load_limits; do
+  [ -x "$BUILD/$bin" ] || { say "no $BUILD/$bin: build first (cmake -B $BUILD -G Ninja && cmake --build $BUILD)"; exit 2; }
+done
 BUILD=$(cd "$BUILD" && pwd)
+LIMITS=$BUILD/tests/gpu/cupool_load_limits
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -76,12 +86,14 @@ cupool_load() {  # $1: label, then arguments of buffer load
 }
 
 rc=0
+say "limits: pinned host-to-device copies, the page cache"
+"$LIMITS" "$FILE" --only h2d,cached --json "$OUT/load-limits.json" >&2 || rc=1
 for round in $(seq 1 "$ROUNDS"); do
   say "round $round: load_file, cupool"
   load_file "cached" || rc=1
   cupool_load "cached" || rc=1
 done
-for t in 1 2 4 8 16; do
+for t in 1 2 4 8 16 32; do
   say "cupool --read-threads $t"
   cupool_load "cached, --read-threads $t" --read-threads "$t" || rc=1
 done
@@ -93,17 +105,27 @@ gds_load() {  # $1: label
 }
 say "cupool --gds always (cached file)"
 gds_load "cached, --gds always"
-say "cold: cupool (auto), cupool --gds always, load_file"
-evict
-cupool_load "cold" || rc=1
+for pair in $(seq 1 "$ROUNDS"); do
+  say "cold, pair $pair: the storage's O_DIRECT sequential read, then cupool (auto)"
+  "$LIMITS" "$FILE" --only direct --json "$OUT/load-limits-direct-$pair.json" >&2 || rc=1
+  evict
+  cupool_load "cold $pair" || rc=1
+done
+say "cold: cupool --gds always, load_file"
 evict
 gds_load "cold, --gds always"
 evict
 load_file "cold" || rc=1
 
-python3 - "$JSONL" >"$OUT/load-bench.txt" <<'PY'
-import json, statistics, sys
+python3 - "$JSONL" "$OUT" "$ROUNDS" >"$OUT/load-bench.txt" <<'PY'
+import json, os, statistics, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+out, rounds = sys.argv[2], int(sys.argv[3])
+def read(name):
+    path = os.path.join(out, name)
+    return json.load(open(path)) if os.path.exists(path) else {}
+def goal(ok):
+    return "met" if ok else "NOT MET"
 print(f"{'how':10} {'label':28} {'GB/s':>7} {'s':>7}  stages (cupool: index, create, load, reads, copy waits, ready; threads, O_DIRECT, cached, read method)")
 for r in rows:
     gbs = r["tensor_bytes"] / r["elapsed_seconds"] / 1e9
@@ -115,14 +137,45 @@ for r in rows:
                  f"; {r.get('read_thread_count')}, {r.get('direct_io')}, {r.get('page_cache_ratio', 0):.2f}, "
                  f"{r.get('read_method')}")
     print(f"{r['how']:10} {r['label']:28} {gbs:7.2f} {r['elapsed_seconds']:7.3f}{extra}")
-def med(how, label):
-    v = [r["tensor_bytes"] / r["elapsed_seconds"] for r in rows if r["how"] == how and r["label"] == label]
+def rate(how, label, seconds=lambda r: r["elapsed_seconds"]):
+    v = [r["tensor_bytes"] / seconds(r) / 1e9 for r in rows if r["how"] == how and r["label"] == label]
     return statistics.median(v) if v else float("nan")
-c, l = med("cupool", "cached"), med("load_file", "cached")
-print(f"\nfrom the page cache, medians: cupool {c / 1e9:.2f} GB/s, load_file {l / 1e9:.2f} GB/s: {c / l:.2f}x "
-      f"(goal >= 2x: {'met' if c / l >= 2 else 'NOT MET'})")
-cc, lc = med("cupool", "cold"), med("load_file", "cold")
-print(f"cold (pages dropped first): cupool {cc / 1e9:.2f} GB/s, load_file {lc / 1e9:.2f} GB/s: {cc / lc:.2f}x")
+def load_stage(r):  # cupool's copying alone: without the index, the buffer's creation and ready
+    return r.get("stages", {}).get("load_seconds") or float("nan")
+
+limits = read("load-limits.json")
+h2d, cache = limits.get("h2d", {}), limits.get("page_cache", {})
+pinned = h2d.get("pinned_gbps", float("nan"))
+huge = (f"{h2d['huge_pages_gbps']:.2f} GB/s" if "huge_pages_gbps" in h2d
+        else f"not had ({h2d.get('huge_pages_note', 'not measured')})")
+print(f"\nlimits, measured in this run (cupool_load_limits on {limits.get('device', '?')}):")
+print(f"  host to device, 64 MiB copies: pinned {pinned:.2f} GB/s; from huge pages registered (the loader's slots) {huge}")
+print(f"  the file from the page cache, 16 threads x 2 MiB pread, no GPU: {cache.get('gbps', float('nan')):.2f} GB/s")
+
+c, l = rate("cupool", "cached"), rate("load_file", "cached")
+print(f"\nfrom the page cache, medians of {rounds}: cupool {c:.2f} GB/s, load_file {l:.2f} GB/s")
+print(f"  cupool / pinned host-to-device: {c / pinned:.0%} (goal >= 70%: {goal(c / pinned >= 0.7)})")
+cl = rate("cupool", "cached", load_stage)
+print(f"  cupool's load stage alone (stages.load_seconds): {cl:.2f} GB/s, {cl / pinned:.0%} of pinned host-to-device")
+print(f"  cupool / load_file: {c / l:.2f}x (goal >= 2x: {goal(c / l >= 2)})")
+
+ratios = []
+print("\ncold (pages dropped first), each pair: the storage's limit, then cupool right after:")
+for pair in range(1, rounds + 1):
+    best = read(f"load-limits-direct-{pair}.json").get("direct", {}).get("best", {})
+    disk, load = best.get("gbps", float("nan")), rate("cupool", f"cold {pair}")
+    if best:
+        ratios.append(load / disk)
+        where = f"{best['chunk_bytes'] >> 20} MiB x {best['threads']} threads"
+    else:
+        where = "not measured"
+    print(f"  pair {pair}: O_DIRECT read {disk:.2f} GB/s ({where}), cupool {load:.2f} GB/s: {load / disk:.0%}")
+if ratios:
+    m = statistics.median(ratios)
+    print(f"  median of the pairs' ratios: {m:.0%} (goal >= 90%: {goal(m >= 0.9)})")
+cc = statistics.median([rate("cupool", f"cold {p}") for p in range(1, rounds + 1)])
+lc = rate("load_file", "cold")
+print(f"  cupool (median) {cc:.2f} GB/s, load_file {lc:.2f} GB/s: {cc / lc:.2f}x")
 PY
 cat "$OUT/load-bench.txt"
 exit "$rc"

@@ -58,11 +58,6 @@ const unsigned char* read_direct(int fd, unsigned char* slot, std::uint64_t byte
   return slot + lead;
 }
 
-unsigned default_threads() {
-  const unsigned cores = std::thread::hardware_concurrency();
-  return std::clamp(cores == 0 ? 2u : cores, 2u, 8u);
-}
-
 // The ranges cut into chunks of at most `chunk` bytes; adds their bytes to `report`.
 std::vector<Chunk> cut(const std::vector<FileRange>& ranges, std::uint64_t chunk, LoadReport& report) {
   std::vector<Chunk> chunks;
@@ -151,10 +146,35 @@ struct Crew {
 };
 
 unsigned thread_count(const LoadOptions& options, std::size_t chunks) {
-  return static_cast<unsigned>(std::min<std::size_t>(options.threads ? options.threads : default_threads(), chunks));
+  const unsigned threads =
+      options.threads ? options.threads : default_load_threads(std::thread::hardware_concurrency());
+  return static_cast<unsigned>(std::min<std::size_t>(threads, chunks));
 }
 
+// Which kind of slots a load had: every thread's, or the first fallback one took (with its reason).
+struct StagingSeen {
+  std::mutex mutex;
+  bool any = false;
+  Staging staging = Staging::host;
+  std::string note;
+
+  void saw(const LoadSink& sink) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (any && (staging != Staging::huge_pages || sink.staging() == Staging::huge_pages)) return;
+    any = true;
+    staging = sink.staging();
+    note = sink.staging_note();
+  }
+};
+
 }  // namespace
+
+unsigned default_load_threads(unsigned cores) { return std::clamp(cores, 2u, kMaxDefaultThreads); }
+
+std::uint64_t load_chunk(const LoadOptions& options, bool direct_io) {
+  if (options.chunk_bytes) return options.chunk_bytes;
+  return direct_io ? kDirectChunk : kCachedChunk;
+}
 
 std::string file_ended(std::uint64_t at, std::uint64_t wanted) {
   return "the file ended at byte " + std::to_string(at) + ", before byte " + std::to_string(wanted) +
@@ -218,10 +238,10 @@ double resident_fraction(int fd, const std::vector<FileRange>& ranges) {
 LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadOptions& options,
                        const SinkFactory& make_sink, const std::function<void(std::uint64_t)>& progress) {
   const auto started = Clock::now();
-  const std::uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : kLoadChunk;
   LoadReport report;
-  const std::vector<Chunk> chunks = cut(ranges, chunk, report);
-  if (chunks.empty()) {
+  std::uint64_t total = 0;
+  for (const FileRange& r : ranges) total += r.bytes;
+  if (total == 0) {
     if (progress) progress(0);
     return report;
   }
@@ -241,11 +261,19 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
     }
   }
   report.direct_io = static_cast<bool>(direct);
+  report.chunk_bytes = load_chunk(options, report.direct_io);
+  const std::vector<Chunk> chunks = cut(ranges, report.chunk_bytes, report);
+  std::uint64_t largest = 0;
+  for (const Chunk& c : chunks) largest = std::max(largest, c.bytes);
+  // A small load gets small slots; O_DIRECT reads from the aligned byte before and to the one after.
+  const std::uint64_t slot_bytes = largest + (direct ? 2 * kDirectAlign : 0);
   report.threads = thread_count(options, chunks.size());
+  StagingSeen seen;
   Crew crew(report.threads);
   crew.run(
       [&](unsigned t) {
-        std::unique_ptr<LoadSink> sink = make_sink(chunk + 2 * kDirectAlign);
+        std::unique_ptr<LoadSink> sink = make_sink(slot_bytes);
+        seen.saw(*sink);
         try {
           bool busy[LoadSink::kSlots] = {};
           unsigned s = 0;
@@ -281,6 +309,8 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
       },
       progress);
   crew.account(report);
+  report.staging = seen.staging;
+  report.staging_note = seen.note;
   report.seconds = seconds(Clock::now() - started);
   return report;
 }
@@ -288,11 +318,11 @@ LoadReport load_ranges(int fd, const std::vector<FileRange>& ranges, const LoadO
 LoadReport load_ranges_direct(const std::vector<FileRange>& ranges, const LoadOptions& options, DirectPath& path,
                               const std::function<void(std::uint64_t)>& progress) {
   const auto started = Clock::now();
-  const std::uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : kLoadChunk;
   LoadReport report;
+  report.chunk_bytes = options.chunk_bytes ? options.chunk_bytes : kGdsChunk;
   report.method = path.gpudirect() ? ReadMethod::gpudirect : ReadMethod::gpudirect_compatibility;
   report.direct_io = path.direct_io();
-  const std::vector<Chunk> chunks = cut(ranges, chunk, report);
+  const std::vector<Chunk> chunks = cut(ranges, report.chunk_bytes, report);
   if (chunks.empty()) {
     if (progress) progress(0);
     return report;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "device/staging.h"
 
 namespace cupool {
 
@@ -31,10 +32,10 @@ enum class DirectIo { automatic, always, never };
 enum class Gds { automatic, always, never };
 
 struct LoadOptions {
-  unsigned threads = 0;  // 0: one per core, 2 to 8
+  unsigned threads = 0;  // 0: default_load_threads (one per core, 2 to 16)
   DirectIo direct = DirectIo::automatic;
   Gds gds = Gds::automatic;
-  std::uint64_t chunk_bytes = 0;  // 0: kLoadChunk (tests use small chunks)
+  std::uint64_t chunk_bytes = 0;  // 0: load_chunk's choice (tests use small chunks)
 };
 
 // How a load's bytes travelled: read into pinned host slots and copied (staged), by cuFile with
@@ -55,10 +56,30 @@ struct LoadReport {
   bool direct_io = false;        // read with O_DIRECT
   double resident_fraction = 1;  // of the ranges' pages in the page cache before the load (automatic)
   ReadMethod method = ReadMethod::staged;
+  std::uint64_t chunk_bytes = 0;    // the size of a read (the last of a range may be shorter)
+  Staging staging = Staging::host;  // the staging slots (staged loads): of every thread, or the fallback any took
+  std::string staging_note;         // why some slots are not on huge pages; empty when all are
   std::string gds_note;  // why GPUDirect Storage was not used (Gds::automatic); empty when it was, or never asked
 };
 
-constexpr std::uint64_t kLoadChunk = 16ULL << 20;
+// The defaults, from issue 38's measurements on an H200 (16 cores, pinned copies at 55 GB/s): from
+// the page cache 2 MiB reads with 16 threads (45.9 GB/s; 16 MiB ones 19-33), from storage with
+// O_DIRECT 64 MiB reads with 16 threads (the disk's best, 1.5 GB/s there), through cuFile 16 MiB.
+// A load pins at most threads x LoadSink::kSlots slots of a chunk each (plus 8 KiB of alignment
+// with O_DIRECT, rounded up to 2 MiB on huge pages): 16 x 2 x 2 MiB = 64 MiB from the page cache,
+// 16 x 2 x 64 MiB = about 2 GiB with O_DIRECT, for the load's duration only.
+constexpr std::uint64_t kCachedChunk = 2ULL << 20;
+constexpr std::uint64_t kDirectChunk = 64ULL << 20;
+constexpr std::uint64_t kGdsChunk = 16ULL << 20;
+constexpr unsigned kMaxDefaultThreads = 16;
+
+// The default number of reading threads on a machine of `cores` cores (0: not known): one per
+// core, at least 2 and at most kMaxDefaultThreads.
+unsigned default_load_threads(unsigned cores);
+// The chunk a staged load reads at once: options.chunk_bytes, or by default kDirectChunk with
+// O_DIRECT and kCachedChunk without.
+std::uint64_t load_chunk(const LoadOptions& options, bool direct_io);
+
 // Alignment of an O_DIRECT read (offset, length and buffer); staging slots are this much larger
 // than a chunk at each end.
 constexpr std::uint64_t kDirectAlign = 4096;
@@ -67,7 +88,7 @@ constexpr std::uint64_t kDirectAlign = 4096;
 class LoadSink {
  public:
   virtual ~LoadSink() = default;
-  // Staging slot `i` (0 <= i < kSlots): at least chunk + 2 * kDirectAlign bytes, kDirectAlign-aligned.
+  // Staging slot `i` (0 <= i < kSlots): at least the factory's slot_bytes, kDirectAlign-aligned.
   virtual unsigned char* slot(unsigned i) = 0;
   // Waits until what was last handed over from slot `i` no longer needs it.
   virtual void wait(unsigned i) = 0;
@@ -75,10 +96,14 @@ class LoadSink {
   virtual void send(unsigned i, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) = 0;
   // Waits for everything sent (the load returns only once the memory holds the file's bytes).
   virtual void finish() = 0;
+  // What the slots are (StagingSlots' choice), and why not on huge pages.
+  virtual Staging staging() const { return Staging::host; }
+  virtual std::string staging_note() const { return {}; }
   static constexpr unsigned kSlots = 2;
 };
 
-// Makes a worker's sink on the worker's thread (a CUDA context is made current there).
+// Makes a worker's sink on the worker's thread (a CUDA context is made current there). Its slots
+// are of `slot_bytes`: the load's largest chunk, plus 2 * kDirectAlign with O_DIRECT.
 using SinkFactory = std::function<std::unique_ptr<LoadSink>(std::uint64_t slot_bytes)>;
 
 // Loads every range of the file open at `fd`. `progress` (may be empty) is called on the calling

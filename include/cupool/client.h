@@ -134,9 +134,10 @@ typedef struct cupool_file_range {
 /* Called after each chunk with the bytes read so far and the total of the ranges. */
 typedef void (*cupool_progress_fn)(uint64_t done, uint64_t total, void* arg);
 
-/* Copies `count` ranges of the file open at `fd` into the lease: several threads read 16 MiB
- * chunks into pinned staging slots of their own (two each, 32 MiB of pinned host memory a
- * thread) while the copies of the chunks read before run; returns once the copies are done, so
+/* Copies `count` ranges of the file open at `fd` into the lease: several threads read chunks (2 MiB
+ * from the page cache, 64 MiB with O_DIRECT) into pinned staging slots of their own (two each, on
+ * huge pages where the node allows: 4 MiB of pinned host memory a thread, 128 MiB with O_DIRECT)
+ * while the copies of the chunks read before run; returns once the copies are done, so
  * another process may read the memory right after. `progress` may be NULL; it is called on the
  * calling thread about ten times a second. A range outside the lease, or a file that ends first,
  * is CUPOOL_E_INVALID. The same as cupool_load_file_with(..., NULL, NULL, progress, arg). */
@@ -151,7 +152,7 @@ typedef enum cupool_direct_io {
   CUPOOL_DIRECT_IO_NEVER = 2
 } cupool_direct_io;
 typedef struct cupool_load_options {
-  uint32_t threads;           /* reading threads; 0: one per core, 2 to 8 */
+  uint32_t threads;           /* reading threads; 0: one per core, 2 to 16 */
   cupool_direct_io direct_io; /* ALWAYS on a file system without O_DIRECT is CUPOOL_E_INVALID */
 } cupool_load_options;
 /* What a load did. The reads and the copies overlap, so read_seconds and copy_wait_seconds are each

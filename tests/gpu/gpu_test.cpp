@@ -1417,6 +1417,11 @@ TEST_CASE("GPUDirect Storage: the report matches the node; cuFile loads a file i
     CHECK(r.gds_note.find("nvidia-fs") != std::string::npos);
   }
   verify(address, "pool memory, --gds auto");
+  // Staged, the slots are huge pages the driver registered (cuMemHostAlloc only where the kernel
+  // has no transparent huge pages: madvise refuses them then).
+  if (r.method == cupool::ReadMethod::staged)
+    CHECK_MESSAGE((r.staging == cupool::Staging::huge_pages || r.staging_note.rfind("madvise", 0) == 0),
+                  "staging " << cupool::to_string(r.staging) << ": " << r.staging_note);
 
   backend().unmap_exported(exported.address);
   ::close(exported.fd);

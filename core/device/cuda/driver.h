@@ -60,7 +60,8 @@ struct DriverApi {
   X(cuGraphDestroy) X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemcpyHtoDAsync)                                       \
   X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)                      \
   X(cuMemImportFromShareableHandle) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve)                  \
-  X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)
+  X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)                                                     \
+  X(cuMemHostRegister) X(cuMemHostUnregister)
 // clang-format on
 #define CUPOOL_DECLARE(name) decltype(&::name) name = nullptr;  // NOLINT(bugprone-macro-parentheses): a name
   CUPOOL_DRIVER_FUNCTIONS(CUPOOL_DECLARE)

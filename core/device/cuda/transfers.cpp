@@ -1,6 +1,11 @@
 // The real backend, Transfers: copies from host memory and from files (pinned slots, or cuFile).
 #include "device/cuda/transfers.h"
 
+#include <string>
+#include <utility>
+
+#include "device/staging.h"
+
 namespace cupool::cuda {
 
 void CudaTransfers::write(int ordinal, std::uint64_t address, const void* source, std::uint64_t bytes) {
@@ -12,30 +17,56 @@ void CudaTransfers::write(int ordinal, std::uint64_t address, const void* source
   check(api_.cuStreamSynchronize(nullptr), "cuStreamSynchronize");
 }
 
+// Staging memory through the driver: huge pages registered (cuMemHostRegister), or cuMemHostAlloc.
+// In the sink's context, current while the slots are made and freed.
+class DriverPinner : public HostPinner {
+ public:
+  explicit DriverPinner(const Driver& b) : b_(b) {}
+  bool pin(void* p, std::uint64_t bytes, std::string& why) noexcept override {
+    const CUresult r = b_.api().cuMemHostRegister(p, static_cast<size_t>(bytes), 0);
+    if (r == CUDA_SUCCESS) return true;
+    try {
+      why = "cuMemHostRegister failed: " + b_.error_name(r);
+    } catch (...) {
+      why.clear();  // no memory for the words: the fallback still works
+    }
+    return false;
+  }
+  void unpin(void* p) noexcept override { b_.api().cuMemHostUnregister(p); }
+  void* allocate(std::uint64_t bytes) override {
+    void* p = nullptr;
+    b_.check(b_.api().cuMemHostAlloc(&p, static_cast<size_t>(bytes), 0), "cuMemHostAlloc");
+    return p;
+  }
+  void release(void* p) noexcept override {
+    if (p) b_.api().cuMemFreeHost(p);
+  }
+
+ private:
+  const Driver& b_;
+};
+
 // One per worker thread, made on it: its context current, a blocking stream (it waits for the
 // legacy stream, which after_shared_allocations ordered), two pinned slots (a copy
-// from pageable memory would be staged by the driver, one synchronous chunk at a time) and an
-// event per slot. Frees what it made on every path; finish() waits for the copies first.
+// from pageable memory would be staged by the driver, one synchronous chunk at a time; on huge
+// pages where it can: staging.h) and an event per slot. Frees what it made on every path (a
+// constructor that fails too); the copies are waited for before the slots go.
 class PinnedSink : public LoadSink {
  public:
-  PinnedSink(const Driver& b, CUcontext c, std::uint64_t slot_bytes) : b_(b), scope_(b.api(), c) {
-    b_.check(b_.api().cuStreamCreate(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate");
-    for (unsigned i = 0; i < kSlots; ++i) {
-      b_.check(b_.api().cuMemHostAlloc(&host_[i], static_cast<size_t>(slot_bytes), 0), "cuMemHostAlloc");
-      b_.check(b_.api().cuEventCreate(&done_[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+  PinnedSink(const Driver& b, CUcontext c, std::uint64_t slot_bytes)
+      : b_(b), scope_(b.api(), c), pinner_(b), slots_(pinner_, kSlots, slot_bytes) {
+    try {
+      b_.check(b_.api().cuStreamCreate(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate");
+      for (CUevent& e : done_) b_.check(b_.api().cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    } catch (...) {
+      close();
+      throw;
     }
   }
   PinnedSink(const PinnedSink&) = delete;
   PinnedSink& operator=(const PinnedSink&) = delete;
-  ~PinnedSink() override {
-    if (stream_) b_.api().cuStreamSynchronize(stream_);
-    for (CUevent e : done_)
-      if (e) b_.api().cuEventDestroy(e);
-    for (void* h : host_)
-      if (h) b_.api().cuMemFreeHost(h);
-    if (stream_) b_.api().cuStreamDestroy(stream_);
-  }
-  unsigned char* slot(unsigned i) override { return static_cast<unsigned char*>(host_[i]); }
+  ~PinnedSink() override { close(); }  // then slots_ goes, in the context (scope_ goes last)
+  unsigned char* slot(unsigned i) override { return slots_.slot(i); }
   void wait(unsigned i) override { b_.check(b_.api().cuEventSynchronize(done_[i]), "cuEventSynchronize"); }
   void send(unsigned i, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) override {
     b_.check(b_.api().cuMemcpyHtoDAsync(static_cast<CUdeviceptr>(address), from, static_cast<size_t>(bytes), stream_),
@@ -43,12 +74,23 @@ class PinnedSink : public LoadSink {
     b_.check(b_.api().cuEventRecord(done_[i], stream_), "cuEventRecord");
   }
   void finish() override { b_.check(b_.api().cuStreamSynchronize(stream_), "cuStreamSynchronize"); }
+  Staging staging() const override { return slots_.staging(); }
+  std::string staging_note() const override { return slots_.note(); }
 
  private:
+  // The stream synchronized (no copy reads a slot any more), then the events and the stream freed.
+  void close() noexcept {
+    if (stream_) b_.api().cuStreamSynchronize(stream_);
+    for (CUevent& e : done_)
+      if (e) b_.api().cuEventDestroy(std::exchange(e, nullptr));
+    if (stream_) b_.api().cuStreamDestroy(std::exchange(stream_, nullptr));
+  }
+
   const Driver& b_;
   ContextScope scope_;
+  DriverPinner pinner_;
+  StagingSlots slots_;
   CUstream stream_ = nullptr;
-  void* host_[kSlots] = {};
   CUevent done_[kSlots] = {};
 };
 

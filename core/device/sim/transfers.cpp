@@ -12,11 +12,13 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "base/error.h"
 #include "base/fd.h"
 #include "device/sim/helpers.h"
+#include "device/staging.h"
 
 namespace cupool::sim {
 
@@ -69,29 +71,50 @@ void SimTransfers::write(int dev, std::uint64_t address, const void* source, std
   if (bytes) std::memcpy(target, source, static_cast<std::size_t>(bytes));
 }
 
-// The same loader as the real node's (file_load.cpp: threads, chunks, O_DIRECT), with slots of
-// ordinary memory copied straight into the simulated device's.
+// The simulated driver's staging memory: "pinning" always works unless the test injected a
+// failure of host_register (then its words are the reason, and the slots come from allocate).
+class SimPinner : public HostPinner {
+ public:
+  explicit SimPinner(std::string refusal) : refusal_(std::move(refusal)) {}
+  bool pin(void*, std::uint64_t, std::string& why) noexcept override {
+    if (refusal_.empty()) return true;
+    try {
+      why = refusal_;
+    } catch (...) {
+      why.clear();
+    }
+    return false;
+  }
+  void unpin(void*) noexcept override {}
+  void* allocate(std::uint64_t bytes) override {
+    void* p = nullptr;
+    if (::posix_memalign(&p, kDirectAlign, static_cast<std::size_t>(bytes)) != 0) throw std::bad_alloc();
+    return p;
+  }
+  void release(void* p) noexcept override { std::free(p); }
+
+ private:
+  std::string refusal_;
+};
+
+// The same loader as the real node's (file_load.cpp: threads, chunks, O_DIRECT, slots on huge
+// pages or the fallback), with the slots copied straight into the simulated device's memory.
 class MemorySink : public LoadSink {
  public:
-  explicit MemorySink(std::uint64_t slot_bytes) {
-    for (auto& s : slots_) {
-      void* p = nullptr;
-      if (::posix_memalign(&p, kDirectAlign, static_cast<std::size_t>(slot_bytes)) != 0) throw std::bad_alloc();
-      s.reset(static_cast<unsigned char*>(p));
-    }
-  }
-  unsigned char* slot(unsigned i) override { return slots_[i].get(); }
+  MemorySink(const std::string& refusal, std::uint64_t slot_bytes)
+      : pinner_(refusal), slots_(pinner_, kSlots, slot_bytes) {}
+  unsigned char* slot(unsigned i) override { return slots_.slot(i); }
   void wait(unsigned) override {}
   void send(unsigned, const unsigned char* from, std::uint64_t address, std::uint64_t bytes) override {
     std::memcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(address)), from, static_cast<std::size_t>(bytes));
   }
   void finish() override {}
+  Staging staging() const override { return slots_.staging(); }
+  std::string staging_note() const override { return slots_.note(); }
 
  private:
-  struct Free {
-    void operator()(unsigned char* p) const { std::free(p); }
-  };
-  std::unique_ptr<unsigned char, Free> slots_[kSlots];
+  SimPinner pinner_;
+  StagingSlots slots_;
 };
 
 // GPUDirect Storage as the profile records it: chunks read (pread) straight into the memory.
@@ -123,8 +146,15 @@ LoadReport SimTransfers::load_file(int dev, int fd, const std::vector<FileRange>
   std::vector<FileRange> into = ranges;
   for (FileRange& r : into)
     r.address = reinterpret_cast<std::uintptr_t>(host_view(r.address, r.bytes, "cuMemcpyHtoDAsync"));
+  // A failure injected for host_register (asked here: the workers only copy) refuses the huge pages.
+  std::string refusal;
+  try {
+    s_.enter("host_register");
+  } catch (const CudaError& e) {
+    refusal = "cuMemHostRegister failed: " + e.name();
+  }
   LoadPaths paths;
-  paths.sink = [](std::uint64_t slot_bytes) { return std::make_unique<MemorySink>(slot_bytes); };
+  paths.sink = [refusal](std::uint64_t slot_bytes) { return std::make_unique<MemorySink>(refusal, slot_bytes); };
   const GdsReport gds = s_.profile().gds.value_or(GdsReport{});
   paths.nvidia_fs = gds.mode == GdsReport::Mode::gpudirect;
   paths.open_direct = [this, gds](int file, const std::vector<FileRange>&) -> std::unique_ptr<DirectPath> {

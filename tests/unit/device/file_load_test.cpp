@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -408,5 +409,93 @@ TEST_CASE("load_file_ranges: always reads through cuFile, in compatibility mode 
     CHECK_THROWS_WITH_AS(
         load_via(node, f.fd.get(), {{0, reinterpret_cast<std::uintptr_t>(more.data()), 150'000}}, cupool::Gds::always),
         doctest::Contains("the file ended at byte"), cupool::InputError);
+  }
+}
+
+TEST_CASE(
+    "the loader's defaults: one thread per core, 2 to 16; 2 MiB chunks from the page cache, 64 MiB with O_DIRECT") {
+  CHECK(cupool::default_load_threads(0) == 2);  // not known
+  CHECK(cupool::default_load_threads(1) == 2);
+  CHECK(cupool::default_load_threads(6) == 6);
+  CHECK(cupool::default_load_threads(16) == 16);
+  CHECK(cupool::default_load_threads(128) == 16);
+  LoadOptions o;
+  CHECK(cupool::load_chunk(o, false) == 2ULL << 20);
+  CHECK(cupool::load_chunk(o, true) == 64ULL << 20);
+  o.chunk_bytes = 65'536;  // what a caller asks wins either way
+  CHECK(cupool::load_chunk(o, false) == 65'536);
+  CHECK(cupool::load_chunk(o, true) == 65'536);
+}
+
+TEST_CASE("load_ranges: from the page cache by default 2 MiB chunks, slots of the largest chunk only") {
+  TempFile f(5ULL << 20);  // just written: in the page cache
+  std::vector<unsigned char> memory(5ULL << 20);
+  const std::vector<FileRange> ranges{{0, reinterpret_cast<std::uintptr_t>(memory.data()), 5ULL << 20}};
+  Counters c;
+  std::vector<std::uint64_t> slot_sizes;
+  std::mutex m;
+  const cupool::SinkFactory recording = [&](std::uint64_t slot_bytes) -> std::unique_ptr<LoadSink> {
+    std::lock_guard<std::mutex> lock(m);
+    slot_sizes.push_back(slot_bytes);
+    return std::make_unique<TestSink>(c, slot_bytes);
+  };
+  LoadOptions o;
+  o.threads = 2;
+  const LoadReport r = cupool::load_ranges(f.fd.get(), ranges, o, recording, {});
+  CHECK_FALSE(r.direct_io);
+  CHECK(r.chunk_bytes == 2ULL << 20);
+  CHECK(c.sends == 3);                                                      // 2 + 2 + 1 MiB
+  CHECK(slot_sizes == std::vector<std::uint64_t>{2ULL << 20, 2ULL << 20});  // no O_DIRECT slack
+  CHECK(r.staging == cupool::Staging::host);                                // the test's sinks
+  CHECK(memory[(5ULL << 20) - 1] == TempFile::at((5ULL << 20) - 1));
+
+  // A small load gets slots of its size, not of a chunk (with O_DIRECT: and the alignment slack).
+  slot_sizes.clear();
+  const std::vector<FileRange> small{{3, reinterpret_cast<std::uintptr_t>(memory.data()), 10'000}};
+  o.direct = DirectIo::always;
+  try {
+    const LoadReport d = cupool::load_ranges(f.fd.get(), small, o, recording, {});
+    CHECK(d.direct_io);
+    CHECK(d.chunk_bytes == 64ULL << 20);
+    CHECK(slot_sizes == std::vector<std::uint64_t>{10'000 + 2 * cupool::kDirectAlign});
+    CHECK(memory[9'999] == TempFile::at(10'002));
+  } catch (const cupool::InputError& e) {
+    CHECK(std::string(e.what()).find("cannot be read with O_DIRECT") != std::string::npos);  // tmpfs
+  }
+}
+
+namespace {
+
+// A sink that says its slots are of `staging` (the first `fallbacks` sinks made fall back).
+class StagedSink : public TestSink {
+ public:
+  StagedSink(Counters& c, std::uint64_t slot_bytes, bool fallback) : TestSink(c, slot_bytes), fallback_(fallback) {}
+  cupool::Staging staging() const override { return fallback_ ? cupool::Staging::pinned : cupool::Staging::huge_pages; }
+  std::string staging_note() const override { return fallback_ ? "cuMemHostRegister failed: NOT_SUPPORTED" : ""; }
+
+ private:
+  bool fallback_;
+};
+
+}  // namespace
+
+TEST_CASE("load_ranges reports huge-page slots only when every thread had them, else the fallback and why") {
+  TempFile f(65'536);
+  std::vector<unsigned char> memory(65'536);
+  const std::vector<FileRange> ranges{{0, reinterpret_cast<std::uintptr_t>(memory.data()), 65'536}};
+  LoadOptions o;
+  o.threads = 4;
+  o.chunk_bytes = 4096;
+  o.direct = DirectIo::never;
+  for (const int fallbacks : {0, 1, 4}) {
+    CAPTURE(fallbacks);
+    Counters c;
+    std::atomic<int> made{0};
+    const LoadReport r = cupool::load_ranges(
+        f.fd.get(), ranges, o,
+        [&](std::uint64_t slot_bytes) { return std::make_unique<StagedSink>(c, slot_bytes, made++ < fallbacks); }, {});
+    CHECK(r.threads == 4);
+    CHECK(r.staging == (fallbacks ? cupool::Staging::pinned : cupool::Staging::huge_pages));
+    CHECK(r.staging_note == (fallbacks ? "cuMemHostRegister failed: NOT_SUPPORTED" : ""));
   }
 }

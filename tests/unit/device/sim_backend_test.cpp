@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "base/error.h"
+#include "base/fd.h"
 #include "device/query.h"
 #include "tests/unit/fixtures.h"
 
@@ -534,4 +536,41 @@ TEST_CASE("pool settings: one equality, one diff in the config's words") {
   CHECK(diff[1].from == "true");
   CHECK(diff[1].to == "false");
   CHECK(diff_settings(b, b).empty());
+}
+
+TEST_CASE("simulated load_file stages on huge pages, and in pinned memory where registration is refused") {
+  const std::string path = test::temp_path("staging.bin");
+  std::vector<unsigned char> bytes(3ULL << 20);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i % 241);
+  {
+    Fd out(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    REQUIRE(::write(out.get(), bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  }
+  Fd in(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(in);
+  for (const bool refused : {false, true}) {
+    CAPTURE(refused);
+    SimBackend sim(test::two_gpu_node());
+    if (refused) sim.fail("host_register", "CUDA_ERROR_NOT_SUPPORTED");
+    PoolProps props;
+    props.handle_types = 0x1;
+    props.max_size = 64ULL << 20;
+    const PoolHandle pool = sim.create_pool(0, props);
+    const std::uint64_t p = sim.allocate(pool, bytes.size());
+    LoadOptions o;
+    o.direct = DirectIo::never;
+    o.gds = Gds::never;
+    const LoadReport r = sim.load_file(0, in.get(), {{0, p, bytes.size()}}, o, {});
+    CHECK(r.chunk_bytes == 2ULL << 20);
+    if (r.staging_note.rfind("madvise", 0) == 0) {  // a kernel without transparent huge pages
+      CHECK(r.staging == Staging::pinned);
+    } else {
+      CHECK(r.staging == (refused ? Staging::pinned : Staging::huge_pages));
+      CHECK(r.staging_note == (refused ? "cuMemHostRegister failed: CUDA_ERROR_NOT_SUPPORTED" : ""));
+    }
+    std::vector<unsigned char> back(bytes.size());
+    sim.read(0, p, back.data(), back.size());
+    CHECK(back == bytes);
+    sim.free(pool, p);
+  }
 }
