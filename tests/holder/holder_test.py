@@ -1293,7 +1293,7 @@ def two_device_holder(tmp):
         return None
     sock = os.path.join(tmp, "cupool.sock")
     return Holder(tmp, config_text="version: 1\nholder: {socket: %s, mode: \"0600\"}\n"
-                  "pools:\n  - {name: wide, devices: [0, 1], handle_types: [posix_fd], max_size: 1GiB,"
+                  "pools:\n  - {name: wide, devices: [0, 1], handle_types: [posix_fd], max_size: 8GiB,"
                   " release_threshold: max}\n" % sock, profile=profile)
 
 
@@ -1383,8 +1383,9 @@ def test_buffer_load_several_files(tmp):
               and "every buffer of this command was removed" in r.stderr, f"device 5: {r.returncode} {r.stderr}")
         check(sorted(buffers()) == sorted(before), f"a failed create left buffers: {sorted(buffers())}")
 
-        # Big sparse files (read as zeros) for the failures while reading.
-        big_size = 384 * MiB
+        # Big sparse files (read as zeros) for the failures while reading: large enough on a GPU
+        # (several GB/s) for a poll of status to see them loading.
+        big_size = 384 * MiB if H.PROFILE else 3 << 30
         text = json.dumps({"w": {"dtype": "U8", "shape": [big_size], "data_offsets": [0, big_size]}}).encode()
         header = struct.pack("<Q", len(text)) + text
 
