@@ -321,20 +321,32 @@ struct Round {
     std::condition_variable changed;
     std::size_t finished = 0;
     std::vector<std::thread> threads;
-    for (std::size_t k = 0; k < n; ++k)
-      threads.emplace_back([&, k] {
-        try {
-          body(k);
-        } catch (...) {
-          failures[k] = std::current_exception();
-          int none = -1;
-          if (!failed.load()) first.compare_exchange_strong(none, static_cast<int>(k));
-          failed = true;
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        ++finished;
-        changed.notify_all();
-      });
+    auto fail = [&](std::size_t k) {
+      failures[k] = std::current_exception();
+      int none = -1;
+      if (!failed.load()) first.compare_exchange_strong(none, static_cast<int>(k));
+      failed = true;
+    };
+    auto over = [&] {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++finished;
+      changed.notify_all();
+    };
+    for (std::size_t k = 0; k < n; ++k) {
+      try {
+        threads.emplace_back([&, k] {
+          try {
+            body(k);
+          } catch (...) {
+            fail(k);
+          }
+          over();
+        });
+      } catch (...) {  // no thread for it (the host is out of threads): the others stop
+        fail(k);
+        over();
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(mutex);
       while (finished < n) {
