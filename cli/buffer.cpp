@@ -2,6 +2,7 @@
 // (e.g. model weights that several processes share). `load` is in buffer_load.cpp.
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/units.h"
@@ -27,7 +28,8 @@ struct BufferArgs {
   int device = -1;
   std::string size;
   bool force = false;
-  std::string file;
+  std::vector<std::string> files;  // load
+  std::vector<int> devices;        // load: none, or one per file
   std::string part_size;
   unsigned read_threads = 0;
   std::string direct_io = "auto";
@@ -121,8 +123,23 @@ int run_load(const BufferArgs& args) {
     if (*parsed < (1ULL << 20)) throw InputError("--part-size: a part is at least 1MiB");
     part_size = *parsed;
   }
-  const model::BufferMade loaded = load_buffer({args.socket, args.name, args.file, args.pool, args.device, part_size,
-                                                args.read_threads, args.direct_io, args.gds});
+  const LoadArgs base{args.socket,       args.name,      "",      args.pool, -1, part_size,
+                      args.read_threads, args.direct_io, args.gds};
+  if (args.files.size() == 1) {
+    if (args.devices.size() > 1)
+      throw InputError("--device: one file goes to one device, not " + std::to_string(args.devices.size()) +
+                       " (several files go to one --device each, in order)");
+    LoadArgs one = base;
+    one.file = args.files.front();
+    if (!args.devices.empty()) one.device = args.devices.front();
+    const model::BufferMade loaded = load_buffer(one);
+    print_reply(format, model::to_json(loaded), [&](const json&) { return render_loaded(loaded); });
+    return static_cast<int>(ExitCode::ok);
+  }
+  // Several files: NAME-0, NAME-1, ..., every name checked before anything is read or made.
+  const std::vector<LoadArgs> loads = split_load(base, args.files, args.devices, std::thread::hardware_concurrency());
+  for (const LoadArgs& load : loads) check_name(load.name);
+  const model::BuffersLoaded loaded = load_buffers(loads);
   print_reply(format, model::to_json(loaded), [&](const json&) { return render_loaded(loaded); });
   return static_cast<int>(ExitCode::ok);
 }
@@ -164,6 +181,84 @@ int run_rm(const BufferArgs& args) {
   return static_cast<int>(ExitCode::ok);
 }
 
+// `buffer load NAME FILE [FILE...]`: its options and help (run_load reads them).
+void add_load(CLI::App* buffer, BufferArgs& args) {
+  args.load = buffer->add_subcommand(
+      "load", "Read a safetensors file into a new buffer and keep its tensor index (several files: one buffer each)");
+  args.load->footer(
+      "\n"
+      "Checks the file's header first (a truncated file, a header too large, an unknown dtype, a shape\n"
+      "that disagrees with its offsets, offsets past the end or overlapping are refused before anything\n"
+      "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data:\n"
+      "several threads (one per core, 2 to 16) read chunks into pinned staging memory of their own (on\n"
+      "huge pages where it can) while the chunks read before are copied to the GPU: 2 MiB chunks from\n"
+      "the page cache, 64 MiB with O_DIRECT (when most of the file is not in the page cache), with\n"
+      "a progress bar in GB/s on a terminal; the JSON says where the time went (stages). Where the node\n"
+      "has GPUDirect Storage (the nvidia-fs module and NVIDIA's libcufile; `cupool query --deep` says),\n"
+      "cuFile reads the chunks from storage straight into the GPU instead (--gds). The buffer is one\n"
+      "allocation (in a device pool: an exported allocation, which outlives a restart of the holder);\n"
+      "--part-size splits it into parts of at most that size, one allocation each (a tensor larger than\n"
+      "that gets a part of its own), for host pools (their imports over 5 GiB crash on driver 580; exported\n"
+      "allocations of 4 to 100 GiB were imported whole on an H200). Nobody can open the buffer until it\n"
+      "is complete; if the load fails or this process is killed, the buffer is removed. Processes then\n"
+      "map the weights with cupool.tensors(NAME) in Python, or cupool_open_buffer and the index from\n"
+      "`cupool buffer ls NAME --format json`.\n"
+      "\n"
+      "Several files (one shard per GPU for a tensor-parallel engine) load at once, one buffer per file\n"
+      "named NAME-0, NAME-1, ... in the files' order: file k goes to the k-th --device when --device is\n"
+      "given once per file, else to device k. Every header is read and every name checked before any\n"
+      "buffer is made; then each file is read by a thread of its own on its own connection, with one\n"
+      "progress line for all, and the read threads are shared out: each load gets max(2, D / files)\n"
+      "threads, D being one load's default (one per core, 2 to 16), unless --read-threads says how many\n"
+      "each load gets. All or nothing: if one load fails, the others stop and every buffer the command\n"
+      "made is removed, and the error names the file and device. The same file may be given twice.\n"
+      "\nExamples:\n"
+      "  sudo cupool buffer load llama /models/llama/model.safetensors --pool weights\n"
+      "  sudo cupool buffer load llama model.safetensors --pool weights --device 1 --format json\n"
+      "  sudo cupool buffer load llama tp0.safetensors tp1.safetensors --pool weights   # llama-0 on 0, llama-1 on 1\n"
+      "  sudo cupool buffer load qwen a.safetensors b.safetensors --pool weights -d 2 -d 3\n"
+      "  sudo cupool buffer load qwen model.safetensors --pool weights --read-threads 4 --direct-io never\n"
+      "  sudo cupool buffer load qwen /nvme/qwen.safetensors --pool weights --gds always\n"
+      "\nExit codes: 0 loaded, 1 the holder could not (it exists, no such pool or device, no room), 2 a bad\n"
+      "file, bad arguments, or a --direct-io always or --gds always that cannot be had here, 4 no holder\n"
+      "is listening or it refused (loading needs an admin).");
+  args.load->add_option("name", args.name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
+      ->required();
+  args.load
+      ->add_option("files", args.files,
+                   "The safetensors file; several: one buffer each, NAME-0, NAME-1, ... in this order")
+      ->required()
+      ->check(CLI::ExistingFile);
+  args.load->add_option("--pool", args.pool, "The pool to allocate it from (one with the posix_fd handle type)")
+      ->required();
+  args.load
+      ->add_option("--device,-d", args.devices,
+                   "The holder's CUDA ordinal of the pool's device (default: the pool's first); with several "
+                   "files once per file, in order (default: file k to device k)")
+      ->check(CLI::NonNegativeNumber)
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  args.load->add_option("--part-size", args.part_size,
+                        "The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)");
+  args.load
+      ->add_option("--read-threads", args.read_threads,
+                   "Threads that read the file at once, each with two pinned staging slots of a chunk (2 MiB from "
+                   "the page cache, 64 MiB with O_DIRECT; default: one per core, 2 to 16; with several files, per "
+                   "file: default max(2, that / files))")
+      ->check(CLI::Range(1u, 64u));
+  args.load
+      ->add_option("--direct-io", args.direct_io,
+                   "Read with O_DIRECT: auto (when most of the file is not in the page cache), always, never")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->default_str("auto");
+  args.load
+      ->add_option("--gds", args.gds,
+                   "Read through GPUDirect Storage (cuFile): auto (when nvidia-fs is loaded and cuFile takes the "
+                   "file), always (exit 2 where it cannot), never")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->default_str("auto");
+}
+
 }  // namespace
 
 Verb add_buffer(CLI::App& app) {
@@ -202,60 +297,7 @@ Verb add_buffer(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   args->create->add_option("--size", args->size, "How many bytes, with a unit (e.g. 10GiB)")->required();
 
-  args->load = sub->add_subcommand("load", "Read a safetensors file into a new buffer and keep its tensor index");
-  args->load->footer(
-      "\n"
-      "Checks the file's header first (a truncated file, a header too large, an unknown dtype, a shape\n"
-      "that disagrees with its offsets, offsets past the end or overlapping are refused before anything\n"
-      "is made). Then it creates the buffer, each tensor at a 256-byte aligned offset, and copies the data:\n"
-      "several threads (one per core, 2 to 16) read chunks into pinned staging memory of their own (on\n"
-      "huge pages where it can) while the chunks read before are copied to the GPU: 2 MiB chunks from\n"
-      "the page cache, 64 MiB with O_DIRECT (when most of the file is not in the page cache), with\n"
-      "a progress bar in GB/s on a terminal; the JSON says where the time went (stages). Where the node\n"
-      "has GPUDirect Storage (the nvidia-fs module and NVIDIA's libcufile; `cupool query --deep` says),\n"
-      "cuFile reads the chunks from storage straight into the GPU instead (--gds). The buffer is one\n"
-      "allocation (in a device pool: an exported allocation, which outlives a restart of the holder);\n"
-      "--part-size splits it into parts of at most that size, one allocation each (a tensor larger than\n"
-      "that gets a part of its own), for host pools (their imports over 5 GiB crash on driver 580; exported\n"
-      "allocations of 4 to 100 GiB were imported whole on an H200). Nobody can open the buffer until it\n"
-      "is complete; if the load fails or this process is killed, the buffer is removed. Processes then\n"
-      "map the weights with cupool.tensors(NAME) in Python, or cupool_open_buffer and the index from\n"
-      "`cupool buffer ls NAME --format json`.\n"
-      "\nExamples:\n"
-      "  sudo cupool buffer load llama /models/llama/model.safetensors --pool weights\n"
-      "  sudo cupool buffer load llama model.safetensors --pool weights --device 1 --format json\n"
-      "  sudo cupool buffer load qwen model.safetensors --pool weights --read-threads 4 --direct-io never\n"
-      "  sudo cupool buffer load qwen /nvme/qwen.safetensors --pool weights --gds always\n"
-      "\nExit codes: 0 loaded, 1 the holder could not (it exists, no such pool or device, no room), 2 a bad\n"
-      "file, bad arguments, or a --direct-io always or --gds always that cannot be had here, 4 no holder\n"
-      "is listening or it refused (loading needs an admin).");
-  args->load->add_option("name", args->name, "The buffer's name ([a-z0-9][a-z0-9._-]*, at most 64 characters)")
-      ->required();
-  args->load->add_option("file", args->file, "The safetensors file")->required()->check(CLI::ExistingFile);
-  args->load->add_option("--pool", args->pool, "The pool to allocate it from (one with the posix_fd handle type)")
-      ->required();
-  args->load
-      ->add_option("--device,-d", args->device,
-                   "The holder's CUDA ordinal of the pool's device (default: the pool's first)")
-      ->check(CLI::NonNegativeNumber);
-  args->load->add_option("--part-size", args->part_size,
-                         "The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)");
-  args->load
-      ->add_option("--read-threads", args->read_threads,
-                   "Threads that read the file at once, each with two pinned staging slots of a chunk (4 MiB from "
-                   "the page cache, 128 MiB with O_DIRECT; default: one per core, 2 to 16)")
-      ->check(CLI::Range(1u, 64u));
-  args->load
-      ->add_option("--direct-io", args->direct_io,
-                   "Read with O_DIRECT: auto (when most of the file is not in the page cache), always, never")
-      ->check(CLI::IsMember({"auto", "always", "never"}))
-      ->default_str("auto");
-  args->load
-      ->add_option("--gds", args->gds,
-                   "Read through GPUDirect Storage (cuFile): auto (when nvidia-fs is loaded and cuFile takes the "
-                   "file), always (exit 2 where it cannot), never")
-      ->check(CLI::IsMember({"auto", "always", "never"}))
-      ->default_str("auto");
+  add_load(sub, *args);
 
   args->ls = sub->add_subcommand("ls", "List the named buffers, or the tensors one holds");
   args->ls->alias("list");

@@ -172,7 +172,7 @@ __cupool_positional_value() {
     'apply|0') echo 'yaml' ;;  # config
     'buffer create|0') echo 'any' ;;  # name
     'buffer load|0') echo 'any' ;;  # name
-    'buffer load|1') echo 'file' ;;  # file
+    'buffer load|'*) echo 'file' ;;  # files...
     'buffer ls|0') echo 'any' ;;  # name
     'buffer rm|0') echo 'any' ;;  # name
     'exec|0') echo 'yaml' ;;  # config

@@ -235,7 +235,7 @@ complete -c cupool -n '__cupool_at "export"' -l 'log-level' -x -a 'trace debug i
 
 # cupool buffer
 complete -c cupool -n '__cupool_at "buffer"' -a 'create' -d 'Allocate a named buffer in a held pool'
-complete -c cupool -n '__cupool_at "buffer"' -a 'load' -d 'Read a safetensors file into a new buffer and keep its tensor index'
+complete -c cupool -n '__cupool_at "buffer"' -a 'load' -d 'Read a safetensors file into a new buffer and keep its tensor index (several files: one buffer each)'
 complete -c cupool -n '__cupool_at "buffer"' -a 'ls' -d 'List the named buffers, or the tensors one holds'
 complete -c cupool -n '__cupool_at "buffer"' -a 'list' -d 'List the named buffers, or the tensors one holds'
 complete -c cupool -n '__cupool_at "buffer"' -a 'rm' -d 'Remove a named buffer and free its memory'
@@ -257,16 +257,16 @@ complete -c cupool -n '__cupool_at "buffer create"' -l 'log-level' -x -a 'trace 
 # cupool buffer load
 complete -c cupool -n '__cupool_at "buffer load"' -l 'help' -s 'h' -d 'Print this help message and exit'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'pool' -x -d 'The pool to allocate it from (one with the posix_fd handle type)'
-complete -c cupool -n '__cupool_at "buffer load"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (default: the pool\'s first)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'device' -s 'd' -x -d 'The holder\'s CUDA ordinal of the pool\'s device (default: the pool\'s first); with several files once per file, in order (default: file k to device k)'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'part-size' -x -d 'The largest allocation of the buffer, with a unit (default: one allocation; at least 1MiB)'
-complete -c cupool -n '__cupool_at "buffer load"' -l 'read-threads' -x -d 'Threads that read the file at once, each with two pinned staging slots of a chunk (4 MiB from the page cache, 128 MiB with O_DIRECT; default: one per core, 2 to 16)'
+complete -c cupool -n '__cupool_at "buffer load"' -l 'read-threads' -x -d 'Threads that read the file at once, each with two pinned staging slots of a chunk (2 MiB from the page cache, 64 MiB with O_DIRECT; default: one per core, 2 to 16; with several files, per file: default max(2, that / files))'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'direct-io' -x -a 'auto always never' -d 'Read with O_DIRECT: auto (when most of the file is not in the page cache), always, never'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'gds' -x -a 'auto always never' -d 'Read through GPUDirect Storage (cuFile): auto (when nvidia-fs is loaded and cuFile takes the file), always (exit 2 where it cannot), never'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'socket' -s 's' -r -F -d 'The holder\'s Unix socket'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'format' -s 'o' -x -a 'table json yaml' -d 'Output format: table, json or yaml'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'version' -d 'The version, the commit and the CUDA headers it was built with'
 complete -c cupool -n '__cupool_at "buffer load"' -l 'log-level' -x -a 'trace debug info warn error off' -d 'Diagnostics on stderr: trace, debug, info, warn, error, off (default: warn; info for the daemons, hold and keeper without --list or --release)'
-complete -c cupool -n '__cupool_at "buffer load" 1' -F -d 'The safetensors file'
+complete -c cupool -n '__cupool_at "buffer load" 1+' -F -d 'The safetensors file; several: one buffer each, NAME-0, NAME-1, ... in this order'
 
 # cupool buffer ls
 complete -c cupool -n '__cupool_at "buffer ls"' -l 'help' -s 'h' -d 'Print this help message and exit'

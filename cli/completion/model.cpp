@@ -133,7 +133,8 @@ void add_options(CLI::App& app, Command& cmd) {
       Opt opt;
       opt.help = summary(o->get_description());
       opt.value = value;
-      opt.repeats = o->get_expected_max() > 1;
+      // Several values at once (a vector), or one at a time, each kept (--device of buffer load).
+      opt.repeats = o->get_expected_max() > 1 || o->get_multi_option_policy() == CLI::MultiOptionPolicy::TakeAll;
       for (const auto& l : o->get_lnames()) opt.names.push_back("--" + l);
       for (const auto& s : o->get_snames()) opt.names.push_back("-" + s);
       opt.description = trim(o->get_description());

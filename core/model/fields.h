@@ -412,6 +412,12 @@ CUPOOL_FIELDS(BufferMade) {
         return j.is_null() ? std::optional<LoadGds>() : std::optional<LoadGds>(LoadGds{j.get<std::string>()});
       });
 }
+CUPOOL_FIELDS(BuffersLoaded) {
+  f("buffers", v.buffers);
+  f("tensor_bytes", v.tensor_bytes);
+  f("elapsed_seconds", v.elapsed_seconds);
+  f("bytes_per_second", v.bytes_per_second);
+}
 
 // ---- in a process ----
 

@@ -78,6 +78,7 @@ Json to_json(const Trim& v) { return write_json(v); }
 Json to_json(const TensorEntry& v) { return write_json(v); }
 Json to_json(const BufferTensors& v) { return write_json(v); }
 Json to_json(const BufferMade& v) { return write_json(v); }
+Json to_json(const BuffersLoaded& v) { return write_json(v); }
 Json to_json(const ProcessDevice& v) { return write_json(v); }
 Json to_json(const ProcessStats& v) { return write_json(v); }
 Json to_json(const ShareValue& v) { return write_json(v); }

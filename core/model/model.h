@@ -387,6 +387,15 @@ struct BufferMade {
   std::optional<std::string> read_method;          // load: staged, gpudirect, gpudirect_compatibility
   std::optional<LoadGds> gds;                      // load: GPUDirect Storage's part
 };
+// What `buffer load NAME FILE FILE...` prints: one BufferMade per file (NAME-0, NAME-1, ...) and
+// the loads together (they ran at once): their bytes, the wall clock from the first header read
+// to the last buffer ready, and their bytes over it.
+struct BuffersLoaded {
+  std::vector<BufferMade> buffers;
+  std::uint64_t tensor_bytes = 0;
+  double elapsed_seconds = 0;
+  std::uint64_t bytes_per_second = 0;
+};
 
 // ---- in a process (exec --report, cupool_stats) ----
 
@@ -678,6 +687,7 @@ Json to_json(const Trim& v);
 Json to_json(const TensorEntry& v);
 Json to_json(const BufferTensors& v);
 Json to_json(const BufferMade& v);
+Json to_json(const BuffersLoaded& v);
 Json to_json(const ProcessDevice& v);
 Json to_json(const ProcessStats& v);
 Json to_json(const ShareValue& v);

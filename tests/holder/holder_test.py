@@ -1283,6 +1283,168 @@ def test_buffer_load_gds(tmp):
             h.stop()
 
 
+def two_device_holder(tmp):
+    """A holder with pool `wide` on devices 0 and 1: the two-GPU simulated node, or the driver's
+    first two GPUs; None where the node has one."""
+    profile = None
+    if H.PROFILE:
+        profile = os.path.join(H.ARGS.root, "configs", "profiles", "h200x2.yaml")
+    elif len(json.loads(H.cupool("query", "--format", "json").stdout)["devices"]) < 2:
+        return None
+    sock = os.path.join(tmp, "cupool.sock")
+    return Holder(tmp, config_text="version: 1\nholder: {socket: %s, mode: \"0600\"}\n"
+                  "pools:\n  - {name: wide, devices: [0, 1], handle_types: [posix_fd], max_size: 8GiB,"
+                  " release_threshold: max}\n" % sock, profile=profile)
+
+
+def test_buffer_load_several_files(tmp):
+    """`cupool buffer load NAME FILE FILE...`: one buffer per file, NAME-0, NAME-1, ... in order,
+    file k on the k-th --device or on device k; every buffer holds its file's bytes; the JSON is
+    cupool-buffer-load-many-v1 (cupool() validates it). All or nothing: a bad file, a name in use,
+    an invalid name, a wrong count of --device, a device the pool lacks, a file cut while it is
+    read, and a loader killed midway each leave no buffer of the command behind."""
+    h = two_device_holder(tmp)
+    if h is None:
+        print("    skipped: needs two devices")
+        return
+    try:
+        files = {}
+        for seed in (5, 7, 9):
+            size = 5 * MiB + seed  # two 4 MiB chunks each, odd sizes
+            path = os.path.join(tmp, f"shard{seed}.safetensors")
+            with open(path, "wb") as f:
+                f.write(safetensors_bytes([("w", "U8", [size], testclient_pattern(size, seed))], {"shard": str(seed)}))
+            files[seed] = (path, size)
+
+        def buffers():
+            return {b["name"]: b for b in status(h)["buffers"]}
+
+        # Two files, no --device: file k on device k.
+        r = cupool("buffer", "load", "tp", files[5][0], files[7][0], "--pool", "wide", "--format", "json",
+                   socket_path=h.socket, check_rc=0)
+        out = json.loads(r.stdout)
+        check([b["name"] for b in out["buffers"]] == ["tp-0", "tp-1"]
+              and [b["device"] for b in out["buffers"]] == [0, 1]
+              and [b["file"] for b in out["buffers"]] == [files[5][0], files[7][0]]
+              and out["tensor_bytes"] == files[5][1] + files[7][1]
+              and all(b["read_thread_count"] >= 1 for b in out["buffers"]), f"two files: {out}")
+        listed = buffers()
+        check(listed["tp-0"]["device"] == 0 and listed["tp-1"]["device"] == 1
+              and listed["tp-0"]["state"] == listed["tp-1"]["state"] == "ready", f"status: {listed}")
+        for name, seed in (("tp-0", 5), ("tp-1", 7)):
+            c = client(h, "read", name, seed)
+            check(c.returncode == 0, f"{name} does not hold its file's bytes: {c.stdout}{c.stderr}")
+        one = json.loads(cupool("buffer", "ls", "tp-1", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
+        check(one["metadata"] == {"shard": "7"}, f"tp-1's index is another file's: {one}")
+
+        # Three files to two devices, the k-th --device each (text), the same file twice allowed.
+        r = cupool("buffer", "load", "three", files[9][0], files[5][0], files[9][0], "--pool", "wide",
+                   "-d", "1", "--device", "0", "-d", "1", socket_path=h.socket, check_rc=0)
+        lines = r.stdout.splitlines()
+        check([re.match(r"loaded buffer (three-\d):", l).group(1) for l in lines if l.startswith("loaded buffer")]
+              == ["three-0", "three-1", "three-2"], f"three files (text):\n{r.stdout}")
+        check(re.fullmatch(r"3 buffers, 15\.0 MiB in \d+\.\d s \(\d+\.\d GB/s together\)", lines[-1]),
+              f"the total line:\n{r.stdout}")
+        listed = buffers()
+        check([listed[f"three-{k}"]["device"] for k in range(3)] == [1, 0, 1], f"three files' devices: {listed}")
+        for name, seed in (("three-0", 9), ("three-1", 5), ("three-2", 9)):
+            check(client(h, "read", name, seed).returncode == 0, f"{name}'s bytes are wrong")
+        before = sorted(buffers())
+
+        # Refused before anything is made: each leaves the holder's buffers as they were.
+        short = os.path.join(tmp, "short.safetensors")
+        with open(short, "wb") as f:
+            f.write(b"\x01\x02")
+        r = cupool("buffer", "load", "bad", files[5][0], short, "--pool", "wide", socket_path=h.socket)
+        check(r.returncode == 2 and short in r.stderr and "truncated" in r.stderr, f"a bad file: {r.returncode} {r.stderr}")
+        for devices, words in (((("-d", "0"),), "2 files take 2 --device options"),
+                               ((("-d", "0"), ("-d", "1"), ("-d", "0")), "not 3")):
+            flat = [a for pair in devices for a in pair]
+            r = cupool("buffer", "load", "dev", files[5][0], files[7][0], "--pool", "wide", *flat, socket_path=h.socket)
+            check(r.returncode == 2 and words in r.stderr and "or none (file k to device k)" in r.stderr,
+                  f"{len(devices)} --device for 2 files: {r.returncode} {r.stderr}")
+        r = cupool("buffer", "load", "dev", files[5][0], "--pool", "wide", "-d", "0", "-d", "1", socket_path=h.socket)
+        check(r.returncode == 2 and "one file goes to one device" in r.stderr, f"2 --device, 1 file: {r.returncode} {r.stderr}")
+        r = cupool("buffer", "load", "x" * 63, files[5][0], files[7][0], "--pool", "wide", socket_path=h.socket)
+        check(r.returncode == 2 and "'" + "x" * 63 + "-0' is not a buffer name" in r.stderr, f"a long name: {r.stderr}")
+        cupool("buffer", "create", "taken-1", "--pool", "wide", "--device", "1", "--size", "4MiB",
+               socket_path=h.socket, check_rc=0)
+        before.append("taken-1")
+        r = cupool("buffer", "load", "taken", files[5][0], files[7][0], "--pool", "wide", socket_path=h.socket)
+        check(r.returncode == 1 and "a buffer named taken-1 exists" in r.stderr and "nothing was loaded" in r.stderr,
+              f"a name in use: {r.returncode} {r.stderr}")
+        check(sorted(buffers()) == sorted(before), f"refused loads left buffers: {sorted(buffers())}")
+        check(buffers()["taken-1"]["size_bytes"] == 4 * MiB, "the buffer in the way changed")
+
+        # The holder refuses the second (no device 5 in the pool) after the first was made: removed.
+        r = cupool("buffer", "load", "nodev", files[5][0], files[7][0], "--pool", "wide", "-d", "0", "-d", "5",
+                   socket_path=h.socket)
+        check(r.returncode == 1 and f"{files[7][0]} to device 5 (buffer nodev-1)" in r.stderr
+              and "every buffer of this command was removed" in r.stderr, f"device 5: {r.returncode} {r.stderr}")
+        check(sorted(buffers()) == sorted(before), f"a failed create left buffers: {sorted(buffers())}")
+
+        # Big sparse files (read as zeros) for the failures while reading: large enough on a GPU
+        # (several GB/s) for a poll of status to see them loading.
+        big_size = 384 * MiB if H.PROFILE else 3 << 30
+        text = json.dumps({"w": {"dtype": "U8", "shape": [big_size], "data_offsets": [0, big_size]}}).encode()
+        header = struct.pack("<Q", len(text)) + text
+
+        def big(name):
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(header)
+                f.truncate(len(header) + big_size)
+            return path
+
+        def load_while(name, paths, act):
+            """Starts a load of `paths`, calls act(loader) once status shows all its buffers
+            loading; (seen, exit code, stderr); the buffers that finished first are removed."""
+            loader = subprocess.Popen([H.ARGS.cupool, "buffer", "load", name, *paths, "--pool", "wide",
+                                       "--direct-io", "never"], env=dict(os.environ, CUPOOL_SOCKET=h.socket),
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            raw = RawClient(h.socket)
+            raw.hello()
+            seen = False
+            names = {f"{name}-{k}" for k in range(len(paths))}
+            while loader.poll() is None and not seen:
+                seen = names <= {b["name"] for b in raw.request("status")[0]["buffers"] if b["state"] == "loading"}
+            raw.close()
+            if seen:
+                act(loader)
+            _, err = loader.communicate()
+            if loader.returncode == 0:
+                for n in sorted(names):
+                    cupool("buffer", "rm", n, socket_path=h.socket, check_rc=0)
+            return seen, loader.returncode, err
+
+        def settled():
+            deadline = time.time() + 10
+            while time.time() < deadline and sorted(buffers()) != sorted(before):
+                time.sleep(0.05)
+            return sorted(buffers()) == sorted(before)
+
+        # A file cut while it is read: that load fails, the other stops, both buffers go.
+        for attempt in range(5):
+            cut = big("cut.safetensors")
+            seen, rc, err = load_while("cut", [big("whole.safetensors"), cut], lambda _: os.truncate(cut, len(header)))
+            if seen and rc != 0:
+                break
+        check(seen and rc != 0, f"never cut a file while it was read in 5 tries: exit {rc} {err}")
+        check(f"{cut} to device 1 (buffer cut-1)" in err and "the file ended" in err
+              and "every buffer of this command was removed" in err, f"a file cut while read: exit {rc}\n{err}")
+        check(settled(), f"a failed load left buffers: {sorted(buffers())}")
+
+        # A loader killed midway: the holder removes every buffer it was loading.
+        for attempt in range(5):
+            seen, rc, err = load_while("killed", [big("k0.safetensors"), big("k1.safetensors")], lambda p: p.kill())
+            if seen:
+                break
+        check(seen, "never saw the buffers loading in 5 tries")
+        check(settled(), f"the killed loader's buffers are still there: {sorted(buffers())}")
+    finally:
+        h.stop()
+
+
 def test_load_file_gds_c_api(tmp):
     """cupool_load_file_gds: a gds value it does not know is CUPOOL_E_INVALID naming the values; a
     load says in its cupool_load_path how the bytes came (staged where the node has no GPUDirect

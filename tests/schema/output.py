@@ -42,6 +42,10 @@ VERBS = {"query": "query", "check": "check", "bench": "bench", "status": "status
          "trim": "trim", "plan": "plan", "apply": "plan", "ledger": "ledger"}
 BUFFER_VERBS = {"create": "buffer-create", "load": "buffer-load", "ls": "buffer-ls", "rm": "buffer-rm",
                 "remove": "buffer-rm"}
+BUFFER_LOAD_MANY = "buffer-load-many"  # `buffer load NAME FILE FILE...`: several files
+# The options of `buffer load` that take a value (the rest of its arguments are NAME and the files).
+BUFFER_LOAD_VALUES = {"--pool", "--device", "-d", "--part-size", "--read-threads", "--direct-io", "--gds", "--format",
+                      "--socket"}
 KEEPER_LIST = "keeper-list"  # `cupool keeper --list`
 CONFIGURE = "configure"  # cupool_configure's report (the C API; tests/exec/exec_test.py)
 
@@ -212,6 +216,19 @@ def has_flag(args, name):
     return any(a == name or a.startswith(name + "=") for a in args)
 
 
+def load_positionals(args):
+    """How many of `buffer load`'s arguments are NAME and the files (not options or their values)."""
+    count, skip = 0, False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in BUFFER_LOAD_VALUES:
+            skip = True
+        elif not a.startswith("-"):
+            count += 1
+    return count
+
+
 def schema_of(args):
     """(schema name, format, watching) for a cupool command line; name None when it prints no
     machine output."""
@@ -226,6 +243,8 @@ def schema_of(args):
             return (KEEPER_LIST if has_flag(args, "--list") else None), fmt, False
         if a == "buffer":
             rest = [b for b in args[i + 1:] if b in BUFFER_VERBS]
+            if rest and rest[0] == "load" and load_positionals(args[args.index("load", i) + 1:]) > 2:
+                return BUFFER_LOAD_MANY, fmt, False
             return (BUFFER_VERBS[rest[0]] if rest else None), fmt, False
     return None, fmt, False
 
@@ -347,7 +366,7 @@ def self_check(root):
     (additionalProperties: false), their strict copies refuse them, and docs/verbs.md's table lists
     each. Returns the problems found."""
     problems = []
-    used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {"exec-report", KEEPER_LIST, CONFIGURE}
+    used = set(VERBS.values()) | set(BUFFER_VERBS.values()) | {BUFFER_LOAD_MANY, "exec-report", KEEPER_LIST, CONFIGURE}
     schemas = load_output_schemas(os.path.join(root, "schemas"))
     by_id = {urldefrag(s.get("$id", ""))[0]: s for s in schemas.values()}
     shipped = set(schemas)

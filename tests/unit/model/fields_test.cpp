@@ -125,7 +125,8 @@ TEST_CASE("the declared names are the schemas' properties") {
   check_agrees<BufferTensors>("BufferTensors", {"cupool-buffer-ls-v1.schema.json#/$defs/buffer_tensors"});
   check_agrees<BufferMade>("BufferMade", {"cupool-buffer-load-v1.schema.json", "cupool-buffer-create-v1.schema.json",
                                           "cupool-buffer-rm-v1.schema.json"});
-  check_agrees<LoadStages>("LoadStages", {"cupool-buffer-load-v1.schema.json#/properties/stages"});
+  check_agrees<BuffersLoaded>("BuffersLoaded", {"cupool-buffer-load-many-v1.schema.json"});
+  check_agrees<LoadStages>("LoadStages", {"cupool-buffer-load-v1.schema.json#/$defs/loaded_buffer/properties/stages"});
   // exec --report
   check_agrees<ProcessPool>("ProcessPool", {"cupool-exec-report-v1.schema.json#/$defs/process_pool"});
   check_agrees<ProcessDevice>("ProcessDevice", {"cupool-exec-report-v1.schema.json#/$defs/process_device_stats"});
