@@ -17,9 +17,11 @@
 #   cupool      `cupool buffer load` (its elapsed_seconds: header to ready), then `buffer rm`
 # then cupool with --read-threads 1, 2, 4, 8, 16 and 32, --direct-io always, and --gds always (cuFile;
 # in its compatibility mode where nvidia-fs is not loaded); then cold, $ROUNDS pairs of the storage's
-# limit (cupool_load_limits --only direct: O_DIRECT reads of 16 and 64 MiB by 8, 16 and 32 threads)
+# limit (cupool_load_limits --only direct: O_DIRECT reads of 16 and 64 MiB by 8, 16 and 32 threads,
+# $LIMIT_GIB, default 2, GiB of the file each)
 # and a cold cupool load (auto: O_DIRECT), interleaved so that the disk's drift shows in each pair;
-# then cold cupool --gds always and load_file. Cold means the file's pages dropped first (fdatasync
+# then cold cupool --gds always and load_file; with two GPUs or more (the pool then on GPUs 0 and 1),
+# $ROUNDS times one file to GPU 0 alone and two files to GPUs 0 and 1 in one command. Cold means the file's pages dropped first (fdatasync
 # + posix_fadvise DONTNEED). A --gds always load that cuFile refuses is said, not counted (in a
 # container without a udev database cuFile registers no file: tests/gpu/udev-stand-in.sh).
 # Files under $OUT: load-bench.jsonl (every cupool reply, every load_file), load-limits.json (the
@@ -51,6 +53,9 @@ cleanup() {
   rm -rf "$TMP"
 }
 trap cleanup EXIT
+# Every GPU at once (issue 38): with two or more, the pool spans GPUs 0 and 1.
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${GPUS:-0}" -ge 2 ]; then export WEIGHTS_DEVICES="0, 1"; fi
 start_weights_holder "$OUT/load-bench-holder.log"
 
 FILE=$TMP/model.safetensors
@@ -107,7 +112,7 @@ say "cupool --gds always (cached file)"
 gds_load "cached, --gds always"
 for pair in $(seq 1 "$ROUNDS"); do
   say "cold, pair $pair: the storage's O_DIRECT sequential read, then cupool (auto)"
-  "$LIMITS" "$FILE" --only direct --json "$OUT/load-limits-direct-$pair.json" >&2 || rc=1
+  "$LIMITS" "$FILE" --only direct --max-gib "${LIMIT_GIB:-2}" --json "$OUT/load-limits-direct-$pair.json" >&2 || rc=1
   evict
   cupool_load "cold $pair" || rc=1
 done
@@ -116,6 +121,27 @@ evict
 gds_load "cold, --gds always"
 evict
 load_file "cold" || rc=1
+
+if [ "${GPUS:-0}" -ge 2 ]; then
+  # One file to GPU 0 alone, then two files to GPUs 0 and 1 at once (one buffer load command).
+  FILE2=$TMP/model-1.safetensors
+  cp "$FILE" "$FILE2"
+  cat "$FILE" "$FILE2" >/dev/null
+  tp_load() { # $1: label, then arguments of buffer load after the name
+    local label=$1
+    shift
+    "$BUILD/cupool" buffer load tp "$@" --pool weights --format json |
+      python3 -c 'import json,sys; r=json.load(sys.stdin); r["how"]="cupool"; r["label"]=sys.argv[1]; print(json.dumps(r))' "$label" >>"$JSONL"
+    "$BUILD/cupool" buffer ls --format json |
+      python3 -c 'import json,sys; print("\n".join(b["name"] for b in json.load(sys.stdin)["buffers"] if b["name"].startswith("tp")))' |
+      xargs -r -n1 "$BUILD/cupool" buffer rm >/dev/null
+  }
+  for round in $(seq 1 "$ROUNDS"); do
+    say "every GPU at once, round $round: one file to GPU 0, two files to GPUs 0 and 1"
+    tp_load "one file to GPU 0" "$FILE" --device 0 || rc=1
+    tp_load "two files to GPUs 0, 1" "$FILE" "$FILE2" || rc=1
+  done
+fi
 
 python3 - "$JSONL" "$OUT" "$ROUNDS" >"$OUT/load-bench.txt" <<'PY'
 import json, os, statistics, sys
@@ -176,6 +202,12 @@ if ratios:
 cc = statistics.median([rate("cupool", f"cold {p}") for p in range(1, rounds + 1)])
 lc = rate("load_file", "cold")
 print(f"  cupool (median) {cc:.2f} GB/s, load_file {lc:.2f} GB/s: {cc / lc:.2f}x")
+one, two = rate("cupool", "one file to GPU 0"), rate("cupool", "two files to GPUs 0, 1")
+if one == one:
+    print(f"\nevery GPU at once, medians: one file to GPU 0 {one:.2f} GB/s; two files to GPUs 0 and 1 "
+          f"{two:.2f} GB/s together: {two / one:.2f}x (goal >= 1.8x: {goal(two / one >= 1.8)})")
+else:
+    print("\nevery GPU at once: not measured (one GPU)")
 PY
 cat "$OUT/load-bench.txt"
 exit "$rc"

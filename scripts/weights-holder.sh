@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Sourced by load-bench.sh and weights-proof.sh (with BUILD, TMP and say() set): a holder of their
 # own for `buffer load`, on a config in $TMP (socket $TMP/cupool.sock, mode 0600; one pool
-# "weights" on device 0, posix_fd).
+# "weights" on device 0, posix_fd; on the devices $WEIGHTS_DEVICES names instead, e.g. "0, 1").
 #   start_weights_holder LOG   starts `$BUILD/cupool hold`, its output to LOG, waits until it
 #                              answers (exit 1 if it exits first) and exports CUPOOL_SOCKET
 #   stop_weights_holder        stops it, if it runs (for the script's EXIT trap)
@@ -25,7 +25,7 @@ holder:
   mode: "0600"
 pools:
   - name: weights
-    devices: [0]
+    devices: [${WEIGHTS_DEVICES:-0}]
     handle_types: [posix_fd]
 YAML
   "$BUILD/cupool" hold "$TMP/weights.yaml" >"$log" 2>&1 &
