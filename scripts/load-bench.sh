@@ -18,7 +18,7 @@
 # then cupool with --read-threads 1, 2, 4, 8, 16 and 32, --direct-io always, and --gds always (cuFile;
 # in its compatibility mode where nvidia-fs is not loaded); then cold, $ROUNDS pairs of the storage's
 # limit (cupool_load_limits --only direct: O_DIRECT reads of 16 and 64 MiB by 8, 16 and 32 threads,
-# $LIMIT_GIB, default 2, GiB of the file each)
+# $LIMIT_GIB GiB of the file each, default 0: all of it, as the load reads)
 # and a cold cupool load (auto: O_DIRECT), interleaved so that the disk's drift shows in each pair;
 # then cold cupool --gds always and load_file; with two GPUs or more (the pool then on GPUs 0 and 1),
 # $ROUNDS times one file to GPU 0 alone and two files to GPUs 0 and 1 in one command. Cold means the file's pages dropped first (fdatasync
@@ -112,7 +112,7 @@ say "cupool --gds always (cached file)"
 gds_load "cached, --gds always"
 for pair in $(seq 1 "$ROUNDS"); do
   say "cold, pair $pair: the storage's O_DIRECT sequential read, then cupool (auto)"
-  "$LIMITS" "$FILE" --only direct --max-gib "${LIMIT_GIB:-2}" --json "$OUT/load-limits-direct-$pair.json" >&2 || rc=1
+  "$LIMITS" "$FILE" --only direct --max-gib "${LIMIT_GIB:-0}" --json "$OUT/load-limits-direct-$pair.json" >&2 || rc=1
   evict
   cupool_load "cold $pair" || rc=1
 done
@@ -183,6 +183,12 @@ print(f"\nfrom the page cache, medians of {rounds}: cupool {c:.2f} GB/s, load_fi
 print(f"  cupool / pinned host-to-device: {c / pinned:.0%} (goal >= 70%: {goal(c / pinned >= 0.7)})")
 cl = rate("cupool", "cached", load_stage)
 print(f"  cupool's load stage alone (stages.load_seconds): {cl:.2f} GB/s, {cl / pinned:.0%} of pinned host-to-device")
+cc_ = rate("cupool", "cached", lambda r: r.get("stages", {}).get("copy_seconds") or float("nan"))
+opened = statistics.median([r["stages"].get("open_seconds", float("nan")) for r in rows
+                            if r["how"] == "cupool" and r["label"] == "cached"] or [float("nan")])
+print(f"  of which the copying (stages.copy_seconds): {cc_:.2f} GB/s, {cc_ / pinned:.0%} of pinned host-to-device "
+      f"(goal >= 70%: {goal(cc_ / pinned >= 0.7)}); opening the buffer here (the process's CUDA start, the "
+      f"mapping) {opened * 1000:.0f} ms")
 print(f"  cupool / load_file: {c / l:.2f}x (goal >= 2x: {goal(c / l >= 2)})")
 
 ratios = []

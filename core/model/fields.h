@@ -374,6 +374,8 @@ CUPOOL_FIELDS(LoadStages) {
   f("index_seconds", v.index_seconds);
   f("create_seconds", v.create_seconds);
   f("load_seconds", v.load_seconds);
+  f("open_seconds", v.open_seconds);
+  f("copy_seconds", v.copy_seconds);
   f("read_seconds", v.read_seconds);
   f("copy_wait_seconds", v.copy_wait_seconds);
   f("ready_seconds", v.ready_seconds);

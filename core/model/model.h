@@ -359,6 +359,8 @@ struct LoadStages {
   double index_seconds = 0;      // the file's header read and checked, the tensors placed
   double create_seconds = 0;     // the holder makes the buffer and keeps the index
   double load_seconds = 0;       // reading the file into the buffer, every part (wall clock)
+  double open_seconds = 0;       // of load: opening each part here (this process's CUDA start, the mapping)
+  double copy_seconds = 0;       // of load: the loader's own time, reading and copying (wall clock)
   double read_seconds = 0;       // of load: reading the file
   double copy_wait_seconds = 0;  // of load: waiting for copies to the GPU
   double ready_seconds = 0;      // the holder told the buffer is ready
