@@ -19,7 +19,8 @@
 # in its compatibility mode where nvidia-fs is not loaded); then cold, $ROUNDS pairs of the storage's
 # limit (cupool_load_limits --only direct: O_DIRECT reads of 16 and 64 MiB by 8, 16 and 32 threads,
 # $LIMIT_GIB GiB of the file each, default 0: all of it, as the load reads)
-# and a cold cupool load (auto: O_DIRECT), interleaved so that the disk's drift shows in each pair;
+# and a cold cupool load (auto: O_DIRECT), interleaved so that the disk's drift shows in each pair
+# (odd pairs read the limit first, even pairs the load: a disk whose host caches favours the second);
 # then cold cupool --gds always and load_file; with two GPUs or more (the pool then on GPUs 0 and 1),
 # $ROUNDS times one file to GPU 0 alone and two files to GPUs 0 and 1 in one command. Cold means the file's pages dropped first (fdatasync
 # + posix_fadvise DONTNEED). A --gds always load that cuFile refuses is said, not counted (in a
@@ -110,11 +111,22 @@ gds_load() {  # $1: label
 }
 say "cupool --gds always (cached file)"
 gds_load "cached, --gds always"
+disk_limit() { # $1: the pair
+  "$LIMITS" "$FILE" --only direct --max-gib "${LIMIT_GIB:-0}" --json "$OUT/load-limits-direct-$1.json" >&2 || rc=1
+}
 for pair in $(seq 1 "$ROUNDS"); do
-  say "cold, pair $pair: the storage's O_DIRECT sequential read, then cupool (auto)"
-  "$LIMITS" "$FILE" --only direct --max-gib "${LIMIT_GIB:-0}" --json "$OUT/load-limits-direct-$pair.json" >&2 || rc=1
-  evict
-  cupool_load "cold $pair" || rc=1
+  # The order alternates: a virtual disk whose host caches what was just read favours the second.
+  if [ $((pair % 2)) = 1 ]; then
+    say "cold, pair $pair: the storage's O_DIRECT sequential read, then cupool (auto)"
+    disk_limit "$pair"
+    evict
+    cupool_load "cold $pair" || rc=1
+  else
+    say "cold, pair $pair: cupool (auto), then the storage's O_DIRECT sequential read"
+    evict
+    cupool_load "cold $pair" || rc=1
+    disk_limit "$pair"
+  fi
 done
 say "cold: cupool --gds always, load_file"
 evict
@@ -192,7 +204,8 @@ print(f"  of which the copying (stages.copy_seconds): {cc_:.2f} GB/s, {cc_ / pin
 print(f"  cupool / load_file: {c / l:.2f}x (goal >= 2x: {goal(c / l >= 2)})")
 
 ratios = []
-print("\ncold (pages dropped first), each pair: the storage's limit, then cupool right after:")
+print("\ncold (pages dropped first), each pair: the storage's limit and cupool, one right after the other "
+      "(the limit first in odd pairs, the load first in even ones):")
 for pair in range(1, rounds + 1):
     best = read(f"load-limits-direct-{pair}.json").get("direct", {}).get("best", {})
     disk, load = best.get("gbps", float("nan")), rate("cupool", f"cold {pair}")
