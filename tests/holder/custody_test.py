@@ -504,7 +504,10 @@ def test_serves_from_custody_before_the_driver(tmp):
             time.sleep(0.05)
         check("cupool-node" in keeper.names(), f"the node report is not in custody: {keeper.names()}")
         h.stop()
-        slow = 3.0 * H.slowness()
+        # The driver takes 3 s to come up (6 s in a sanitized build, whose holder is slower; a client
+        # waits 10 s for a reply); what is checked while it does not yet stands only where it is quick.
+        slow = 3.0 * min(H.slowness(), 2)
+        quick = H.slowness() == 1
         env = dict(os.environ, CUPOOL_SIM_INIT_MS=str(int(slow * 1000)))
         started = time.time()
         h = H.Holder(tmp, config_text=config, extra=extra, env=env, started=False)
@@ -519,15 +522,17 @@ def test_serves_from_custody_before_the_driver(tmp):
         if H.PROFILE:
             check(start["state"] == "starting" and start["ready_seconds"] is None,
                   f"status while the driver starts: {start}")
-            check(answered < slow / 2, f"hello was answered {answered:.2f} s after the spawn, the driver takes {slow} s")
+            check(answered < slow / 2 or not quick,
+                  f"hello was answered {answered:.2f} s after the spawn, the driver takes {slow} s")
             check(body["pools"] == [], f"pools before the driver is up: {body['pools']}")
-            check("starting (the driver is coming up" in cupool("status", socket_path=h.socket, check_rc=0).stdout,
+            check(not quick or "starting (the driver is coming up" in cupool("status", socket_path=h.socket,
+                                                                             check_rc=0).stdout,
                   "the status table does not say the holder is starting")
         # buffer ls and a fresh reader's buffer_open, from custody (while starting on the simulated node).
         index = json.loads(cupool("buffer", "ls", "model", "--format", "json", socket_path=h.socket, check_rc=0).stdout)
         check(len(index["tensors"]) == 4, f"buffer ls while starting: {index}")
         check(held_digest(h, "model") == digest, "a fresh mapping from custody reads other bytes")
-        if H.PROFILE:
+        if H.PROFILE and quick:
             seen = H.status(h)["holder"]["start"]
             check(seen["state"] == "starting", f"the checks took longer than the driver's {slow} s start: {seen}")
         # A request that needs the driver waits in its connection, then is answered.
