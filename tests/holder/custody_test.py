@@ -567,6 +567,58 @@ def test_serves_from_custody_before_the_driver(tmp):
         keeper.stop()
 
 
+def test_the_start_when_custody_lies_the_driver_hangs_or_a_signal_comes(tmp):
+    """The start's other paths (simulated node): a node report in custody that does not read is
+    passed over and the driver asked first, said in the log; SIGHUP while the driver starts is
+    applied once it is up; SIGTERM while it starts stops the holder once the start is over (exit
+    0; the waiting request's connection ends); a driver that does not come up within
+    --start-timeout makes the holder exit 3, custody keeping the held buffers."""
+    if not H.PROFILE:
+        print("    skipped: the simulated driver's start time is the test's")
+        return
+    keeper, config, extra, h = with_keeper(tmp)
+    try:
+        h.stop()
+        deposit(keeper.socket, "cupool-node", seal('{"node": 1, "fingerprint": "sha256:x"}'))
+        h = H.Holder(tmp, config_text=config, extra=extra)
+        check(H.status(h)["holder"]["start"]["node_report"] == "driver", "a node report without a digest was used")
+        check(re.search(r"node report: asking the driver \(cupool-node: has no digest", h.text()),
+              f"the log does not say why custody's node report was passed over:\n{h.text()}")
+        h.stop()
+        slow = dict(os.environ, CUPOOL_SIM_INIT_MS="2000")
+        # SIGHUP while starting: reloaded after the start.
+        h = H.Holder(tmp, config_text=config, extra=extra, env=slow, started=False)
+        h.proc.send_signal(signal.SIGHUP)
+        h.wait_ready()
+        deadline = time.time() + 5
+        while H.status(h)["holder"]["reload_count"] != 1 and time.time() < deadline:
+            time.sleep(0.05)
+        check(H.status(h)["holder"]["reload_count"] == 1, "a SIGHUP during the start was not applied after it")
+        h.stop()
+        # SIGTERM while starting: a waiting request ends with its connection, the holder exits 0.
+        h = H.Holder(tmp, config_text=config, extra=extra, env=slow, started=False)
+        waiter = H.RawClient(h.socket)
+        waiter.hello(protocol=3)
+        waiter.send_frame({"id": 1, "op": "list"})
+        h.proc.send_signal(signal.SIGTERM)
+        check(h.proc.wait(15 * H.slowness()) == 0, f"SIGTERM during the start: exit {h.proc.returncode}")
+        waiter.close()
+        h.log.close()
+        # A driver that does not come up in time: exit 3, the buffers still in custody.
+        hang = dict(os.environ, CUPOOL_SIM_INIT_MS="20000")
+        h = H.Holder(tmp, config_text=config, extra=extra + ("--start-timeout", "1"), env=hang, started=False)
+        check(h.proc.wait(15 * H.slowness()) == 3, f"a driver past --start-timeout: exit {h.proc.returncode}")
+        h.log.close()
+        check("did not start within 1 s (--start-timeout)" in h.text(), f"the log does not say why:\n{h.text()}")
+        check(any(n.startswith("cupool-buffer.scratch.") for n in keeper.names()), f"custody lost: {keeper.names()}")
+        h = H.Holder(tmp, config_text=config, extra=extra)
+        held = {b["name"]: b for b in H.status(h)["buffers"]}
+        check(held["scratch"]["adopted"], f"the next holder did not adopt the buffer: {held}")
+    finally:
+        h.stop()
+        keeper.stop()
+
+
 def test_restarted_keeper_is_given_everything_again(tmp):
     """The keeper is killed while the holder runs (a container restarted): the holder notices
     within seconds and deposits every buffer and a manifest in the new keeper; a holder killed
